@@ -1,0 +1,265 @@
+#include "zero/runtime/memory_ledger.h"
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "zero/runtime/error.h"
+
+namespace zero {
+
+const char* to_string(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kPinnedHost: return "pinned_host";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* to_string(Kind kind) {
+  switch (kind) {
+    case Kind::kParameters: return "parameters";
+    case Kind::kGradients: return "gradients";
+    case Kind::kOptimizerStates: return "optimizer_states";
+    case Kind::kActivations: return "activations";
+    case Kind::kCommBuffers: return "comm_buffers";
+  }
+  return "?";
+}
+
+std::string format_bytes(int64_t nbytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(nbytes);
+  int u = 0;
+  while (std::abs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+struct MemoryLedger::Shared {
+  mutable std::mutex mu;
+  std::array<std::array<LedgerCounter, kNumKinds>, kNumTiers> cells{};
+  std::array<LedgerCounter, kNumTiers> tiers{};
+  std::array<int64_t, kNumTiers> limits{};
+  std::array<std::string, kNumTiers> limit_keys;
+
+  void add(Tier t, Kind k, int64_t n, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& tier = tiers[static_cast<int>(t)];
+    int64_t limit = limits[static_cast<int>(t)];
+    if (limit > 0 && tier.current_bytes + n > limit) {
+      std::ostringstream m;
+      m << "out of memory on the " << to_string(t) << " tier: " << what << " needs "
+        << format_bytes(n) << ", " << format_bytes(tier.current_bytes) << " already in use, limit "
+        << format_bytes(limit);
+      const auto& key = limit_keys[static_cast<int>(t)];
+      if (!key.empty()) m << " (set by " << key << ")";
+      throw OutOfMemoryError(m.str());
+    }
+    auto& cell = cells[static_cast<int>(t)][static_cast<int>(k)];
+    cell.current_bytes += n;
+    cell.peak_bytes = std::max(cell.peak_bytes, cell.current_bytes);
+    tier.current_bytes += n;
+    tier.peak_bytes = std::max(tier.peak_bytes, tier.current_bytes);
+  }
+  void sub(Tier t, Kind k, int64_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    cells[static_cast<int>(t)][static_cast<int>(k)].current_bytes -= n;
+    tiers[static_cast<int>(t)].current_bytes -= n;
+  }
+};
+
+MemoryLedger::MemoryLedger() : shared_(std::make_shared<Shared>()) {}
+MemoryLedger::~MemoryLedger() = default;
+
+at::Tensor MemoryLedger::empty(int64_t numel, at::ScalarType dtype, at::Device device, Tier tier,
+                               Kind kind, const std::string& what) {
+  ZERO_CHECK(numel >= 0, what);
+  const int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  shared_->add(tier, kind, nbytes, what);
+  at::Tensor raw;
+  try {
+    raw = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+  } catch (...) {
+    shared_->sub(tier, kind, nbytes);
+    throw;
+  }
+  // The returned tensor shares raw's memory; its deleter keeps raw alive and
+  // takes the bytes off the ledger when the last user lets go.
+  auto state = shared_;
+  void* data = raw.data_ptr();
+  return at::from_blob(
+      data, {numel},
+      [raw, state, tier, kind, nbytes](void*) mutable {
+        state->sub(tier, kind, nbytes);
+        raw.reset();
+      },
+      raw.options());
+}
+
+MemoryLedger::Reservation::Reservation(Reservation&& o) noexcept { *this = std::move(o); }
+MemoryLedger::Reservation& MemoryLedger::Reservation::operator=(Reservation&& o) noexcept {
+  if (this != &o) {
+    if (state_) state_->sub(tier_, kind_, nbytes_);
+    state_ = std::move(o.state_);
+    tier_ = o.tier_;
+    kind_ = o.kind_;
+    nbytes_ = o.nbytes_;
+    o.nbytes_ = 0;
+  }
+  return *this;
+}
+MemoryLedger::Reservation::~Reservation() {
+  if (state_) state_->sub(tier_, kind_, nbytes_);
+}
+
+MemoryLedger::Reservation MemoryLedger::reserve(Tier tier, Kind kind, int64_t nbytes,
+                                                const std::string& what) {
+  shared_->add(tier, kind, nbytes, what);
+  Reservation r;
+  r.state_ = shared_;
+  r.tier_ = tier;
+  r.kind_ = kind;
+  r.nbytes_ = nbytes;
+  return r;
+}
+
+void MemoryLedger::set_limit(Tier tier, int64_t nbytes, const std::string& config_key) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->limits[static_cast<int>(tier)] = nbytes > 0 ? nbytes : 0;
+  shared_->limit_keys[static_cast<int>(tier)] = config_key;
+}
+
+LedgerCounter MemoryLedger::get(Tier tier, Kind kind) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->cells[static_cast<int>(tier)][static_cast<int>(kind)];
+}
+
+LedgerCounter MemoryLedger::get(Tier tier) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->tiers[static_cast<int>(tier)];
+}
+
+int64_t MemoryLedger::current_bytes(Kind kind) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  int64_t sum = 0;
+  for (int t = 0; t < kNumTiers; ++t) sum += shared_->cells[t][static_cast<int>(kind)].current_bytes;
+  return sum;
+}
+
+void MemoryLedger::reset_peaks() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (auto& row : shared_->cells)
+    for (auto& c : row) c.peak_bytes = c.current_bytes;
+  for (auto& t : shared_->tiers) t.peak_bytes = t.current_bytes;
+}
+
+std::string MemoryLedger::summary() const {
+  std::ostringstream out;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", "tier", "kind", "current", "peak");
+  out << line;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (int t = 0; t < kNumTiers; ++t) {
+    for (int k = 0; k < kNumKinds; ++k) {
+      const auto& c = shared_->cells[t][k];
+      if (c.peak_bytes == 0) continue;
+      std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", to_string(static_cast<Tier>(t)),
+                    to_string(static_cast<Kind>(k)), format_bytes(c.current_bytes).c_str(),
+                    format_bytes(c.peak_bytes).c_str());
+      out << line;
+    }
+    const auto& tt = shared_->tiers[t];
+    std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", to_string(static_cast<Tier>(t)),
+                  "(model states)", format_bytes(tt.current_bytes).c_str(),
+                  format_bytes(tt.peak_bytes).c_str());
+    out << line;
+  }
+  auto cpu = cpu_allocator_stats();
+  if (cpu.installed) {
+    std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", "cpu", "(all tensors)",
+                  format_bytes(cpu.current_bytes).c_str(), format_bytes(cpu.peak_bytes).c_str());
+    out << line;
+  }
+  return out.str();
+}
+
+// ---------------------------------------------------------------------------
+// Counting CPU allocator.
+
+namespace {
+
+std::atomic<int64_t> g_cpu_current{0};
+std::atomic<int64_t> g_cpu_peak{0};
+std::atomic<int64_t> g_cpu_allocs{0};
+std::atomic<bool> g_installed{false};
+
+struct CountedBlock {
+  c10::DataPtr inner;
+  int64_t nbytes;
+};
+
+void update_peak(int64_t now) {
+  int64_t peak = g_cpu_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void counted_delete(void* ctx) {
+  auto* block = static_cast<CountedBlock*>(ctx);
+  g_cpu_current.fetch_sub(block->nbytes, std::memory_order_relaxed);
+  delete block;  // frees the inner allocation through its own deleter
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DataPtr inner = inner_->allocate(nbytes);
+    void* data = inner.get();
+    auto device = inner.device();
+    auto* block = new CountedBlock{std::move(inner), static_cast<int64_t>(nbytes)};
+    int64_t now = g_cpu_current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+    update_peak(now);
+    g_cpu_allocs.fetch_add(1, std::memory_order_relaxed);
+    return {data, block, &counted_delete, device};
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+}  // namespace
+
+void install_counting_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Leaked on purpose: tensors may be freed during static destruction.
+    static auto* alloc = new CountingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(alloc, /*priority=*/100);
+    g_installed = true;
+  });
+}
+
+CpuAllocatorStats cpu_allocator_stats() {
+  return {g_installed.load(), g_cpu_current.load(), g_cpu_peak.load(), g_cpu_allocs.load()};
+}
+
+void reset_cpu_allocator_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+
+}  // namespace zero

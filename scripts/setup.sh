@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the build needs, and nothing that is already there.
+# Idempotent: a second run on a ready machine only checks and returns.
+#   Debian: cmake ninja-build g++ ccache liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev fio
+#   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it)
+set -euo pipefail
+
+PY=${PYTHON:-python3}
+debs=(cmake ninja-build g++ make ccache pkg-config liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev fio)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+have_torch=$($PY - <<'PY' 2>/dev/null || true
+import torch
+print(torch.__version__)
+PY
+)
+case "$have_torch" in
+  2.11.*) ;;
+  *)
+    echo "setup: installing torch==2.11.* from PyPI (found: ${have_torch:-none})"
+    $PY -m pip install --quiet "torch==2.11.*" || {
+      echo "setup: error: 'pip install torch==2.11.*' failed; LibTorch 2.11 is required (see README)." >&2
+      exit 1
+    }
+    ;;
+esac
