@@ -1,0 +1,53 @@
+// Optimizers over flat fp32 partitions.
+//
+// The engine never hands an optimizer per-parameter tensors: it gives one
+// contiguous fp32 slice of master parameters, the matching fp32 gradient slice
+// and the optimizer's state slices (allocated by the caller, so they can live
+// on any tier and be counted by the memory ledger). The math follows
+// DeepSpeed's FusedAdam / DeepSpeedCPUAdam (adam_w_mode, bias_correction),
+// which is also LibTorch's torch::optim::Adam/AdamW; Adagrad and Lion as
+// DeepSpeed's CPU versions. Stateless apart from hyper-parameters: safe to
+// call on disjoint slices from several threads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/config/config.h"
+
+namespace zero::optim {
+
+/// Per-step values that a schedule may change.
+struct StepParams {
+  int64_t step = 1;   // 1-based count of applied optimizer steps
+  double lr = 1e-3;
+  double beta1 = 0.9;   // OneCycle cycles it
+  double beta2 = 0.999; // OneCycle with cycle_momentum pins it to 0.99, as DeepSpeed
+};
+
+class FlatOptimizer {
+ public:
+  /// Throws zero::ConfigError for an optimizer type this build cannot run.
+  static std::unique_ptr<FlatOptimizer> create(const config::OptimizerConfig& config);
+  virtual ~FlatOptimizer() = default;
+
+  const config::OptimizerConfig& config() const { return config_; }
+  /// How many state tensors (of the parameter's numel, fp32, zeroed) update() needs.
+  virtual int num_states() const = 0;
+  /// Names of the states, for checkpoints ("exp_avg", "exp_avg_sq").
+  virtual std::vector<std::string> state_names() const = 0;
+
+  /// One update of `param` in place from `grad`; `states` are updated in place.
+  /// All tensors are 1-D fp32 of equal numel.
+  virtual void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
+                      std::vector<at::Tensor>& states) const = 0;
+
+ protected:
+  explicit FlatOptimizer(config::OptimizerConfig config) : config_(std::move(config)) {}
+  config::OptimizerConfig config_;
+};
+
+}  // namespace zero::optim
