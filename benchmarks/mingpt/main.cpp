@@ -1,1 +1,287 @@
-int main() { return 0; }
+// mingpt: trains minGPT with a DeepSpeed config through zero, with the flags
+// of the minGPT max-parameter benchmark. See README.md ("The main job").
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/functional/loss.h>
+#include <torch/utils.h>
+
+#include "data.h"
+#include "model.h"
+#include "zero/runtime/progress.h"
+#include "zero/runtime/text.h"
+#include "zero/zero.h"
+
+namespace {
+
+const char* kUsage = R"(usage: mingpt --config FILE [options]
+
+Trains minGPT through zero with a DeepSpeed config. Default task: 2-digit
+addition (no download); --data FILE trains a character-level model on a text file.
+
+  --config FILE            DeepSpeed JSON config (required)
+  --n_layer N              transformer blocks (default 2)
+  --n_head N               attention heads (default 4)
+  --n_embd N               embedding width (default 128)
+  --block_size N           context length (default: the task's; 128 for --data)
+  --batch_size N           micro-batch per rank; fills "auto" train_micro_batch_size_per_gpu (default 64)
+  --limit_train_batches N  micro-batches per epoch at most (default: the whole training set)
+  --max_epochs N           epochs (default 1)
+  --precision 32|16|bf16   compute precision; fills "auto" fp16/bf16 (default: as the config says)
+  --lr X                   fills "auto" optimizer lr (default 5e-4)
+  --data FILE              character-level text task instead of addition
+  --ndigit N               digits per operand of the addition task (default 2)
+  --seed N                 initialisation and data order (default 42)
+  --summary-json FILE      write the run's summary (rank 0)
+  --dropout X              dropout of embeddings, attention and residuals (default 0.1)
+  -h, --help               this text
+)";
+
+struct Args {
+  std::string config;
+  int64_t n_layer = 2, n_head = 4, n_embd = 128;
+  std::optional<int64_t> block_size;
+  int64_t batch_size = 64;
+  bool batch_size_given = false;
+  std::optional<int64_t> limit_train_batches;
+  int64_t max_epochs = 1;
+  std::optional<std::string> precision;
+  double lr = 5e-4;
+  std::string data;
+  int64_t ndigit = 2;
+  uint64_t seed = 42;
+  std::string summary_json;
+  double dropout = 0.1;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "mingpt: " << message << "\n(run mingpt --help for the options)\n";
+  std::exit(2);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t min_value) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size() && d == std::floor(d) && d >= static_cast<double>(min_value)) return static_cast<int64_t>(d);
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + ": expected an integer >= " + std::to_string(min_value) + "; got \"" + v + "\"");
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(d)) return d;
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + ": expected a number; got \"" + v + "\"");
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  const std::vector<std::string> flags = {
+      "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
+      "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
+      "--seed", "--summary-json", "--dropout"};
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "-h" || flag == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (std::find(flags.begin(), flags.end(), flag) != flags.end()) {
+      if (i + 1 >= argc) usage_error(flag + ": expected a value");
+      value = argv[++i];
+    }
+    if (flag == "--config") a.config = value;
+    else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1);
+    else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1);
+    else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1);
+    else if (flag == "--block_size") a.block_size = parse_int(flag, value, 1);
+    else if (flag == "--batch_size") a.batch_size = parse_int(flag, value, 1), a.batch_size_given = true;
+    else if (flag == "--limit_train_batches") a.limit_train_batches = parse_int(flag, value, 1);
+    else if (flag == "--max_epochs") a.max_epochs = parse_int(flag, value, 1);
+    else if (flag == "--precision") {
+      if (value != "32" && value != "16" && value != "bf16")
+        usage_error("--precision: expected one of 32, 16, bf16; got \"" + value + "\"");
+      a.precision = value;
+    } else if (flag == "--lr") a.lr = parse_double(flag, value);
+    else if (flag == "--data") a.data = value;
+    else if (flag == "--ndigit") a.ndigit = parse_int(flag, value, 1);
+    else if (flag == "--seed") a.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
+    else if (flag == "--summary-json") a.summary_json = value;
+    else if (flag == "--dropout") a.dropout = parse_double(flag, value);
+    else {
+      auto near = zero::nearest(flag, flags);
+      usage_error(flag + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
+    }
+  }
+  if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
+  return a;
+}
+
+const char* precision_name(torch::ScalarType t) {
+  return t == torch::kHalf ? "16" : t == torch::kBFloat16 ? "bf16" : "32";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse_args(argc, argv);
+  try {
+    std::unique_ptr<mingpt::Task> task =
+        args.data.empty() ? mingpt::make_addition_task(args.ndigit)
+                          : mingpt::make_text_task(args.data, args.block_size.value_or(128));
+    mingpt::GPTConfig gcfg;
+    gcfg.vocab_size = task->vocab_size();
+    gcfg.block_size = task->block_size();
+    gcfg.n_layer = args.n_layer;
+    gcfg.n_head = args.n_head;
+    gcfg.n_embd = args.n_embd;
+    gcfg.embd_pdrop = gcfg.resid_pdrop = gcfg.attn_pdrop = args.dropout;
+    if (args.n_embd % args.n_head != 0)
+      usage_error("--n_embd " + std::to_string(args.n_embd) + " must be a multiple of --n_head " +
+                  std::to_string(args.n_head));
+
+    torch::manual_seed(args.seed);
+    mingpt::GPT model(gcfg);
+
+    zero::InitOptions opts;
+    opts.auto_values.train_micro_batch_size_per_gpu = args.batch_size;
+    opts.auto_values.gradient_accumulation_steps = 1;
+    opts.auto_values.lr = args.lr;
+    opts.auto_values.hidden_size = args.n_embd;
+    opts.auto_values.gradient_clipping = 1.0;
+    if (args.precision) opts.auto_values.precision = *args.precision == "32" ? "fp32" : *args.precision == "16" ? "fp16" : "bf16";
+    opts.tokens_per_sample = task->block_size();
+    auto engine = zero::initialize(model.ptr(), args.config, opts);
+
+    const auto& batch = engine.config().batch;
+    if (args.precision && *args.precision != precision_name(engine.compute_dtype())) {
+      usage_error("--precision " + *args.precision + " conflicts with " + args.config +
+                  " (fp16.enabled " + (engine.config().fp16.enabled ? "true" : "false") +
+                  ", bf16.enabled " + (engine.config().bf16.enabled ? "true" : "false") + ")");
+    }
+    if (args.batch_size_given && batch.train_micro_batch_size_per_gpu != args.batch_size) {
+      usage_error("--batch_size " + std::to_string(args.batch_size) + " conflicts with " + args.config +
+                  " (train_micro_batch_size_per_gpu " + std::to_string(batch.train_micro_batch_size_per_gpu) + ")");
+    }
+    const int64_t ws = 1, rank = 0;
+    const int64_t mbs = batch.train_micro_batch_size_per_gpu, gas = batch.gradient_accumulation_steps;
+    int64_t micro_per_epoch = task->train_size() / (mbs * ws);
+    if (args.limit_train_batches) micro_per_epoch = std::min(micro_per_epoch, *args.limit_train_batches);
+    micro_per_epoch = micro_per_epoch / gas * gas;
+    if (micro_per_epoch == 0) usage_error("an epoch has no full optimizer step: lower the batch size or gradient_accumulation_steps");
+
+    std::fprintf(stderr,
+                 "mingpt: %s | %lld parameters (L=%lld, H=%lld, C=%lld, T=%lld, V=%lld) | ZeRO stage %d | "
+                 "precision %s | device %s | global batch %lld = %lld x %lld x %lld ranks\n",
+                 task->name().c_str(), static_cast<long long>(engine.num_parameters()),
+                 static_cast<long long>(gcfg.n_layer), static_cast<long long>(gcfg.n_head),
+                 static_cast<long long>(gcfg.n_embd), static_cast<long long>(gcfg.block_size),
+                 static_cast<long long>(gcfg.vocab_size), engine.config().zero.stage,
+                 precision_name(engine.compute_dtype()), engine.device().str().c_str(),
+                 static_cast<long long>(batch.train_batch_size), static_cast<long long>(mbs),
+                 static_cast<long long>(gas), static_cast<long long>(ws));
+
+    model->train();
+    const auto V = gcfg.vocab_size;
+    double epoch_time_sum = 0, peak_sum = 0, final_loss = NAN, eval_accuracy = NAN;
+    torch::Tensor step_loss;
+    for (int64_t epoch = 0; epoch < args.max_epochs; ++epoch) {
+      engine.reset_peak_bytes();
+      const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
+      zero::ProgressLine progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.max_epochs),
+                                  micro_per_epoch, "batches");
+      const auto t0 = std::chrono::steady_clock::now();
+      double last_loss = NAN;
+      for (int64_t mb = 0; mb < micro_per_epoch; ++mb) {
+        auto b = task->train_batch(mingpt::micro_batch_indices(order, mb / gas, mb % gas, rank, mbs, gas, ws));
+        auto logits = model->forward(b.x.to(engine.device()));
+        auto loss = torch::nn::functional::cross_entropy(
+            logits.to(torch::kFloat).view({-1, V}), b.y.to(engine.device()).view({-1}),
+            torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+        step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
+        engine.backward(loss);
+        engine.step();
+        if ((mb + 1) % gas == 0) {
+          last_loss = step_loss.item<double>() / static_cast<double>(gas);
+          step_loss = torch::Tensor();
+        }
+        char note[64];
+        std::snprintf(note, sizeof note, "loss %.4f", last_loss);
+        progress.update(mb + 1, note);
+      }
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      epoch_time_sum += secs;
+      peak_sum += static_cast<double>(engine.peak_bytes(zero::Tier::kDevice));
+      final_loss = last_loss;
+      eval_accuracy = task->evaluate(model, engine.device(), 256);
+      char note[96];
+      std::snprintf(note, sizeof note, "loss %.4f | held-out accuracy %.1f%%", last_loss, 100 * eval_accuracy);
+      progress.finish(note);
+    }
+    const double avg_epoch = epoch_time_sum / static_cast<double>(args.max_epochs);
+    const double avg_peak_mib = peak_sum / static_cast<double>(args.max_epochs) / (1024.0 * 1024.0);
+    std::printf("Average Epoch time: %.2f seconds\n", avg_epoch);
+    std::printf("Average Peak memory: %.2f MiB\n", avg_peak_mib);
+    std::printf("Held-out accuracy: %.2f%%\n", 100 * eval_accuracy);
+    std::fflush(stdout);
+    std::cerr << engine.memory_summary();
+
+    if (!args.summary_json.empty()) {
+      auto state = engine.model_state_bytes();
+      auto peaks = nlohmann::json{{"device", engine.peak_bytes(zero::Tier::kDevice)},
+                                  {"pinned_host", engine.peak_bytes(zero::Tier::kPinnedHost)},
+                                  {"host", engine.peak_bytes(zero::Tier::kHost)},
+                                  {"nvme", engine.peak_bytes(zero::Tier::kNvme)}};
+      auto states = nlohmann::json{{"parameters", state.parameters},
+                                   {"gradients", state.gradients},
+                                   {"optimizer_states", state.optimizer_states}};
+      nlohmann::json summary = {
+          {"world_size", ws},
+          {"zero_stage", engine.config().zero.stage},
+          {"precision", precision_name(engine.compute_dtype())},
+          {"num_parameters", engine.num_parameters()},
+          {"steps", engine.global_steps()},
+          {"skipped_steps", engine.skipped_steps()},
+          {"final_loss", final_loss},
+          {"param_l2", engine.parameter_l2()},
+          {"avg_epoch_time_s", avg_epoch},
+          {"peak_bytes", peaks},
+          {"model_state_bytes", states},
+          {"ranks", nlohmann::json::array({{{"rank", rank}, {"peak_bytes", peaks}, {"model_state_bytes", states}}})},
+          {"eval_accuracy", eval_accuracy},
+          {"task", task->name()},
+      };
+      const std::string tmp = args.summary_json + ".tmp";
+      {
+        std::ofstream out(tmp);
+        out << summary.dump(2) << "\n";
+        if (!out) throw zero::IoError("write " + tmp + ": failed (" + std::string(std::strerror(errno)) + ")");
+      }
+      if (std::rename(tmp.c_str(), args.summary_json.c_str()) != 0)
+        throw zero::IoError("rename " + tmp + " -> " + args.summary_json + ": " + std::strerror(errno));
+      std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
+    }
+    return 0;
+  } catch (const zero::Error& e) {
+    std::cerr << "mingpt: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "mingpt: " << e.what() << "\n";
+    return 1;
+  }
+}

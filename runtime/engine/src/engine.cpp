@@ -1,1 +1,311 @@
-// placeholder
+#include "zero/runtime/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+
+#include "zero/optim/flat_optimizer.h"
+#include "zero/optim/loss_scaler.h"
+#include "zero/optim/lr_scheduler.h"
+#include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
+#include "zero/zero/zero_optimizer.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+torch::Device default_device() {
+  if (torch::cuda::is_available()) {
+    int local_rank = 0;
+    if (const char* v = std::getenv("LOCAL_RANK")) local_rank = std::atoi(v);
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
+  return torch::Device(torch::kCPU);
+}
+
+// Moves every parameter and buffer to `device`, floating ones to `dtype`
+// (integer buffers such as token ids keep their type).
+void cast_module(torch::nn::Module& module, torch::Device device, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  auto cast = [&](torch::Tensor& t) {
+    if (!t.defined()) return;
+    auto target = t.is_floating_point() ? dtype : t.scalar_type();
+    if (t.device() != device || t.scalar_type() != target) t.set_data(t.to(device, target));
+  };
+  for (auto& p : module.parameters()) cast(p);
+  for (auto& b : module.buffers()) cast(b);
+}
+
+void check_trainable(const config::Config& c) {
+  if (!c.optimizer) {
+    throw ConfigError({c.source + ": optimizer: expected an optimizer section, e.g. "
+                       "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
+                       "optimizer from the config (client optimizers are not supported)"});
+  }
+  if (c.zero.stage > 0) {
+    throw UnsupportedError(c.source + ": zero_optimization.stage: " + std::to_string(c.zero.stage) +
+                           " needs several ranks' partitioning, which this build does not have "
+                           "yet; use stage 0");
+  }
+  if (c.zero.offload_optimizer.device != config::OffloadDevice::kNone ||
+      c.zero.offload_param.device != config::OffloadDevice::kNone) {
+    throw UnsupportedError(c.source +
+                           ": zero_optimization.offload_*: offloading is not implemented in this "
+                           "build yet; set device to \"none\"");
+  }
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  std::shared_ptr<torch::nn::Module> model;
+  config::Config config;
+  InitOptions options;
+  torch::Device device{torch::kCPU};
+  torch::ScalarType dtype = torch::kFloat;
+  MemoryLedger ledger;
+  std::unique_ptr<partition::ZeroOptimizer> optimizer;
+  std::unique_ptr<optim::LrScheduler> scheduler;
+  optim::LossScaler scaler;
+
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t applied_steps = 0;
+  double last_grad_norm = 0;
+
+  // Progress: losses and time since the last printed line.
+  torch::Tensor loss_sum;
+  int64_t loss_count = 0;
+  Clock::time_point window_start = Clock::now();
+  int64_t window_steps = 0;
+  // wall_clock_breakdown: time before backward (forward and data), in backward, in step.
+  Clock::time_point phase_start = Clock::now();
+  double t_forward = 0, t_backward = 0, t_step = 0;
+
+  int64_t gas() const { return config.batch.gradient_accumulation_steps; }
+
+  void print_progress() {
+    const double elapsed = seconds_since(window_start);
+    const double loss = loss_count ? loss_sum.item<double>() / loss_count : NAN;
+    const double samples = static_cast<double>(window_steps * config.batch.train_batch_size);
+    std::ostringstream line;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "step %lld | loss %.4f | lr %.3e | loss scale %g | %.1f samples/s",
+                  static_cast<long long>(global_steps), loss, current_lr(), scaler.scale(),
+                  elapsed > 0 ? samples / elapsed : 0.0);
+    line << buf;
+    if (options.tokens_per_sample) {
+      std::snprintf(buf, sizeof buf, " | %.0f tokens/s",
+                    elapsed > 0 ? samples * *options.tokens_per_sample / elapsed : 0.0);
+      line << buf;
+    }
+    if (config.wall_clock_breakdown) {
+      const double n = std::max<int64_t>(1, window_steps);
+      std::snprintf(buf, sizeof buf, " | per step: forward %.1f ms, backward %.1f ms, step %.1f ms",
+                    1e3 * t_forward / n, 1e3 * t_backward / n, 1e3 * t_step / n);
+      line << buf;
+    }
+    log::info(line.str());
+    loss_sum = torch::Tensor();
+    loss_count = 0;
+    window_steps = 0;
+    t_forward = t_backward = t_step = 0;
+    window_start = Clock::now();
+  }
+
+  double current_lr() const {
+    return scheduler ? scheduler->lr() : config.optimizer->lr;
+  }
+
+  void take_model_step() {
+    optim::StepParams p;
+    p.step = applied_steps + 1;
+    p.lr = current_lr();
+    p.beta1 = config.optimizer->betas[0];
+    p.beta2 = config.optimizer->betas[1];
+    // OneCycle's momentum cycle, as DeepSpeed applies it: only to optimizers
+    // with betas, and it pins beta2 to 0.99 for the whole run.
+    const bool has_betas = config.optimizer->type != config::OptimizerType::kAdagrad;
+    if (scheduler && scheduler->beta1() && has_betas) {
+      p.beta1 = *scheduler->beta1();
+      p.beta2 = 0.99;
+    }
+    auto outcome = optimizer->step(p, scaler.scale(), config.gradient_clipping);
+    last_grad_norm = outcome.grad_norm;
+    const double old_scale = scaler.scale();
+    if (config.fp16.enabled) scaler.update(!outcome.applied);
+    if (outcome.applied) {
+      ++applied_steps;
+      if (scheduler) scheduler->step();
+    } else {
+      ++skipped_steps;
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "step %lld: gradients not finite, step skipped; loss scale %g -> %g",
+                    static_cast<long long>(global_steps + 1), old_scale, scaler.scale());
+      log::info(buf);
+    }
+    ++global_steps;
+    ++window_steps;
+    if (options.print_progress && config.steps_per_print && *config.steps_per_print > 0 &&
+        global_steps % *config.steps_per_print == 0) {
+      print_progress();
+    }
+  }
+};
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  ZERO_CHECK(model != nullptr, "initialize needs a model");
+  check_trainable(config);
+  s.model = std::move(model);
+  s.config = std::move(config);
+  s.options = std::move(options);
+  s.device = s.options.device ? *s.options.device : default_device();
+  s.dtype = partition::compute_dtype(s.config);
+  if (s.device.is_cpu()) install_counting_cpu_allocator();
+
+  cast_module(*s.model, s.device, s.dtype);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : s.model->named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+
+  partition::ZeroOptimizerOptions zo;
+  zo.compute_dtype = s.dtype;
+  zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
+  zo.device = s.device;
+  zo.sub_group_size = s.config.zero.sub_group_size;
+  zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
+  s.optimizer = std::make_unique<partition::ZeroOptimizer>(
+      named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger);
+  if (s.config.scheduler) {
+    s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
+                                             s.config.optimizer->betas[0]);
+  }
+  if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
+  s.phase_start = Clock::now();
+  s.window_start = Clock::now();
+}
+
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+void Engine::backward(const torch::Tensor& loss) {
+  auto& s = *impl_;
+  if (!loss.defined() || loss.numel() != 1) {
+    throw Error(ErrorKind::kConfig, "Engine::backward: expected a scalar loss; got a tensor of shape " +
+                                        (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
+  }
+  const auto t0 = Clock::now();
+  s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
+  {
+    torch::NoGradGuard no_grad;
+    auto l = loss.detach().to(torch::kFloat).reshape({});
+    s.loss_sum = s.loss_sum.defined() ? s.loss_sum + l : l;
+    ++s.loss_count;
+  }
+  double factor = 1.0 / static_cast<double>(s.gas());
+  if (s.config.fp16.enabled) factor *= s.scaler.scale();
+  auto scaled = factor == 1.0 ? loss : loss * factor;
+  scaled.backward();
+  s.phase_start = Clock::now();
+  s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+void Engine::step() {
+  auto& s = *impl_;
+  const auto t0 = Clock::now();
+  const bool boundary = is_gradient_accumulation_boundary();
+  if (boundary) s.take_model_step();
+  ++s.micro_steps;
+  s.phase_start = Clock::now();
+  s.t_step += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+void Engine::zero_grad() { impl_->optimizer->zero_grad(); }
+
+double Engine::get_lr() const { return impl_->current_lr(); }
+int64_t Engine::global_steps() const { return impl_->global_steps; }
+int64_t Engine::micro_steps() const { return impl_->micro_steps; }
+int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
+bool Engine::is_gradient_accumulation_boundary() const {
+  return (impl_->micro_steps + 1) % impl_->gas() == 0;
+}
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
+double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
+const config::Config& Engine::config() const { return impl_->config; }
+torch::Device Engine::device() const { return impl_->device; }
+torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
+int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }
+double Engine::parameter_l2() const { return impl_->optimizer->parameter_l2(); }
+MemoryLedger& Engine::ledger() { return impl_->ledger; }
+
+ModelStateBytes Engine::model_state_bytes() const {
+  const auto& l = impl_->ledger;
+  return {l.current_bytes(Kind::kParameters), l.current_bytes(Kind::kGradients),
+          l.current_bytes(Kind::kOptimizerStates)};
+}
+
+int64_t Engine::peak_bytes(Tier tier) const {
+  const auto& s = *impl_;
+  const int64_t ledger_peak = s.ledger.get(tier).peak_bytes;
+  if (tier != Tier::kDevice) return ledger_peak;
+  if (s.device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
+    return std::max<int64_t>(ledger_peak, stats.allocated_bytes[0].peak);
+  }
+  // The device is the CPU: every CPU tensor counts, less what the ledger put
+  // on the host tiers (which also live in CPU memory).
+  auto cpu = cpu_allocator_stats();
+  if (!cpu.installed) return ledger_peak;
+  const int64_t host = s.ledger.get(Tier::kHost).peak_bytes + s.ledger.get(Tier::kPinnedHost).peak_bytes;
+  return std::max<int64_t>(ledger_peak, cpu.peak_bytes - host);
+}
+
+void Engine::reset_peak_bytes() {
+  impl_->ledger.reset_peaks();
+  if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
+  else reset_cpu_allocator_peak();
+}
+
+std::string Engine::memory_summary() const {
+  std::ostringstream out;
+  out << "memory by tier and kind (ledger):\n" << impl_->ledger.summary();
+  out << "measured device peak (" << impl_->device.str() << "): "
+      << format_bytes(peak_bytes(Tier::kDevice)) << "\n";
+  return out.str();
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
+                  InitOptions options) {
+  for (const auto& w : config.warnings) log::warning(config.source + ": " + w);
+  return Engine(std::move(model), std::move(config), std::move(options));
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
+                  InitOptions options) {
+  config::LoadOptions lo;
+  lo.world_size = 1;
+  lo.auto_values = options.auto_values;
+  const bool is_json = config.find_first_not_of(" \t\r\n") != std::string::npos &&
+                       config[config.find_first_not_of(" \t\r\n")] == '{';
+  auto cfg = is_json ? config::load_string(config, lo) : config::load_file(config, lo);
+  return initialize(std::move(model), std::move(cfg), std::move(options));
+}
+
+}  // namespace zero

@@ -1,0 +1,80 @@
+#include "model.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+
+namespace mingpt {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
+    : n_head_(c.n_head), attn_pdrop_(c.attn_pdrop) {
+  TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be a multiple of n_head (",
+              c.n_head, ")");
+  key_ = register_module("key", torch::nn::Linear(c.n_embd, c.n_embd));
+  query_ = register_module("query", torch::nn::Linear(c.n_embd, c.n_embd));
+  value_ = register_module("value", torch::nn::Linear(c.n_embd, c.n_embd));
+  proj_ = register_module("proj", torch::nn::Linear(c.n_embd, c.n_embd));
+  resid_drop_ = register_module("resid_drop", torch::nn::Dropout(c.resid_pdrop));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // [B, nh, T, hs]
+  };
+  auto k = heads(key_->forward(x));
+  auto q = heads(query_->forward(x));
+  auto v = heads(value_->forward(x));
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
+                                            is_training() ? attn_pdrop_ : 0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return resid_drop_->forward(proj_->forward(y));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn_ = register_module("attn", CausalSelfAttention(c));
+  fc_ = register_module("fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
+  fc_proj_ = register_module("fc_proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+  mlp_drop_ = register_module("mlp_drop", torch::nn::Dropout(c.resid_pdrop));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn_->forward(ln1_->forward(x));
+  return h + mlp_drop_->forward(fc_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h)))));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
+  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  pos_emb_ = register_parameter("pos_emb", torch::zeros({1, c.block_size, c.n_embd}));
+  drop_ = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      torch::nn::init::normal_(lin->weight, 0.0, 0.02);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      torch::nn::init::normal_(emb->weight, 0.0, 0.02);
+    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  const auto T = idx.size(1);
+  TORCH_CHECK(T <= config_.block_size, "sequence length ", T, " exceeds block_size ",
+              config_.block_size);
+  auto x = drop_->forward(tok_emb_->forward(idx) + pos_emb_.narrow(1, 0, T));
+  for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  return head_->forward(ln_f_->forward(x));
+}
+
+}  // namespace mingpt

@@ -1,0 +1,118 @@
+// The training engine: what zero::initialize returns.
+//
+//   auto engine = zero::initialize(model, "ds_config.json");
+//   for (...) {
+//     auto loss = loss_fn(model->forward(x), y);
+//     engine.backward(loss);  // scales (fp16, accumulation) and runs backward
+//     engine.step();          // every micro-step; acts at the accumulation boundary
+//   }
+//
+// The user keeps calling model->forward; the engine owns the parameters' memory
+// (see NOTE [flat layout]) and the optimizer. Move-only. Not thread-safe: one
+// training thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "zero/config/config.h"
+#include "zero/runtime/memory_ledger.h"
+
+namespace zero {
+
+struct InitOptions {
+  /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
+  config::AutoValues auto_values;
+  /// Tokens per sample, for tokens/s in progress lines (none: not printed).
+  std::optional<int64_t> tokens_per_sample;
+  /// The device to train on; default: cuda:LOCAL_RANK when CUDA is available, else CPU.
+  std::optional<torch::Device> device;
+  /// Print progress lines every steps_per_print steps (rank 0 only).
+  bool print_progress = true;
+};
+
+/// Bytes of model states this rank holds, from the memory ledger.
+struct ModelStateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_states = 0;
+  int64_t total() const { return parameters + gradients + optimizer_states; }
+};
+
+class Engine {
+ public:
+  /// Takes over `model`'s trainable parameters (moved to the device and the
+  /// compute dtype, rebound into flat buffers). Throws zero::ConfigError when the
+  /// config cannot drive training (no optimizer section, say).
+  Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options = {});
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  /// Backward of `loss` (a scalar), multiplied by the loss scale (fp16) and
+  /// divided by gradient_accumulation_steps; gradients accumulate in the
+  /// engine's buffers.
+  void backward(const torch::Tensor& loss);
+  /// Ends a micro-step. At the accumulation boundary: unscale, overflow check,
+  /// clip, optimizer step, lr schedule, loss-scale update.
+  void step();
+  /// Discards gradients accumulated since the last boundary.
+  void zero_grad();
+
+  /// The lr of the next optimizer step.
+  double get_lr() const;
+  /// Optimizer steps taken (skipped fp16 steps included, as DeepSpeed counts).
+  int64_t global_steps() const;
+  int64_t micro_steps() const;
+  int64_t skipped_steps() const;
+  /// True when the next step() is an optimizer step.
+  bool is_gradient_accumulation_boundary() const;
+  double loss_scale() const;
+  /// Global gradient norm of the last boundary step (unscaled, before clipping).
+  double last_grad_norm() const;
+
+  const config::Config& config() const;
+  torch::Device device() const;
+  torch::ScalarType compute_dtype() const;
+  int64_t num_parameters() const;
+  /// L2 norm of all parameters, in fp32.
+  double parameter_l2() const;
+
+  MemoryLedger& ledger();
+  ModelStateBytes model_state_bytes() const;
+  /// Peak bytes per tier: the device peak is measured (CUDA caching allocator,
+  /// or the counting CPU allocator when the device is the CPU); the host tiers
+  /// and NVMe are the ledger's peaks.
+  int64_t peak_bytes(Tier tier) const;
+  /// Starts new peaks (ledger, and the measured device peak) from current usage.
+  void reset_peak_bytes();
+  /// The end-of-run table of memory per tier and kind.
+  std::string memory_summary() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reads a DeepSpeed config (a file path, or JSON text starting with '{'),
+/// logs its warnings, and builds the engine. Throws zero::ConfigError listing
+/// every problem of the config.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
+                  InitOptions options = {});
+Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
+                  InitOptions options = {});
+
+/// For modules declared with TORCH_MODULE (a ModuleHolder).
+template <typename M>
+Engine initialize(torch::nn::ModuleHolder<M>& model, const std::string& config,
+                  InitOptions options = {}) {
+  return initialize(model.ptr(), config, std::move(options));
+}
+
+}  // namespace zero

@@ -1,0 +1,8 @@
+// The umbrella header: everything a training program needs from zero.
+#pragma once
+
+#include "zero/config/config.h"
+#include "zero/runtime/engine.h"
+#include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
+#include "zero/runtime/memory_ledger.h"

@@ -1,0 +1,16 @@
+// Small text helpers shared by config validation and the command-line tools.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zero {
+
+/// Levenshtein distance between two strings.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+/// The candidate closest to `word` by edit distance, if it is close enough to
+/// be a plausible typo (distance <= max(2, |word| / 3)); empty otherwise.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace zero
