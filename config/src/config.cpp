@@ -1,1 +1,308 @@
-// placeholder
+// load_string / load_file: parse, then read every section (sections.h), then
+// the batch triangle and cross-section rules; describe() for `config check`.
+#include "zero/config/config.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "json_text.h"
+#include "sections.h"
+#include "zero/runtime/error.h"
+
+namespace zero::config {
+namespace {
+
+using detail::AutoFill;
+using detail::Context;
+using detail::Got;
+using detail::Json;
+using detail::Kind;
+using detail::Range;
+using detail::Section;
+
+// Python's // for the batch arithmetic (rules 2.1); `b` is non-zero.
+int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+template <typename T>
+AutoFill fill_from(const std::optional<T>& value, const char* needs) {
+  return AutoFill{value ? std::optional<Json>(Json(*value)) : std::nullopt, needs};
+}
+
+struct BatchKey {
+  const char* name;
+  std::optional<int64_t> value;
+  Origin origin = Origin::kDefault;
+  std::string derivation;  // for messages: how a derived value was computed
+};
+
+// Rules 2.1-2.2, and the Hugging Face fill of "auto" (8.2).
+void read_batch(Section& top, Config& config) {
+  Context& ctx = top.context();
+  const AutoValues& av = ctx.auto_values();
+  const int64_t ws = ctx.options().world_size;
+  BatchKey tbs{"train_batch_size", {}, Origin::kDefault, {}};
+  BatchKey mbs{"train_micro_batch_size_per_gpu", {}, Origin::kDefault, {}};
+  BatchKey gas{"gradient_accumulation_steps", {}, Origin::kDefault, {}};
+  bool bad = false;
+  auto read = [&](BatchKey& key, const AutoFill& fill) {
+    int64_t v = 0;
+    const Got got = top.read_int(key.name, v, std::nullopt, fill, /*record=*/false);
+    if (got == Got::kGiven || got == Got::kFilled) {
+      key.value = v;
+      key.origin = got == Got::kGiven ? Origin::kGiven : Origin::kDerived;
+    }
+    if (got == Got::kBad) bad = true;
+  };
+  read(mbs, fill_from(av.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu"));
+  read(gas, fill_from(av.gradient_accumulation_steps, "gradient_accumulation_steps"));
+  // HF: train_batch_size = world * mbs * gas, from what it knows.
+  std::optional<int64_t> fill_mbs = mbs.value ? mbs.value : av.train_micro_batch_size_per_gpu;
+  std::optional<int64_t> fill_gas =
+      gas.value ? gas.value : (av.gradient_accumulation_steps ? av.gradient_accumulation_steps : std::optional<int64_t>(1));
+  AutoFill tbs_fill{std::nullopt, "train_micro_batch_size_per_gpu"};
+  if (fill_mbs && ws > 0) tbs_fill.value = Json(ws * *fill_mbs * *fill_gas);
+  read(tbs, tbs_fill);
+  if (bad || ws <= 0) return;
+
+  auto name_value = [](const BatchKey& k) { return std::string(k.name) + " " + std::to_string(*k.value); };
+  auto derive = [&](BatchKey& out, int64_t value, std::string how) {
+    out.value = value;
+    out.origin = Origin::kDerived;
+    out.derivation = std::move(how);
+  };
+  auto divide = [&](BatchKey& out, const BatchKey& a, const BatchKey& b, const BatchKey* c) -> bool {
+    // out = a // b // c (c: world size when null) or a // ws // b; report a zero divisor.
+    if (*b.value == 0) {
+      ctx.problem(b.name, "expected an integer > 0; got 0");
+      return false;
+    }
+    int64_t v = 0;
+    std::string how;
+    if (c == nullptr) {
+      v = floor_div(floor_div(*a.value, *b.value), ws);
+      how = name_value(a) + " // " + name_value(b) + " // world_size " + std::to_string(ws);
+    } else {
+      v = floor_div(floor_div(*a.value, ws), *b.value);
+      how = name_value(a) + " // world_size " + std::to_string(ws) + " // " + name_value(b);
+    }
+    derive(out, v, how);
+    return true;
+  };
+
+  const bool has_tbs = tbs.value.has_value();
+  const bool has_mbs = mbs.value.has_value();
+  const bool has_gas = gas.value.has_value();
+  bool ok = true;
+  if (!has_tbs && !has_mbs) {
+    ctx.problem("train_batch_size", "expected train_batch_size or train_micro_batch_size_per_gpu (or both); got "
+                                    "neither (DeepSpeed: Either train_batch_size or train_micro_batch_size_per_gpu "
+                                    "needs to be provided)");
+    return;
+  }
+  if (has_tbs && has_mbs && !has_gas) {
+    ok = divide(gas, tbs, mbs, nullptr);
+  } else if (has_tbs && has_gas && !has_mbs) {
+    ok = divide(mbs, tbs, gas, &gas);
+  } else if (has_mbs && has_gas && !has_tbs) {
+    derive(tbs, *mbs.value * *gas.value * ws,
+           name_value(mbs) + " * " + name_value(gas) + " * world_size " + std::to_string(ws));
+  } else if (has_tbs && !has_mbs) {
+    derive(gas, 1, "the default when only train_batch_size is given");
+    derive(mbs, floor_div(*tbs.value, ws), name_value(tbs) + " // world_size " + std::to_string(ws));
+  } else if (has_mbs && !has_tbs) {
+    derive(tbs, *mbs.value * ws, name_value(mbs) + " * world_size " + std::to_string(ws));
+    derive(gas, 1, "the default when only train_micro_batch_size_per_gpu is given");
+  }
+  if (!ok) return;
+
+  for (const BatchKey* k : {&tbs, &mbs, &gas}) {
+    if (*k->value <= 0) {
+      std::string text = "expected an integer > 0; got " + std::to_string(*k->value);
+      if (!k->derivation.empty()) text += " (derived: " + k->derivation + ")";
+      ctx.problem(k->name, text);
+      ok = false;
+    }
+  }
+  if (ok && *tbs.value != *mbs.value * *gas.value * ws) {
+    std::string text = "expected train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size = " +
+                       std::to_string(*mbs.value) + " * " + std::to_string(*gas.value) + " * " + std::to_string(ws) +
+                       " = " + std::to_string(*mbs.value * *gas.value * ws) + "; got " + std::to_string(*tbs.value);
+    for (const BatchKey* k : {&mbs, &gas}) {
+      if (!k->derivation.empty()) text += " (" + std::string(k->name) + " derived: " + k->derivation + ")";
+    }
+    ctx.problem("train_batch_size", text);
+    ok = false;
+  }
+  if (!ok) return;
+  config.batch.train_batch_size = *tbs.value;
+  config.batch.train_micro_batch_size_per_gpu = *mbs.value;
+  config.batch.gradient_accumulation_steps = *gas.value;
+  for (const BatchKey* k : {&tbs, &mbs, &gas}) ctx.record(k->name, *k->value, k->origin);
+}
+
+// Top-level scalars (rules 5.2-5.3, 4.7).
+void read_scalars(Section& top, Config& config) {
+  Context& ctx = top.context();
+  const AutoValues& av = ctx.auto_values();
+  top.read_double("gradient_clipping", config.gradient_clipping, Range::at_least(0),
+                  fill_from(av.gradient_clipping, "gradient_clipping"));
+  top.read_bool("prescale_gradients", config.prescale_gradients);
+  top.read_double("gradient_predivide_factor", config.gradient_predivide_factor, Range::above(0));
+  top.read_enum("gradient_allreduce_op", config.gradient_allreduce_op, {"mean", "sum"}, /*case_sensitive=*/false);
+  if (config.gradient_allreduce_op == "sum" && config.zero.stage == 3) {
+    ctx.problem("gradient_allreduce_op", "expected mean with ZeRO stage 3 (DeepSpeed rejects sum there); got sum");
+  }
+  int64_t steps = 0;
+  const Got got = top.read_int("steps_per_print", steps, Range::above(0), {}, /*record=*/false);
+  if (got == Got::kGiven) {
+    config.steps_per_print = steps;
+    ctx.record("steps_per_print", steps, Origin::kGiven);
+  } else if (got != Got::kBad) {
+    ctx.record("steps_per_print", nullptr, Origin::kDefault);
+  }
+  top.read_bool("wall_clock_breakdown", config.wall_clock_breakdown);
+  top.read_bool("memory_breakdown", config.memory_breakdown);
+  top.read_bool("zero_allow_untested_optimizer", config.zero_allow_untested_optimizer);
+  top.read_bool("zero_force_ds_cpu_optimizer", config.zero_force_ds_cpu_optimizer);
+
+  const std::vector<std::string> dtypes = {"fp16", "bf16", "fp32"};
+  auto read_optional_dtype = [&](Section& s, const char* key, std::optional<std::string>& out, bool case_sensitive) {
+    const Json* v = s.raw(key);
+    if (v == nullptr || v->is_null()) {
+      ctx.record(s.record_path_of(key), nullptr, Origin::kDefault);
+      return;
+    }
+    std::string value;
+    if (s.read_enum(key, value, dtypes, case_sensitive) == Got::kGiven) out = value;
+  };
+  read_optional_dtype(top, "communication_data_type", config.communication_data_type, false);
+  std::string seq_dtype = "fp32";
+  top.read_enum("seq_parallel_communication_data_type", seq_dtype, dtypes, false, /*record=*/false);
+  Section data_types = top.child("data_types", Kind::kPlain);
+  read_optional_dtype(data_types, "grad_accum_dtype", config.grad_accum_dtype, true);
+  data_types.known({"param_dtype", "buffer_dtype"});
+  data_types.finish();
+}
+
+void check_auto_values(Context& ctx) {
+  const AutoValues& av = ctx.auto_values();
+  if (av.precision && *av.precision != "fp32" && *av.precision != "fp16" && *av.precision != "bf16") {
+    ctx.problem("AutoValues::precision", "expected one of fp32, fp16, bf16; got \"" + *av.precision + "\"");
+  }
+  if (av.hidden_size && *av.hidden_size <= 0) {
+    ctx.problem("AutoValues::hidden_size", "expected an integer > 0; got " + std::to_string(*av.hidden_size));
+  }
+  if (ctx.options().world_size <= 0) {
+    ctx.problem("LoadOptions::world_size", "expected an integer > 0; got " + std::to_string(ctx.options().world_size));
+  }
+}
+
+}  // namespace
+
+Config load_string(const std::string& json_text, const LoadOptions& options, const std::string& name) {
+  Context ctx(name, options);
+  const Json root = detail::parse_relaxed(json_text, name, ctx.problems());
+  if (!root.is_object()) {
+    ctx.problem("", "expected a JSON object at the top level; got " + detail::show(root));
+    throw ConfigError(ctx.problems());
+  }
+  Config config;
+  config.source = name;
+  config.world_size = options.world_size;
+  check_auto_values(ctx);
+
+  Section top(ctx, "", &root, Kind::kPlain);
+  read_batch(top, config);
+  detail::read_zero(top, config);
+  detail::read_precision(top, config);
+  read_scalars(top, config);
+  detail::read_optimizer(top, config);
+  detail::read_scheduler(top, config);
+  detail::read_aio(top, config);
+  detail::read_activation_checkpointing(top, config);
+  detail::check_features(ctx, root);
+  detail::check_top_level_keys(ctx, root);
+
+  if (!ctx.problems().empty()) throw ConfigError(ctx.problems());
+  config.warnings = ctx.warnings();
+  config.resolved = ctx.resolved();
+  config.canonical_json = ctx.canonical().dump();
+  return config;
+}
+
+Config load_file(const std::string& path, const LoadOptions& options) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw IoError("cannot open DeepSpeed config " + path + ": " + std::strerror(errno));
+  }
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int saved = errno;
+      ::close(fd);
+      throw IoError("cannot read DeepSpeed config " + path + " at offset " + std::to_string(text.size()) + ": " +
+                    std::strerror(saved));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return load_string(text, options, path);
+}
+
+std::string describe(const Config& config) {
+  size_t path_width = 0;
+  size_t value_width = 0;
+  for (const ResolvedValue& r : config.resolved) {
+    path_width = std::max(path_width, r.path.size());
+    value_width = std::max(value_width, r.value.size());
+  }
+  std::string out;
+  for (const ResolvedValue& r : config.resolved) {
+    out += r.path + std::string(path_width - r.path.size() + 2, ' ') + r.value +
+           std::string(value_width - r.value.size() + 2, ' ') + "(" + to_string(r.origin) + ")\n";
+  }
+  if (config.warnings.empty()) {
+    out += "warnings: none\n";
+  } else {
+    out += "warnings:\n";
+    for (const std::string& w : config.warnings) out += "  " + w + "\n";
+  }
+  return out;
+}
+
+const char* to_string(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "none";
+}
+
+const char* to_string(Origin origin) {
+  switch (origin) {
+    case Origin::kGiven:
+      return "given";
+    case Origin::kDefault:
+      return "default";
+    case Origin::kDerived:
+      return "derived";
+  }
+  return "default";
+}
+
+}  // namespace zero::config

@@ -168,7 +168,7 @@ class OneCycle : public LrScheduler {
         total_size_(first_size_ + second_size_),
         step_ratio_(first_size_ / total_size_),
         first_stairs_(c.cycle_first_stair_count),
-        second_stairs_(c.cycle_second_stair_count),
+        second_stairs_(c.cycle_second_stair_count.value_or(c.cycle_first_stair_count)),
         decay_step_size_(c.decay_step_size),
         min_lr_(c.cycle_min_lr),
         max_lr_(c.cycle_max_lr),

@@ -17,9 +17,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates,
+                    size_t max_distance) {
   std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  size_t best_d = (max_distance > 0 ? max_distance : std::max<size_t>(2, word.size() / 3)) + 1;
   for (const auto& c : candidates) {
     const size_t d = edit_distance(word, c);
     if (d < best_d) {

@@ -62,7 +62,9 @@ struct SchedulerConfig {
   std::string type_name = "WarmupLR";
   // WarmupLR / WarmupDecayLR
   double warmup_min_lr = 0.0;
-  std::optional<double> warmup_max_lr;  // none: the optimizer's lr
+  // none: the optimizer's lr for WarmupLR; 0.001 for WarmupDecayLR, as in
+  // DeepSpeed, whose WarmupDecayLR signature has that default.
+  std::optional<double> warmup_max_lr;
   int64_t warmup_num_steps = 1000;
   WarmupType warmup_type = WarmupType::kLog;
   // WarmupDecayLR / WarmupCosineLR
@@ -77,7 +79,7 @@ struct SchedulerConfig {
   int64_t cycle_first_step_size = 2000;
   std::optional<int64_t> cycle_second_step_size;  // none: equal to the first
   int64_t cycle_first_stair_count = 0;
-  int64_t cycle_second_stair_count = 0;
+  std::optional<int64_t> cycle_second_stair_count;  // none: equal to the first
   int64_t decay_step_size = 0;
   bool cycle_momentum = true;
   double cycle_min_mom = 0.8;

@@ -10,7 +10,9 @@ namespace zero {
 size_t edit_distance(const std::string& a, const std::string& b);
 
 /// The candidate closest to `word` by edit distance, if it is close enough to
-/// be a plausible typo (distance <= max(2, |word| / 3)); empty otherwise.
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+/// be a plausible typo: within `max_distance` edits, or by default within
+/// max(2, |word| / 3). Empty when none is.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates,
+                    size_t max_distance = 0);
 
 }  // namespace zero

@@ -1,0 +1,268 @@
+#include "json_text.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <string_view>
+
+#include "zero/runtime/error.h"
+
+namespace zero::config::detail {
+namespace {
+
+using Json = nlohmann::json;
+
+struct LineColumn {
+  size_t line = 1;
+  size_t column = 1;
+};
+
+// 1-based line and column of byte `offset` (a CR before the LF is one more
+// column of the previous line, which is what editors show for CRLF files).
+LineColumn line_column(const std::string& text, size_t offset) {
+  LineColumn lc;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++lc.line;
+      lc.column = 1;
+    } else {
+      ++lc.column;
+    }
+  }
+  return lc;
+}
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Builds the DOM like nlohmann's own SAX DOM parser, and also remembers the
+// keys of every open object to report duplicates with their JSON path.
+class DuplicateCheckingSax : public nlohmann::json_sax<Json> {
+ public:
+  DuplicateCheckingSax(const std::string& name, std::vector<std::string>& problems)
+      : name_(name), problems_(problems) {}
+
+  bool null() override { return put(Json(nullptr)); }
+  bool boolean(bool v) override { return put(Json(v)); }
+  bool number_integer(number_integer_t v) override { return put(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return put(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return put(Json(v)); }
+  bool string(string_t& v) override { return put(Json(v)); }
+  bool binary(binary_t& v) override { return put(Json::binary(v)); }
+
+  bool start_object(std::size_t) override {
+    Json* ref = place(Json::object());
+    frames_.push_back(Frame{ref, {}, {}, 0});
+    return true;
+  }
+  bool key(string_t& k) override {
+    Frame& f = frames_.back();
+    f.key = k;
+    if (!f.keys.insert(k).second) problems_.push_back(name_ + ": " + path() + ": duplicate key");
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    Json* ref = place(Json::array());
+    frames_.push_back(Frame{ref, {}, {}, 0});
+    return true;
+  }
+  bool end_array() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
+    error_position_ = position;
+    error_text_ = ex.what();
+    error_path_ = frames_.empty() ? std::string() : path();
+    return false;
+  }
+
+  Json& root() { return root_; }
+  /// Bytes read when parsing failed: just past the offending character.
+  size_t error_position() const { return error_position_; }
+  const std::string& error_text() const { return error_text_; }
+  const std::string& error_path() const { return error_path_; }
+
+ private:
+  struct Frame {
+    Json* container;
+    std::set<std::string> keys;
+    std::string key;
+    size_t index;
+  };
+
+  // The JSON path of the current key or array element.
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.container->is_object()) {
+        if (!p.empty()) p += '.';
+        p += f.key;
+      } else {
+        p += '[' + std::to_string(f.index == 0 ? 0 : f.index - 1) + ']';
+      }
+    }
+    return p;
+  }
+
+  Json* place(Json value) {
+    if (frames_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Frame& f = frames_.back();
+    if (f.container->is_object()) {
+      Json& slot = (*f.container)[f.key];
+      slot = std::move(value);  // last value wins, as in Python's dict
+      return &slot;
+    }
+    f.container->push_back(std::move(value));
+    ++f.index;
+    return &f.container->back();
+  }
+  bool put(Json value) {
+    place(std::move(value));
+    return true;
+  }
+
+  const std::string& name_;
+  std::vector<std::string>& problems_;
+  Json root_;
+  std::vector<Frame> frames_;
+  size_t error_position_ = 0;
+  std::string error_text_;
+  std::string error_path_;
+};
+
+// nlohmann's message without its "[json.exception...] parse error at line 2,
+// column 5: " prefix, whose position we report ourselves.
+std::string parse_error_detail(const std::string& what) {
+  const size_t at = what.find("syntax error");
+  if (at != std::string::npos) return what.substr(at);
+  const size_t colon = what.find(": ");
+  return colon == std::string::npos ? what : what.substr(colon + 2);
+}
+
+}  // namespace
+
+bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string& error) {
+  out = text;
+  // Pass 1: comments. Blank them, keeping line breaks.
+  bool in_string = false;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '#' || (c == '/' && i + 1 < out.size() && out[i + 1] == '/')) {
+      while (i < out.size() && out[i] != '\n' && out[i] != '\r') out[i++] = ' ';
+    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '*') {
+      const size_t start = i;
+      const size_t end = out.find("*/", i + 2);
+      if (end == std::string::npos) {
+        const LineColumn lc = line_column(text, start);
+        error = "line " + std::to_string(lc.line) + ", column " + std::to_string(lc.column) +
+                ": syntax error: expected the end \"*/\" of this comment; got the end of the file";
+        return false;
+      }
+      for (; i < end + 2; ++i) {
+        if (out[i] != '\n' && out[i] != '\r') out[i] = ' ';
+      }
+      --i;
+    }
+  }
+  // Pass 2: trailing commas before '}' or ']'.
+  in_string = false;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == ',') {
+      size_t j = i + 1;
+      while (j < out.size() && is_space(out[j])) ++j;
+      if (j < out.size() && (out[j] == '}' || out[j] == ']')) out[i] = ' ';
+    }
+  }
+  return true;
+}
+
+Json parse_relaxed(const std::string& text, const std::string& name,
+                   std::vector<std::string>& problems) {
+  std::string stripped;
+  std::string error;
+  if (!strip_relaxed_syntax(text, stripped, error)) throw ConfigError({name + ": " + error});
+
+  DuplicateCheckingSax sax(name, problems);
+  if (Json::sax_parse(stripped, &sax)) return std::move(sax.root());
+
+  // The lexer stops just after the offending character. Find the token it
+  // belongs to: a string (point at its opening quote) or a bare word.
+  const size_t error_at = std::min(sax.error_position() == 0 ? 0 : sax.error_position() - 1, stripped.size());
+  bool in_string = false;
+  size_t string_start = 0;
+  for (size_t i = 0; i < error_at; ++i) {
+    if (in_string) {
+      if (stripped[i] == '\\') {
+        ++i;
+      } else if (stripped[i] == '"') {
+        in_string = false;
+      }
+    } else if (stripped[i] == '"') {
+      in_string = true;
+      string_start = i;
+    }
+  }
+  auto is_word = [&](size_t i) {
+    return i < stripped.size() && (std::isalnum(static_cast<unsigned char>(stripped[i])) != 0 || stripped[i] == '_');
+  };
+  size_t offset = error_at;
+  std::string word;
+  if (in_string && error_at < stripped.size() && stripped[error_at] == '"') {
+    offset = string_start;  // an unexpected string
+  } else if (!in_string && (is_word(error_at) || (error_at > 0 && is_word(error_at - 1)))) {
+    size_t start = is_word(error_at) ? error_at : error_at - 1;
+    while (start > 0 && is_word(start - 1)) --start;
+    size_t end = start;
+    while (is_word(end)) ++end;
+    offset = start;
+    word = stripped.substr(start, end - start);
+  }
+  const LineColumn lc = line_column(text, offset);
+  std::string message = name + ": line " + std::to_string(lc.line) + ", column " +
+                        std::to_string(lc.column) + ": ";
+  // A bare word (hjson's quoteless string, or a template placeholder such as
+  // CONFIG_BATCH_SIZE) gets a message naming the word and the key.
+  const bool bare_word = !word.empty() && std::isalpha(static_cast<unsigned char>(word[0])) != 0 &&
+                         word != "true" && word != "false" && word != "null";
+  if (bare_word) {
+    message += "syntax error";
+    if (!sax.error_path().empty()) message += " in " + sax.error_path();
+    message += ": expected a JSON value; got bare word " + word +
+               " (quote strings; an unfilled template placeholder?)";
+  } else {
+    message += parse_error_detail(sax.error_text());
+    if (!sax.error_path().empty()) message += " (after " + sax.error_path() + ")";
+  }
+  throw ConfigError({message});
+}
+
+}  // namespace zero::config::detail

@@ -1,0 +1,359 @@
+// zero_optimization, fp16, bf16, aio and activation_checkpointing: the
+// pydantic-validated sections (strict) and the plain dicts next to them.
+// Rules: ../shared/ds_config_rules.md sections 3, 4 and 6.1-6.2.
+#include <cmath>
+
+#include "sections.h"
+
+namespace zero::config::detail {
+namespace {
+
+OffloadDevice device_from(const std::string& name) {
+  if (name == "cpu") return OffloadDevice::kCpu;
+  if (name == "nvme") return OffloadDevice::kNvme;
+  return OffloadDevice::kNone;
+}
+
+// Optional[Path]: null and absent both mean none.
+void read_nvme_path(Section& s, std::string& out, OffloadDevice device) {
+  const Json* v = s.raw("nvme_path");
+  if (v != nullptr && !v->is_null()) {
+    s.read_string("nvme_path", out);
+  } else {
+    s.context().record(s.record_path_of("nvme_path"), nullptr, Origin::kDefault);
+  }
+  if (device == OffloadDevice::kNvme && out.empty()) {
+    s.context().problem(s.path_of("nvme_path"),
+                        "expected a directory path when device is nvme; got " +
+                            (v == nullptr ? std::string("nothing") : show(*v)));
+  }
+}
+
+void read_offload_param(Section& zs, OffloadParamConfig& o) {
+  Section s = zs.child("offload_param", Kind::kStrict);
+  std::string device = "none";
+  s.read_enum("device", device, {"none", "cpu", "nvme"}, /*case_sensitive=*/true);
+  o.device = device_from(device);
+  read_nvme_path(s, o.nvme_path, o.device);
+  s.read_int("buffer_count", o.buffer_count, Range::at_least(0));
+  s.read_int("buffer_size", o.buffer_size, Range::at_least(0));
+  s.read_int("max_in_cpu", o.max_in_cpu, Range::at_least(0));
+  s.read_bool("pin_memory", o.pin_memory);
+  s.finish();
+}
+
+void read_offload_optimizer(Section& zs, OffloadOptimizerConfig& o) {
+  Section s = zs.child("offload_optimizer", Kind::kStrict);
+  std::string device = "none";
+  s.read_enum("device", device, {"none", "cpu", "nvme"}, /*case_sensitive=*/true);
+  o.device = device_from(device);
+  read_nvme_path(s, o.nvme_path, o.device);
+  s.read_int("buffer_count", o.buffer_count, Range::at_least(0));
+  s.read_bool("pin_memory", o.pin_memory);
+  s.read_bool("pipeline_read", o.pipeline_read);
+  s.read_bool("pipeline_write", o.pipeline_write);
+  s.read_bool("fast_init", o.fast_init);
+  s.read_double("ratio", o.ratio, Range::between(0.0, 1.0));
+  // Valid DeepSpeed keys that only tune DeepSpeed's own CPU Adam; features.cpp
+  // warns about super_offload.
+  bool unused_bool = false;
+  s.read_bool("super_offload", unused_bool, {}, /*record=*/false);
+  unused_bool = true;
+  s.read_bool("convert_grad_on_cpu", unused_bool, {}, /*record=*/false);
+  double unused_double = 0.8;
+  s.read_double("cpuadam_cores_perc", unused_double, Range::between(0.0, 1.0), {}, /*record=*/false);
+  s.finish();
+}
+
+// A deprecated boolean that becomes an offload block (rules 3.4).
+void read_deprecated_offload(Section& zs, const char* old_key, const char* new_key, OffloadDevice& device,
+                             const std::string& device_record_path) {
+  const Json* v = zs.raw(old_key);
+  if (v == nullptr || v->is_null()) return;
+  Context& ctx = zs.context();
+  bool enabled = false;
+  if (zs.read_bool(old_key, enabled, {}, /*record=*/false) != Got::kGiven) return;
+  if (zs.raw(new_key) != nullptr) {
+    ctx.problem(zs.path_of(old_key), std::string("expected either ") + old_key + " (deprecated) or " + new_key +
+                                         "; got both (DeepSpeed: Cannot provide deprecated parameter '" + old_key +
+                                         "' and replacing parameter '" + new_key + "' together)");
+    return;
+  }
+  ctx.warn(zs.path_of(old_key), std::string("deprecated; use ") + new_key + (enabled ? ": {\"device\": \"cpu\"}" : "") +
+                                    " (read as " + (enabled ? "device cpu" : "no offload") + ")");
+  if (enabled) {
+    device = OffloadDevice::kCpu;
+    ctx.record(device_record_path, "cpu", Origin::kDerived);
+  }
+}
+
+void read_zero_fields(Section& zs, Config& config) {
+  Context& ctx = zs.context();
+  ZeroConfig& z = config.zero;
+  const AutoValues& av = ctx.auto_values();
+
+  int64_t stage = 0;
+  zs.read_int("stage", stage, Range::between(0, 3));
+  z.stage = static_cast<int>(stage);
+  const bool stage3 = z.stage == 3;
+
+  // The Hugging Face integration fills these from the model's hidden size;
+  // the two stage3_* ones only for ZeRO-3 (rules 8.2).
+  const std::optional<int64_t> hidden = av.hidden_size;
+  const AutoFill reduce_fill{hidden ? std::optional<Json>(*hidden * *hidden) : std::nullopt, "hidden_size"};
+  AutoFill prefetch_fill;
+  AutoFill persistence_fill;
+  if (stage3) {
+    prefetch_fill = AutoFill{hidden ? std::optional<Json>(static_cast<int64_t>(0.9 * static_cast<double>(*hidden * *hidden)))
+                                    : std::nullopt,
+                             "hidden_size"};
+    persistence_fill = AutoFill{hidden ? std::optional<Json>(10 * *hidden) : std::nullopt, "hidden_size"};
+  }
+
+  zs.read_bool("contiguous_gradients", z.contiguous_gradients);
+  zs.read_bool("reduce_scatter", z.reduce_scatter);
+  zs.read_int("reduce_bucket_size", z.reduce_bucket_size, Range::at_least(0), reduce_fill);
+  zs.read_bool("use_multi_rank_bucket_allreduce", z.use_multi_rank_bucket_allreduce);
+  zs.read_bool("allgather_partitions", z.allgather_partitions);
+  zs.read_int("allgather_bucket_size", z.allgather_bucket_size, Range::at_least(0));
+
+  // Optional[bool]: unset (absent, null or a dropped "auto") means stage == 3.
+  const Json* overlap = zs.raw("overlap_comm");
+  const bool overlap_unset = overlap == nullptr || overlap->is_null() ||
+                             (overlap->is_string() && overlap->get_ref<const std::string&>() == "auto");
+  if (overlap_unset) {
+    if (overlap != nullptr && overlap->is_string()) {
+      ctx.warn(zs.path_of("overlap_comm"), "\"auto\" is dropped as DeepSpeed does; unset means true iff stage is 3");
+    }
+    z.overlap_comm = stage3;
+    ctx.record(zs.record_path_of("overlap_comm"), z.overlap_comm, Origin::kDerived);
+  } else {
+    zs.read_bool("overlap_comm", z.overlap_comm);
+  }
+
+  zs.read_bool("load_from_fp32_weights", z.load_from_fp32_weights);
+  zs.read_bool("elastic_checkpoint", z.elastic_checkpoint);
+  read_offload_param(zs, z.offload_param);
+  read_offload_optimizer(zs, z.offload_optimizer);
+  zs.read_int("sub_group_size", z.sub_group_size, Range::at_least(0));
+  zs.read_int({"stage3_prefetch_bucket_size", "prefetch_bucket_size"}, z.prefetch_bucket_size, Range::at_least(0),
+              prefetch_fill);
+  zs.read_int({"stage3_param_persistence_threshold", "param_persistence_threshold"}, z.param_persistence_threshold,
+              Range::at_least(0), persistence_fill);
+  zs.read_int({"stage3_model_persistence_threshold", "model_persistence_threshold"}, z.model_persistence_threshold,
+              Range::at_least(0));
+  zs.read_int({"stage3_max_live_parameters", "max_live_parameters"}, z.max_live_parameters, Range::at_least(0));
+  zs.read_int({"stage3_max_reuse_distance", "max_reuse_distance"}, z.max_reuse_distance, Range::at_least(0));
+  zs.read_bool({"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save"},
+               z.gather_16bit_weights_on_model_save);
+  zs.read_int({"stage3_module_granularity_threshold", "module_granularity_threshold"}, z.module_granularity_threshold);
+  zs.read_bool({"stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params"},
+               z.use_all_reduce_for_fetch_params);
+  zs.read_bool({"stage3_allgather_sequential", "allgather_sequential"}, z.allgather_sequential);
+  zs.read_bool("ignore_unused_parameters", z.ignore_unused_parameters);
+  zs.read_bool("round_robin_gradients", z.round_robin_gradients);
+  zs.read_int("zero_hpz_partition_size", z.zero_hpz_partition_size, Range::at_least(0));
+
+  // Deprecated keys (rules 3.4).
+  read_deprecated_offload(zs, "cpu_offload", "offload_optimizer", z.offload_optimizer.device,
+                          zs.record_path_of("offload_optimizer.device"));
+  read_deprecated_offload(zs, "cpu_offload_param", "offload_param", z.offload_param.device,
+                          zs.record_path_of("offload_param.device"));
+  if (const Json* v = zs.raw("cpu_offload_use_pin_memory"); v != nullptr && !v->is_null()) {
+    bool unused = false;
+    if (zs.read_bool("cpu_offload_use_pin_memory", unused, {}, /*record=*/false) == Got::kGiven) {
+      ctx.warn(zs.path_of("cpu_offload_use_pin_memory"),
+               "deprecated and without effect; use offload_param/offload_optimizer pin_memory");
+    }
+  }
+  if (const Json* v = zs.raw("stage3_gather_fp16_weights_on_model_save"); v != nullptr && !v->is_null()) {
+    bool value = false;
+    const Got got = zs.read_bool("stage3_gather_fp16_weights_on_model_save", value, {}, /*record=*/false);
+    if (zs.raw("gather_16bit_weights_on_model_save") != nullptr ||
+        zs.raw("stage3_gather_16bit_weights_on_model_save") != nullptr) {
+      ctx.problem(zs.path_of("stage3_gather_fp16_weights_on_model_save"),
+                  "expected either stage3_gather_fp16_weights_on_model_save (deprecated) or "
+                  "gather_16bit_weights_on_model_save; got both");
+    } else if (got == Got::kGiven) {
+      ctx.warn(zs.path_of("stage3_gather_fp16_weights_on_model_save"),
+               "deprecated; use stage3_gather_16bit_weights_on_model_save (read as that)");
+      z.gather_16bit_weights_on_model_save = value;
+      ctx.record(zs.record_path_of("stage3_gather_16bit_weights_on_model_save"), value, Origin::kGiven);
+    }
+  }
+
+  // Valid keys that zero does not store. Booleans are type-checked; the ones
+  // that would change training are refused by features.cpp.
+  for (const char* key : {"legacy_stage1", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                          "zero_quantized_gradients", "mics_hierarchical_params_gather", "memory_efficient_linear",
+                          "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
+                          "enable_sanity_checks", "save_muon_momentum_buffer_in_memory"}) {
+    bool unused = false;
+    zs.read_bool(key, unused, {}, /*record=*/false);
+  }
+  int64_t unused_int = 0;
+  zs.read_int("mics_shard_size", unused_int, std::nullopt, {}, /*record=*/false);
+  zs.read_int({"stage3_partition_stream_chunk_size", "partition_stream_chunk_size"}, unused_int, Range::at_least(0),
+              {}, /*record=*/false);
+  zs.known({"zeropp_loco_param", "leaf_module", "zenflow"});
+
+  // Cross-field rules.
+  if (z.offload_optimizer.ratio < 1.0 && !stage3) {
+    ctx.problem(zs.path_of("offload_optimizer.ratio"),
+                "expected 1.0 unless stage is 3 (DeepSpeed: Partial offloading only supported for ZeRO Stage 3.); got " +
+                    Json(z.offload_optimizer.ratio).dump());
+  }
+  if (z.offload_param.device != OffloadDevice::kNone && !stage3) {
+    ctx.warn(zs.path_of("offload_param"), "has no effect below stage 3 (stage is " + std::to_string(z.stage) + ")");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
+    ctx.warn(zs.path_of("offload_optimizer"), "has no effect at stage 0");
+  }
+}
+
+}  // namespace
+
+void read_zero(Section& top, Config& config) {
+  Context& ctx = top.context();
+  const Json* raw = top.raw("zero_optimization");
+  top.known({"allgather_size"});
+  if (raw != nullptr && raw->is_boolean()) {
+    // Legacy form (rules 3.1): true is stage 1 with the top-level allgather_size.
+    Section defaults(ctx, "zero_optimization", nullptr, Kind::kStrict);
+    read_zero_fields(defaults, config);
+    const bool enabled = raw->get<bool>();
+    config.zero.stage = enabled ? 1 : 0;
+    ctx.record("zero_optimization.stage", config.zero.stage, Origin::kDerived);
+    ctx.warn("zero_optimization", std::string("a boolean is deprecated; write {\"stage\": ") + (enabled ? "1" : "0") +
+                                      "} (read as stage " + (enabled ? "1" : "0") + ")");
+    if (enabled) {
+      int64_t size = 500000000;
+      if (top.read_int("allgather_size", size, Range::at_least(0), {}, /*record=*/false) == Got::kGiven) {
+        config.zero.allgather_bucket_size = size;
+        ctx.record("zero_optimization.allgather_bucket_size", size, Origin::kDerived);
+      }
+    }
+    return;
+  }
+  Section zs = top.child("zero_optimization", Kind::kStrict);
+  read_zero_fields(zs, config);
+  zs.finish();
+}
+
+void read_precision(Section& top, Config& config) {
+  Context& ctx = top.context();
+  const std::optional<std::string>& precision = ctx.auto_values().precision;
+
+  Fp16Config& f = config.fp16;
+  Section fs = top.child("fp16", Kind::kStrict);
+  fs.read_bool("enabled", f.enabled,
+               AutoFill{precision ? std::optional<Json>(*precision == "fp16") : std::nullopt, "precision"});
+  fs.read_bool("auto_cast", f.auto_cast);
+  fs.read_double("loss_scale", f.loss_scale, Range::at_least(0));
+  fs.read_int("initial_scale_power", f.initial_scale_power);
+  const Got window = fs.read_int("loss_scale_window", f.loss_scale_window);
+  int64_t min_loss_scale = 1;
+  const Got min_scale = fs.read_int("min_loss_scale", min_loss_scale);
+  f.min_loss_scale = static_cast<double>(min_loss_scale);
+  fs.read_int("hysteresis", f.hysteresis);
+  fs.read_bool("consecutive_hysteresis", f.consecutive_hysteresis);
+  fs.read_bool("fp16_master_weights_and_grads", f.fp16_master_weights_and_grads);
+  fs.finish();
+  // Rules 4.3: positive only matters for dynamic scaling.
+  if (f.enabled && f.loss_scale == 0) {
+    if (window != Got::kBad && f.loss_scale_window <= 0) {
+      ctx.problem("fp16.loss_scale_window", "expected an integer > 0 with dynamic loss scaling (loss_scale 0); got " +
+                                                std::to_string(f.loss_scale_window));
+    }
+    if (min_scale != Got::kBad && min_loss_scale <= 0) {
+      ctx.problem("fp16.min_loss_scale", "expected an integer > 0 with dynamic loss scaling (loss_scale 0); got " +
+                                             std::to_string(min_loss_scale));
+    }
+  }
+
+  // Rules 4.2: "bfloat16" only when "bf16" is absent.
+  const Json* bf16 = top.raw("bf16");
+  const Json* legacy = top.raw("bfloat16");
+  const bool bf16_absent = bf16 == nullptr || bf16->is_null();
+  const bool use_legacy = bf16_absent && legacy != nullptr && !legacy->is_null();
+  if (use_legacy) {
+    ctx.warn("bfloat16", "legacy name of bf16, read because bf16 is absent");
+  } else if (!bf16_absent && legacy != nullptr) {
+    ctx.warn("bfloat16", "ignored because bf16 is present (as DeepSpeed does)");
+  }
+  Bf16Config& b = config.bf16;
+  Section bs = top.child(use_legacy ? "bfloat16" : "bf16", Kind::kStrict, std::string("bf16"));
+  // The Hugging Face integration fills only bf16.enabled, not bfloat16.enabled.
+  const AutoFill bf16_fill = use_legacy ? AutoFill{}
+                                        : AutoFill{precision ? std::optional<Json>(*precision == "bf16") : std::nullopt,
+                                                   "precision"};
+  bs.read_bool("enabled", b.enabled, bf16_fill);
+  bs.read_bool("immediate_grad_update", b.immediate_grad_update);
+  bs.read_bool("check_grad_overflow", b.check_grad_overflow);
+  bs.read_bool("bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
+  bs.read_bool("bf16_optimizer_states", b.bf16_optimizer_states);
+  bs.finish();
+
+  if (f.enabled && b.enabled) {
+    ctx.problem(bs.path_of("enabled"),
+                "expected at most one of fp16.enabled and " + bs.path_of("enabled") +
+                    " true; got both (DeepSpeed: bfloat16 and fp16 modes cannot be simultaneously enabled)");
+  }
+  const int stage = config.zero.stage;
+  if (f.fp16_master_weights_and_grads && stage == 0) {
+    ctx.problem("fp16.fp16_master_weights_and_grads", "expected false unless ZeRO stage is 1-3; got true at stage 0");
+  }
+  if (b.bf16_master_weights_and_grads && stage == 0) {
+    ctx.problem(bs.path_of("bf16_master_weights_and_grads"),
+                "expected false unless ZeRO stage is 1-3; got true at stage 0");
+  }
+  if (b.bf16_optimizer_states && (stage == 0 || !b.bf16_master_weights_and_grads)) {
+    ctx.problem(bs.path_of("bf16_optimizer_states"),
+                "expected false unless ZeRO stage is 1-3 and bf16_master_weights_and_grads is true; got true");
+  }
+}
+
+void read_aio(Section& top, Config& config) {
+  Context& ctx = top.context();
+  AioConfig& a = config.aio;
+  Section s = top.child("aio", Kind::kPlain);
+  s.read_int("block_size", a.block_size, Range::above(0));
+  s.read_int("queue_depth", a.queue_depth, Range::above(0));
+  const Got intra = s.read_int("intra_op_parallelism", a.intra_op_parallelism, Range::at_least(1));
+  s.read_bool("single_submit", a.single_submit);
+  s.read_bool("overlap_events", a.overlap_events);
+  s.read_bool("use_gds", a.use_gds);
+  if (const Json* v = s.raw("thread_count"); v != nullptr && !v->is_null()) {
+    if (intra == Got::kAbsent) {
+      if (s.read_int("thread_count", a.intra_op_parallelism, Range::at_least(1), {}, /*record=*/false) == Got::kGiven) {
+        ctx.record("aio.intra_op_parallelism", a.intra_op_parallelism, Origin::kGiven);
+        ctx.warn("aio.thread_count", "legacy name of intra_op_parallelism, used as that (DeepSpeed ignores it)");
+      }
+    } else {
+      ctx.warn("aio.thread_count", "legacy name of intra_op_parallelism; ignored because intra_op_parallelism is given");
+    }
+  }
+  s.finish();
+}
+
+void read_activation_checkpointing(Section& top, Config& config) {
+  Context& ctx = top.context();
+  ActivationCheckpointingConfig& a = config.activation_checkpointing;
+  Section s = top.child("activation_checkpointing", Kind::kPlain);
+  s.read_bool("partition_activations", a.partition_activations);
+  s.read_bool("contiguous_memory_optimization", a.contiguous_memory_optimization);
+  s.read_bool("cpu_checkpointing", a.cpu_checkpointing);
+  int64_t number = 0;
+  const Got got = s.read_int("number_checkpoints", number, Range::at_least(0), {}, /*record=*/false);
+  if (got == Got::kGiven) {
+    a.number_checkpoints = number;
+    ctx.record("activation_checkpointing.number_checkpoints", number, Origin::kGiven);
+  } else {
+    ctx.record("activation_checkpointing.number_checkpoints", nullptr, Origin::kDefault);
+  }
+  s.read_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+  s.read_bool("profile", a.profile);
+  s.finish();
+}
+
+}  // namespace zero::config::detail
