@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/text.h"
@@ -18,6 +19,9 @@ commands:
       Reads a DeepSpeed config as zero::initialize would, prints every
       resolved value (marked given, default or derived) and the warnings, and
       exits 0; or prints every problem of the file and exits 1.
+  bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
+      Training steps of minGPT through zero's engine against a plain LibTorch
+      loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
 )";
 
 int usage_error(const std::string& message) {
@@ -80,7 +84,11 @@ int main(int argc, char** argv) {
     if (args.size() < 2 || args[1] != "check") return usage_error("expected 'zero config check FILE'");
     return config_check({args.begin() + 2, args.end()});
   }
-  auto near = zero::nearest(args[0], {"config"});
+  if (args[0] == "bench") {
+    if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine'");
+  }
+  auto near = zero::nearest(args[0], {"config", "bench"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

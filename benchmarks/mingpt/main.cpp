@@ -166,6 +166,23 @@ int main(int argc, char** argv) {
     opts.auto_values.gradient_clipping = 1.0;
     if (args.precision) opts.auto_values.precision = *args.precision == "32" ? "fp32" : *args.precision == "16" ? "fp16" : "bf16";
     opts.tokens_per_sample = task->block_size();
+    // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
+    // the config once to learn it, then build the engine with the real total.
+    auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
+      int64_t n = task->train_size() / b.train_micro_batch_size_per_gpu;
+      if (args.limit_train_batches) n = std::min(n, *args.limit_train_batches);
+      return n / b.gradient_accumulation_steps * b.gradient_accumulation_steps;
+    };
+    {
+      zero::config::LoadOptions probe;
+      probe.auto_values = opts.auto_values;
+      probe.auto_values.total_num_steps = 1;
+      probe.auto_values.warmup_num_steps = 1;
+      const auto b = zero::config::load_file(args.config, probe).batch;
+      const int64_t steps = micro_batches_per_epoch(b) / b.gradient_accumulation_steps * args.max_epochs;
+      opts.auto_values.total_num_steps = std::max<int64_t>(1, steps);
+      opts.auto_values.warmup_num_steps = std::max<int64_t>(1, steps / 20);
+    }
     auto engine = zero::initialize(model.ptr(), args.config, opts);
 
     const auto& batch = engine.config().batch;
@@ -180,9 +197,7 @@ int main(int argc, char** argv) {
     }
     const int64_t ws = 1, rank = 0;
     const int64_t mbs = batch.train_micro_batch_size_per_gpu, gas = batch.gradient_accumulation_steps;
-    int64_t micro_per_epoch = task->train_size() / (mbs * ws);
-    if (args.limit_train_batches) micro_per_epoch = std::min(micro_per_epoch, *args.limit_train_batches);
-    micro_per_epoch = micro_per_epoch / gas * gas;
+    const int64_t micro_per_epoch = micro_batches_per_epoch(batch);
     if (micro_per_epoch == 0) usage_error("an epoch has no full optimizer step: lower the batch size or gradient_accumulation_steps");
 
     std::fprintf(stderr,

@@ -5,11 +5,20 @@
 
 #include <ATen/ATen.h>
 
+#include "adam_kernel.h"
 #include "zero/optim/flat_optimizer.h"
 #include "zero/runtime/error.h"
 
 namespace zero::optim {
 namespace {
+
+// The fused CPU pass applies to contiguous fp32 CPU tensors.
+bool fusable(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& d) {
+  for (const at::Tensor* t : {&a, &b, &c, &d}) {
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+  }
+  return true;
+}
 
 class FlatAdam final : public FlatOptimizer {
  public:
@@ -26,13 +35,25 @@ class FlatAdam final : public FlatOptimizer {
     auto& exp_avg = states[0];
     auto& exp_avg_sq = states[1];
     const double beta1 = p.beta1, beta2 = p.beta2, wd = config_.weight_decay;
+    const double bc1 = config_.bias_correction ? 1 - std::pow(beta1, p.step) : 1.0;
+    const double bc2 = config_.bias_correction ? 1 - std::pow(beta2, p.step) : 1.0;
+    if (fusable(param, grad, exp_avg, exp_avg_sq)) {
+      auto f = [](double x) { return static_cast<float>(x); };
+      const detail::AdamScalars s{f(beta1),           f(1 - beta1),         f(beta2),
+                                  f(1 - beta2),       f(config_.eps),       f(wd),
+                                  f(1 - p.lr * wd),   f(std::sqrt(bc2)),    f(-p.lr / bc1),
+                                  decoupled_};
+      detail::adam_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(),
+                              exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
+                              param.numel(), s);
+      return;
+    }
+    // Any other device or layout: the same math as ATen operations.
     at::Tensor g = grad;
     if (wd != 0) {
       if (decoupled_) param.mul_(1 - p.lr * wd);
       else g = grad.add(param, wd);
     }
-    const double bc1 = config_.bias_correction ? 1 - std::pow(beta1, p.step) : 1.0;
-    const double bc2 = config_.bias_correction ? 1 - std::pow(beta2, p.step) : 1.0;
     exp_avg.mul_(beta1).add_(g, 1 - beta1);
     exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
     at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(config_.eps);

@@ -2,11 +2,13 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <sstream>
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include "zero/runtime/error.h"
 
@@ -204,10 +206,11 @@ std::atomic<int64_t> g_cpu_peak{0};
 std::atomic<int64_t> g_cpu_allocs{0};
 std::atomic<bool> g_installed{false};
 
-struct CountedBlock {
-  c10::DataPtr inner;
-  int64_t nbytes;
-};
+// Each allocation carries a header of kHeader bytes before the data, holding
+// its size, so the data pointer can be its own context (LibTorch's
+// raw_allocate requires that of CPU allocations) and the free knows how many
+// bytes to take off. kHeader keeps the data 64-byte aligned, as c10's own.
+constexpr size_t kHeader = 64;
 
 void update_peak(int64_t now) {
   int64_t peak = g_cpu_peak.load(std::memory_order_relaxed);
@@ -215,33 +218,30 @@ void update_peak(int64_t now) {
   }
 }
 
-void counted_delete(void* ctx) {
-  auto* block = static_cast<CountedBlock*>(ctx);
-  g_cpu_current.fetch_sub(block->nbytes, std::memory_order_relaxed);
-  delete block;  // frees the inner allocation through its own deleter
+void counted_free(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  int64_t nbytes = 0;
+  std::memcpy(&nbytes, base, sizeof nbytes);
+  g_cpu_current.fetch_sub(nbytes, std::memory_order_relaxed);
+  c10::free_cpu(base);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
-
   c10::DataPtr allocate(size_t nbytes) override {
-    c10::DataPtr inner = inner_->allocate(nbytes);
-    void* data = inner.get();
-    auto device = inner.device();
-    auto* block = new CountedBlock{std::move(inner), static_cast<int64_t>(nbytes)};
-    int64_t now = g_cpu_current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
-    update_peak(now);
+    char* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+    const auto n = static_cast<int64_t>(nbytes);
+    std::memcpy(base, &n, sizeof n);
+    void* data = base + kHeader;
+    update_peak(g_cpu_current.fetch_add(n, std::memory_order_relaxed) + n);
     g_cpu_allocs.fetch_add(1, std::memory_order_relaxed);
-    return {data, block, &counted_delete, device};
+    return {data, data, &counted_free, c10::Device(c10::DeviceType::CPU)};
   }
-
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-
- private:
-  c10::Allocator* inner_;
 };
 
 }  // namespace
@@ -250,7 +250,7 @@ void install_counting_cpu_allocator() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Leaked on purpose: tensors may be freed during static destruction.
-    static auto* alloc = new CountingCpuAllocator(c10::GetCPUAllocator());
+    static auto* alloc = new CountingCpuAllocator();
     c10::SetCPUAllocator(alloc, /*priority=*/100);
     g_installed = true;
   });

@@ -36,7 +36,12 @@ TEST_P(ParameterCount, MatchesTheBenchmarkFormula) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ParameterCount,
                          ::testing::Values(Shape{1, 1, 8, 10, 6}, Shape{2, 4, 64, 65, 128},
-                                           Shape{3, 3, 48, 10, 6}, Shape{4, 8, 256, 256, 64}));
+                                           Shape{3, 3, 48, 10, 6}, Shape{4, 8, 256, 256, 64}),
+                         [](const auto& info) {
+                           const Shape& s = info.param;
+                           return "L" + std::to_string(s.L) + "_C" + std::to_string(s.C) + "_V" +
+                                  std::to_string(s.V) + "_T" + std::to_string(s.T);
+                         });
 
 TEST(MinGPT, ForwardShapesAndCausality) {
   mingpt::GPTConfig c;

@@ -110,17 +110,21 @@ TEST(Engine, Stage0Fp32MatchesLibTorchAdamW) {
   auto ours = engine_run(20, 32, 1, 0.0);
   const double rel = std::abs(norm_of(ours) - norm_of(ref)) / norm_of(ref);
   EXPECT_LT(rel, 1e-6) << "parameter norm differs";
-  EXPECT_LT(max_abs_diff(ours, ref), 1e-5);
+  // Element by element: zero's fused Adam pass and ATen's vectorised ops round
+  // differently (by an ulp), and 20 steps of training grow that where Adam's
+  // second moment is tiny. 5e-4 is a sixth of one step's movement at lr 3e-3;
+  // a wrong update (bias correction, decay) is off by far more.
+  EXPECT_LT(max_abs_diff(ours, ref), 5e-4);
 }
 
 TEST(Engine, GlobalNormClippingMatchesClipGradNorm) {
   auto ref = reference_run(20, 32, 0.05);
   auto ours = engine_run(20, 32, 1, 0.05);
   EXPECT_LT(std::abs(norm_of(ours) - norm_of(ref)) / norm_of(ref), 1e-6);
-  EXPECT_LT(max_abs_diff(ours, ref), 1e-5);
+  EXPECT_LT(max_abs_diff(ours, ref), 5e-4);
   // and clipping did something: without it the result is different.
   auto unclipped = reference_run(20, 32, 0.0);
-  EXPECT_GT(max_abs_diff(unclipped, ref), 1e-4);
+  EXPECT_GT(max_abs_diff(unclipped, ref), 1e-2);
 }
 
 TEST(Engine, TwoMicroBatchesOfBMatchOneBatchOf2B) {

@@ -54,10 +54,9 @@ void check_trainable(const config::Config& c) {
                        "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
                        "optimizer from the config (client optimizers are not supported)"});
   }
-  if (c.zero.stage > 0) {
-    throw UnsupportedError(c.source + ": zero_optimization.stage: " + std::to_string(c.zero.stage) +
-                           " needs several ranks' partitioning, which this build does not have "
-                           "yet; use stage 0");
+  if (c.zero.stage == 3) {
+    throw UnsupportedError(c.source + ": zero_optimization.stage: 3 (parameter partitioning) is "
+                           "not implemented in this build yet; use stage 0, 1 or 2");
   }
   if (c.zero.offload_optimizer.device != config::OffloadDevice::kNone ||
       c.zero.offload_param.device != config::OffloadDevice::kNone) {
@@ -197,6 +196,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                                              s.config.optimizer->betas[0]);
   }
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
+  if (s.config.zero.stage > 0) {
+    log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
+              " on one process: the single partition holds all model states");
+  }
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
 }

@@ -1,0 +1,26 @@
+// Trains a linear model for a few steps through the installed zero package.
+#include <torch/nn/modules/linear.h>
+#include <zero/zero.h>
+
+int main() {
+  torch::manual_seed(0);
+  auto model = std::make_shared<torch::nn::LinearImpl>(4, 1);
+  zero::InitOptions options;
+  options.print_progress = false;
+  auto engine = zero::initialize(
+      model, R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 0.05}}})",
+      options);
+  auto x = torch::randn({8, 4});
+  auto y = x.sum(1, true);
+  double first = 0, last = 0;
+  for (int i = 0; i < 50; ++i) {
+    auto loss = (model->forward(x) - y).pow(2).mean();
+    if (i == 0) first = loss.item<double>();
+    last = loss.item<double>();
+    engine.backward(loss);
+    engine.step();
+  }
+  std::printf("consumer: loss %.4f -> %.4f over %lld steps\n", first, last,
+              static_cast<long long>(engine.global_steps()));
+  return last < first ? 0 : 1;
+}
