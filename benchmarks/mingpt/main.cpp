@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
     opts.auto_values.lr = args.lr;
     opts.auto_values.hidden_size = args.n_embd;
     opts.auto_values.gradient_clipping = 1.0;
-    if (args.precision) opts.auto_values.precision = *args.precision == "32" ? "fp32" : *args.precision == "16" ? "fp16" : "bf16";
+    const std::string precision = args.precision.value_or("32");
+    opts.auto_values.precision = precision == "32" ? "fp32" : precision == "16" ? "fp16" : "bf16";
     opts.tokens_per_sample = task->block_size();
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.

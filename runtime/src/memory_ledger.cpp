@@ -183,7 +183,7 @@ std::string MemoryLedger::summary() const {
     }
     const auto& tt = shared_->tiers[t];
     std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", to_string(static_cast<Tier>(t)),
-                  "(model states)", format_bytes(tt.current_bytes).c_str(),
+                  "(tier total)", format_bytes(tt.current_bytes).c_str(),
                   format_bytes(tt.peak_bytes).c_str());
     out << line;
   }
