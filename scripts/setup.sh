@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the build needs, and nothing that is already there.
 # Idempotent: a second run on a ready machine only checks and returns.
-#   Debian: cmake ninja-build g++ ccache liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev fio
+#   Debian: cmake ninja-build g++ ccache liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev
+#           libgloo-dev (headers only: Gloo itself is inside LibTorch) fio
 #   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it)
 set -euo pipefail
 
 PY=${PYTHON:-python3}
-debs=(cmake ninja-build g++ make ccache pkg-config liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev fio)
+debs=(cmake ninja-build g++ make ccache pkg-config liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev libgloo-dev fio)
 
 missing=()
 for p in "${debs[@]}"; do

@@ -170,12 +170,15 @@ int main(int argc, char** argv) {
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.
     auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
-      int64_t n = task->train_size() / b.train_micro_batch_size_per_gpu;
+      // Micro-steps per epoch: samples / (samples of one micro-step over all ranks).
+      int64_t n = task->train_size() / (b.train_batch_size / b.gradient_accumulation_steps);
       if (args.limit_train_batches) n = std::min(n, *args.limit_train_batches);
       return n / b.gradient_accumulation_steps * b.gradient_accumulation_steps;
     };
     {
       zero::config::LoadOptions probe;
+      opts.dist = zero::DistEnv::from_environment();
+      probe.world_size = opts.dist->world_size;
       probe.auto_values = opts.auto_values;
       probe.auto_values.total_num_steps = 1;
       probe.auto_values.warmup_num_steps = 1;
@@ -196,12 +199,12 @@ int main(int argc, char** argv) {
       usage_error("--batch_size " + std::to_string(args.batch_size) + " conflicts with " + args.config +
                   " (train_micro_batch_size_per_gpu " + std::to_string(batch.train_micro_batch_size_per_gpu) + ")");
     }
-    const int64_t ws = 1, rank = 0;
+    const int64_t ws = engine.world_size(), rank = engine.rank();
     const int64_t mbs = batch.train_micro_batch_size_per_gpu, gas = batch.gradient_accumulation_steps;
     const int64_t micro_per_epoch = micro_batches_per_epoch(batch);
     if (micro_per_epoch == 0) usage_error("an epoch has no full optimizer step: lower the batch size or gradient_accumulation_steps");
 
-    std::fprintf(stderr,
+    if (rank == 0) std::fprintf(stderr,
                  "mingpt: %s | %lld parameters (L=%lld, H=%lld, C=%lld, T=%lld, V=%lld) | ZeRO stage %d | "
                  "precision %s | device %s | global batch %lld = %lld x %lld x %lld ranks\n",
                  task->name().c_str(), static_cast<long long>(engine.num_parameters()),
@@ -216,10 +219,12 @@ int main(int argc, char** argv) {
     const auto V = gcfg.vocab_size;
     double epoch_time_sum = 0, peak_sum = 0, final_loss = NAN, eval_accuracy = NAN;
     torch::Tensor step_loss;
+    std::vector<double> loss_curve;  // this rank's mean loss per optimizer step
     for (int64_t epoch = 0; epoch < args.max_epochs; ++epoch) {
       engine.reset_peak_bytes();
       const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
-      zero::ProgressLine progress("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.max_epochs),
+      std::optional<zero::ProgressLine> progress;
+      if (rank == 0) progress.emplace("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.max_epochs),
                                   micro_per_epoch, "batches");
       const auto t0 = std::chrono::steady_clock::now();
       double last_loss = NAN;
@@ -234,23 +239,44 @@ int main(int argc, char** argv) {
         engine.step();
         if ((mb + 1) % gas == 0) {
           last_loss = step_loss.item<double>() / static_cast<double>(gas);
+          loss_curve.push_back(last_loss);
           step_loss = torch::Tensor();
         }
         char note[64];
         std::snprintf(note, sizeof note, "loss %.4f", last_loss);
-        progress.update(mb + 1, note);
+        if (progress) progress->update(mb + 1, note);
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       epoch_time_sum += secs;
       peak_sum += static_cast<double>(engine.peak_bytes(zero::Tier::kDevice));
       final_loss = last_loss;
-      eval_accuracy = task->evaluate(model, engine.device(), 256);
-      char note[96];
-      std::snprintf(note, sizeof note, "loss %.4f | held-out accuracy %.1f%%", last_loss, 100 * eval_accuracy);
-      progress.finish(note);
+      if (rank == 0) {
+        eval_accuracy = task->evaluate(model, engine.device(), 256);
+        char note[96];
+        std::snprintf(note, sizeof note, "loss %.4f | held-out accuracy %.1f%%", last_loss, 100 * eval_accuracy);
+        progress->finish(note);
+      }
     }
     const double avg_epoch = epoch_time_sum / static_cast<double>(args.max_epochs);
     const double avg_peak_mib = peak_sum / static_cast<double>(args.max_epochs) / (1024.0 * 1024.0);
+
+    // Every rank's figures, and the loss curve averaged over ranks (each rank's
+    // loss is the mean over its equal share of the global batch).
+    auto state = engine.model_state_bytes();
+    auto mine = torch::tensor({engine.peak_bytes(zero::Tier::kDevice), engine.peak_bytes(zero::Tier::kPinnedHost),
+                               engine.peak_bytes(zero::Tier::kHost), engine.peak_bytes(zero::Tier::kNvme),
+                               state.parameters, state.gradients, state.optimizer_states},
+                              torch::kLong);
+    auto all = mine.repeat({ws});
+    auto curve = torch::tensor(loss_curve, torch::kDouble);
+    if (auto* comm = engine.comm()) {
+      comm->all_gather(all, mine).wait();
+      comm->all_reduce_sum(curve).wait();
+      curve.div_(static_cast<double>(ws));
+    }
+    if (!loss_curve.empty()) final_loss = curve[-1].item<double>();
+    if (rank != 0) return 0;
+
     std::printf("Average Epoch time: %.2f seconds\n", avg_epoch);
     std::printf("Average Peak memory: %.2f MiB\n", avg_peak_mib);
     std::printf("Held-out accuracy: %.2f%%\n", 100 * eval_accuracy);
@@ -258,14 +284,18 @@ int main(int argc, char** argv) {
     std::cerr << engine.memory_summary();
 
     if (!args.summary_json.empty()) {
-      auto state = engine.model_state_bytes();
-      auto peaks = nlohmann::json{{"device", engine.peak_bytes(zero::Tier::kDevice)},
-                                  {"pinned_host", engine.peak_bytes(zero::Tier::kPinnedHost)},
-                                  {"host", engine.peak_bytes(zero::Tier::kHost)},
-                                  {"nvme", engine.peak_bytes(zero::Tier::kNvme)}};
-      auto states = nlohmann::json{{"parameters", state.parameters},
-                                   {"gradients", state.gradients},
-                                   {"optimizer_states", state.optimizer_states}};
+      auto figures = [](const torch::Tensor& row) {
+        auto r = row.accessor<int64_t, 1>();
+        return std::pair{nlohmann::json{{"device", r[0]}, {"pinned_host", r[1]}, {"host", r[2]}, {"nvme", r[3]}},
+                         nlohmann::json{{"parameters", r[4]}, {"gradients", r[5]}, {"optimizer_states", r[6]}}};
+      };
+      auto ranks = nlohmann::json::array();
+      for (int64_t r = 0; r < ws; ++r) {
+        auto [peaks, states] = figures(all.view({ws, -1})[r].contiguous());
+        ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states}});
+      }
+      auto [peaks, states] = figures(mine);
+      std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());
       nlohmann::json summary = {
           {"world_size", ws},
           {"zero_stage", engine.config().zero.stage},
@@ -274,11 +304,13 @@ int main(int argc, char** argv) {
           {"steps", engine.global_steps()},
           {"skipped_steps", engine.skipped_steps()},
           {"final_loss", final_loss},
+          {"loss_curve", curve_values},
           {"param_l2", engine.parameter_l2()},
           {"avg_epoch_time_s", avg_epoch},
+          {"comm_wait_s", engine.comm_wait_seconds()},
           {"peak_bytes", peaks},
           {"model_state_bytes", states},
-          {"ranks", nlohmann::json::array({{{"rank", rank}, {"peak_bytes", peaks}, {"model_state_bytes", states}}})},
+          {"ranks", ranks},
           {"eval_accuracy", eval_accuracy},
           {"task", task->name()},
       };

@@ -1,5 +1,6 @@
 #include "zero/zero/zero_optimizer.h"
 
+#include <chrono>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -18,7 +19,7 @@ class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
     auto& grad = const_cast<torch::autograd::Variable&>(param).mutable_grad();
     if (!grad.defined()) return;
     owner_->on_grad_ready(index_, grad);
-    grad.reset();  // the flat buffer holds it now
+    grad.reset();  // the flat buffers hold it now
   }
 
  private:
@@ -30,6 +31,13 @@ at::ScalarType dtype_from_name(const std::string& name) {
   if (name == "fp16" || name == "float16" || name == "half") return at::kHalf;
   if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
   return at::kFloat;
+}
+
+// Waits for `work`, adding the time spent to `total`.
+void timed_wait(CommWork& work, double& total) {
+  const auto t0 = std::chrono::steady_clock::now();
+  work.wait();
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -47,36 +55,48 @@ at::ScalarType grad_accum_dtype(const config::Config& c) {
 
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                              std::unique_ptr<optim::FlatOptimizer> optimizer,
-                             ZeroOptimizerOptions options, MemoryLedger& ledger)
-    : options_(options), optimizer_(std::move(optimizer)) {
+                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
+    : options_(options), optimizer_(std::move(optimizer)), comm_(comm), ledger_(ledger) {
   ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
+  ZERO_CHECK(options_.stage >= 0 && options_.stage <= 2, "stage 0, 1 or 2");
+  if (comm_ != nullptr) {
+    world_size_ = comm_->world_size();
+    rank_ = comm_->rank();
+  }
+  // Stage 0 replicates everything: its layout has one partition.
+  const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
   flat_ = std::make_unique<FlatParameters>(named_params, options_.compute_dtype, options_.device,
-                                           /*world_size=*/1, ledger);
-  const int64_t n = flat_->padded_numel();
-  grads_ = ledger.empty(n, options_.grad_accum_dtype, options_.device, Tier::kDevice,
-                        Kind::kGradients, "flat gradient buffer");
-  grads_.zero_();
-  master_is_param_ = options_.compute_dtype == at::kFloat;
-  if (master_is_param_) {
-    master_ = flat_->partition_of(flat_->flat(), 0);
+                                           layout_ws, options_.bucket_numel, ledger);
+  const auto dev = options_.device;
+  if (options_.stage == 2) {
+    owned_grads_ = ledger.empty(flat_->owned_numel(), options_.grad_accum_dtype, dev, Tier::kDevice,
+                                Kind::kGradients, "owned gradient partition");
+    owned_grads_.zero_();
   } else {
-    master_ = ledger.empty(flat_->partition_numel(), at::kFloat, options_.device, Tier::kDevice,
+    grads_ = ledger.empty(flat_->padded_numel(), options_.grad_accum_dtype, dev, Tier::kDevice,
+                          Kind::kGradients, "flat gradient buffer");
+    grads_.zero_();
+  }
+  master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1;
+  if (master_is_param_) {
+    master_ = flat_->flat();  // one partition: the owned partition is the buffer itself
+  } else {
+    master_ = ledger.empty(flat_->owned_numel(), at::kFloat, dev, Tier::kDevice,
                            Kind::kOptimizerStates, "fp32 master parameters");
-    master_.copy_(flat_->partition_of(flat_->flat(), 0));
+    const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
+    for (size_t g = 0; g < flat_->groups().size(); ++g)
+      flat_->owned_chunk_of(master_, g).copy_(flat_->chunk_of(flat_->flat(), g, layout_rank));
   }
   for (int i = 0; i < optimizer_->num_states(); ++i) {
-    auto s = ledger.empty(flat_->partition_numel(), at::kFloat, options_.device, Tier::kDevice,
-                          Kind::kOptimizerStates,
-                          "optimizer state " + optimizer_->state_names()[i]);
+    auto s = ledger.empty(flat_->owned_numel(), at::kFloat, dev, Tier::kDevice,
+                          Kind::kOptimizerStates, "optimizer state " + optimizer_->state_names()[i]);
     s.zero_();
     states_.push_back(std::move(s));
   }
-  register_hooks();
-}
-
-ZeroOptimizer::~ZeroOptimizer() { remove_hooks(); }
-
-void ZeroOptimizer::register_hooks() {
+  const size_t n_groups = flat_->groups().size();
+  ready_.assign(n_groups, 0);
+  launched_.assign(n_groups, 0);
+  staging_.resize(n_groups);
   const auto& slots = flat_->slots();
   for (size_t i = 0; i < slots.size(); ++i) {
     torch::autograd::impl::set_post_acc_grad_hooks(slots[i].param,
@@ -84,54 +104,170 @@ void ZeroOptimizer::register_hooks() {
   }
 }
 
-void ZeroOptimizer::remove_hooks() {
-  if (!flat_) return;
+ZeroOptimizer::~ZeroOptimizer() {
   for (const auto& slot : flat_->slots())
     torch::autograd::impl::set_post_acc_grad_hooks(slot.param, nullptr);
 }
 
+void ZeroOptimizer::begin_backward(bool boundary) {
+  reducing_ = options_.stage == 2 || boundary;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), 0);
+  next_launch_ = 0;
+}
+
 void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
   const auto& slot = flat_->slots()[index];
-  grads_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+  const auto& group = flat_->groups()[slot.group];
+  if (options_.stage == 2) {
+    at::Tensor& st = staging_[slot.group];
+    if (!st.defined()) {
+      st = ledger_.empty(group.padded_numel, options_.grad_accum_dtype, options_.device, Tier::kDevice,
+                         Kind::kCommBuffers, "stage-2 gradient bucket");
+      st.zero_();
+    }
+    st.narrow(0, slot.offset - group.begin, slot.numel).add_(grad.reshape({-1}));
+  } else {
+    grads_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+  }
+  if (reducing_ && ++ready_[slot.group] == static_cast<int64_t>(group.slots.size()) &&
+      options_.overlap_comm) {
+    launch_ready_groups();
+  }
+}
+
+// Groups start in descending order (backward produces the last layers'
+// gradients first), and never out of that order, so all ranks match.
+void ZeroOptimizer::launch_ready_groups() {
+  const size_t n = flat_->groups().size();
+  while (next_launch_ < n) {
+    const size_t g = n - 1 - next_launch_;
+    if (ready_[g] != static_cast<int64_t>(flat_->groups()[g].slots.size())) break;
+    launch_group(g);
+    ++next_launch_;
+  }
+}
+
+void ZeroOptimizer::launch_group(size_t g) {
+  launched_[g] = 1;
+  const auto& group = flat_->groups()[g];
+  const bool distributed = comm_ != nullptr && world_size_ > 1;
+  if (options_.stage == 2) {
+    at::Tensor& st = staging_[g];
+    if (!st.defined()) {  // no parameter of this group got a gradient here; others may have
+      st = ledger_.empty(group.padded_numel, options_.grad_accum_dtype, options_.device, Tier::kDevice,
+                         Kind::kCommBuffers, "stage-2 gradient bucket");
+      st.zero_();
+    }
+    if (!distributed) {
+      flat_->owned_chunk_of(owned_grads_, g).add_(st);
+      st.reset();
+      return;
+    }
+    at::Tensor out = ledger_.empty(group.chunk_numel, options_.grad_accum_dtype, options_.device,
+                                   Tier::kDevice, Kind::kCommBuffers, "stage-2 reduced chunk");
+    CommWork work = comm_->reduce_scatter_sum(out, st);
+    scatters_.push_back({g, out, std::move(work)});
+    // Bound the staging memory: at most two buckets in flight.
+    while (scatters_.size() > 2) finish_reduce_scatter(false);
+  } else if (distributed) {
+    at::Tensor range = flat_->group_of(grads_, g);
+    works_.push_back(comm_->all_reduce_sum(range));
+  }
+}
+
+void ZeroOptimizer::finish_reduce_scatter(bool all) {
+  while (!scatters_.empty()) {
+    auto& s = scatters_.front();
+    timed_wait(s.work, comm_wait_s_);
+    flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out);
+    staging_[s.group].reset();
+    scatters_.pop_front();
+    if (!all) break;
+  }
+}
+
+void ZeroOptimizer::wait_all() {
+  for (auto& w : works_) timed_wait(w, comm_wait_s_);
+  works_.clear();
+  finish_reduce_scatter(true);
+}
+
+void ZeroOptimizer::end_backward() {
+  if (reducing_) {
+    const size_t n = flat_->groups().size();
+    for (; next_launch_ < n; ++next_launch_) launch_group(n - 1 - next_launch_);
+  }
+  wait_all();
+  reducing_ = false;
+}
+
+at::Tensor ZeroOptimizer::owned_grad_chunk(size_t g) const {
+  if (options_.stage == 2) return flat_->owned_chunk_of(owned_grads_, g);
+  return flat_->chunk_of(grads_, g, options_.stage == 0 ? 0 : rank_);
 }
 
 void ZeroOptimizer::zero_grad() {
-  grads_.zero_();
+  wait_all();
+  if (grads_.defined()) grads_.zero_();
+  if (owned_grads_.defined()) owned_grads_.zero_();
+  for (auto& st : staging_) st.reset();
   for (const auto& slot : flat_->slots()) slot.param.mutable_grad().reset();
 }
 
 StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_scale, double clip) {
   at::NoGradGuard no_grad;
+  wait_all();
   StepOutcome out;
-  at::Tensor owned_grads = flat_->partition_of(grads_, 0);
-  // One pass for the norm; accumulating in fp32 keeps fp16 squares finite.
-  const double scaled_norm =
-      at::linalg_vector_norm(owned_grads, 2, c10::nullopt, false, at::kFloat).item<double>();
-  out.grad_norm = scaled_norm / loss_scale;
-  if (!std::isfinite(scaled_norm) && options_.check_overflow) {
+  const size_t n_groups = flat_->groups().size();
+  // Sum of squares of the owned gradients, over all ranks when partitioned.
+  at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  for (size_t g = 0; g < n_groups; ++g) {
+    at::Tensor n = at::linalg_vector_norm(owned_grad_chunk(g), 2, c10::nullopt, false, at::kFloat);
+    sumsq.add_(n.to(at::kDouble).pow(2));
+  }
+  if (partitioned()) comm_->all_reduce_sum(sumsq).wait();
+  const double total_sumsq = sumsq.item<double>();
+  // Reductions summed over ranks: the average's 1/world_size joins the unscale.
+  const double scale_total = loss_scale * static_cast<double>(world_size_);
+  out.grad_norm = std::sqrt(total_sumsq) / scale_total;
+  if (!std::isfinite(total_sumsq) && options_.check_overflow) {
     zero_grad();
     return out;
   }
-  // DeepSpeed's unscale_and_clip_grads: one factor for both.
-  double combined = loss_scale;
+  double combined = scale_total;  // DeepSpeed's unscale_and_clip_grads: one factor
   if (clip > 0) {
     const double ratio = (out.grad_norm + 1e-6) / clip;
-    if (ratio > 1) combined = loss_scale * ratio;
+    if (ratio > 1) combined *= ratio;
   }
-  at::Tensor params_flat = flat_->partition_of(flat_->flat(), 0);
-  const int64_t n = master_.numel();
   const int64_t chunk = std::max<int64_t>(1, options_.sub_group_size);
-  for (int64_t start = 0; start < n; start += chunk) {
-    const int64_t len = std::min(chunk, n - start);
-    at::Tensor g = owned_grads.narrow(0, start, len);
-    at::Tensor g32 = g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
-    if (combined != 1.0) g32.mul_(1.0 / combined);
-    at::Tensor m = master_.narrow(0, start, len);
-    std::vector<at::Tensor> s;
-    for (auto& st : states_) s.push_back(st.narrow(0, start, len));
-    optimizer_->update(params, m, g32, s);
-    if (!master_is_param_) params_flat.narrow(0, start, len).copy_(m);
+  std::vector<CommWork> gathers;
+  std::vector<at::Tensor> sends;
+  for (size_t g = 0; g < n_groups; ++g) {
+    at::Tensor grads = owned_grad_chunk(g);
+    at::Tensor master = flat_->owned_chunk_of(master_, g);
+    const int64_t n = master.numel();
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t len = std::min(chunk, n - start);
+      at::Tensor gs = grads.narrow(0, start, len);
+      at::Tensor g32 = gs.scalar_type() == at::kFloat ? gs : gs.to(at::kFloat);
+      if (combined != 1.0) g32.mul_(1.0 / combined);
+      at::Tensor m = master.narrow(0, start, len);
+      std::vector<at::Tensor> s;
+      for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
+      optimizer_->update(params, m, g32, s);
+    }
+    if (master_is_param_) continue;
+    if (partitioned()) {
+      // Every rank's updated chunk, gathered into the group (own chunk included).
+      sends.push_back(master.to(options_.compute_dtype));
+      at::Tensor range = flat_->group_of(flat_->flat(), g);
+      gathers.push_back(comm_->all_gather(range, sends.back()));
+    } else {
+      flat_->chunk_of(flat_->flat(), g, 0).copy_(master);
+    }
   }
+  for (auto& w : gathers) timed_wait(w, comm_wait_s_);
   zero_grad();
   out.applied = true;
   return out;

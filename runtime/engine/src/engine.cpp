@@ -69,9 +69,11 @@ void check_trainable(const config::Config& c) {
 }  // namespace
 
 struct Engine::Impl {
+  std::unique_ptr<Comm> comm;  // first member: destroyed after everything that uses it
   std::shared_ptr<torch::nn::Module> model;
   config::Config config;
   InitOptions options;
+  DistEnv dist;
   torch::Device device{torch::kCPU};
   torch::ScalarType dtype = torch::kFloat;
   MemoryLedger ledger;
@@ -159,7 +161,7 @@ struct Engine::Impl {
     }
     ++global_steps;
     ++window_steps;
-    if (options.print_progress && config.steps_per_print && *config.steps_per_print > 0 &&
+    if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&
         global_steps % *config.steps_per_print == 0) {
       print_progress();
     }
@@ -174,9 +176,20 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.model = std::move(model);
   s.config = std::move(config);
   s.options = std::move(options);
+  s.dist = s.options.dist ? *s.options.dist : DistEnv::from_environment();
+  if (s.config.world_size != s.dist.world_size) {
+    throw ConfigError({s.config.source + ": the batch sizes were resolved for world size " +
+                       std::to_string(s.config.world_size) + " but this job has " +
+                       std::to_string(s.dist.world_size) + " ranks"});
+  }
   s.device = s.options.device ? *s.options.device : default_device();
   s.dtype = partition::compute_dtype(s.config);
   if (s.device.is_cpu()) install_counting_cpu_allocator();
+  if (s.dist.distributed()) {
+    s.comm = Comm::connect(s.dist, s.device);
+    s.comm->check_same("DeepSpeed config (" + s.config.source + " as resolved)",
+                       std::to_string(std::hash<std::string>{}(s.config.canonical_json)));
+  }
 
   cast_module(*s.model, s.device, s.dtype);
   std::vector<std::pair<std::string, at::Tensor>> named;
@@ -184,19 +197,24 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     named.emplace_back(item.key(), item.value());
 
   partition::ZeroOptimizerOptions zo;
+  zo.stage = s.config.zero.stage;
+  zo.bucket_numel = s.config.zero.stage == 0
+                        ? s.config.zero.reduce_bucket_size
+                        : std::min(s.config.zero.reduce_bucket_size, s.config.zero.allgather_bucket_size);
+  zo.overlap_comm = s.config.zero.overlap_comm || s.config.zero.stage == 0;
   zo.compute_dtype = s.dtype;
   zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
   zo.device = s.device;
   zo.sub_group_size = s.config.zero.sub_group_size;
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-      named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger);
+      named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
   if (s.config.scheduler) {
     s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
                                              s.config.optimizer->betas[0]);
   }
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
-  if (s.config.zero.stage > 0) {
+  if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
   }
@@ -225,7 +243,9 @@ void Engine::backward(const torch::Tensor& loss) {
   double factor = 1.0 / static_cast<double>(s.gas());
   if (s.config.fp16.enabled) factor *= s.scaler.scale();
   auto scaled = factor == 1.0 ? loss : loss * factor;
+  s.optimizer->begin_backward(is_gradient_accumulation_boundary());
   scaled.backward();
+  s.optimizer->end_backward();
   s.phase_start = Clock::now();
   s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
 }
@@ -252,6 +272,10 @@ bool Engine::is_gradient_accumulation_boundary() const {
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
 const config::Config& Engine::config() const { return impl_->config; }
+int Engine::rank() const { return impl_->dist.rank; }
+int Engine::world_size() const { return impl_->dist.world_size; }
+Comm* Engine::comm() { return impl_->comm.get(); }
+double Engine::comm_wait_seconds() const { return impl_->optimizer->comm_wait_seconds(); }
 torch::Device Engine::device() const { return impl_->device; }
 torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
 int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }
@@ -296,17 +320,21 @@ std::string Engine::memory_summary() const {
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
                   InitOptions options) {
-  for (const auto& w : config.warnings) log::warning(config.source + ": " + w);
+  const DistEnv dist = options.dist ? *options.dist : DistEnv::from_environment();
+  options.dist = dist;
+  if (dist.rank == 0)
+    for (const auto& w : config.warnings) log::warning(config.source + ": " + w);
   return Engine(std::move(model), std::move(config), std::move(options));
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
                   InitOptions options) {
+  if (!options.dist) options.dist = DistEnv::from_environment();
   config::LoadOptions lo;
-  lo.world_size = 1;
+  lo.world_size = options.dist->world_size;
   lo.auto_values = options.auto_values;
-  const bool is_json = config.find_first_not_of(" \t\r\n") != std::string::npos &&
-                       config[config.find_first_not_of(" \t\r\n")] == '{';
+  const auto first = config.find_first_not_of(" \t\r\n");
+  const bool is_json = first != std::string::npos && config[first] == '{';
   auto cfg = is_json ? config::load_string(config, lo) : config::load_file(config, lo);
   return initialize(std::move(model), std::move(cfg), std::move(options));
 }

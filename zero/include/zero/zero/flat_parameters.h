@@ -1,14 +1,17 @@
 // Flat parameter buffers: the trainable parameters of a model laid out in one
-// contiguous buffer, each parameter rebound to a view into it.
+// contiguous buffer, grouped into buckets, each parameter rebound to a view.
 //
 // NOTE [flat layout]
 // Parameters are packed in module order (a parameter shared by two modules,
-// a tied weight, appears once, at its first use), back to back, and the
-// buffer is padded with zeros to a multiple of world_size * kPartitionAlignNumel
-// elements, so it splits into world_size equal partitions whose boundaries are
-// aligned for SIMD and for O_DIRECT I/O of fp32 slices. Rank r owns
-// [r * partition_numel, (r + 1) * partition_numel). Padding is never read as a
-// parameter; its gradient is zero and it stays zero under every optimizer.
+// a tied weight, appears once, at its first use), back to back, into groups of
+// about `group_numel` elements (a parameter larger than that is a group of its
+// own). Each group is padded with zeros to a multiple of
+// world_size * kPartitionAlignNumel elements and split into world_size equal
+// chunks: rank r owns chunk r of every group, so one bucket is reduce-scattered
+// or all-gathered by a single collective on contiguous memory. A rank's owned
+// chunks, concatenated in group order, form its owned partition (fp32 master,
+// optimizer states and, at stage 2, gradients live only for it). Padding is
+// never read as a parameter; its gradient is zero and it stays zero.
 #pragma once
 
 #include <string>
@@ -24,11 +27,21 @@ inline constexpr int64_t kPartitionAlignNumel = 256;
 
 /// One trainable parameter's place in the flat buffer.
 struct ParamSlot {
-  std::string name;    // first name it was found under ("h.0.attn.query.weight")
+  std::string name;    // first name it was found under ("blocks.0.attn.query.weight")
   at::Tensor param;    // the module's parameter (now a view into the flat buffer)
   int64_t offset = 0;  // in elements, into the flat buffer
   int64_t numel = 0;
   std::vector<int64_t> shape;
+  size_t group = 0;
+};
+
+/// A bucket of consecutive parameters, partitioned across ranks.
+struct FlatGroup {
+  int64_t begin = 0;           // offset into the flat buffer
+  int64_t padded_numel = 0;    // world_size * chunk_numel
+  int64_t chunk_numel = 0;     // one rank's share
+  int64_t owned_offset = 0;    // offset of this group's chunk in the owned partition
+  std::vector<size_t> slots;   // indices into slots()
 };
 
 class FlatParameters {
@@ -36,29 +49,37 @@ class FlatParameters {
   /// Copies the values of `named_params` (deduplicated by identity) into one
   /// flat buffer of `dtype` on `device`, allocated through `ledger` as
   /// (device tier, parameters), and rebinds every parameter to its view.
-  /// Parameters keep requires_grad. Throws zero::OutOfMemoryError from the ledger.
+  /// Throws zero::OutOfMemoryError from the ledger.
   FlatParameters(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
-                 at::ScalarType dtype, at::Device device, int64_t world_size,
+                 at::ScalarType dtype, at::Device device, int64_t world_size, int64_t group_numel,
                  MemoryLedger& ledger);
   FlatParameters(const FlatParameters&) = delete;
   FlatParameters& operator=(const FlatParameters&) = delete;
 
   const at::Tensor& flat() const { return flat_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }
+  const std::vector<FlatGroup>& groups() const { return groups_; }
   /// Elements that are parameters (no padding): the model's parameter count.
   int64_t numel() const { return numel_; }
-  /// Elements including padding: world_size * partition_numel().
+  /// Elements including padding.
   int64_t padded_numel() const { return flat_.numel(); }
-  int64_t partition_numel() const { return partition_numel_; }
+  /// Elements of one rank's owned partition (sum of its chunks).
+  int64_t owned_numel() const { return owned_numel_; }
   int64_t world_size() const { return world_size_; }
-  /// This rank's slice of a buffer laid out like flat() (any dtype).
-  at::Tensor partition_of(const at::Tensor& like_flat, int64_t rank) const;
+
+  /// Group g's range of a buffer laid out like flat().
+  at::Tensor group_of(const at::Tensor& like_flat, size_t g) const;
+  /// Rank r's chunk of group g in a buffer laid out like flat().
+  at::Tensor chunk_of(const at::Tensor& like_flat, size_t g, int64_t rank) const;
+  /// Group g's chunk in a buffer laid out like the owned partition.
+  at::Tensor owned_chunk_of(const at::Tensor& like_owned, size_t g) const;
 
  private:
   std::vector<ParamSlot> slots_;
+  std::vector<FlatGroup> groups_;
   at::Tensor flat_;
   int64_t numel_ = 0;
-  int64_t partition_numel_ = 0;
+  int64_t owned_numel_ = 0;
   int64_t world_size_ = 1;
 };
 

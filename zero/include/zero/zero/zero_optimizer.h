@@ -1,25 +1,35 @@
-// The ZeRO optimizer: owns the flat parameters, the gradient buffer, the fp32
-// master copy and the optimizer states, and applies one optimizer step at each
-// accumulation boundary.
+// The ZeRO optimizer: owns the flat parameters, the gradients, the fp32
+// master copy and the optimizer states, reduces gradients across ranks, and
+// applies one optimizer step at each accumulation boundary.
 //
 // NOTE [gradient path]
-// Each trainable parameter gets a post-accumulate-grad hook. When autograd has
-// produced a parameter's gradient, the hook adds it into the flat gradient
-// buffer (in grad_accum_dtype) and frees the per-parameter gradient, so at
-// most a few per-parameter gradients are alive at once and micro-steps
-// accumulate in the flat buffer. At the boundary, step() computes the global
-// gradient norm (one pass; a non-finite norm is an overflow), then walks the
-// owned partition in sub_group_size chunks: convert to fp32, unscale and clip
-// by one combined factor (DeepSpeed's unscale_and_clip_grads), update master
-// and states, and write the new values back into the compute-dtype
-// parameters. Stage 0 on one process owns the whole buffer.
+// Each trainable parameter has a post-accumulate-grad hook. When autograd has
+// produced a parameter's gradient, the hook adds it into a flat buffer (in
+// grad_accum_dtype) and frees the per-parameter gradient. When every parameter
+// of a group (bucket, NOTE [flat layout]) has reported, the group's collective
+// starts on the communication backend's threads while backward goes on;
+// groups start in one fixed order on every rank, so collectives match.
+//   stage 0: full gradients; at the boundary micro-step, each group is
+//            all-reduced; every rank updates the whole model.
+//   stage 1: full gradients accumulate over micro-steps; at the boundary each
+//            group is all-reduced in place and each rank uses its own chunk;
+//            master and optimizer states exist only for the owned partition;
+//            updated chunks are all-gathered.
+//   stage 2: no full gradient buffer: each group's gradients land in a staging
+//            buffer that is reduce-scattered every micro-step as soon as the
+//            group is complete, and the rank's chunk is added into its owned
+//            gradient partition; staging is freed as each collective ends.
+// Reductions sum; the 1/world_size of the average is folded into the single
+// unscale-and-clip factor of step(). The global gradient norm sums the owned
+// partitions of all ranks, so clipping and the fp16 overflow check (a
+// non-finite norm) agree on every rank.
 //
-// Thread-safety: hooks run on autograd's thread, step() on the caller's; the
-// caller (the Engine) does not overlap them.
+// Thread-safety: hooks run on autograd's thread during backward; the Engine
+// does not call anything else meanwhile.
 #pragma once
 
+#include <deque>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,16 +37,23 @@
 
 #include "zero/config/config.h"
 #include "zero/optim/flat_optimizer.h"
+#include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
 #include "zero/zero/flat_parameters.h"
 
 namespace zero::partition {
 
 struct ZeroOptimizerOptions {
+  int stage = 0;
   at::ScalarType compute_dtype = at::kFloat;
   at::ScalarType grad_accum_dtype = at::kFloat;
   at::Device device = at::kCPU;
   int64_t sub_group_size = 1000000000;
+  /// Elements per group (bucket): reduce_bucket_size (stage 1/2 also bounded
+  /// by allgather_bucket_size).
+  int64_t bucket_numel = 500000000;
+  /// Start collectives during backward; false: all at the end of backward.
+  bool overlap_comm = true;
   /// Skip the step when gradients are not finite (fp16 always; bf16 when
   /// bf16.check_grad_overflow).
   bool check_overflow = true;
@@ -45,19 +62,26 @@ struct ZeroOptimizerOptions {
 /// What one boundary step did.
 struct StepOutcome {
   bool applied = false;   // false: skipped for non-finite gradients
-  double grad_norm = 0;   // global L2 norm of the unscaled gradients (inf/nan on overflow)
+  double grad_norm = 0;   // global L2 norm of the averaged, unscaled gradients
 };
 
 class ZeroOptimizer {
  public:
   /// Takes over `named_params` (rebinding them into a flat buffer) and creates
   /// the states of `optimizer` for the owned partition, all through `ledger`.
+  /// `comm` may be null for one process; otherwise it must outlive this object.
   ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                 std::unique_ptr<optim::FlatOptimizer> optimizer, ZeroOptimizerOptions options,
-                MemoryLedger& ledger);
+                MemoryLedger& ledger, Comm* comm);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  /// Before a micro-step's backward; `boundary`: the last micro-step before step().
+  void begin_backward(bool boundary);
+  /// After backward returns: starts the collectives of groups that did not
+  /// complete (parameters without gradients) and waits for them.
+  void end_backward();
 
   /// One optimizer step from the accumulated gradients, which were produced
   /// by a loss multiplied by `loss_scale`. `clip` > 0 clips the global norm
@@ -74,22 +98,46 @@ class ZeroOptimizer {
   int64_t num_parameters() const { return flat_->numel(); }
   /// L2 norm of all parameters (the compute-dtype values the model sees), in fp32.
   double parameter_l2() const;
-  /// Fp32 master values of the owned partition (the parameters themselves in fp32 training).
-  const at::Tensor& master() const { return master_; }
-  const std::vector<at::Tensor>& optimizer_states() const { return states_; }
-  const optim::FlatOptimizer& optimizer() const { return *optimizer_; }
+  int stage() const { return options_.stage; }
+  /// Collective time this rank spent waiting for (not hidden behind backward),
+  /// and collective count, since construction.
+  double comm_wait_seconds() const { return comm_wait_s_; }
 
  private:
-  void register_hooks();
-  void remove_hooks();
+  bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
+  void launch_ready_groups();
+  void launch_group(size_t g);
+  void finish_reduce_scatter(bool all);
+  at::Tensor owned_grad_chunk(size_t g) const;
+  void wait_all();
 
   ZeroOptimizerOptions options_;
   std::unique_ptr<optim::FlatOptimizer> optimizer_;
+  Comm* comm_;
+  MemoryLedger& ledger_;
+  int64_t world_size_ = 1;
+  int64_t rank_ = 0;
   std::unique_ptr<FlatParameters> flat_;
-  at::Tensor grads_;   // flat, grad_accum_dtype, laid out like flat_
-  at::Tensor master_;  // fp32 owned partition; aliases flat_ when compute is fp32
+  at::Tensor grads_;        // stage 0/1: flat, grad_accum_dtype, laid out like flat_
+  at::Tensor owned_grads_;  // stage 2: owned partition, grad_accum_dtype
+  at::Tensor master_;       // fp32 owned partition; aliases flat_ for stage 0 fp32
   std::vector<at::Tensor> states_;
   bool master_is_param_ = false;
+
+  // Per backward.
+  bool reducing_ = false;  // this backward's gradients are reduced (see NOTE)
+  std::vector<int64_t> ready_;     // per group: parameters reported
+  std::vector<char> launched_;     // per group
+  std::vector<at::Tensor> staging_;  // stage 2: per group, while in use
+  size_t next_launch_ = 0;         // groups start in descending order from the last
+  std::vector<CommWork> works_;    // stage 0/1 all-reduces in flight
+  struct PendingScatter {
+    size_t group;
+    at::Tensor out;
+    CommWork work;
+  };
+  std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
+  double comm_wait_s_ = 0;
 };
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.

@@ -22,6 +22,8 @@
 #include <torch/types.h>
 
 #include "zero/config/config.h"
+#include "zero/runtime/comm.h"
+#include "zero/runtime/dist_env.h"
 #include "zero/runtime/memory_ledger.h"
 
 namespace zero {
@@ -35,6 +37,8 @@ struct InitOptions {
   std::optional<torch::Device> device;
   /// Print progress lines every steps_per_print steps (rank 0 only).
   bool print_progress = true;
+  /// Where this process sits in the job; default: DistEnv::from_environment().
+  std::optional<DistEnv> dist;
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
@@ -78,6 +82,14 @@ class Engine {
   double last_grad_norm() const;
 
   const config::Config& config() const;
+  int rank() const;
+  int world_size() const;
+  /// The collectives of the data-parallel group (null with one process), for
+  /// programs that gather their own figures. Owned by the engine.
+  Comm* comm();
+  /// Seconds this rank waited for gradient/parameter collectives that were
+  /// not hidden behind compute, since initialize.
+  double comm_wait_seconds() const;
   torch::Device device() const;
   torch::ScalarType compute_dtype() const;
   int64_t num_parameters() const;

@@ -1,0 +1,37 @@
+// Where this process sits in a distributed job, read from the standard
+// environment variables of the launchers users already have:
+//   torchrun / zero launch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   Slurm (srun):           SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE,
+//                           SLURM_NODELIST (first host is the master), MASTER_PORT or 29500
+//   Open MPI (mpirun):      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+//                           OMPI_COMM_WORLD_LOCAL_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT
+// None set: one process. This and config/ are the only places that read the
+// environment.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace zero {
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "none";  // "torchrun", "slurm", "openmpi" or "none"
+  /// Collective and rendezvous timeout: ZERO_COMM_TIMEOUT_S, default 300 s.
+  std::chrono::milliseconds timeout{300000};
+
+  /// Reads the variables above. Throws zero::ConfigError naming the variable
+  /// when one is malformed (RANK=abc, RANK >= WORLD_SIZE, ...).
+  static DistEnv from_environment();
+  bool distributed() const { return world_size > 1; }
+};
+
+/// The first host of a Slurm node list ("node[03-05,07],gpu1" -> "node03").
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace zero
