@@ -12,4 +12,9 @@ namespace zero::tools {
 /// data, in one run. Returns the process exit code.
 int bench_engine(const std::vector<std::string>& args);
 
+/// zero bench overlap: stage 2 against stage 0 on real ranks (zero launch),
+/// and the share of gradient communication hidden behind backward (exposed
+/// wait with overlap_comm against the wait without it).
+int bench_overlap(const std::vector<std::string>& args);
+
 }  // namespace zero::tools

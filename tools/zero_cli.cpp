@@ -1,11 +1,14 @@
 // zero: the command-line tool.
 //   zero config check FILE [--world-size N]   validate and resolve a DeepSpeed config
+//   zero bench engine ...                     engine vs a plain LibTorch loop
+//   zero launch --nproc_per_node N -- PROG    N local ranks with torchrun's environment
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "bench.h"
+#include "launch.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/text.h"
@@ -19,9 +22,16 @@ commands:
       Reads a DeepSpeed config as zero::initialize would, prints every
       resolved value (marked given, default or derived) and the warnings, and
       exits 0; or prints every problem of the file and exits 1.
+  bench overlap [--nproc N --n_layer N --n_embd N --batch_size N --steps N --bucket N] [--json FILE]
+      minGPT on N ranks: stage 2 step time against stage 0, and the share of
+      gradient communication hidden behind backward.
   bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
       Training steps of minGPT through zero's engine against a plain LibTorch
       loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
+  launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] -- PROGRAM ARGS...
+      Starts N local ranks of PROGRAM with torchrun's environment (RANK,
+      WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
+      stops every rank when one fails. 'zero launch --help' for details.
 )";
 
 int usage_error(const std::string& message) {
@@ -86,9 +96,11 @@ int main(int argc, char** argv) {
   }
   if (args[0] == "bench") {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine'");
+    if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine' or 'zero bench overlap'");
   }
-  auto near = zero::nearest(args[0], {"config", "bench"});
+  if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

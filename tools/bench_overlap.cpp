@@ -1,0 +1,126 @@
+// zero bench overlap: how much gradient communication stage 2 hides behind
+// backward, and its step time against stage 0, on real ranks.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "zero/runtime/text.h"
+
+namespace zero::tools {
+namespace {
+
+std::string self_dir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+struct Variant {
+  const char* label;
+  int stage;
+  bool overlap;
+};
+
+}  // namespace
+
+int bench_overlap(const std::vector<std::string>& args) {
+  std::map<std::string, int64_t> ints = {{"--nproc", 2}, {"--n_layer", 4}, {"--n_embd", 256},
+                                         {"--batch_size", 16}, {"--steps", 20}, {"--bucket", 2000000}};
+  std::string json_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--json" && i + 1 < args.size()) {
+      json_path = args[++i];
+    } else if (ints.count(args[i]) && i + 1 < args.size()) {
+      try {
+        ints[args[i]] = std::stoll(args[i + 1]);
+        if (ints[args[i]] < 1) throw std::invalid_argument("");
+        ++i;
+      } catch (const std::exception&) {
+        std::cerr << "zero bench overlap: " << args[i] << ": expected a positive integer; got \"" << args[i + 1] << "\"\n";
+        return 2;
+      }
+    } else {
+      std::vector<std::string> known = {"--json"};
+      for (auto& [k, v] : ints) known.push_back(k);
+      auto near = zero::nearest(args[i], known);
+      std::cerr << "zero bench overlap: " << args[i] << ": unknown option or missing value"
+                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
+      return 2;
+    }
+  }
+  const std::string bin = self_dir();
+  const std::string dir = "/tmp/zero-bench-overlap-" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const Variant variants[] = {{"stage 0 (all-reduce)", 0, true},
+                              {"stage 2, overlap_comm true", 2, true},
+                              {"stage 2, overlap_comm false", 2, false}};
+  std::vector<nlohmann::json> results;
+  for (const auto& v : variants) {
+    const std::string cfg = dir + "/stage" + std::to_string(v.stage) + (v.overlap ? "_overlap" : "") + ".json";
+    nlohmann::json c = {
+        {"train_micro_batch_size_per_gpu", ints["--batch_size"]},
+        {"gradient_clipping", 1.0},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+        {"zero_optimization",
+         {{"stage", v.stage}, {"overlap_comm", v.overlap}, {"reduce_bucket_size", ints["--bucket"]},
+          {"allgather_bucket_size", ints["--bucket"]}}}};
+    std::ofstream(cfg) << c.dump();
+    const std::string summary = cfg + ".summary.json";
+    std::ostringstream cmd;
+    cmd << bin << "/zero launch --nproc_per_node " << ints["--nproc"] << " -- " << bin << "/mingpt --config " << cfg
+        << " --n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
+        << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"] << " --summary-json " << summary
+        << " > " << cfg << ".log 2>&1";
+    std::fprintf(stderr, "zero bench overlap: running %s on %lld ranks ...\n", v.label,
+                 static_cast<long long>(ints["--nproc"]));
+    if (std::system(cmd.str().c_str()) != 0) {
+      std::cerr << "zero bench overlap: the run failed; see " << cfg << ".log\n";
+      return 1;
+    }
+    std::ifstream in(summary);
+    results.push_back(nlohmann::json::parse(in));
+  }
+  auto step_ms = [&](const nlohmann::json& r) {
+    return 1e3 * r["avg_epoch_time_s"].get<double>() / r["steps"].get<double>();
+  };
+  auto wait_ms = [&](const nlohmann::json& r) { return 1e3 * r["comm_wait_s"].get<double>() / r["steps"].get<double>(); };
+  const double s0 = step_ms(results[0]), s2 = step_ms(results[1]), s2_off = step_ms(results[2]);
+  const double exposed = wait_ms(results[1]), total = wait_ms(results[2]);
+  const double hidden = total > 0 ? std::max(0.0, 1.0 - exposed / total) : 0.0;
+  std::printf("zero bench overlap: minGPT %lld parameters on %lld ranks (Gloo, CPU), micro-batch %lld, %lld steps, bucket %lld elements\n",
+              static_cast<long long>(results[0]["num_parameters"].get<int64_t>()),
+              static_cast<long long>(ints["--nproc"]), static_cast<long long>(ints["--batch_size"]),
+              static_cast<long long>(ints["--steps"]), static_cast<long long>(ints["--bucket"]));
+  std::printf("  %-30s %12s %22s\n", "", "ms/step", "comm wait ms/step");
+  for (size_t i = 0; i < results.size(); ++i)
+    std::printf("  %-30s %12.2f %22.2f\n", variants[i].label, step_ms(results[i]), wait_ms(results[i]));
+  std::printf("  stage 2 step time / stage 0:            %.3f\n", s2 / s0);
+  std::printf("  gradient communication hidden (stage 2): %.1f%%  (1 - exposed wait with overlap / wait without)\n",
+              100 * hidden);
+  if (!json_path.empty()) {
+    nlohmann::json j = {{"benchmark", "overlap"},
+                        {"ranks", ints["--nproc"]},
+                        {"num_parameters", results[0]["num_parameters"]},
+                        {"stage0_step_ms", s0},
+                        {"stage2_step_ms", s2},
+                        {"stage2_no_overlap_step_ms", s2_off},
+                        {"stage2_comm_wait_ms_per_step", exposed},
+                        {"stage2_no_overlap_comm_wait_ms_per_step", total},
+                        {"ratio_stage2_vs_stage0_step_time", s2 / s0},
+                        {"hidden_comm_fraction", hidden}};
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  std::system(("rm -rf " + dir).c_str());
+  return 0;
+}
+
+}  // namespace zero::tools
