@@ -90,7 +90,7 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(env.master_port);
-    opts.isServer = env.rank == 0;
+    opts.isServer = env.rank == 0 && !env.agent_store;
     opts.numWorkers = static_cast<size_t>(env.world_size);
     opts.waitWorkers = true;
     opts.timeout = env.timeout;

@@ -50,6 +50,7 @@ DistEnv DistEnv::from_environment() {
     d.local_rank = env_int("LOCAL_RANK", d.rank, 0, problems);
     d.local_world_size = env_int("LOCAL_WORLD_SIZE", d.world_size, 1, problems);
     if (const char* a = env("MASTER_ADDR")) d.master_addr = a;
+    if (const char* s = env("TORCHELASTIC_USE_AGENT_STORE")) d.agent_store = std::string(s) == "True";
   } else if (env("SLURM_PROCID") && env("SLURM_NTASKS")) {
     d.launcher = "slurm";
     d.rank = env_int("SLURM_PROCID", 0, 0, problems);

@@ -267,7 +267,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       flat_->chunk_of(flat_->flat(), g, 0).copy_(master);
     }
   }
-  for (auto& w : gathers) timed_wait(w, comm_wait_s_);
+  for (auto& w : gathers) timed_wait(w, gather_wait_s_);
   zero_grad();
   out.applied = true;
   return out;

@@ -275,7 +275,8 @@ const config::Config& Engine::config() const { return impl_->config; }
 int Engine::rank() const { return impl_->dist.rank; }
 int Engine::world_size() const { return impl_->dist.world_size; }
 Comm* Engine::comm() { return impl_->comm.get(); }
-double Engine::comm_wait_seconds() const { return impl_->optimizer->comm_wait_seconds(); }
+double Engine::grad_comm_wait_seconds() const { return impl_->optimizer->grad_comm_wait_seconds(); }
+double Engine::param_gather_wait_seconds() const { return impl_->optimizer->param_gather_wait_seconds(); }
 torch::Device Engine::device() const { return impl_->device; }
 torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
 int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }

@@ -22,6 +22,9 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  // "torchrun", "slurm", "openmpi" or "none"
+  /// torchrun's agent already serves the store (TORCHELASTIC_USE_AGENT_STORE):
+  /// every rank, rank 0 included, joins it as a client.
+  bool agent_store = false;
   /// Collective and rendezvous timeout: ZERO_COMM_TIMEOUT_S, default 300 s.
   std::chrono::milliseconds timeout{300000};
 

@@ -99,9 +99,11 @@ class ZeroOptimizer {
   /// L2 norm of all parameters (the compute-dtype values the model sees), in fp32.
   double parameter_l2() const;
   int stage() const { return options_.stage; }
-  /// Collective time this rank spent waiting for (not hidden behind backward),
-  /// and collective count, since construction.
-  double comm_wait_seconds() const { return comm_wait_s_; }
+  /// Seconds this rank waited for gradient reductions after backward (the
+  /// part not hidden behind it), since construction.
+  double grad_comm_wait_seconds() const { return comm_wait_s_; }
+  /// Seconds this rank waited for the all-gathers of updated parameters.
+  double param_gather_wait_seconds() const { return gather_wait_s_; }
 
  private:
   bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
@@ -138,6 +140,7 @@ class ZeroOptimizer {
   };
   std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
   double comm_wait_s_ = 0;
+  double gather_wait_s_ = 0;
 };
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.

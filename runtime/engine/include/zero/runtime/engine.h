@@ -87,9 +87,11 @@ class Engine {
   /// The collectives of the data-parallel group (null with one process), for
   /// programs that gather their own figures. Owned by the engine.
   Comm* comm();
-  /// Seconds this rank waited for gradient/parameter collectives that were
-  /// not hidden behind compute, since initialize.
-  double comm_wait_seconds() const;
+  /// Seconds this rank waited for gradient reductions after backward (what
+  /// overlap did not hide), since initialize.
+  double grad_comm_wait_seconds() const;
+  /// Seconds this rank waited for the all-gathers of updated parameters.
+  double param_gather_wait_seconds() const;
   torch::Device device() const;
   torch::ScalarType compute_dtype() const;
   int64_t num_parameters() const;
