@@ -6,11 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "config_test_util.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 
 namespace zero::config {
 namespace {
+
+using test::joined;
+using test::problems_of;
+using test::problems_of_file;
 
 struct Given {
   std::optional<int64_t> tbs, mbs, gas;
@@ -27,23 +32,6 @@ std::string config_text(const Given& g) {
   add("train_micro_batch_size_per_gpu", g.mbs);
   add("gradient_accumulation_steps", g.gas);
   return text + "}";
-}
-
-std::vector<std::string> problems_of(const std::string& text, int64_t world_size) {
-  LoadOptions o;
-  o.world_size = world_size;
-  try {
-    load_string(text, o, "ds.json");
-  } catch (const ConfigError& e) {
-    return e.problems();
-  }
-  return {};
-}
-
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (const std::string& p : problems) out += p + "\n";
-  return out;
 }
 
 struct TriangleCase {

@@ -8,11 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "config_test_util.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 
 namespace zero::config {
 namespace {
+
+using test::joined;
+using test::problems_of;
+using test::problems_of_file;
 
 const std::string kCorpus = std::string(ZERO_SOURCE_DIR) + "/tests/config/ds_configs/";
 
@@ -103,21 +108,6 @@ const std::vector<CorpusCase>& cases() {
   return kCases;
 }
 
-std::vector<std::string> problems_of(const std::string& path, const LoadOptions& options) {
-  try {
-    load_file(path, options);
-  } catch (const ConfigError& e) {
-    return e.problems();
-  }
-  return {};
-}
-
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (const std::string& p : problems) out += p + "\n";
-  return out;
-}
-
 void expect_mentions(const std::vector<std::string>& problems, const std::vector<std::string>& mentions) {
   for (const std::string& m : mentions) {
     bool found = false;
@@ -144,26 +134,26 @@ TEST_P(Corpus, GivesTheIndexedOutcome) {
       break;
     }
     case Outcome::kNeedsHf: {
-      const std::vector<std::string> problems = problems_of(path, plain);
+      const std::vector<std::string> problems = problems_of_file(path, plain);
       ASSERT_FALSE(problems.empty()) << "an unresolved \"auto\" must be an error";
       expect_mentions(problems, c.mentions);
       expect_mentions(problems, {"got \"auto\"", "AutoValues::"});
       Config config;
-      ASSERT_NO_THROW(config = load_file(path, hf)) << joined(problems_of(path, hf));
+      ASSERT_NO_THROW(config = load_file(path, hf)) << joined(problems_of_file(path, hf));
       EXPECT_EQ(config.batch.train_batch_size, c.tbs);
       EXPECT_EQ(config.batch.train_micro_batch_size_per_gpu, c.mbs);
       EXPECT_EQ(config.batch.gradient_accumulation_steps, c.gas);
       break;
     }
     case Outcome::kReject: {
-      const std::vector<std::string> problems = problems_of(path, plain);
+      const std::vector<std::string> problems = problems_of_file(path, plain);
       ASSERT_FALSE(problems.empty());
       expect_mentions(problems, c.mentions);
       break;
     }
     case Outcome::kUnsupported: {
       for (const LoadOptions& options : {plain, hf}) {
-        const std::vector<std::string> problems = problems_of(path, options);
+        const std::vector<std::string> problems = problems_of_file(path, options);
         ASSERT_FALSE(problems.empty());
         expect_mentions(problems, c.mentions);
       }
@@ -268,7 +258,7 @@ TEST(CorpusDetails, UniversalCheckpointDataTypesAndWorldSize2) {
   EXPECT_TRUE(c.bf16.enabled);
   LoadOptions ws2;
   ws2.world_size = 2;
-  const std::vector<std::string> problems = problems_of(path, ws2);
+  const std::vector<std::string> problems = problems_of_file(path, ws2);
   expect_mentions(problems, {"gradient_accumulation_steps: expected an integer > 0; got 0"});
 }
 

@@ -7,26 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "config_test_util.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 
 namespace zero::config {
 namespace {
 
-std::vector<std::string> problems_of(const std::string& text) {
-  try {
-    load_string(text, {}, "ds.json");
-  } catch (const ConfigError& e) {
-    return e.problems();
-  }
-  return {};
-}
-
-std::string joined(const std::vector<std::string>& problems) {
-  std::string out;
-  for (const std::string& p : problems) out += p + "\n";
-  return out;
-}
+using test::joined;
+using test::problems_of;
+using test::problems_of_file;
 
 struct TextCase {
   const char* name;

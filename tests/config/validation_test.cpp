@@ -8,29 +8,19 @@
 #include <string>
 #include <vector>
 
+#include "config_test_util.h"
 #include "zero/config/config.h"
 #include "zero/runtime/error.h"
 
 namespace zero::config {
 namespace {
 
+using test::joined;
+using test::problems_of;
+using test::problems_of_file;
+
 // A valid base to add one section to.
 std::string with(const std::string& body) { return "{\"train_batch_size\": 8, " + body + "}"; }
-
-std::vector<std::string> problems_of(const std::string& text) {
-  try {
-    load_string(text, {}, "ds.json");
-  } catch (const ConfigError& e) {
-    return e.problems();
-  }
-  return {};
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string out;
-  for (const std::string& p : lines) out += p + "\n";
-  return out;
-}
 
 bool has_warning(const Config& c, const std::string& text) {
   for (const std::string& w : c.warnings) {
