@@ -74,7 +74,7 @@ constexpr milliseconds kDrainTimeout{1000};
 // without bound.
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
-const char* kLaunchUsage = R"(usage: zero launch [OPTIONS] -- PROGRAM ARGS...
+const char* kLaunchUsage = R"(usage: zero launch [OPTIONS] [--] PROGRAM ARGS...
 
 Starts N local ranks of PROGRAM, as torchrun does on one node: each rank gets
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
@@ -475,16 +475,18 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
                                            "--kill-timeout", "--help"};
   LaunchOptions options;
   size_t i = 0;
+  bool dashes = false;  // PROGRAM follows "--", or (as torchrun) is the first non-option
   for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "--") break;
+    if (arg == "--") {
+      dashes = true;
+      break;
+    }
     if (arg == "-h" || arg == "--help") {
       options.help = true;
       return options;
     }
-    if (arg.rfind("--", 0) != 0) {
-      throw UsageError("expected options, then -- PROGRAM ARGS...; got \"" + arg + "\" before --");
-    }
+    if (arg.rfind("--", 0) != 0) break;
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq);
     const std::string key = canonical(name);
@@ -517,8 +519,8 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
       options.kill_timeout = parse_seconds(*known, value);
     }
   }
-  if (i == args.size()) throw UsageError("expected -- PROGRAM ARGS... after the options");
-  options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+  if (i == args.size()) throw UsageError("expected PROGRAM ARGS... (or -- PROGRAM ARGS...) after the options");
+  options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + (dashes ? 1 : 0), args.end());
   if (options.command.empty()) throw UsageError("expected a PROGRAM after --");
   return options;
 }

@@ -10,7 +10,7 @@
 namespace zero::tools {
 
 /// zero launch [--nproc_per_node N] [--master_addr A] [--master_port P]
-///             [--kill-timeout SECONDS] -- PROGRAM ARGS...
+///             [--kill-timeout SECONDS] [--] PROGRAM ARGS...
 ///
 /// Starts N local ranks of PROGRAM, each in its own process group, with RANK,
 /// LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,

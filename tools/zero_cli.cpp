@@ -28,7 +28,7 @@ commands:
   bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
       Training steps of minGPT through zero's engine against a plain LibTorch
       loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
-  launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] -- PROGRAM ARGS...
+  launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
       stops every rank when one fails. 'zero launch --help' for details.

@@ -227,6 +227,16 @@ TEST(Launch, EveryRankGetsTorchrunEnvironmentAndOneFreePort) {
   EXPECT_LE(std::stoi(port), 65535);
 }
 
+// torchrun's form: the first argument that is not an option starts PROGRAM.
+TEST(Launch, ProgramWithoutDashesAsTorchrunTakesIt) {
+  TempDir dir;
+  std::vector<std::string> args = {"--nproc_per_node", "2", "/bin/sh", "-c", "echo \"r$RANK\"", "sh"};
+  Result r = run_launch(dir, args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] r0\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] r1\n"), std::string::npos) << r.out;
+}
+
 TEST(Launch, MasterAddressAndPortOptionsBothSpellings) {
   TempDir dir;
   RunOptions options;
@@ -410,9 +420,7 @@ TEST(LaunchOptions, UsageErrorsNameTheOptionAndWhatWasExpected) {
       {{"--kill-timeout", "-1", "--", "/bin/true"},
        "--kill-timeout: expected a number of seconds >= 0; got \"-1\""},
       {{"--nproc_per_node", "--", "/bin/true"}, "--nproc_per_node: expected a value"},
-      {{"--nproc_per_node", "2", "/bin/true"},
-       "expected options, then -- PROGRAM ARGS...; got \"/bin/true\" before --"},
-      {{"--nproc_per_node", "2"}, "expected -- PROGRAM ARGS... after the options"},
+      {{"--nproc_per_node", "2"}, "expected PROGRAM ARGS... (or -- PROGRAM ARGS...) after the options"},
       {{"--nproc_per_node", "2", "--"}, "expected a PROGRAM after --"},
   };
   for (const Case& c : cases) {

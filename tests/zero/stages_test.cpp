@@ -3,6 +3,7 @@
 // model-state bytes against the ZeRO formulas.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -207,6 +208,32 @@ TEST(Distributed, MissingPeerTimesOutNamingTheRendezvous) {
   const std::string text = slurp(log);
   EXPECT_NE(text.find("rendezvous at 127.0.0.1"), std::string::npos) << text;
   EXPECT_NE(text.find("rank 0 of 2"), std::string::npos) << text;
+}
+
+}  // namespace
+
+namespace {
+
+// A rank that hangs in the middle of training (stopped with SIGSTOP) makes the
+// others fail within ZERO_COMM_TIMEOUT_S, naming the collective and the rank.
+TEST(Distributed, HungRankTimesOutNamingTheCollective) {
+  std::system(("mkdir -p " + kWork).c_str());
+  const std::string cfg = write_config(RunSpec{2, 2, 1, 0.0});
+  const std::string log = kWork + std::to_string(getpid()) + "_hang.log";
+  const std::string cmd =
+      "ZERO_COMM_TIMEOUT_S=3 OMP_NUM_THREADS=1 " + kBin +
+      "zero launch --nproc_per_node 2 --kill-timeout 1 -- sh -c 'if [ \"$RANK\" = 1 ]; then (sleep 8; kill -STOP $$) & fi; exec " +
+      kBin + "mingpt --config " + cfg + " --n_layer 1 --n_embd 32 --max_epochs 100' > " + log + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 30.0);
+  const std::string text = slurp(log);
+  EXPECT_NE(text.find("failed on rank 0 (collective timeout 3 s"), std::string::npos) << text;
+  const bool names_collective = text.find("all_reduce of") != std::string::npos ||
+                                text.find("reduce_scatter of") != std::string::npos ||
+                                text.find("all_gather of") != std::string::npos;
+  EXPECT_TRUE(names_collective) << text;
 }
 
 }  // namespace
