@@ -41,6 +41,8 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --seed N                 initialisation and data order (default 42)
   --summary-json FILE      write the run's summary (rank 0)
   --dropout X              dropout of embeddings, attention and residuals (default 0.1)
+  --checkpoint             activation checkpointing of every block (configured by the
+                           config's activation_checkpointing section)
   -h, --help               this text
 )";
 
@@ -59,6 +61,7 @@ struct Args {
   uint64_t seed = 42;
   std::string summary_json;
   double dropout = 0.1;
+  bool checkpoint = false;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -91,9 +94,13 @@ Args parse_args(int argc, char** argv) {
   const std::vector<std::string> flags = {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
-      "--seed", "--summary-json", "--dropout"};
+      "--seed", "--summary-json", "--dropout", "--checkpoint"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
+    if (flag == "--checkpoint") {
+      a.checkpoint = true;
+      continue;
+    }
     if (flag == "-h" || flag == "--help") {
       std::cout << kUsage;
       std::exit(0);
@@ -189,6 +196,7 @@ int main(int argc, char** argv) {
     }
     auto engine = zero::initialize(model.ptr(), args.config, opts);
 
+    if (args.checkpoint) model->set_checkpointer(&engine.checkpointer());
     const auto& batch = engine.config().batch;
     if (args.precision && *args.precision != precision_name(engine.compute_dtype())) {
       usage_error("--precision " + *args.precision + " conflicts with " + args.config +
@@ -314,6 +322,7 @@ int main(int argc, char** argv) {
           {"ranks", ranks},
           {"eval_accuracy", eval_accuracy},
           {"task", task->name()},
+          {"activation_checkpointing", args.checkpoint},
       };
       const std::string tmp = args.summary_json + ".tmp";
       {

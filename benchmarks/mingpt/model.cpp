@@ -73,7 +73,16 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   TORCH_CHECK(T <= config_.block_size, "sequence length ", T, " exceeds block_size ",
               config_.block_size);
   auto x = drop_->forward(tok_emb_->forward(idx) + pos_emb_.narrow(1, 0, T));
-  for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
+  for (const auto& item : *blocks_) {
+    auto* block = item->as<Block>();
+    if (checkpointer_ != nullptr && is_training()) {
+      x = checkpointer_->checkpoint(zero::checkpointing::UnaryFunction(
+                                        [block](const torch::Tensor& t) { return block->forward(t); }),
+                                    x);
+    } else {
+      x = block->forward(x);
+    }
+  }
   return head_->forward(ln_f_->forward(x));
 }
 

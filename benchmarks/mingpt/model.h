@@ -13,6 +13,8 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include "zero/checkpointing/checkpoint.h"
+
 namespace mingpt {
 
 struct GPTConfig {
@@ -69,6 +71,8 @@ class GPTImpl : public torch::nn::Module {
   const GPTConfig& config() const { return config_; }
   /// The blocks, in order (for activation checkpointing and ZeRO-3 wrapping).
   torch::nn::ModuleList blocks() const { return blocks_; }
+  /// Runs every block through `checkpointer` (null: no checkpointing). Not owned.
+  void set_checkpointer(zero::checkpointing::Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
 
  private:
   GPTConfig config_;
@@ -78,6 +82,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear head_{nullptr};
+  zero::checkpointing::Checkpointer* checkpointer_ = nullptr;
 };
 TORCH_MODULE(GPT);
 

@@ -80,6 +80,7 @@ struct Engine::Impl {
   std::unique_ptr<partition::ZeroOptimizer> optimizer;
   std::unique_ptr<optim::LrScheduler> scheduler;
   optim::LossScaler scaler;
+  std::unique_ptr<checkpointing::Checkpointer> checkpointer;
 
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
@@ -214,6 +215,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                                              s.config.optimizer->betas[0]);
   }
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
+  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger);
   if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
@@ -246,6 +248,7 @@ void Engine::backward(const torch::Tensor& loss) {
   s.optimizer->begin_backward(is_gradient_accumulation_boundary());
   scaled.backward();
   s.optimizer->end_backward();
+  s.checkpointer->end_micro_step();
   s.phase_start = Clock::now();
   s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
 }
@@ -282,6 +285,7 @@ torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
 int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }
 double Engine::parameter_l2() const { return impl_->optimizer->parameter_l2(); }
 MemoryLedger& Engine::ledger() { return impl_->ledger; }
+checkpointing::Checkpointer& Engine::checkpointer() { return *impl_->checkpointer; }
 
 ModelStateBytes Engine::model_state_bytes() const {
   const auto& l = impl_->ledger;

@@ -1,6 +1,7 @@
 // The umbrella header: everything a training program needs from zero.
 #pragma once
 
+#include "zero/checkpointing/checkpoint.h"
 #include "zero/config/config.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/error.h"

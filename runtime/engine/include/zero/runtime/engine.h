@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "zero/checkpointing/checkpoint.h"
 #include "zero/config/config.h"
 #include "zero/runtime/comm.h"
 #include "zero/runtime/dist_env.h"
@@ -99,6 +100,11 @@ class Engine {
   double parameter_l2() const;
 
   MemoryLedger& ledger();
+  /// Activation checkpointing configured by the config's
+  /// activation_checkpointing section, counted in this engine's ledger. The
+  /// engine has no model-parallel group, so partition_activations has nothing
+  /// to split across here (logged once); build a Checkpointer with a group for that.
+  checkpointing::Checkpointer& checkpointer();
   ModelStateBytes model_state_bytes() const;
   /// Peak bytes per tier: the device peak is measured (CUDA caching allocator,
   /// or the counting CPU allocator when the device is the CPU); the host tiers

@@ -1,0 +1,90 @@
+// Activation checkpointing (DeepSpeed's deepspeed.checkpointing), which
+// LibTorch's C++ API lacks.
+//
+//   auto y = checkpointer.checkpoint(block, x);   // or checkpoint(fn, {x, mask})
+//
+// NOTE [activation checkpoint]
+// A custom autograd Function. Forward runs `fn` without recording a graph and
+// keeps only its inputs, plus the RNG states (CPU, and the device's when it is
+// a GPU) so dropout draws the same masks again. Backward brings the inputs
+// back, re-runs `fn` with grad enabled under the saved RNG states (the
+// caller's RNG state is restored afterwards), and back-propagates the incoming
+// gradients through the recomputed graph. Per the `activation_checkpointing`
+// section, the kept inputs are:
+//   partition_activations: split across the ranks of a partition group (the
+//     model-parallel group, whose ranks hold the same activations); each
+//     keeps 1/M and the group all-gathers them before the recompute;
+//   cpu_checkpointing: copied to host memory (pinned, asynchronously, on a
+//     GPU) and copied back before the recompute;
+//   contiguous_memory_optimization: placed in one preallocated buffer with
+//     number_checkpoints slots, reused every micro-step;
+//   synchronize_checkpoint_boundary: the device is synchronised at each
+//     checkpoint (GPU only); profile: per-checkpoint forward and recompute
+//     times logged at the end of each micro-step.
+// Kept inputs are counted in the memory ledger as activations, on the tier
+// where they live.
+//
+// `fn` must be callable again in backward (it captures the module by
+// reference: the module must outlive backward). Not thread-safe: one training
+// thread uses a Checkpointer.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/config/config.h"
+#include "zero/runtime/comm.h"
+#include "zero/runtime/memory_ledger.h"
+
+namespace zero::checkpointing {
+
+using Function = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+using UnaryFunction = std::function<at::Tensor(const at::Tensor&)>;
+
+class Checkpointer {
+ public:
+  /// `ledger` (may be null) counts kept inputs. `partition_group` (may be
+  /// null) is the group partition_activations splits across; without one,
+  /// partitioning is off and this is logged once. Throws zero::ConfigError
+  /// for contiguous_memory_optimization without number_checkpoints.
+  Checkpointer(config::ActivationCheckpointingConfig config, MemoryLedger* ledger = nullptr,
+               Comm* partition_group = nullptr);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// Runs `fn(inputs)` as a checkpoint (NOTE [activation checkpoint]).
+  /// Outputs that are not floating point are marked non-differentiable.
+  std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
+  at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
+  /// A module holder (TORCH_MODULE) with forward(Tensor).
+  template <typename M>
+  at::Tensor checkpoint(M& module, const at::Tensor& x) {
+    return checkpoint(UnaryFunction([&module](const at::Tensor& t) { return module->forward(t); }), x);
+  }
+
+  /// Ends a micro-step (after its backward): frees the contiguous slots for
+  /// reuse and logs the profile when enabled.
+  void end_micro_step();
+
+  const config::ActivationCheckpointingConfig& config() const { return config_; }
+  /// Whether inputs are really partitioned (a group of more than one rank).
+  bool partitioning() const { return partition_group_ != nullptr; }
+
+  struct Impl;
+
+ private:
+  config::ActivationCheckpointingConfig config_;
+  Comm* partition_group_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Plain checkpointing: inputs kept as they are, recompute in backward.
+std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
+at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
+
+}  // namespace zero::checkpointing
