@@ -17,4 +17,8 @@ int bench_engine(const std::vector<std::string>& args);
 /// wait with overlap_comm against the wait without it).
 int bench_overlap(const std::vector<std::string>& args);
 
+/// zero bench checkpoint: minGPT's activation peak (counting allocator) and
+/// step time without checkpointing, with it, and with cpu_checkpointing.
+int bench_checkpoint(const std::vector<std::string>& args);
+
 }  // namespace zero::tools

@@ -25,6 +25,9 @@ commands:
   bench overlap [--nproc N --n_layer N --n_embd N --batch_size N --steps N --bucket N] [--json FILE]
       minGPT on N ranks: stage 2 step time against stage 0, and the share of
       gradient communication hidden behind backward.
+  bench checkpoint [--n_layer N --n_embd N --n_head N --block_size N --batch_size N --steps N] [--json FILE]
+      minGPT's activation memory peak and step time without activation
+      checkpointing, with it, and with cpu_checkpointing.
   bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
       Training steps of minGPT through zero's engine against a plain LibTorch
       loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
@@ -97,7 +100,8 @@ int main(int argc, char** argv) {
   if (args[0] == "bench") {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine' or 'zero bench overlap'");
+    if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine', 'zero bench overlap' or 'zero bench checkpoint'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   auto near = zero::nearest(args[0], {"config", "bench", "launch"});

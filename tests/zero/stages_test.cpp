@@ -27,6 +27,7 @@ struct RunSpec {
   std::string precision = "32";
   int steps = 20;
   int n_embd = 64;
+  bool checkpoint = false;
 };
 
 // Each test runs in its own process (CTest), possibly beside others: the pid
@@ -34,7 +35,7 @@ struct RunSpec {
 std::string name_of(const RunSpec& r) {
   std::ostringstream s;
   s << getpid() << "_w" << r.world << "_s" << r.stage << "_gas" << r.gas << "_clip" << r.clip << "_p" << r.precision
-    << "_c" << r.n_embd << "_n" << r.steps;
+    << "_c" << r.n_embd << "_n" << r.steps << (r.checkpoint ? "_ckpt" : "");
   return s.str();
 }
 
@@ -67,7 +68,8 @@ nlohmann::json run_mingpt(const RunSpec& r) {
   if (r.world > 1) cmd << kBin << "zero launch --nproc_per_node " << r.world << " -- ";
   cmd << kBin << "mingpt --config " << write_config(r) << " --n_layer 2 --n_head 2 --n_embd " << r.n_embd
       << " --dropout 0 --max_epochs 1 --limit_train_batches " << r.steps * r.gas
-      << " --precision " << r.precision << " --summary-json " << summary << " > " << log << " 2>&1";
+      << " --precision " << r.precision << (r.checkpoint ? " --checkpoint" : "") << " --summary-json " << summary
+      << " > " << log << " 2>&1";
   const int rc = std::system(cmd.str().c_str());
   EXPECT_EQ(rc, 0) << cmd.str() << "\n(see " << log << ")";
   std::ifstream in(summary);
@@ -122,6 +124,18 @@ INSTANTIATE_TEST_SUITE_P(
       return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
              std::to_string(c.gas) + (c.clip > 0 ? "_clip" : "");
     });
+
+// Activation checkpointing combines with partitioning: stage 2 on two ranks,
+// every block checkpointed, equals one process without checkpointing.
+TEST(StageMatchesSingleProcess, Stage2WithActivationCheckpointing) {
+  RunSpec single{1, 0, 1, 0.0};
+  RunSpec many{2, 2, 1, 0.0};
+  many.checkpoint = true;
+  auto ref = run_mingpt(single);
+  auto got = run_mingpt(many);
+  ASSERT_FALSE(got.empty());
+  EXPECT_LT(rel(got["param_l2"].get<double>(), ref["param_l2"].get<double>()), 1e-5);
+}
 
 // fp16 on two ranks against fp16 on one: the gradients are summed in fp16 in
 // a different order (per rank, then across ranks), so the documented
