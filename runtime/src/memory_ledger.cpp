@@ -91,7 +91,12 @@ at::Tensor MemoryLedger::empty(int64_t numel, at::ScalarType dtype, at::Device d
   shared_->add(tier, kind, nbytes, what);
   at::Tensor raw;
   try {
-    raw = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+    auto options = at::TensorOptions().dtype(dtype).device(device);
+    // The pinned tier is page-locked host memory where CUDA can pin it; on a
+    // machine without CUDA it is ordinary host memory, counted as pinned_host.
+    if (tier == Tier::kPinnedHost && device.is_cpu() && at::globalContext().hasCUDA())
+      options = options.pinned_memory(true);
+    raw = at::empty({numel}, options);
   } catch (...) {
     shared_->sub(tier, kind, nbytes);
     throw;

@@ -44,7 +44,8 @@ class MemoryLedger {
   MemoryLedger& operator=(const MemoryLedger&) = delete;
 
   /// Allocates an uninitialised tensor of `numel` elements on `device`, counted
-  /// under (tier, kind) until its storage is freed. `what` names the buffer
+  /// under (tier, kind) until its storage is freed. The pinned-host tier is
+  /// page-locked when CUDA is present. `what` names the buffer
   /// in out-of-memory messages. Throws zero::OutOfMemoryError when the tier
   /// has a limit that the allocation would pass.
   at::Tensor empty(int64_t numel, at::ScalarType dtype, at::Device device, Tier tier, Kind kind,
