@@ -289,6 +289,21 @@ TEST(Engine, MissingOptimizerIsAConfigError) {
   }
 }
 
+TEST(Engine, PlainLossBackwardIsRefusedAtStep) {
+  auto model = make_model(1);
+  auto engine = zero::initialize(model.ptr(), config_json(""), quiet());
+  auto task = mingpt::make_addition_task(2);
+  auto before = flat_params(model);
+  loss_of(model, task->train_batch({0, 1})).backward();  // not engine.backward
+  try {
+    engine.step();
+    FAIL() << "expected an error";
+  } catch (const zero::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("engine.backward(loss)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(max_abs_diff(before, flat_params(model)), 0.0);
+}
+
 TEST(Engine, NonScalarLossIsRefusedWithItsShape) {
   auto model = make_model(1);
   auto engine = zero::initialize(model.ptr(), config_json(""), quiet());

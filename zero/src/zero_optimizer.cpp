@@ -110,6 +110,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 }
 
 void ZeroOptimizer::begin_backward(bool boundary) {
+  in_backward_ = true;
   reducing_ = options_.stage == 2 || boundary;
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(launched_.begin(), launched_.end(), 0);
@@ -117,6 +118,7 @@ void ZeroOptimizer::begin_backward(bool boundary) {
 }
 
 void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
+  if (!in_backward_) outside_backward_ = true;
   const auto& slot = flat_->slots()[index];
   const auto& group = flat_->groups()[slot.group];
   if (options_.stage == 2) {
@@ -200,6 +202,7 @@ void ZeroOptimizer::end_backward() {
   }
   wait_all();
   reducing_ = false;
+  in_backward_ = false;
 }
 
 at::Tensor ZeroOptimizer::owned_grad_chunk(size_t g) const {
@@ -218,6 +221,14 @@ void ZeroOptimizer::zero_grad() {
 StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_scale, double clip) {
   at::NoGradGuard no_grad;
   wait_all();
+  if (outside_backward_) {
+    outside_backward_ = false;
+    zero_grad();
+    throw Error(ErrorKind::kConfig,
+                "gradients of the engine's parameters were produced by a plain loss.backward(); call "
+                "engine.backward(loss) instead, which applies the loss scale and 1/gradient_accumulation_steps "
+                "and reduces gradients across ranks (those gradients were discarded)");
+  }
   StepOutcome out;
   const size_t n_groups = flat_->groups().size();
   // Sum of squares of the owned gradients, over all ranks when partitioned.

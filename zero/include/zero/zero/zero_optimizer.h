@@ -85,7 +85,9 @@ class ZeroOptimizer {
 
   /// One optimizer step from the accumulated gradients, which were produced
   /// by a loss multiplied by `loss_scale`. `clip` > 0 clips the global norm
-  /// to it. Gradients are zeroed afterwards, applied or not.
+  /// to it. Gradients are zeroed afterwards, applied or not. Throws
+  /// zero::Error when gradients were produced outside begin/end_backward
+  /// (a plain loss.backward()), which would skip reduction and scaling.
   StepOutcome step(const optim::StepParams& params, double loss_scale, double clip);
 
   /// Discards accumulated gradients.
@@ -127,6 +129,8 @@ class ZeroOptimizer {
   bool master_is_param_ = false;
 
   // Per backward.
+  bool in_backward_ = false;        // between begin_backward and end_backward
+  bool outside_backward_ = false;   // a gradient arrived outside them (loss.backward())
   bool reducing_ = false;  // this backward's gradients are reduced (see NOTE)
   std::vector<int64_t> ready_;     // per group: parameters reported
   std::vector<char> launched_;     // per group
