@@ -22,3 +22,17 @@ int bench_overlap(const std::vector<std::string>& args);
 int bench_checkpoint(const std::vector<std::string>& args);
 
 }  // namespace zero::tools
+
+#include <cstdint>
+#include <map>
+
+namespace zero::tools {
+
+/// Parses `--NAME VALUE` pairs for the positive integer options already in
+/// `ints` (their defaults) and `--json FILE`. On a bad value or an unknown
+/// option, prints an error naming it (with the nearest option) for `command`
+/// and returns false.
+bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
+                         std::map<std::string, int64_t>& ints, std::string& json_path);
+
+}  // namespace zero::tools

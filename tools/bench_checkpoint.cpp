@@ -15,7 +15,6 @@
 #include "model.h"
 #include "zero/checkpointing/checkpoint.h"
 #include "zero/runtime/memory_ledger.h"
-#include "zero/runtime/text.h"
 
 namespace zero::tools {
 
@@ -23,27 +22,7 @@ int bench_checkpoint(const std::vector<std::string>& args) {
   std::map<std::string, int64_t> ints = {{"--n_layer", 8},     {"--n_embd", 256}, {"--n_head", 8},
                                          {"--block_size", 128}, {"--batch_size", 16}, {"--steps", 5}};
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json" && i + 1 < args.size()) {
-      json_path = args[++i];
-    } else if (ints.count(args[i]) && i + 1 < args.size()) {
-      try {
-        ints[args[i]] = std::stoll(args[i + 1]);
-        if (ints[args[i]] < 1) throw std::invalid_argument("");
-        ++i;
-      } catch (const std::exception&) {
-        std::cerr << "zero bench checkpoint: " << args[i] << ": expected a positive integer; got \"" << args[i + 1] << "\"\n";
-        return 2;
-      }
-    } else {
-      std::vector<std::string> known = {"--json"};
-      for (auto& [k, v] : ints) known.push_back(k);
-      auto near = zero::nearest(args[i], known);
-      std::cerr << "zero bench checkpoint: " << args[i] << ": unknown option or missing value"
-                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
-      return 2;
-    }
-  }
+  if (!parse_bench_options("zero bench checkpoint", args, ints, json_path)) return 2;
   install_counting_cpu_allocator();
   mingpt::GPTConfig g;
   g.n_layer = ints["--n_layer"];

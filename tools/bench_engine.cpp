@@ -14,7 +14,6 @@
 #include "bench.h"
 #include "data.h"
 #include "model.h"
-#include "zero/runtime/text.h"
 #include "zero/zero.h"
 
 namespace zero::tools {
@@ -44,28 +43,7 @@ torch::Tensor loss_of(mingpt::GPT& model, const mingpt::Batch& b) {
 
 int bench_engine(const std::vector<std::string>& args) {
   Options o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--json" && i + 1 < args.size()) {
-      o.json = args[++i];
-    } else if (o.ints.count(a) && i + 1 < args.size()) {
-      try {
-        o.ints[a] = std::stoll(args[++i]);
-        if (o.ints[a] < 1) throw std::invalid_argument("");
-      } catch (const std::exception&) {
-        std::cerr << "zero bench engine: " << a << ": expected a positive integer; got \"" << args[i] << "\"\n";
-        return 2;
-      }
-    } else {
-      std::vector<std::string> known = {"--json"};
-      for (auto& [k, v] : o.ints) known.push_back(k);
-      auto near = zero::nearest(a, known);
-      std::cerr << "zero bench engine: " << a << ": unknown option or missing value"
-                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n"
-                << "options: --n_layer --n_head --n_embd --batch_size --steps --rounds --json FILE\n";
-      return 2;
-    }
-  }
+  if (!parse_bench_options("zero bench engine", args, o.ints, o.json)) return 2;
   mingpt::GPTConfig g;
   g.n_layer = o.ints["--n_layer"];
   g.n_head = o.ints["--n_head"];

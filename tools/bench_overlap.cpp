@@ -11,7 +11,6 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
-#include "zero/runtime/text.h"
 
 namespace zero::tools {
 namespace {
@@ -36,27 +35,7 @@ int bench_overlap(const std::vector<std::string>& args) {
   std::map<std::string, int64_t> ints = {{"--nproc", 2}, {"--n_layer", 4}, {"--n_embd", 256},
                                          {"--batch_size", 16}, {"--steps", 20}, {"--bucket", 2000000}};
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--json" && i + 1 < args.size()) {
-      json_path = args[++i];
-    } else if (ints.count(args[i]) && i + 1 < args.size()) {
-      try {
-        ints[args[i]] = std::stoll(args[i + 1]);
-        if (ints[args[i]] < 1) throw std::invalid_argument("");
-        ++i;
-      } catch (const std::exception&) {
-        std::cerr << "zero bench overlap: " << args[i] << ": expected a positive integer; got \"" << args[i + 1] << "\"\n";
-        return 2;
-      }
-    } else {
-      std::vector<std::string> known = {"--json"};
-      for (auto& [k, v] : ints) known.push_back(k);
-      auto near = zero::nearest(args[i], known);
-      std::cerr << "zero bench overlap: " << args[i] << ": unknown option or missing value"
-                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
-      return 2;
-    }
-  }
+  if (!parse_bench_options("zero bench overlap", args, ints, json_path)) return 2;
   const std::string bin = self_dir();
   const std::string dir = "/tmp/zero-bench-overlap-" + std::to_string(getpid());
   std::system(("mkdir -p " + dir).c_str());
