@@ -17,6 +17,10 @@ int bench_engine(const std::vector<std::string>& args);
 /// wait with overlap_comm against the wait without it).
 int bench_overlap(const std::vector<std::string>& args);
 
+/// zero bench adam: zero's CPU Adam against torch::optim::Adam and the
+/// stream-triad bandwidth, same sizes, one run.
+int bench_adam(const std::vector<std::string>& args);
+
 /// zero bench checkpoint: minGPT's activation peak (counting allocator) and
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);

@@ -25,6 +25,9 @@ commands:
   bench overlap [--nproc N --n_layer N --n_embd N --batch_size N --steps N --bucket N] [--json FILE]
       minGPT on N ranks: stage 2 step time against stage 0, and the share of
       gradient communication hidden behind backward.
+  bench adam [--numel N --steps N] [--json FILE]
+      zero's CPU Adam against torch::optim::Adam and the machine's memory
+      bandwidth (stream triad), on the same sizes.
   bench checkpoint [--n_layer N --n_embd N --n_head N --block_size N --batch_size N --steps N] [--json FILE]
       minGPT's activation memory peak and step time without activation
       checkpointing, with it, and with cpu_checkpointing.
@@ -101,7 +104,8 @@ int main(int argc, char** argv) {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine', 'zero bench overlap' or 'zero bench checkpoint'");
+    if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine|overlap|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   auto near = zero::nearest(args[0], {"config", "bench", "launch"});

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <immintrin.h>
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -26,19 +28,116 @@ void adam_range(float* __restrict p, const float* __restrict g, float* __restric
   }
 }
 
+// The vector kernels: the scalar loop's operations, W lanes at a time, then
+// the scalar loop for the tail.
+__attribute__((target("avx2"))) void adam_avx2(float* p, const float* g, float* m, float* v, int64_t n,
+                                                const AdamScalars& s) {
+  const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 eps = _mm256_set1_ps(s.eps), wd = _mm256_set1_ps(s.weight_decay);
+  const __m256 decay = _mm256_set1_ps(s.decay), bc2 = _mm256_set1_ps(s.bias_correction2_sqrt);
+  const __m256 step = _mm256_set1_ps(s.neg_step_size);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gi = _mm256_loadu_ps(g + i);
+    __m256 pi = _mm256_loadu_ps(p + i);
+    if (s.decoupled) pi = _mm256_mul_ps(pi, decay);
+    else gi = _mm256_add_ps(gi, _mm256_mul_ps(wd, pi));
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(omb1, gi));
+    const __m256 vi =
+        _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2), _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
+    pi = _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
+    _mm256_storeu_ps(p + i, pi);
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+  }
+  adam_range(p + i, g + i, m + i, v + i, n - i, s);
+}
+
+__attribute__((target("avx512f"))) void adam_avx512(float* p, const float* g, float* m, float* v, int64_t n,
+                                                     const AdamScalars& s) {
+  const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
+  const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay);
+  const __m512 decay = _mm512_set1_ps(s.decay), bc2 = _mm512_set1_ps(s.bias_correction2_sqrt);
+  const __m512 step = _mm512_set1_ps(s.neg_step_size);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 gi = _mm512_loadu_ps(g + i);
+    __m512 pi = _mm512_loadu_ps(p + i);
+    if (s.decoupled) pi = _mm512_mul_ps(pi, decay);
+    else gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, pi));
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(m + i), b1), _mm512_mul_ps(omb1, gi));
+    const __m512 vi =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+    pi = _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
+    _mm512_storeu_ps(p + i, pi);
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+  }
+  adam_range(p + i, g + i, m + i, v + i, n - i, s);
+}
+
+using Kernel = void (*)(float*, const float*, float*, float*, int64_t, const AdamScalars&);
+
+Kernel kernel_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return &adam_avx512;
+    case Isa::kAvx2: return &adam_avx2;
+    case Isa::kScalar: return &adam_range;
+  }
+  return &adam_range;
+}
+
 }  // namespace
 
+Isa best_isa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    return Isa::kScalar;
+  }();
+  return isa;
+}
+
+const char* to_string(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kScalar: return "scalar";
+  }
+  return "scalar";
+}
+
 void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                     const AdamScalars& s) {
+                     const AdamScalars& s, Isa isa) {
+  const Kernel kernel = kernel_for(isa);
   constexpr int64_t kGrain = 1 << 15;  // 32K elements: 512 KiB over the four arrays
   if (n <= kGrain) {
-    adam_range(param, grad, exp_avg, exp_avg_sq, n, s);
+    kernel(param, grad, exp_avg, exp_avg_sq, n, s);
     return;
   }
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
     const int64_t b = r.begin();
-    adam_range(param + b, grad + b, exp_avg + b, exp_avg_sq + b, r.end() - b, s);
+    kernel(param + b, grad + b, exp_avg + b, exp_avg_sq + b, r.end() - b, s);
   });
 }
 
 }  // namespace zero::optim::detail
+
+namespace zero::optim {
+
+void stream_triad(float* a, const float* b, const float* c, float scalar, int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 15), [&](const tbb::blocked_range<int64_t>& r) {
+    float* __restrict out = a + r.begin();
+    const float* __restrict x = b + r.begin();
+    const float* __restrict y = c + r.begin();
+    const int64_t len = r.end() - r.begin();
+    for (int64_t i = 0; i < len; ++i) out[i] = x[i] + scalar * y[i];
+  });
+}
+
+}  // namespace zero::optim

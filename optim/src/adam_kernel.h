@@ -21,8 +21,17 @@ struct AdamScalars {
   bool decoupled;
 };
 
-/// Splits [0, n) across oneTBB's workers; each runs the fused loop.
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+/// The widest kernel this CPU runs (AVX-512F, else AVX2, else scalar), chosen
+/// once from the CPU's features.
+Isa best_isa();
+const char* to_string(Isa isa);
+
+/// Splits [0, n) across oneTBB's workers; each runs the fused loop of `isa`
+/// (default: best_isa()). Every ISA computes the same operations in the same
+/// order (multiply, then add: no FMA), so all give bit-identical results.
 void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                     const AdamScalars& s);
+                     const AdamScalars& s, Isa isa = best_isa());
 
 }  // namespace zero::optim::detail

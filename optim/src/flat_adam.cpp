@@ -99,6 +99,8 @@ class FlatLion final : public FlatOptimizer {
 
 }  // namespace
 
+const char* cpu_adam_isa() { return detail::to_string(detail::best_isa()); }
+
 std::unique_ptr<FlatOptimizer> FlatOptimizer::create(const config::OptimizerConfig& config) {
   switch (config.type) {
     case config::OptimizerType::kAdam:

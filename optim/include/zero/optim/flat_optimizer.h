@@ -50,4 +50,13 @@ class FlatOptimizer {
   config::OptimizerConfig config_;
 };
 
+/// The instruction set of the fused CPU Adam kernel on this machine:
+/// "avx512", "avx2" or "scalar" (chosen at run time from the CPU's features).
+const char* cpu_adam_isa();
+
+/// One stream-triad pass, a = b + scalar * c over n floats, split across
+/// oneTBB's workers and compiled as the CPU Adam kernel is: the reference for
+/// how fast a streaming loop can touch memory on this machine.
+void stream_triad(float* a, const float* b, const float* c, float scalar, int64_t n);
+
 }  // namespace zero::optim
