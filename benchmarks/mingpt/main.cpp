@@ -271,9 +271,14 @@ int main(int argc, char** argv) {
     // Every rank's figures, and the loss curve averaged over ranks (each rank's
     // loss is the mean over its equal share of the global batch).
     auto state = engine.model_state_bytes();
+    auto on_device = engine.model_state_bytes(zero::Tier::kDevice);
+    auto pinned = engine.model_state_bytes(zero::Tier::kPinnedHost), host = engine.model_state_bytes(zero::Tier::kHost);
     auto mine = torch::tensor({engine.peak_bytes(zero::Tier::kDevice), engine.peak_bytes(zero::Tier::kPinnedHost),
                                engine.peak_bytes(zero::Tier::kHost), engine.peak_bytes(zero::Tier::kNvme),
-                               state.parameters, state.gradients, state.optimizer_states},
+                               state.parameters, state.gradients, state.optimizer_states,
+                               on_device.parameters, on_device.gradients, on_device.optimizer_states,
+                               pinned.parameters + host.parameters, pinned.gradients + host.gradients,
+                               pinned.optimizer_states + host.optimizer_states},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -297,10 +302,18 @@ int main(int argc, char** argv) {
         return std::pair{nlohmann::json{{"device", r[0]}, {"pinned_host", r[1]}, {"host", r[2]}, {"nvme", r[3]}},
                          nlohmann::json{{"parameters", r[4]}, {"gradients", r[5]}, {"optimizer_states", r[6]}}};
       };
+      auto by_tier = [](const torch::Tensor& row) {
+        auto r = row.accessor<int64_t, 1>();
+        return nlohmann::json{
+            {"device", {{"parameters", r[7]}, {"gradients", r[8]}, {"optimizer_states", r[9]}}},
+            {"host", {{"parameters", r[10]}, {"gradients", r[11]}, {"optimizer_states", r[12]}}}};
+      };
       auto ranks = nlohmann::json::array();
       for (int64_t r = 0; r < ws; ++r) {
-        auto [peaks, states] = figures(all.view({ws, -1})[r].contiguous());
-        ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states}});
+        auto row = all.view({ws, -1})[r].contiguous();
+        auto [peaks, states] = figures(row);
+        ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states},
+                         {"model_state_bytes_by_tier", by_tier(row)}});
       }
       auto [peaks, states] = figures(mine);
       std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());

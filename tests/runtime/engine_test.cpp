@@ -289,6 +289,35 @@ TEST(Engine, MissingOptimizerIsAConfigError) {
   }
 }
 
+// Offloaded states go to the pinned tier up to its limit, then fall back to
+// pageable host memory; training is the same either way.
+TEST(Engine, OffloadFallsBackToPageableMemoryPastThePinnedLimit) {
+  const std::string offload = R"(, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": true}})";
+  auto run = [&](std::optional<int64_t> limit, zero::ModelStateBytes* pinned, zero::ModelStateBytes* host) {
+    auto model = make_model(9);
+    auto options = quiet();
+    options.pinned_memory_limit_bytes = limit;
+    auto engine = zero::initialize(model.ptr(), config_json(offload), options);
+    auto task = mingpt::make_addition_task(2);
+    for (int s = 0; s < 3; ++s) {
+      engine.backward(loss_of(model, task->train_batch({0, 1, 2, 3})));
+      engine.step();
+    }
+    *pinned = engine.model_state_bytes(zero::Tier::kPinnedHost);
+    *host = engine.model_state_bytes(zero::Tier::kHost);
+    EXPECT_EQ(engine.model_state_bytes(zero::Tier::kDevice).optimizer_states, 0);
+    return flat_params(model);
+  };
+  zero::ModelStateBytes pinned_a, host_a, pinned_b, host_b;
+  auto roomy = run(std::nullopt, &pinned_a, &host_a);
+  auto tight = run(1024, &pinned_b, &host_b);
+  EXPECT_GT(pinned_a.optimizer_states, 0);
+  EXPECT_EQ(host_a.optimizer_states, 0);
+  EXPECT_EQ(pinned_b.optimizer_states, 0);
+  EXPECT_GT(host_b.optimizer_states, 0);
+  EXPECT_EQ(max_abs_diff(roomy, tight), 0.0);
+}
+
 TEST(Engine, PlainLossBackwardIsRefusedAtStep) {
   auto model = make_model(1);
   auto engine = zero::initialize(model.ptr(), config_json(""), quiet());

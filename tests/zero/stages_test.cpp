@@ -28,6 +28,7 @@ struct RunSpec {
   int steps = 20;
   int n_embd = 64;
   bool checkpoint = false;
+  bool offload = false;
 };
 
 // Each test runs in its own process (CTest), possibly beside others: the pid
@@ -35,7 +36,7 @@ struct RunSpec {
 std::string name_of(const RunSpec& r) {
   std::ostringstream s;
   s << getpid() << "_w" << r.world << "_s" << r.stage << "_gas" << r.gas << "_clip" << r.clip << "_p" << r.precision
-    << "_c" << r.n_embd << "_n" << r.steps << (r.checkpoint ? "_ckpt" : "");
+    << "_c" << r.n_embd << "_n" << r.steps << (r.checkpoint ? "_ckpt" : "") << (r.offload ? "_offload" : "");
   return s.str();
 }
 
@@ -50,6 +51,7 @@ std::string write_config(const RunSpec& r) {
       {"zero_optimization", {{"stage", r.stage}, {"reduce_bucket_size", 20000}, {"allgather_bucket_size", 20000}}},
   };
   if (r.precision == "16") c["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  if (r.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   std::ofstream(path) << c.dump(2);
   return path;
 }
@@ -124,6 +126,43 @@ INSTANTIATE_TEST_SUITE_P(
       return "world" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +
              std::to_string(c.gas) + (c.clip > 0 ? "_clip" : "");
     });
+
+// Optimizer offload (CPU) at stages 1 and 2 on two ranks equals one process
+// without offload; the device tier then holds only the 16-bit parameters and
+// (stage 1) gradients, everything else is on the host tiers.
+class OffloadMatchesSingleProcess : public ::testing::TestWithParam<int> {};
+
+TEST_P(OffloadMatchesSingleProcess, Fp32Parameters) {
+  RunSpec single{1, 0, 1, 0.05};
+  RunSpec many{2, GetParam(), 1, 0.05};
+  many.offload = true;
+  auto ref = run_mingpt(single);
+  auto got = run_mingpt(many);
+  ASSERT_FALSE(got.empty());
+  EXPECT_LT(rel(got["param_l2"].get<double>(), ref["param_l2"].get<double>()), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OffloadMatchesSingleProcess, ::testing::Values(1, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+TEST_P(OffloadMatchesSingleProcess, Fp16DeviceTierHoldsOnly16BitParametersAndGradients) {
+  const int stage = GetParam();
+  RunSpec r{2, stage, 1, 1.0, "16", 1, 128};
+  r.offload = true;
+  auto got = run_mingpt(r);
+  ASSERT_FALSE(got.empty());
+  const double psi = got["num_parameters"].get<double>();
+  for (const auto& rank : got["ranks"]) {
+    const auto& dev = rank["model_state_bytes_by_tier"]["device"];
+    const auto& host = rank["model_state_bytes_by_tier"]["host"];
+    EXPECT_EQ(dev["optimizer_states"].get<double>(), 0.0);
+    EXPECT_NEAR(dev["parameters"].get<double>() / psi, 2.0, 0.1);
+    // stage 1 keeps full 16-bit gradients on the device; stage 2 none (its partition is on the host)
+    EXPECT_NEAR(dev["gradients"].get<double>() / psi, stage == 1 ? 2.0 : 0.0, 0.1);
+    EXPECT_NEAR(host["optimizer_states"].get<double>() / psi, 12.0 / 2, 0.3);
+    EXPECT_NEAR(host["gradients"].get<double>() / psi, stage == 2 ? 4.0 / 2 : 0.0, 0.1);
+  }
+}
 
 // Activation checkpointing combines with partitioning: stage 2 on two ranks,
 // every block checkpointed, equals one process without checkpointing.

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
 
 namespace zero::partition {
 namespace {
@@ -53,6 +54,26 @@ at::ScalarType grad_accum_dtype(const config::Config& c) {
   return c.fp16.enabled ? at::kHalf : at::kFloat;
 }
 
+namespace {
+
+// A buffer of the owned partition: on the device, or with optimizer offload in
+// host memory, pinned when asked and within the ledger's pinned limit.
+at::Tensor state_buffer(MemoryLedger& ledger, const ZeroOptimizerOptions& o, int64_t numel,
+                        at::ScalarType dtype, Kind kind, const std::string& what) {
+  if (!o.offload_optimizer) return ledger.empty(numel, dtype, o.device, Tier::kDevice, kind, what);
+  if (o.pin_memory) {
+    try {
+      return ledger.empty(numel, dtype, at::kCPU, Tier::kPinnedHost, kind, what);
+    } catch (const OutOfMemoryError& e) {
+      log::warning_once("offload.pinned", std::string(e.what()) +
+                                              "; using pageable host memory for the rest (slower copies)");
+    }
+  }
+  return ledger.empty(numel, dtype, at::kCPU, Tier::kHost, kind, what);
+}
+
+}  // namespace
+
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                              std::unique_ptr<optim::FlatOptimizer> optimizer,
                              ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
@@ -68,8 +89,11 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
   flat_ = std::make_unique<FlatParameters>(named_params, options_.compute_dtype, options_.device,
                                            layout_ws, options_.bucket_numel, ledger);
   const auto dev = options_.device;
+  ZERO_CHECK(!options_.offload_optimizer || options_.stage >= 1, "optimizer offload needs stage 1 or 2");
   if (options_.stage == 2) {
-    owned_grads_ = ledger.empty(flat_->owned_numel(), options_.grad_accum_dtype, dev, Tier::kDevice,
+    // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's.
+    owned_grads_ = state_buffer(ledger, options_, flat_->owned_numel(),
+                                options_.offload_optimizer ? at::kFloat : options_.grad_accum_dtype,
                                 Kind::kGradients, "owned gradient partition");
     owned_grads_.zero_();
   } else {
@@ -77,19 +101,19 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
                           Kind::kGradients, "flat gradient buffer");
     grads_.zero_();
   }
-  master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1;
+  master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
   if (master_is_param_) {
     master_ = flat_->flat();  // one partition: the owned partition is the buffer itself
   } else {
-    master_ = ledger.empty(flat_->owned_numel(), at::kFloat, dev, Tier::kDevice,
-                           Kind::kOptimizerStates, "fp32 master parameters");
+    master_ = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
+                           "fp32 master parameters");
     const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
     for (size_t g = 0; g < flat_->groups().size(); ++g)
       flat_->owned_chunk_of(master_, g).copy_(flat_->chunk_of(flat_->flat(), g, layout_rank));
   }
   for (int i = 0; i < optimizer_->num_states(); ++i) {
-    auto s = ledger.empty(flat_->owned_numel(), at::kFloat, dev, Tier::kDevice,
-                          Kind::kOptimizerStates, "optimizer state " + optimizer_->state_names()[i]);
+    auto s = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
+                          "optimizer state " + optimizer_->state_names()[i]);
     s.zero_();
     states_.push_back(std::move(s));
   }
@@ -162,7 +186,7 @@ void ZeroOptimizer::launch_group(size_t g) {
       st.zero_();
     }
     if (!distributed) {
-      flat_->owned_chunk_of(owned_grads_, g).add_(st);
+      flat_->owned_chunk_of(owned_grads_, g).add_(st.to(owned_grads_.device()));
       st.reset();
       return;
     }
@@ -182,7 +206,7 @@ void ZeroOptimizer::finish_reduce_scatter(bool all) {
   while (!scatters_.empty()) {
     auto& s = scatters_.front();
     timed_wait(s.work, comm_wait_s_);
-    flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out);
+    flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out.to(owned_grads_.device()));
     staging_[s.group].reset();
     scatters_.pop_front();
     if (!all) break;
@@ -235,7 +259,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   for (size_t g = 0; g < n_groups; ++g) {
     at::Tensor n = at::linalg_vector_norm(owned_grad_chunk(g), 2, c10::nullopt, false, at::kFloat);
-    sumsq.add_(n.to(at::kDouble).pow(2));
+    sumsq.add_(n.to(options_.device, at::kDouble).pow(2));
   }
   if (partitioned()) comm_->all_reduce_sum(sumsq).wait();
   const double total_sumsq = sumsq.item<double>();
@@ -261,7 +285,8 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);
       at::Tensor gs = grads.narrow(0, start, len);
-      at::Tensor g32 = gs.scalar_type() == at::kFloat ? gs : gs.to(at::kFloat);
+      // Offloaded at stage 1 this is the device-to-host copy of the owned chunk.
+      at::Tensor g32 = gs.to(master.device(), at::kFloat);
       if (combined != 1.0) g32.mul_(1.0 / combined);
       at::Tensor m = master.narrow(0, start, len);
       std::vector<at::Tensor> s;
@@ -271,7 +296,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     if (master_is_param_) continue;
     if (partitioned()) {
       // Every rank's updated chunk, gathered into the group (own chunk included).
-      sends.push_back(master.to(options_.compute_dtype));
+      sends.push_back(master.to(options_.device, options_.compute_dtype));
       at::Tensor range = flat_->group_of(flat_->flat(), g);
       gathers.push_back(comm_->all_gather(range, sends.back()));
     } else {

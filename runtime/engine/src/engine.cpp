@@ -1,5 +1,7 @@
 #include "zero/runtime/engine.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,6 +50,13 @@ void cast_module(torch::nn::Module& module, torch::Device device, torch::ScalarT
   for (auto& b : module.buffers()) cast(b);
 }
 
+// Pinned memory is bounded by default to half of physical memory, so pinning
+// never starves the host.
+int64_t default_pinned_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
+}
+
 void check_trainable(const config::Config& c) {
   if (!c.optimizer) {
     throw ConfigError({c.source + ": optimizer: expected an optimizer section, e.g. "
@@ -58,11 +67,13 @@ void check_trainable(const config::Config& c) {
     throw UnsupportedError(c.source + ": zero_optimization.stage: 3 (parameter partitioning) is "
                            "not implemented in this build yet; use stage 0, 1 or 2");
   }
-  if (c.zero.offload_optimizer.device != config::OffloadDevice::kNone ||
-      c.zero.offload_param.device != config::OffloadDevice::kNone) {
-    throw UnsupportedError(c.source +
-                           ": zero_optimization.offload_*: offloading is not implemented in this "
-                           "build yet; set device to \"none\"");
+  if (c.zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
+    throw UnsupportedError(c.source + ": zero_optimization.offload_optimizer.device: \"nvme\" is not "
+                           "implemented in this build yet; use \"cpu\" or \"none\"");
+  }
+  if (c.zero.offload_param.device != config::OffloadDevice::kNone) {
+    throw UnsupportedError(c.source + ": zero_optimization.offload_param: parameter offload needs "
+                           "ZeRO stage 3, which this build does not have yet; set device to \"none\"");
   }
 }
 
@@ -207,6 +218,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
   zo.device = s.device;
   zo.sub_group_size = s.config.zero.sub_group_size;
+  // DeepSpeed offloads the optimizer at stages 1-3 only (the config warns at stage 0).
+  zo.offload_optimizer = s.config.zero.offload_optimizer.device == config::OffloadDevice::kCpu &&
+                         s.config.zero.stage >= 1;
+  zo.pin_memory = s.config.zero.offload_optimizer.pin_memory;
+  s.ledger.set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
+                     "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   s.optimizer = std::make_unique<partition::ZeroOptimizer>(
       named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
@@ -291,6 +308,12 @@ ModelStateBytes Engine::model_state_bytes() const {
   const auto& l = impl_->ledger;
   return {l.current_bytes(Kind::kParameters), l.current_bytes(Kind::kGradients),
           l.current_bytes(Kind::kOptimizerStates)};
+}
+
+ModelStateBytes Engine::model_state_bytes(Tier tier) const {
+  const auto& l = impl_->ledger;
+  return {l.get(tier, Kind::kParameters).current_bytes, l.get(tier, Kind::kGradients).current_bytes,
+          l.get(tier, Kind::kOptimizerStates).current_bytes};
 }
 
 int64_t Engine::peak_bytes(Tier tier) const {

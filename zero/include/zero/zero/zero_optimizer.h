@@ -57,7 +57,25 @@ struct ZeroOptimizerOptions {
   /// Skip the step when gradients are not finite (fp16 always; bf16 when
   /// bf16.check_grad_overflow).
   bool check_overflow = true;
+  /// offload_optimizer.device = cpu (stages 1 and 2): fp32 master, optimizer
+  /// states and (stage 2) the fp32 gradient partition live in host memory and
+  /// the optimizer runs on the CPU; see NOTE [optimizer offload].
+  bool offload_optimizer = false;
+  /// offload_optimizer.pin_memory: the host buffers are page-locked (the
+  /// pinned-host tier), as far as the ledger's pinned limit allows.
+  bool pin_memory = true;
 };
+
+// NOTE [optimizer offload]
+// With offload_optimizer, the states of the owned partition are host buffers:
+// the reduced gradient chunks are copied device-to-host as each bucket's
+// reduction completes (stage 2; stage 1 copies its owned chunk at the step),
+// the CPU Adam kernel updates master and moments in host memory, and the new
+// values go back host-to-device in the compute dtype (all-gathered across
+// ranks). On a machine without a GPU the "device" is the CPU and the same
+// path runs between distinct buffers, so the ledger shows the model states on
+// the host tiers. Pinned buffers that would pass the ledger's pinned-host
+// limit fall back to pageable host memory with a warning.
 
 /// What one boundary step did.
 struct StepOutcome {

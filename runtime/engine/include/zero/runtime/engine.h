@@ -40,6 +40,9 @@ struct InitOptions {
   bool print_progress = true;
   /// Where this process sits in the job; default: DistEnv::from_environment().
   std::optional<DistEnv> dist;
+  /// Cap on page-locked host memory for offloaded states; past it, buffers
+  /// fall back to pageable memory with a warning. Default: half of physical memory.
+  std::optional<int64_t> pinned_memory_limit_bytes;
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
@@ -106,6 +109,8 @@ class Engine {
   /// to split across here (logged once); build a Checkpointer with a group for that.
   checkpointing::Checkpointer& checkpointer();
   ModelStateBytes model_state_bytes() const;
+  /// The same, only what lives on `tier`.
+  ModelStateBytes model_state_bytes(Tier tier) const;
   /// Peak bytes per tier: the device peak is measured (CUDA caching allocator,
   /// or the counting CPU allocator when the device is the CPU); the host tiers
   /// and NVMe are the ledger's peaks.
