@@ -3,6 +3,7 @@
 #include "adam_kernel.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <immintrin.h>
 
@@ -10,7 +11,45 @@
 #include <tbb/parallel_for.h>
 
 namespace zero::optim::detail {
+
+uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+uint16_t to_fp16(float x) {
+  // IEEE binary16 with round-to-nearest-even (as c10's fp16_ieee_from_fp32_value).
+  uint32_t f;
+  std::memcpy(&f, &x, sizeof f);
+  const uint32_t sign = (f >> 16) & 0x8000u;
+  f &= 0x7fffffffu;
+  if (f > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);           // NaN
+  if (f >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);          // overflow -> inf
+  if (f < 0x38800000u) {                                                       // subnormal or zero
+    float a;
+    std::memcpy(&a, &f, sizeof a);
+    const float scaled = a + 0.5f;  // adds the subnormal bits with round-to-nearest-even
+    uint32_t r;
+    std::memcpy(&r, &scaled, sizeof r);
+    return static_cast<uint16_t>(sign | (r - 0x3f000000u));
+  }
+  const uint32_t mant_odd = (f >> 13) & 1u;
+  f += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round
+  return static_cast<uint16_t>(sign | (f >> 13));
+}
+
 namespace {
+
+void write_low(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
+  if (type == LowPrecision::kBf16) {
+    for (int64_t i = 0; i < n; ++i) low[i] = to_bf16(p[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) low[i] = to_fp16(p[i]);
+  }
+}
 
 void adam_range(float* __restrict p, const float* __restrict g, float* __restrict m,
                 float* __restrict v, int64_t n, const AdamScalars& s) {
@@ -113,16 +152,21 @@ const char* to_string(Isa isa) {
 }
 
 void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                     const AdamScalars& s, Isa isa) {
+                     const AdamScalars& s, Isa isa, uint16_t* low, LowPrecision low_type) {
   const Kernel kernel = kernel_for(isa);
+  // The 16-bit copy is written per block right after its update, while the
+  // block's parameters are still in cache: one pass over memory.
+  auto block = [&](int64_t b, int64_t len) {
+    kernel(param + b, grad + b, exp_avg + b, exp_avg_sq + b, len, s);
+    if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + b, low + b, len, low_type);
+  };
   constexpr int64_t kGrain = 1 << 15;  // 32K elements: 512 KiB over the four arrays
   if (n <= kGrain) {
-    kernel(param, grad, exp_avg, exp_avg_sq, n, s);
+    block(0, n);
     return;
   }
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
-    const int64_t b = r.begin();
-    kernel(param + b, grad + b, exp_avg + b, exp_avg_sq + b, r.end() - b, s);
+    block(r.begin(), r.end() - r.begin());
   });
 }
 

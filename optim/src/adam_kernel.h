@@ -23,6 +23,13 @@ struct AdamScalars {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 
+/// Optional 16-bit copy of the updated parameters, written in the same pass.
+enum class LowPrecision { kNone, kFp16, kBf16 };
+
+/// float -> fp16 / bf16 with round-to-nearest-even, as LibTorch casts.
+uint16_t to_fp16(float x);
+uint16_t to_bf16(float x);
+
 /// The widest kernel this CPU runs (AVX-512F, else AVX2, else scalar), chosen
 /// once from the CPU's features.
 Isa best_isa();
@@ -32,6 +39,7 @@ const char* to_string(Isa isa);
 /// (default: best_isa()). Every ISA computes the same operations in the same
 /// order (multiply, then add: no FMA), so all give bit-identical results.
 void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                     const AdamScalars& s, Isa isa = best_isa());
+                     const AdamScalars& s, Isa isa = best_isa(), uint16_t* low = nullptr,
+                     LowPrecision low_type = LowPrecision::kNone);
 
 }  // namespace zero::optim::detail

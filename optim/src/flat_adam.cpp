@@ -30,7 +30,7 @@ class FlatAdam final : public FlatOptimizer {
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
-              std::vector<at::Tensor>& states) const override {
+              std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 2, "Adam needs exp_avg and exp_avg_sq");
     auto& exp_avg = states[0];
     auto& exp_avg_sq = states[1];
@@ -43,9 +43,16 @@ class FlatAdam final : public FlatOptimizer {
                                   f(1 - beta2),       f(config_.eps),       f(wd),
                                   f(1 - p.lr * wd),   f(std::sqrt(bc2)),    f(-p.lr / bc1),
                                   decoupled_};
+      const bool fused_low = low != nullptr && low->device().is_cpu() && low->is_contiguous() &&
+                             (low->scalar_type() == at::kHalf || low->scalar_type() == at::kBFloat16);
       detail::adam_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(),
                               exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
-                              param.numel(), s);
+                              param.numel(), s, detail::best_isa(),
+                              fused_low ? static_cast<uint16_t*>(low->data_ptr()) : nullptr,
+                              !fused_low ? detail::LowPrecision::kNone
+                              : low->scalar_type() == at::kHalf ? detail::LowPrecision::kFp16
+                                                                : detail::LowPrecision::kBf16);
+      if (low != nullptr && !fused_low) low->copy_(param);
       return;
     }
     // Any other device or layout: the same math as ATen operations.
@@ -58,6 +65,7 @@ class FlatAdam final : public FlatOptimizer {
     exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
     at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(config_.eps);
     param.addcdiv_(exp_avg, denom, -p.lr / bc1);
+    if (low != nullptr) low->copy_(param);
   }
 
  private:
@@ -71,11 +79,12 @@ class FlatAdagrad final : public FlatOptimizer {
   int num_states() const override { return 1; }
   std::vector<std::string> state_names() const override { return {"sum"}; }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
-              std::vector<at::Tensor>& states) const override {
+              std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Adagrad needs one state");
     at::Tensor g = config_.weight_decay != 0 ? grad.add(param, config_.weight_decay) : grad;
     states[0].addcmul_(g, g, 1.0);
     param.addcdiv_(g, states[0].sqrt().add_(config_.eps), -p.lr);
+    if (low != nullptr) low->copy_(param);
   }
 };
 
@@ -87,13 +96,14 @@ class FlatLion final : public FlatOptimizer {
   int num_states() const override { return 1; }
   std::vector<std::string> state_names() const override { return {"exp_avg"}; }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
-              std::vector<at::Tensor>& states) const override {
+              std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Lion needs one state");
     auto& m = states[0];
     if (config_.weight_decay != 0) param.mul_(1 - p.lr * config_.weight_decay);
     at::Tensor update = m.mul(p.beta1).add_(grad, 1 - p.beta1).sign_();
     param.add_(update, -p.lr);
     m.mul_(p.beta2).add_(grad, 1 - p.beta2);
+    if (low != nullptr) low->copy_(param);
   }
 };
 

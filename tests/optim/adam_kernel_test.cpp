@@ -2,11 +2,16 @@
 // path's results bit for bit, at sizes that hit every vector tail.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include <torch/torch.h>
+
 #include "adam_kernel.h"
+#include "zero/optim/flat_optimizer.h"
 
 namespace {
 
@@ -56,5 +61,47 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(zero::optim::detail::to_string(std::get<0>(info.param))) + "_n" +
              std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) ? "_adamw" : "_l2");
     });
+
+}  // namespace
+
+namespace {
+
+// The kernel's fp16/bf16 conversions equal LibTorch's casts bit for bit.
+TEST(AdamKernel, SixteenBitCopiesEqualTorchCasts) {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 1e6f, -1e6f,
+                               6.1e-5f, 5.96e-8f, 2.98e-8f, 3e-8f, 1e-10f, 1e30f, 3.0e38f,
+                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN()};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  for (int i = 0; i < 200000; ++i) values.push_back(mantissa(rng) * std::pow(2.0f, exponent(rng)));
+  auto t = torch::from_blob(values.data(), {static_cast<int64_t>(values.size())}, torch::kFloat);
+  auto half = t.to(torch::kHalf), bf = t.to(torch::kBFloat16);
+  const auto* h = static_cast<const uint16_t*>(half.data_ptr());
+  const auto* b = static_cast<const uint16_t*>(bf.data_ptr());
+  int64_t bad_half = 0, bad_bf = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const bool nan = std::isnan(values[i]);
+    if (nan ? (zero::optim::detail::to_fp16(values[i]) & 0x7fff) <= 0x7c00 : zero::optim::detail::to_fp16(values[i]) != h[i]) ++bad_half;
+    if (nan ? (zero::optim::detail::to_bf16(values[i]) & 0x7fff) <= 0x7f80 : zero::optim::detail::to_bf16(values[i]) != b[i]) ++bad_bf;
+  }
+  EXPECT_EQ(bad_half, 0);
+  EXPECT_EQ(bad_bf, 0);
+}
+
+// The 16-bit copy written in the pass equals casting the fp32 result.
+TEST(AdamKernel, FusedSixteenBitOutputEqualsCastingTheResult) {
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    const int64_t n = 1048576 + 7;
+    zero::config::OptimizerConfig cfg;
+    auto opt = zero::optim::FlatOptimizer::create(cfg);
+    auto param = torch::randn({n}), grad = torch::randn({n});
+    std::vector<at::Tensor> states{torch::zeros({n}), torch::zeros({n})};
+    auto low = torch::empty({n}, dtype);
+    opt->update({1, 1e-3, 0.9, 0.999}, param, grad, states, &low);
+    EXPECT_TRUE(torch::equal(low, param.to(dtype))) << c10::toString(dtype);
+  }
+}
 
 }  // namespace

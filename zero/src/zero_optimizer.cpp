@@ -282,6 +282,14 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     at::Tensor grads = owned_grad_chunk(g);
     at::Tensor master = flat_->owned_chunk_of(master_, g);
     const int64_t n = master.numel();
+    // Where the updated values go in the compute dtype: the model's own chunk
+    // (one partition), or the buffer this rank's chunk is all-gathered from.
+    // The optimizer writes it in the same pass as the update.
+    at::Tensor out;
+    if (!master_is_param_) {
+      out = partitioned() ? at::empty({n}, at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
+                          : flat_->chunk_of(flat_->flat(), g, 0);
+    }
     for (int64_t start = 0; start < n; start += chunk) {
       const int64_t len = std::min(chunk, n - start);
       at::Tensor gs = grads.narrow(0, start, len);
@@ -291,16 +299,13 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       at::Tensor m = master.narrow(0, start, len);
       std::vector<at::Tensor> s;
       for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
-      optimizer_->update(params, m, g32, s);
+      at::Tensor low = out.defined() ? out.narrow(0, start, len) : at::Tensor();
+      optimizer_->update(params, m, g32, s, out.defined() ? &low : nullptr);
     }
-    if (master_is_param_) continue;
     if (partitioned()) {
-      // Every rank's updated chunk, gathered into the group (own chunk included).
-      sends.push_back(master.to(options_.device, options_.compute_dtype));
+      sends.push_back(out);
       at::Tensor range = flat_->group_of(flat_->flat(), g);
       gathers.push_back(comm_->all_gather(range, sends.back()));
-    } else {
-      flat_->chunk_of(flat_->flat(), g, 0).copy_(master);
     }
   }
   for (auto& w : gathers) timed_wait(w, gather_wait_s_);

@@ -41,9 +41,12 @@ class FlatOptimizer {
   virtual std::vector<std::string> state_names() const = 0;
 
   /// One update of `param` in place from `grad`; `states` are updated in place.
-  /// All tensors are 1-D fp32 of equal numel.
+  /// All tensors are 1-D fp32 of equal numel. `low_precision_out`, when given
+  /// (fp16 or bf16, same numel), receives the updated parameters cast to its
+  /// dtype, exactly as Tensor::to would, in the same pass where the CPU kernel
+  /// allows it.
   virtual void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
-                      std::vector<at::Tensor>& states) const = 0;
+                      std::vector<at::Tensor>& states, at::Tensor* low_precision_out = nullptr) const = 0;
 
  protected:
   explicit FlatOptimizer(config::OptimizerConfig config) : config_(std::move(config)) {}
