@@ -119,7 +119,6 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
   }
   const size_t n_groups = flat_->groups().size();
   ready_.assign(n_groups, 0);
-  launched_.assign(n_groups, 0);
   staging_.resize(n_groups);
   const auto& slots = flat_->slots();
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -137,7 +136,6 @@ void ZeroOptimizer::begin_backward(bool boundary) {
   in_backward_ = true;
   reducing_ = options_.stage == 2 || boundary;
   std::fill(ready_.begin(), ready_.end(), 0);
-  std::fill(launched_.begin(), launched_.end(), 0);
   next_launch_ = 0;
 }
 
@@ -175,7 +173,6 @@ void ZeroOptimizer::launch_ready_groups() {
 }
 
 void ZeroOptimizer::launch_group(size_t g) {
-  launched_[g] = 1;
   const auto& group = flat_->groups()[g];
   const bool distributed = comm_ != nullptr && world_size_ > 1;
   if (options_.stage == 2) {

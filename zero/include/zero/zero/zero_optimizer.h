@@ -151,7 +151,6 @@ class ZeroOptimizer {
   bool outside_backward_ = false;   // a gradient arrived outside them (loss.backward())
   bool reducing_ = false;  // this backward's gradients are reduced (see NOTE)
   std::vector<int64_t> ready_;     // per group: parameters reported
-  std::vector<char> launched_;     // per group
   std::vector<at::Tensor> staging_;  // stage 2: per group, while in use
   size_t next_launch_ = 0;         // groups start in descending order from the last
   std::vector<CommWork> works_;    // stage 0/1 all-reduces in flight
