@@ -147,61 +147,71 @@ std::string parse_error_detail(const std::string& what) {
   return colon == std::string::npos ? what : what.substr(colon + 2);
 }
 
+
+// Walks text[0, end) in order, skipping the insides of JSON string literals
+// (escapes included): `visit(i)` is called for every index outside a string,
+// including each opening quote, and returns the index to go on from (usually
+// i + 1); `text` may be changed behind the walk. Returns whether `end` falls
+// inside a string, and where that string opened.
+template <typename Visit>
+bool scan_outside_strings(const std::string& text, size_t end, Visit visit, size_t* open_quote = nullptr) {
+  bool in_string = false;
+  for (size_t i = 0; i < end && i < text.size();) {
+    if (in_string) {
+      if (text[i] == '\\') ++i;
+      else if (text[i] == '"') in_string = false;
+      ++i;
+      continue;
+    }
+    if (text[i] == '"') {
+      in_string = true;
+      if (open_quote != nullptr) *open_quote = i;
+      ++i;
+      continue;
+    }
+    i = visit(i);
+  }
+  return in_string;
+}
+
 }  // namespace
 
 bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string& error) {
   out = text;
   // Pass 1: comments. Blank them, keeping line breaks.
-  bool in_string = false;
-  for (size_t i = 0; i < out.size(); ++i) {
+  bool unterminated = false;
+  scan_outside_strings(out, out.size(), [&](size_t i) -> size_t {
     const char c = out[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '#' || (c == '/' && i + 1 < out.size() && out[i + 1] == '/')) {
+    if (c == '#' || (c == '/' && i + 1 < out.size() && out[i + 1] == '/')) {
       while (i < out.size() && out[i] != '\n' && out[i] != '\r') out[i++] = ' ';
-    } else if (c == '/' && i + 1 < out.size() && out[i + 1] == '*') {
-      const size_t start = i;
-      const size_t end = out.find("*/", i + 2);
-      if (end == std::string::npos) {
-        const LineColumn lc = line_column(text, start);
+      return i;
+    }
+    if (c == '/' && i + 1 < out.size() && out[i + 1] == '*') {
+      const size_t close = out.find("*/", i + 2);
+      if (close == std::string::npos) {
+        const LineColumn lc = line_column(text, i);
         error = "line " + std::to_string(lc.line) + ", column " + std::to_string(lc.column) +
                 ": syntax error: expected the end \"*/\" of this comment; got the end of the file";
-        return false;
+        unterminated = true;
+        return out.size();
       }
-      for (; i < end + 2; ++i) {
+      for (; i < close + 2; ++i) {
         if (out[i] != '\n' && out[i] != '\r') out[i] = ' ';
       }
-      --i;
+      return i;
     }
-  }
+    return i + 1;
+  });
+  if (unterminated) return false;
   // Pass 2: trailing commas before '}' or ']'.
-  in_string = false;
-  for (size_t i = 0; i < out.size(); ++i) {
-    const char c = out[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == ',') {
+  scan_outside_strings(out, out.size(), [&](size_t i) -> size_t {
+    if (out[i] == ',') {
       size_t j = i + 1;
       while (j < out.size() && is_space(out[j])) ++j;
       if (j < out.size() && (out[j] == '}' || out[j] == ']')) out[i] = ' ';
     }
-  }
+    return i + 1;
+  });
   return true;
 }
 
@@ -217,20 +227,9 @@ Json parse_relaxed(const std::string& text, const std::string& name,
   // The lexer stops just after the offending character. Find the token it
   // belongs to: a string (point at its opening quote) or a bare word.
   const size_t error_at = std::min(sax.error_position() == 0 ? 0 : sax.error_position() - 1, stripped.size());
-  bool in_string = false;
   size_t string_start = 0;
-  for (size_t i = 0; i < error_at; ++i) {
-    if (in_string) {
-      if (stripped[i] == '\\') {
-        ++i;
-      } else if (stripped[i] == '"') {
-        in_string = false;
-      }
-    } else if (stripped[i] == '"') {
-      in_string = true;
-      string_start = i;
-    }
-  }
+  const bool in_string =
+      scan_outside_strings(stripped, error_at, [](size_t i) { return i + 1; }, &string_start);
   auto is_word = [&](size_t i) {
     return i < stripped.size() && (std::isalnum(static_cast<unsigned char>(stripped[i])) != 0 || stripped[i] == '_');
   };
