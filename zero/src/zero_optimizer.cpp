@@ -145,11 +145,7 @@ void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
   const auto& group = flat_->groups()[slot.group];
   if (options_.stage == 2) {
     at::Tensor& st = staging_[slot.group];
-    if (!st.defined()) {
-      st = ledger_.empty(group.padded_numel, options_.grad_accum_dtype, options_.device, Tier::kDevice,
-                         Kind::kCommBuffers, "stage-2 gradient bucket");
-      st.zero_();
-    }
+    if (!st.defined()) st = take_staging(slot.group);
     st.narrow(0, slot.offset - group.begin, slot.numel).add_(grad.reshape({-1}));
   } else {
     grads_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
@@ -177,14 +173,10 @@ void ZeroOptimizer::launch_group(size_t g) {
   const bool distributed = comm_ != nullptr && world_size_ > 1;
   if (options_.stage == 2) {
     at::Tensor& st = staging_[g];
-    if (!st.defined()) {  // no parameter of this group got a gradient here; others may have
-      st = ledger_.empty(group.padded_numel, options_.grad_accum_dtype, options_.device, Tier::kDevice,
-                         Kind::kCommBuffers, "stage-2 gradient bucket");
-      st.zero_();
-    }
+    if (!st.defined()) st = take_staging(g);  // no gradient of this group here; others may have
     if (!distributed) {
       flat_->owned_chunk_of(owned_grads_, g).add_(st.to(owned_grads_.device()));
-      st.reset();
+      release_staging(g);
       return;
     }
     at::Tensor out = ledger_.empty(group.chunk_numel, options_.grad_accum_dtype, options_.device,
@@ -204,10 +196,32 @@ void ZeroOptimizer::finish_reduce_scatter(bool all) {
     auto& s = scatters_.front();
     timed_wait(s.work, comm_wait_s_);
     flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out.to(owned_grads_.device()));
-    staging_[s.group].reset();
+    release_staging(s.group);
     scatters_.pop_front();
     if (!all) break;
   }
+}
+
+// Stage 2's bucket buffers: reused rather than allocated every micro-step. At
+// most two spares are kept, the same bound as the buckets in flight.
+at::Tensor ZeroOptimizer::take_staging(size_t g) {
+  const int64_t numel = flat_->groups()[g].padded_numel;
+  for (size_t i = 0; i < spare_staging_.size(); ++i) {
+    if (spare_staging_[i].numel() >= numel) {
+      at::Tensor t = spare_staging_[i].narrow(0, 0, numel);
+      spare_staging_.erase(spare_staging_.begin() + static_cast<std::ptrdiff_t>(i));
+      return t.zero_();
+    }
+  }
+  return ledger_.empty(numel, options_.grad_accum_dtype, options_.device, Tier::kDevice, Kind::kCommBuffers,
+                       "stage-2 gradient bucket")
+      .zero_();
+}
+
+void ZeroOptimizer::release_staging(size_t g) {
+  at::Tensor& st = staging_[g];
+  if (st.defined() && spare_staging_.size() < 2) spare_staging_.push_back(st);
+  st.reset();
 }
 
 void ZeroOptimizer::wait_all() {
@@ -235,7 +249,7 @@ void ZeroOptimizer::zero_grad() {
   wait_all();
   if (grads_.defined()) grads_.zero_();
   if (owned_grads_.defined()) owned_grads_.zero_();
-  for (auto& st : staging_) st.reset();
+  for (size_t g = 0; g < staging_.size(); ++g) release_staging(g);
   for (const auto& slot : flat_->slots()) slot.param.mutable_grad().reset();
 }
 

@@ -132,6 +132,8 @@ class ZeroOptimizer {
   void finish_reduce_scatter(bool all);
   at::Tensor owned_grad_chunk(size_t g) const;
   void wait_all();
+  at::Tensor take_staging(size_t g);
+  void release_staging(size_t g);
 
   ZeroOptimizerOptions options_;
   std::unique_ptr<optim::FlatOptimizer> optimizer_;
@@ -152,6 +154,7 @@ class ZeroOptimizer {
   bool reducing_ = false;  // this backward's gradients are reduced (see NOTE)
   std::vector<int64_t> ready_;     // per group: parameters reported
   std::vector<at::Tensor> staging_;  // stage 2: per group, while in use
+  std::vector<at::Tensor> spare_staging_;  // stage 2: released buckets kept for reuse (at most 2)
   size_t next_launch_ = 0;         // groups start in descending order from the last
   std::vector<CommWork> works_;    // stage 0/1 all-reduces in flight
   struct PendingScatter {
