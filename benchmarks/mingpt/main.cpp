@@ -41,6 +41,7 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --seed N                 initialisation and data order (default 42)
   --summary-json FILE      write the run's summary (rank 0)
   --dropout X              dropout of embeddings, attention and residuals (default 0.1)
+  --tie_weights            tie the head to the token embedding (GPT-2 style)
   --checkpoint             activation checkpointing of every block (configured by the
                            config's activation_checkpointing section)
   -h, --help               this text
@@ -62,6 +63,7 @@ struct Args {
   std::string summary_json;
   double dropout = 0.1;
   bool checkpoint = false;
+  bool tie_weights = false;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -94,11 +96,15 @@ Args parse_args(int argc, char** argv) {
   const std::vector<std::string> flags = {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
-      "--seed", "--summary-json", "--dropout", "--checkpoint"};
+      "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
       a.checkpoint = true;
+      continue;
+    }
+    if (flag == "--tie_weights") {
+      a.tie_weights = true;
       continue;
     }
     if (flag == "-h" || flag == "--help") {
@@ -158,6 +164,7 @@ int main(int argc, char** argv) {
     gcfg.n_head = args.n_head;
     gcfg.n_embd = args.n_embd;
     gcfg.embd_pdrop = gcfg.resid_pdrop = gcfg.attn_pdrop = args.dropout;
+    gcfg.tie_weights = args.tie_weights;
     if (args.n_embd % args.n_head != 0)
       usage_error("--n_embd " + std::to_string(args.n_embd) + " must be a multiple of --n_head " +
                   std::to_string(args.n_head));
@@ -174,6 +181,7 @@ int main(int argc, char** argv) {
     const std::string precision = args.precision.value_or("32");
     opts.auto_values.precision = precision == "32" ? "fp32" : precision == "16" ? "fp16" : "bf16";
     opts.tokens_per_sample = task->block_size();
+    opts.layers = model->stage3_layers();
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.
     auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
@@ -258,8 +266,9 @@ int main(int argc, char** argv) {
       epoch_time_sum += secs;
       peak_sum += static_cast<double>(engine.peak_bytes(zero::Tier::kDevice));
       final_loss = last_loss;
+      // At stage 3 every rank runs the evaluation: its layers gather across ranks.
+      if (rank == 0 || engine.config().zero.stage == 3) eval_accuracy = task->evaluate(model, engine.device(), 256);
       if (rank == 0) {
-        eval_accuracy = task->evaluate(model, engine.device(), 256);
         char note[96];
         std::snprintf(note, sizeof note, "loss %.4f | held-out accuracy %.1f%%", last_loss, 100 * eval_accuracy);
         progress->finish(note);
@@ -278,7 +287,8 @@ int main(int argc, char** argv) {
                                state.parameters, state.gradients, state.optimizer_states,
                                on_device.parameters, on_device.gradients, on_device.optimizer_states,
                                pinned.parameters + host.parameters, pinned.gradients + host.gradients,
-                               pinned.optimizer_states + host.optimizer_states},
+                               pinned.optimizer_states + host.optimizer_states,
+                               engine.stage3_stats() ? engine.stage3_stats()->peak_live_parameters : 0},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -288,6 +298,7 @@ int main(int argc, char** argv) {
       curve.div_(static_cast<double>(ws));
     }
     if (!loss_curve.empty()) final_loss = curve[-1].item<double>();
+    const double param_l2 = engine.parameter_l2();  // a collective at stage 3
     if (rank != 0) return 0;
 
     std::printf("Average Epoch time: %.2f seconds\n", avg_epoch);
@@ -313,7 +324,8 @@ int main(int argc, char** argv) {
         auto row = all.view({ws, -1})[r].contiguous();
         auto [peaks, states] = figures(row);
         ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states},
-                         {"model_state_bytes_by_tier", by_tier(row)}});
+                         {"model_state_bytes_by_tier", by_tier(row)},
+                         {"peak_live_parameters", row[13].item<int64_t>()}});
       }
       auto [peaks, states] = figures(mine);
       std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());
@@ -326,7 +338,7 @@ int main(int argc, char** argv) {
           {"skipped_steps", engine.skipped_steps()},
           {"final_loss", final_loss},
           {"loss_curve", curve_values},
-          {"param_l2", engine.parameter_l2()},
+          {"param_l2", param_l2},
           {"avg_epoch_time_s", avg_epoch},
           {"grad_comm_wait_s", engine.grad_comm_wait_seconds()},
           {"param_gather_wait_s", engine.param_gather_wait_seconds()},
@@ -336,7 +348,16 @@ int main(int argc, char** argv) {
           {"eval_accuracy", eval_accuracy},
           {"task", task->name()},
           {"activation_checkpointing", args.checkpoint},
+          {"tie_weights", args.tie_weights},
       };
+      if (auto st = engine.stage3_stats()) {
+        summary["stage3"] = {{"layers", st->layers},
+                             {"peak_live_parameters", st->peak_live_parameters},
+                             {"gathers", st->gathers},
+                             {"prefetched_gathers", st->prefetched_gathers},
+                             {"gather_wait_s", st->gather_wait_s},
+                             {"trace_valid", st->trace_valid}};
+      }
       const std::string tmp = args.summary_json + ".tmp";
       {
         std::ofstream out(tmp);

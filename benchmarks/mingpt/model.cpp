@@ -1,5 +1,11 @@
 #include "model.h"
 
+#include <functional>
+
+#include <torch/nn/functional/linear.h>
+
+#include "zero/zero/layer.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
@@ -52,7 +58,11 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  if (c.tie_weights) {
+    tied_head_ = register_module("head", TiedHead(tok_emb_->weight));
+  } else {
+    head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  }
 
   torch::NoGradGuard no_grad;
   for (auto& m : modules(/*include_self=*/false)) {
@@ -68,22 +78,37 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   }
 }
 
+torch::Tensor TiedHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight_); }
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPTImpl::stage3_layers() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> layers{tok_emb_.ptr(), ln_f_.ptr()};
+  if (head_) layers.push_back(head_.ptr());
+  if (tied_head_) layers.push_back(tied_head_.ptr());
+  return layers;
+}
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const auto T = idx.size(1);
   TORCH_CHECK(T <= config_.block_size, "sequence length ", T, " exceeds block_size ",
               config_.block_size);
-  auto x = drop_->forward(tok_emb_->forward(idx) + pos_emb_.narrow(1, 0, T));
+  // Each layer runs through zero::forward / layer_forward: under ZeRO stage 3
+  // that gathers its parameters; otherwise it is a plain call.
+  auto x = drop_->forward(zero::forward(tok_emb_, idx) + pos_emb_.narrow(1, 0, T));
   for (const auto& item : *blocks_) {
     auto* block = item->as<Block>();
+    std::function<torch::Tensor(const torch::Tensor&)> run = [block](const torch::Tensor& t) {
+      return block->forward(t);
+    };
     if (checkpointer_ != nullptr && is_training()) {
-      x = checkpointer_->checkpoint(zero::checkpointing::UnaryFunction(
-                                        [block](const torch::Tensor& t) { return block->forward(t); }),
-                                    x);
-    } else {
-      x = block->forward(x);
+      run = [this, block](const torch::Tensor& t) {
+        return checkpointer_->checkpoint(
+            zero::checkpointing::UnaryFunction([block](const torch::Tensor& u) { return block->forward(u); }), t);
+      };
     }
+    x = zero::layer_forward(*block, x, run);
   }
-  return head_->forward(ln_f_->forward(x));
+  x = zero::forward(ln_f_, x);
+  return tied_head_ ? zero::forward(tied_head_, x) : zero::forward(head_, x);
 }
 
 }  // namespace mingpt

@@ -26,11 +26,12 @@ struct GPTConfig {
   double embd_pdrop = 0.1;
   double resid_pdrop = 0.1;
   double attn_pdrop = 0.1;
+  bool tie_weights = false;
 
-  /// L(12C^2 + 13C) + C(2V + T + 2).
+  /// L(12C^2 + 13C) + C(2V + T + 2), less VC when tied.
   int64_t num_parameters() const {
     const int64_t C = n_embd;
-    return n_layer * (12 * C * C + 13 * C) + C * (2 * vocab_size + block_size + 2);
+    return n_layer * (12 * C * C + 13 * C) + C * ((tie_weights ? 1 : 2) * vocab_size + block_size + 2);
   }
 };
 
@@ -60,6 +61,18 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+/// The output projection when tied: the token embedding's weight, as a layer
+/// of its own (so stage 3 gathers it there too).
+class TiedHeadImpl : public torch::nn::Module {
+ public:
+  explicit TiedHeadImpl(const torch::Tensor& weight) { weight_ = register_parameter("weight", weight); }
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::Tensor weight_;
+};
+TORCH_MODULE(TiedHead);
+
 class GPTImpl : public torch::nn::Module {
  public:
   /// Initialises as minGPT does: N(0, 0.02) for Linear and Embedding weights,
@@ -71,6 +84,8 @@ class GPTImpl : public torch::nn::Module {
   const GPTConfig& config() const { return config_; }
   /// The blocks, in order (for activation checkpointing and ZeRO-3 wrapping).
   torch::nn::ModuleList blocks() const { return blocks_; }
+  /// The layers outside the ModuleList for ZeRO stage 3 (InitOptions::layers).
+  std::vector<std::shared_ptr<torch::nn::Module>> stage3_layers() const;
   /// Runs every block through `checkpointer` (null: no checkpointing). Not owned.
   void set_checkpointer(zero::checkpointing::Checkpointer* checkpointer) { checkpointer_ = checkpointer; }
 
@@ -82,6 +97,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear head_{nullptr};
+  TiedHead tied_head_{nullptr};
   zero::checkpointing::Checkpointer* checkpointer_ = nullptr;
 };
 TORCH_MODULE(GPT);

@@ -3,6 +3,8 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "zero/runtime/error.h"
@@ -66,6 +68,86 @@ FlatParameters::FlatParameters(
     // Same rebinding as `p.data = view` in Python: the parameter object (and
     // every module that holds it) now reads the flat buffer.
     slot.param.set_data(view);
+  }
+}
+
+int64_t FlatParameters::padded_size(int64_t numel, int64_t world_size) {
+  const int64_t unit = world_size * kPartitionAlignNumel;
+  return std::max<int64_t>(unit, (numel + unit - 1) / unit * unit);
+}
+
+void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  if (nbytes == 0) {
+    s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  } else {
+    ZERO_CHECK(s->allocator() != nullptr, "storage has no allocator");
+    s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  }
+  s->set_nbytes(nbytes);
+}
+
+FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtype, at::Device device,
+                               int64_t world_size, int64_t rank, Tier partition_tier, MemoryLedger& ledger)
+    : world_size_(world_size) {
+  ZERO_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "rank out of range");
+  std::unordered_set<const void*> seen;
+  int64_t offset = 0;
+  for (size_t gi = 0; gi < specs.size(); ++gi) {
+    auto& spec = specs[gi];
+    FlatGroup g;
+    g.name = spec.name;
+    g.begin = offset;
+    int64_t used = 0;
+    for (size_t k = 0; k < spec.params.size(); ++k) {
+      const auto& [name, p] = spec.params[k];
+      if (!p.requires_grad()) continue;
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: first group only
+      ParamSlot slot;
+      slot.name = name;
+      slot.param = p;
+      slot.shape = spec.chunk.defined() ? spec.shapes.at(k) : p.sizes().vec();
+      slot.numel = c10::multiply_integers(slot.shape);
+      slot.offset = offset + used;
+      slot.group = groups_.size();
+      used += slot.numel;
+      g.slots.push_back(slots_.size());
+      slots_.push_back(std::move(slot));
+    }
+    numel_ += used;
+    g.padded_numel = padded_size(used, world_size);
+    g.chunk_numel = g.padded_numel / world_size;
+    g.owned_offset = owned_numel_;
+    owned_numel_ += g.chunk_numel;
+    offset += g.padded_numel;
+    groups_.push_back(std::move(g));
+  }
+  partition_ = ledger.empty(owned_numel_, dtype, partition_tier == Tier::kDevice ? device : at::Device(at::kCPU),
+                            partition_tier, Kind::kParameters,
+                            "stage-3 parameter partition (" + std::to_string(numel_) + " parameters over " +
+                                std::to_string(world_size) + " ranks)");
+  at::NoGradGuard no_grad;
+  const auto opts = at::TensorOptions().dtype(dtype).device(device);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    at::Tensor chunk = owned_chunk_of(partition_, gi);
+    if (specs[gi].chunk.defined()) {
+      ZERO_CHECK(specs[gi].chunk.numel() == g.chunk_numel,
+                 "pre-partitioned chunk of " + g.name + " has " + std::to_string(specs[gi].chunk.numel()) +
+                     " elements; the layout expects " + std::to_string(g.chunk_numel));
+      chunk.copy_(specs[gi].chunk);
+    } else {
+      // Every rank holds the whole group here: lay it out, keep this rank's chunk.
+      at::Tensor whole = at::zeros({g.padded_numel}, opts);
+      for (size_t s : g.slots)
+        whole.narrow(0, slots_[s].offset - g.begin, slots_[s].numel).copy_(slots_[s].param.detach().reshape({-1}));
+      chunk.copy_(whole.narrow(0, rank * g.chunk_numel, g.chunk_numel));
+    }
+    at::Tensor full = at::empty({g.padded_numel}, opts);
+    set_storage_bytes(full, 0);
+    full_.push_back(std::move(full));
+    for (size_t s : g.slots) slots_[s].param.set_data(at::empty({0}, opts));
   }
 }
 

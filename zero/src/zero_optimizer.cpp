@@ -79,7 +79,7 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
                              ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
     : options_(options), optimizer_(std::move(optimizer)), comm_(comm), ledger_(ledger) {
   ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
-  ZERO_CHECK(options_.stage >= 0 && options_.stage <= 2, "stage 0, 1 or 2");
+  ZERO_CHECK(options_.stage >= 0 && options_.stage <= 2, "stage 0, 1 or 2 (stage 3 takes a Stage3Layout)");
   if (comm_ != nullptr) {
     world_size_ = comm_->world_size();
     rank_ = comm_->rank();
@@ -88,9 +88,40 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
   const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
   flat_ = std::make_unique<FlatParameters>(named_params, options_.compute_dtype, options_.device,
                                            layout_ws, options_.bucket_numel, ledger);
+  ZERO_CHECK(!options_.offload_optimizer || options_.stage >= 1, "optimizer offload needs stage 1 or more");
+  init_states();
+}
+
+ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOptimizer> optimizer,
+                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
+    : options_(options), optimizer_(std::move(optimizer)), comm_(comm), ledger_(ledger) {
+  ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
+  ZERO_CHECK(options_.stage == 3, "a Stage3Layout is for stage 3");
+  if (comm_ != nullptr) {
+    world_size_ = comm_->world_size();
+    rank_ = comm_->rank();
+  }
+  const Tier tier = !layout.offload_param ? Tier::kDevice : layout.pin_param ? Tier::kPinnedHost : Tier::kHost;
+  try {
+    flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
+                                             rank_, tier, ledger);
+  } catch (const OutOfMemoryError& e) {
+    if (tier != Tier::kPinnedHost) throw;
+    log::warning_once("offload.pinned", std::string(e.what()) +
+                                            "; using pageable host memory for the parameter partition (slower copies)");
+    flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
+                                             rank_, Tier::kHost, ledger);
+  }
+  init_states();
+  stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
+                                                comm_, ledger);
+}
+
+void ZeroOptimizer::init_states() {
+  auto& ledger = ledger_;
   const auto dev = options_.device;
-  ZERO_CHECK(!options_.offload_optimizer || options_.stage >= 1, "optimizer offload needs stage 1 or 2");
-  if (options_.stage == 2) {
+  const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
+  if (options_.stage >= 2) {
     // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's.
     owned_grads_ = state_buffer(ledger, options_, flat_->owned_numel(),
                                 options_.offload_optimizer ? at::kFloat : options_.grad_accum_dtype,
@@ -101,15 +132,25 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
                           Kind::kGradients, "flat gradient buffer");
     grads_.zero_();
   }
-  master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
+  if (flat_->stage3()) {
+    // The partition is the fp32 master itself when it is fp32 on the device.
+    master_is_param_ = options_.compute_dtype == at::kFloat && !options_.offload_optimizer &&
+                       flat_->partition().device() == options_.device;
+  } else {
+    master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
+  }
   if (master_is_param_) {
-    master_ = flat_->flat();  // one partition: the owned partition is the buffer itself
+    master_ = flat_->stage3() ? flat_->partition() : flat_->flat();
   } else {
     master_ = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
                            "fp32 master parameters");
-    const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
-    for (size_t g = 0; g < flat_->groups().size(); ++g)
-      flat_->owned_chunk_of(master_, g).copy_(flat_->chunk_of(flat_->flat(), g, layout_rank));
+    if (flat_->stage3()) {
+      master_.copy_(flat_->partition());
+    } else {
+      const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
+      for (size_t g = 0; g < flat_->groups().size(); ++g)
+        flat_->owned_chunk_of(master_, g).copy_(flat_->chunk_of(flat_->flat(), g, layout_rank));
+    }
   }
   for (int i = 0; i < optimizer_->num_states(); ++i) {
     auto s = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
@@ -134,7 +175,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 
 void ZeroOptimizer::begin_backward(bool boundary) {
   in_backward_ = true;
-  reducing_ = options_.stage == 2 || boundary;
+  reducing_ = options_.stage >= 2 || boundary;
   std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;
 }
@@ -143,7 +184,7 @@ void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
   if (!in_backward_) outside_backward_ = true;
   const auto& slot = flat_->slots()[index];
   const auto& group = flat_->groups()[slot.group];
-  if (options_.stage == 2) {
+  if (options_.stage >= 2) {
     at::Tensor& st = staging_[slot.group];
     if (!st.defined()) st = take_staging(slot.group);
     st.narrow(0, slot.offset - group.begin, slot.numel).add_(grad.reshape({-1}));
@@ -171,7 +212,7 @@ void ZeroOptimizer::launch_ready_groups() {
 void ZeroOptimizer::launch_group(size_t g) {
   const auto& group = flat_->groups()[g];
   const bool distributed = comm_ != nullptr && world_size_ > 1;
-  if (options_.stage == 2) {
+  if (options_.stage >= 2) {
     at::Tensor& st = staging_[g];
     if (!st.defined()) st = take_staging(g);  // no gradient of this group here; others may have
     if (!distributed) {
@@ -238,10 +279,11 @@ void ZeroOptimizer::end_backward() {
   wait_all();
   reducing_ = false;
   in_backward_ = false;
+  if (stage3_) stage3_->end_backward();
 }
 
 at::Tensor ZeroOptimizer::owned_grad_chunk(size_t g) const {
-  if (options_.stage == 2) return flat_->owned_chunk_of(owned_grads_, g);
+  if (options_.stage >= 2) return flat_->owned_chunk_of(owned_grads_, g);
   return flat_->chunk_of(grads_, g, options_.stage == 0 ? 0 : rank_);
 }
 
@@ -297,7 +339,9 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     // (one partition), or the buffer this rank's chunk is all-gathered from.
     // The optimizer writes it in the same pass as the update.
     at::Tensor out;
-    if (!master_is_param_) {
+    if (flat_->stage3()) {
+      if (!master_is_param_) out = flat_->owned_chunk_of(flat_->partition(), g);
+    } else if (!master_is_param_) {
       out = partitioned() ? at::empty({n}, at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
                           : flat_->chunk_of(flat_->flat(), g, 0);
     }
@@ -313,20 +357,33 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       at::Tensor low = out.defined() ? out.narrow(0, start, len) : at::Tensor();
       optimizer_->update(params, m, g32, s, out.defined() ? &low : nullptr);
     }
-    if (partitioned()) {
+    if (partitioned() && !flat_->stage3()) {
       sends.push_back(out);
       at::Tensor range = flat_->group_of(flat_->flat(), g);
       gathers.push_back(comm_->all_gather(range, sends.back()));
     }
   }
   for (auto& w : gathers) timed_wait(w, gather_wait_s_);
+  if (stage3_) stage3_->after_step();
   zero_grad();
   out.applied = true;
   return out;
 }
 
 double ZeroOptimizer::parameter_l2() const {
-  return at::linalg_vector_norm(flat_->flat(), 2, c10::nullopt, false, at::kFloat).item<double>();
+  if (!flat_->stage3())
+    return at::linalg_vector_norm(flat_->flat(), 2, c10::nullopt, false, at::kFloat).item<double>();
+  // Stage 3: the partitions' squares summed over ranks (padding is zero).
+  at::Tensor sumsq = at::linalg_vector_norm(flat_->partition(), 2, c10::nullopt, false, at::kFloat)
+                         .to(options_.device, at::kDouble)
+                         .pow(2)
+                         .reshape({1});
+  if (comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();
+  return std::sqrt(sumsq.item<double>());
+}
+
+double ZeroOptimizer::param_gather_wait_seconds() const {
+  return gather_wait_s_ + (stage3_ ? stage3_->gather_wait_seconds() : 0.0);
 }
 
 }  // namespace zero::partition

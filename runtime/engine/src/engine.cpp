@@ -11,12 +11,19 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <unordered_map>
+#include <unordered_set>
 
 #include "zero/optim/flat_optimizer.h"
 #include "zero/optim/loss_scaler.h"
 #include "zero/optim/lr_scheduler.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/log.h"
+#include "zero/zero/layer.h"
 #include "zero/zero/zero_optimizer.h"
 
 namespace zero {
@@ -63,18 +70,134 @@ void check_trainable(const config::Config& c) {
                        "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
                        "optimizer from the config (client optimizers are not supported)"});
   }
-  if (c.zero.stage == 3) {
-    throw UnsupportedError(c.source + ": zero_optimization.stage: 3 (parameter partitioning) is "
-                           "not implemented in this build yet; use stage 0, 1 or 2");
-  }
   if (c.zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
     throw UnsupportedError(c.source + ": zero_optimization.offload_optimizer.device: \"nvme\" is not "
                            "implemented in this build yet; use \"cpu\" or \"none\"");
   }
-  if (c.zero.offload_param.device != config::OffloadDevice::kNone) {
-    throw UnsupportedError(c.source + ": zero_optimization.offload_param: parameter offload needs "
-                           "ZeRO stage 3, which this build does not have yet; set device to \"none\"");
+  if (c.zero.offload_param.device == config::OffloadDevice::kNvme) {
+    throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" is not "
+                           "implemented in this build yet; use \"cpu\" or \"none\"");
   }
+}
+
+// A Sequential entry that runs its module as a stage-3 layer.
+class Stage3EntryImpl : public torch::nn::Module {
+ public:
+  Stage3EntryImpl(torch::nn::AnyModule inner, std::shared_ptr<torch::nn::Module> layer)
+      : inner_(std::move(inner)), layer_(std::move(layer)) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return layer_forward(*layer_, x, [this](const torch::Tensor& t) { return inner_.forward(t); });
+  }
+
+ private:
+  torch::nn::AnyModule inner_;
+  std::shared_ptr<torch::nn::Module> layer_;
+};
+
+bool is_container(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::SequentialImpl*>(&m) != nullptr ||
+         dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
+}
+
+std::string join_name(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+// Stage 3's layers (NOTE [stage-3 layers]): the children of the outermost
+// ModuleList and Sequential containers, and the modules named in `extra`,
+// in the model's order, none inside another.
+struct LayerScan {
+  std::unordered_set<const torch::nn::Module*> extra;
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> layers;
+  // Sequential entries to route through layer_forward: (container, index).
+  std::vector<std::pair<torch::nn::SequentialImpl*, size_t>> entries;
+
+  void visit(const std::shared_ptr<torch::nn::Module>& m, const std::string& name, torch::nn::Module* parent,
+             size_t index) {
+    const bool parent_container = parent != nullptr && is_container(*parent);
+    if (parent_container || extra.count(m.get()) > 0) {
+      layers.emplace_back(name, m);
+      if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) entries.emplace_back(seq, index);
+      return;
+    }
+    size_t i = 0;
+    for (const auto& item : m->named_children()) visit(item.value(), join_name(name, item.key()), m.get(), i++);
+  }
+};
+
+struct Stage3Build {
+  partition::Stage3Layout layout;
+  int64_t layer_params = 0;
+  int64_t always_params = 0;
+};
+
+Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model, const config::Config& c,
+                                const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers) {
+  LayerScan scan;
+  for (const auto& m : extra_layers) scan.extra.insert(m.get());
+  scan.visit(model, "", nullptr, 0);
+  Stage3Build b;
+  // Persistent: parameters under the threshold, as long as their sum stays
+  // under model_persistence_threshold.
+  std::unordered_set<const void*> persistent;
+  int64_t persistent_numel = 0;
+  for (const auto& item : model->named_parameters(true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
+    if (p.numel() < c.zero.param_persistence_threshold &&
+        persistent_numel + p.numel() <= c.zero.model_persistence_threshold) {
+      persistent.insert(p.unsafeGetTensorImpl());
+      persistent_numel += p.numel();
+    }
+  }
+  std::unordered_map<const void*, size_t> group_of;  // parameter -> group
+  std::vector<partition::GroupSpec> layer_groups;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(scan.layers.size());
+  for (size_t u = 0; u < scan.layers.size(); ++u) {
+    const auto& [name, m] = scan.layers[u];
+    partition::GroupSpec spec;
+    spec.name = name;
+    for (const auto& item : m->named_parameters(true)) {
+      const auto& p = item.value();
+      layer_params[u].emplace_back(join_name(name, item.key()), p);
+      if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
+      if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer
+      group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
+      spec.params.emplace_back(join_name(name, item.key()), p);
+      b.layer_params += p.numel();
+    }
+    if (!spec.params.empty()) layer_groups.push_back(std::move(spec));
+  }
+  partition::GroupSpec always;
+  always.name = "(always gathered)";
+  for (const auto& item : model->named_parameters(true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad() || group_of.count(p.unsafeGetTensorImpl()) > 0) continue;
+    always.params.emplace_back(item.key(), p);  // FlatParameters drops tied repeats
+  }
+  b.layout.groups.push_back(std::move(always));
+  for (auto& g : layer_groups) b.layout.groups.push_back(std::move(g));
+  for (const auto& p : b.layout.groups[0].params) b.always_params += p.second.numel();
+  for (size_t u = 0; u < scan.layers.size(); ++u) {
+    partition::Stage3Unit unit;
+    unit.name = scan.layers[u].first;
+    unit.module = static_cast<const void*>(scan.layers[u].second.get());
+    for (const auto& [n, p] : layer_params[u]) {
+      auto it = group_of.find(p.unsafeGetTensorImpl());
+      if (it != group_of.end() && std::find(unit.groups.begin(), unit.groups.end(), it->second) == unit.groups.end())
+        unit.groups.push_back(it->second);
+    }
+    if (!unit.groups.empty()) b.layout.units.push_back(std::move(unit));
+  }
+  for (const auto& [seq, index] : scan.entries) {
+    auto it = seq->begin() + static_cast<std::ptrdiff_t>(index);
+    auto layer = it->ptr();
+    *it = torch::nn::AnyModule(std::make_shared<Stage3EntryImpl>(std::move(*it), layer));
+  }
+  b.layout.options.prefetch_bucket_numel = c.zero.prefetch_bucket_size;
+  b.layout.options.max_live_numel = c.zero.max_live_parameters;
+  b.layout.options.max_reuse_distance = c.zero.max_reuse_distance;
+  b.layout.offload_param = c.zero.offload_param.device == config::OffloadDevice::kCpu;
+  b.layout.pin_param = c.zero.offload_param.pin_memory;
+  return b;
 }
 
 }  // namespace
@@ -225,8 +348,23 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.ledger.set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
                      "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
-  s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-      named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
+  if (s.config.zero.stage == 3) {
+    auto b = build_stage3_layout(s.model, s.config, s.options.layers);
+    if (s.dist.rank == 0) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "ZeRO stage 3: %zu layers gathered layer by layer (%lld parameters); %lld parameters always "
+                    "gathered (outside every layer, or under stage3_param_persistence_threshold)",
+                    b.layout.units.size(), static_cast<long long>(b.layer_params),
+                    static_cast<long long>(b.always_params));
+      log::info(buf);
+    }
+    s.optimizer = std::make_unique<partition::ZeroOptimizer>(
+        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
+  } else {
+    s.optimizer = std::make_unique<partition::ZeroOptimizer>(
+        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
+  }
   if (s.config.scheduler) {
     s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
                                              s.config.optimizer->betas[0]);
@@ -336,6 +474,24 @@ void Engine::reset_peak_bytes() {
   impl_->ledger.reset_peaks();
   if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
   else reset_cpu_allocator_peak();
+}
+
+std::optional<Stage3Stats> Engine::stage3_stats() const {
+  const auto* c = impl_->optimizer->stage3();
+  if (c == nullptr) return std::nullopt;
+  Stage3Stats st;
+  st.layers = static_cast<int64_t>(c->units().size());
+  st.live_parameters = c->live_numel();
+  st.peak_live_parameters = c->peak_live_numel();
+  st.gathers = c->gathers();
+  st.prefetched_gathers = c->prefetched_gathers();
+  st.gather_wait_s = c->gather_wait_seconds();
+  st.trace_valid = c->trace_valid();
+  return st;
+}
+
+void Engine::reset_stage3_peak() {
+  if (auto* c = impl_->optimizer->stage3()) c->reset_peak_live();
 }
 
 std::string Engine::memory_summary() const {

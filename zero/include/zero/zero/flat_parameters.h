@@ -37,12 +37,40 @@ struct ParamSlot {
 
 /// A bucket of consecutive parameters, partitioned across ranks.
 struct FlatGroup {
+  std::string name;            // stage 3: the layer it holds ("blocks.3"); else empty
   int64_t begin = 0;           // offset into the flat buffer
   int64_t padded_numel = 0;    // world_size * chunk_numel
   int64_t chunk_numel = 0;     // one rank's share
   int64_t owned_offset = 0;    // offset of this group's chunk in the owned partition
   std::vector<size_t> slots;   // indices into slots()
 };
+
+/// Stage 3: the parameters of one group (a layer), and optionally this rank's
+/// chunk of it already made (partitioned construction, zero::Init), in which
+/// case the parameters' values are not read.
+struct GroupSpec {
+  std::string name;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  at::Tensor chunk;  // this rank's chunk in the compute dtype, or undefined
+  std::vector<std::vector<int64_t>> shapes;  // with `chunk`: the parameters' shapes
+};
+
+/// Gives a tensor's storage `nbytes` of fresh memory from its allocator, or
+/// (0) frees it; the tensor's metadata is untouched.
+void set_storage_bytes(const at::Tensor& t, size_t nbytes);
+
+// NOTE [stage-3 storage]
+// At stage 3 there is no flat buffer of the whole model. Each rank keeps its
+// owned partition (its chunk of every group, in the compute dtype) and each
+// group has a full-size tensor whose storage is empty until the group is
+// gathered (all-gathered into it) and emptied again when it is released. The
+// storage object itself lives on, so views of it that autograd saved during
+// forward (weight.t() inside linear, say) see the values again once the group
+// is gathered for backward, and hold no memory meanwhile. A released
+// parameter is rebound to an empty tensor, so code that reads it by mistake
+// gets a shape error instead of reading freed memory; during backward its
+// shape is kept (autograd checks gradients against it) and only the storage
+// is emptied.
 
 class FlatParameters {
  public:
@@ -53,10 +81,21 @@ class FlatParameters {
   FlatParameters(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                  at::ScalarType dtype, at::Device device, int64_t world_size, int64_t group_numel,
                  MemoryLedger& ledger);
+  /// Stage 3 (NOTE [stage-3 storage]): one group per spec, in order; keeps
+  /// only `rank`'s chunk of each, in `partition_tier` (device, or a host tier
+  /// for offload_param). Parameters are left released.
+  FlatParameters(std::vector<GroupSpec> groups, at::ScalarType dtype, at::Device device, int64_t world_size,
+                 int64_t rank, Tier partition_tier, MemoryLedger& ledger);
   FlatParameters(const FlatParameters&) = delete;
   FlatParameters& operator=(const FlatParameters&) = delete;
 
+  /// The whole-model buffer (stages 0-2; undefined at stage 3).
   const at::Tensor& flat() const { return flat_; }
+  /// Stage 3: this rank's chunks of all groups, laid out like the owned partition.
+  const at::Tensor& partition() const { return partition_; }
+  /// Stage 3: group g's full-size tensor (empty storage while released).
+  const at::Tensor& full(size_t g) const { return full_[g]; }
+  bool stage3() const { return !flat_.defined(); }
   const std::vector<ParamSlot>& slots() const { return slots_; }
   const std::vector<FlatGroup>& groups() const { return groups_; }
   /// Elements that are parameters (no padding): the model's parameter count.
@@ -66,6 +105,9 @@ class FlatParameters {
   /// Elements of one rank's owned partition (sum of its chunks).
   int64_t owned_numel() const { return owned_numel_; }
   int64_t world_size() const { return world_size_; }
+
+  /// Layout of one group of `numel` elements: padded size for the world.
+  static int64_t padded_size(int64_t numel, int64_t world_size);
 
   /// Group g's range of a buffer laid out like flat().
   at::Tensor group_of(const at::Tensor& like_flat, size_t g) const;
@@ -78,6 +120,8 @@ class FlatParameters {
   std::vector<ParamSlot> slots_;
   std::vector<FlatGroup> groups_;
   at::Tensor flat_;
+  at::Tensor partition_;
+  std::vector<at::Tensor> full_;
   int64_t numel_ = 0;
   int64_t owned_numel_ = 0;
   int64_t world_size_ = 1;

@@ -15,10 +15,14 @@
 //            group is all-reduced in place and each rank uses its own chunk;
 //            master and optimizer states exist only for the owned partition;
 //            updated chunks are all-gathered.
-//   stage 2: no full gradient buffer: each group's gradients land in a staging
+//   stage 2 and 3: no full gradient buffer: each group's gradients land in a staging
 //            buffer that is reduce-scattered every micro-step as soon as the
 //            group is complete, and the rank's chunk is added into its owned
 //            gradient partition; staging is freed as each collective ends.
+//   stage 3: also no full parameter buffer: each layer's parameters are
+//            gathered when it runs (NOTE [stage-3 layers]); the optimizer
+//            writes this rank's partition, and nothing is all-gathered
+//            after the step but the always-gathered group.
 // Reductions sum; the 1/world_size of the average is folded into the single
 // unscale-and-clip factor of step(). The global gradient norm sums the owned
 // partitions of all ranks, so clipping and the fp16 overflow check (a
@@ -40,6 +44,7 @@
 #include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
 #include "zero/zero/flat_parameters.h"
+#include "zero/zero/stage3.h"
 
 namespace zero::partition {
 
@@ -77,6 +82,18 @@ struct ZeroOptimizerOptions {
 // the host tiers. Pinned buffers that would pass the ledger's pinned-host
 // limit fall back to pageable host memory with a warning.
 
+/// Stage 3: the groups (group 0 first: the always-gathered parameters) and
+/// the layers that use them.
+struct Stage3Layout {
+  std::vector<GroupSpec> groups;
+  std::vector<Stage3Unit> units;
+  Stage3Options options;
+  /// offload_param.device = cpu: the partitions live in host memory (pinned
+  /// when offload_param.pin_memory, within the ledger's pinned limit).
+  bool offload_param = false;
+  bool pin_param = true;
+};
+
 /// What one boundary step did.
 struct StepOutcome {
   bool applied = false;   // false: skipped for non-finite gradients
@@ -90,6 +107,9 @@ class ZeroOptimizer {
   /// `comm` may be null for one process; otherwise it must outlive this object.
   ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                 std::unique_ptr<optim::FlatOptimizer> optimizer, ZeroOptimizerOptions options,
+                MemoryLedger& ledger, Comm* comm);
+  /// Stage 3 (options.stage must be 3).
+  ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOptimizer> optimizer, ZeroOptimizerOptions options,
                 MemoryLedger& ledger, Comm* comm);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
@@ -122,11 +142,16 @@ class ZeroOptimizer {
   /// Seconds this rank waited for gradient reductions after backward (the
   /// part not hidden behind it), since construction.
   double grad_comm_wait_seconds() const { return comm_wait_s_; }
-  /// Seconds this rank waited for the all-gathers of updated parameters.
-  double param_gather_wait_seconds() const { return gather_wait_s_; }
+  /// Seconds this rank waited for the all-gathers of parameters (stage 1-2:
+  /// after the step; stage 3: also before each layer).
+  double param_gather_wait_seconds() const;
+  /// Stage 3's coordinator (null below stage 3).
+  Stage3Coordinator* stage3() { return stage3_.get(); }
+  const Stage3Coordinator* stage3() const { return stage3_.get(); }
 
  private:
   bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
+  void init_states();
   void launch_ready_groups();
   void launch_group(size_t g);
   void finish_reduce_scatter(bool all);
@@ -165,6 +190,7 @@ class ZeroOptimizer {
   std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
   double comm_wait_s_ = 0;
   double gather_wait_s_ = 0;
+  std::unique_ptr<Stage3Coordinator> stage3_;  // after flat_: destroyed before it
 };
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -43,6 +44,21 @@ struct InitOptions {
   /// Cap on page-locked host memory for offloaded states; past it, buffers
   /// fall back to pageable memory with a warning. Default: half of physical memory.
   std::optional<int64_t> pinned_memory_limit_bytes;
+  /// ZeRO stage 3: modules to gather layer by layer besides the children of
+  /// ModuleList and Sequential containers; their forward must run through
+  /// zero::forward / zero::layer_forward (zero/zero/layer.h).
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+};
+
+/// Stage 3's parameter gathering, since initialize (or the last reset).
+struct Stage3Stats {
+  int64_t layers = 0;
+  int64_t live_parameters = 0;       // elements gathered in layers now
+  int64_t peak_live_parameters = 0;  // and at most
+  int64_t gathers = 0;               // all-gathers issued
+  int64_t prefetched_gathers = 0;    // of those, issued ahead of use
+  double gather_wait_s = 0;          // time the training thread waited for them
+  bool trace_valid = false;
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
@@ -117,6 +133,10 @@ class Engine {
   int64_t peak_bytes(Tier tier) const;
   /// Starts new peaks (ledger, and the measured device peak) from current usage.
   void reset_peak_bytes();
+  /// Stage 3's figures; nullopt below stage 3.
+  std::optional<Stage3Stats> stage3_stats() const;
+  /// Starts the live-parameter peak anew.
+  void reset_stage3_peak();
   /// The end-of-run table of memory per tier and kind.
   std::string memory_summary() const;
 

@@ -1,0 +1,150 @@
+// Stage 3's parameter coordinator: gathers each layer's parameters before it
+// runs (forward and backward) and releases them after, with prefetch.
+//
+// NOTE [stage-3 layers]
+// LibTorch modules have no forward hooks, so stage 3 works on layers: modules
+// whose forward runs through zero::layer_forward (zero/zero/layer.h); the
+// engine routes the entries of a Sequential there itself. Parameters are in
+// groups (NOTE [flat layout], one group per layer, NOTE [stage-3 storage]);
+// a layer needs its own group and the groups of any tied parameter it shares
+// with another layer. Group 0 holds the parameters outside every layer and
+// those under stage3_param_persistence_threshold: it is always gathered.
+//
+// Events: pre_forward / post_forward around the layer's forward; pre_backward
+// when the gradient reaches the layer's outputs (an identity autograd Function
+// on them) and post_backward when it has gone through to its inputs (the same
+// on its inputs). A layer whose inputs need no gradient (the first) is
+// released by end_backward().
+//
+// NOTE [stage-3 trace]
+// The events of one micro-step (forward then backward) form the trace. The
+// first micro-step records it; later ones follow it and, at each event, issue
+// the all-gathers of the next layers in the trace ahead of time, at most
+// stage3_prefetch_bucket_size elements in flight and never past
+// stage3_max_live_parameters gathered. After a layer runs, its groups stay
+// gathered when the trace uses them again within stage3_max_reuse_distance
+// elements of other gathers; otherwise they are released. An event that does
+// not match the trace invalidates it: no prefetch or reuse until the
+// micro-step ends, and that micro-step's events become the new trace. Every
+// decision depends on the events only, never on timing, so ranks that run the
+// same layers issue the same collectives in the same order. Each all-gather
+// is paired with a small all-gather of the group's id, so ranks that run
+// different layers fail with both layers' names instead of exchanging the
+// wrong shards (or hanging).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/runtime/comm.h"
+#include "zero/runtime/memory_ledger.h"
+#include "zero/zero/flat_parameters.h"
+
+namespace zero::partition {
+
+struct Stage3Options {
+  int64_t prefetch_bucket_numel = 50000000;  // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1000000000;       // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1000000000;   // stage3_max_reuse_distance
+};
+
+/// One layer: a module whose forward runs through zero::layer_forward.
+struct Stage3Unit {
+  std::string name;            // its name in the model ("blocks.3")
+  const void* module = nullptr;  // the torch::nn::Module, as the registry key
+  std::vector<size_t> groups;  // groups its parameters live in (never group 0)
+};
+
+class Stage3Coordinator {
+ public:
+  /// Registers every unit's module (see find_layer). Gathers group 0.
+  Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units, Stage3Options options,
+                    at::Device device, Comm* comm, MemoryLedger& ledger);
+  ~Stage3Coordinator();
+  Stage3Coordinator(const Stage3Coordinator&) = delete;
+  Stage3Coordinator& operator=(const Stage3Coordinator&) = delete;
+
+  void pre_forward(size_t unit);
+  void post_forward(size_t unit);
+  void pre_backward(size_t unit);
+  void post_backward(size_t unit);
+  /// After autograd's backward: releases every layer and closes the micro-step's trace.
+  void end_backward();
+  /// After an optimizer step changed the partitions: refreshes group 0.
+  void after_step();
+  /// Gathers group g (on every rank), runs fn, and releases it unless in use.
+  void with_gathered(size_t g, const std::function<void()>& fn);
+
+  const std::vector<Stage3Unit>& units() const { return units_; }
+  /// Elements gathered now in layer groups (group 0 not counted), and the peak.
+  int64_t live_numel() const { return live_; }
+  int64_t peak_live_numel() const { return peak_live_; }
+  void reset_peak_live() { peak_live_ = live_; }
+  /// Seconds the training thread waited for all-gathers.
+  double gather_wait_seconds() const { return wait_s_; }
+  int64_t gathers() const { return gathers_; }
+  int64_t prefetched_gathers() const { return prefetched_; }
+  bool trace_valid() const { return trusted_; }
+
+ private:
+  enum class State { kReleased, kInFlight, kGathered };
+  struct Group {
+    State state = State::kReleased;
+    int users = 0;          // layers running now that need it
+    bool guarded = true;    // parameters rebound to empty tensors
+    bool prefetched = false;
+    CommWork work, id_work;
+    at::Tensor send, ids;
+    MemoryLedger::Reservation bytes;
+  };
+  struct Event {
+    size_t unit;
+    bool backward;
+    bool operator==(const Event& o) const { return unit == o.unit && backward == o.backward; }
+  };
+
+  bool traced(const Event& e) const;
+  void on_event(Event e);
+  void acquire(size_t unit, bool traced);
+  void issue(size_t g, bool prefetch);
+  void wait(size_t g);
+  void bind(size_t g);
+  void guard(size_t g);
+  void release(size_t g);
+  void maybe_release(size_t g, bool traced);
+  void make_room(int64_t numel);
+  void prefetch();
+  /// Elements gathered by the trace after the cursor before group g is used
+  /// again; -1 when it is not.
+  int64_t next_use_distance(size_t g) const;
+  int64_t numel(size_t g) const { return params_.groups()[g].padded_numel; }
+
+  FlatParameters& params_;
+  std::vector<Stage3Unit> units_;
+  Stage3Options options_;
+  at::Device device_;
+  Comm* comm_;
+  MemoryLedger& ledger_;
+  int64_t world_size_ = 1;
+  std::vector<Group> groups_;
+  std::vector<Event> trace_, current_;
+  size_t cursor_ = 0;
+  bool trusted_ = false;
+  bool in_backward_ = false;
+  int64_t live_ = 0, peak_live_ = 0;
+  double wait_s_ = 0;
+  int64_t gathers_ = 0, prefetched_ = 0;
+};
+
+/// The coordinator and unit that handle `module`, if it is a stage-3 layer.
+struct LayerHandle {
+  Stage3Coordinator* coordinator = nullptr;
+  size_t unit = 0;
+};
+LayerHandle find_layer(const void* module);
+
+}  // namespace zero::partition

@@ -1,0 +1,307 @@
+#include "zero/zero/stage3.h"
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
+
+namespace zero::partition {
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const void*, LayerHandle>& registry() {
+  static std::unordered_map<const void*, LayerHandle> r;
+  return r;
+}
+
+}  // namespace
+
+LayerHandle find_layer(const void* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(module);
+  return it == registry().end() ? LayerHandle{} : it->second;
+}
+
+Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units,
+                                     Stage3Options options, at::Device device, Comm* comm, MemoryLedger& ledger)
+    : params_(params), units_(std::move(units)), options_(options), device_(device), comm_(comm), ledger_(ledger) {
+  ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
+  if (comm_ != nullptr) world_size_ = comm_->world_size();
+  groups_.resize(params_.groups().size());
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
+      auto [it, fresh] = registry().emplace(units_[u].module, LayerHandle{this, u});
+      if (!fresh) {
+        throw Error(ErrorKind::kConfig, "stage 3: layer " + units_[u].name +
+                                            " is already handled by another engine; one engine per model");
+      }
+    }
+  }
+  issue(0, false);
+  wait(0);
+}
+
+Stage3Coordinator::~Stage3Coordinator() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const auto& u : units_) {
+    auto it = registry().find(u.module);
+    if (it != registry().end() && it->second.coordinator == this) registry().erase(it);
+  }
+}
+
+// Issues group g's all-gather into its full tensor (NOTE [stage-3 storage]).
+void Stage3Coordinator::issue(size_t g, bool prefetch) {
+  auto& grp = groups_[g];
+  ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
+  const auto& info = params_.groups()[g];
+  const at::Tensor& full = params_.full(g);
+  const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
+  grp.bytes = ledger_.reserve(Tier::kDevice, Kind::kParameters, nbytes,
+                              "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
+  set_storage_bytes(full, static_cast<size_t>(nbytes));
+  // offload_param: the partition lives in host memory; the copy to the device is part of the gather.
+  at::Tensor chunk = params_.owned_chunk_of(params_.partition(), g);
+  grp.send = chunk.device() == device_ ? chunk : chunk.to(device_, /*non_blocking=*/true);
+  if (world_size_ == 1 || comm_ == nullptr) {
+    full.copy_(grp.send);
+  } else {
+    auto id_opts = at::TensorOptions().dtype(at::kLong).device(device_);
+    grp.ids = at::empty({world_size_}, id_opts);
+    grp.id_work = comm_->all_gather(grp.ids, at::full({1}, static_cast<int64_t>(g), id_opts));
+    at::Tensor out = full;
+    grp.work = comm_->all_gather(out, grp.send);
+  }
+  grp.state = State::kInFlight;
+  grp.prefetched = prefetch;
+  if (g != 0) {
+    live_ += numel(g);
+    peak_live_ = std::max(peak_live_, live_);
+  }
+  ++gathers_;
+  if (prefetch) ++prefetched_;
+}
+
+void Stage3Coordinator::wait(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state != State::kInFlight) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (grp.id_work.pending()) {
+    grp.id_work.wait();
+    at::Tensor ids = grp.ids.cpu();
+    for (int64_t r = 0; r < ids.numel(); ++r) {
+      const int64_t other = ids[r].item<int64_t>();
+      if (other == static_cast<int64_t>(g)) continue;
+      auto name = [&](int64_t id) {
+        if (id < 0 || id >= static_cast<int64_t>(groups_.size())) return std::string("an unknown layer");
+        return id == 0 ? std::string("the always-gathered parameters") : "layer " + params_.groups()[id].name;
+      };
+      throw Error(ErrorKind::kCommunication,
+                  "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
+                      name(static_cast<int64_t>(g)) + " while rank " + std::to_string(r) + " gathers " + name(other) +
+                      "; every rank must run the same layers in the same order (a branch that depends on "
+                      "each rank's data?)");
+    }
+  }
+  if (grp.work.pending()) grp.work.wait();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  grp.send = at::Tensor();
+  grp.ids = at::Tensor();
+  grp.state = State::kGathered;
+  bind(g);
+}
+
+// Points every parameter of group g at its place in the gathered tensor.
+void Stage3Coordinator::bind(size_t g) {
+  const auto& info = params_.groups()[g];
+  const at::Tensor& full = params_.full(g);
+  const auto& slots = params_.slots();
+  for (size_t s : info.slots) {
+    const auto& slot = slots[s];
+    slot.param.set_data(full.narrow(0, slot.offset - info.begin, slot.numel).view(slot.shape));
+  }
+  groups_[g].guarded = false;
+}
+
+// Rebinds the parameters of a released group to empty tensors.
+void Stage3Coordinator::guard(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.guarded || grp.state != State::kReleased) return;
+  const auto& slots = params_.slots();
+  for (size_t s : params_.groups()[g].slots) slots[s].param.set_data(at::empty({0}, params_.full(g).options()));
+  grp.guarded = true;
+}
+
+void Stage3Coordinator::release(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state == State::kReleased) return;
+  if (grp.state == State::kInFlight) wait(g);  // the collective still writes into it
+  set_storage_bytes(params_.full(g), 0);
+  grp.bytes = MemoryLedger::Reservation();
+  grp.state = State::kReleased;
+  if (g != 0) live_ -= numel(g);
+  // During backward, autograd still checks gradients against the parameters'
+  // shapes: keep them until end_backward.
+  if (!in_backward_) guard(g);
+}
+
+int64_t Stage3Coordinator::next_use_distance(size_t g) const {
+  int64_t dist = 0;
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    const auto& gs = units_[trace_[i].unit].groups;
+    if (std::find(gs.begin(), gs.end(), g) != gs.end()) return dist;
+    for (size_t h : gs) dist += numel(h);
+  }
+  return -1;
+}
+
+void Stage3Coordinator::maybe_release(size_t g, bool traced) {
+  const auto& grp = groups_[g];
+  if (g == 0 || grp.users > 0 || grp.state == State::kReleased) return;
+  if (trusted_ && traced) {
+    const int64_t d = next_use_distance(g);
+    if (d >= 0 && d <= options_.max_reuse_distance) return;  // used again soon: keep
+  }
+  release(g);
+}
+
+// Frees gathered groups that no running layer needs, the furthest next use
+// first, until `numel` more elements fit under max_live_parameters.
+void Stage3Coordinator::make_room(int64_t n) {
+  while (live_ + n > options_.max_live_numel) {
+    size_t victim = 0;
+    int64_t furthest = -2;
+    for (size_t g = 1; g < groups_.size(); ++g) {
+      if (groups_[g].state != State::kGathered || groups_[g].users > 0) continue;
+      int64_t d = trusted_ ? next_use_distance(g) : -1;
+      if (d < 0) d = std::numeric_limits<int64_t>::max();
+      if (d > furthest) {
+        furthest = d;
+        victim = g;
+      }
+    }
+    if (victim == 0) return;  // nothing to free: this layer goes over the limit
+    release(victim);
+  }
+}
+
+// Forward under no_grad (evaluation) is not traced: no backward follows. (Our
+// backward events run with grad mode off, inside autograd's backward.)
+bool Stage3Coordinator::traced(const Event& e) const { return e.backward || at::GradMode::is_enabled(); }
+
+void Stage3Coordinator::on_event(Event e) {
+  if (current_.size() < (1u << 20)) current_.push_back(e);
+  if (!trusted_) return;
+  if (cursor_ < trace_.size() && trace_[cursor_] == e) {
+    ++cursor_;
+    return;
+  }
+  trusted_ = false;
+  log::warning_once("stage3.trace",
+                    "stage 3: the layers ran in a different order than the recorded trace (at " +
+                        std::string(e.backward ? "backward of " : "forward of ") + units_[e.unit].name +
+                        "); prefetch is off until this micro-step's order is recorded");
+}
+
+void Stage3Coordinator::acquire(size_t unit, bool traced) {
+  for (size_t g : units_[unit].groups) {
+    if (groups_[g].state == State::kReleased) {
+      make_room(numel(g));
+      issue(g, false);
+    }
+    ++groups_[g].users;
+  }
+  if (traced) prefetch();  // the next layers' gathers go out before this one's is waited on
+  for (size_t g : units_[unit].groups) wait(g);
+}
+
+void Stage3Coordinator::prefetch() {
+  if (!trusted_) return;
+  int64_t in_flight = 0;
+  for (size_t g = 1; g < groups_.size(); ++g)
+    if (groups_[g].state == State::kInFlight && groups_[g].prefetched) in_flight += numel(g);
+  for (size_t i = cursor_; i < trace_.size() && in_flight < options_.prefetch_bucket_numel; ++i) {
+    for (size_t g : units_[trace_[i].unit].groups) {
+      if (groups_[g].state != State::kReleased) continue;
+      if (live_ + numel(g) > options_.max_live_numel) return;
+      issue(g, true);
+      in_flight += numel(g);
+    }
+  }
+}
+
+void Stage3Coordinator::pre_forward(size_t unit) {
+  const Event e{unit, false};
+  if (traced(e)) on_event(e);
+  acquire(unit, traced(e));
+}
+
+void Stage3Coordinator::post_forward(size_t unit) {
+  const bool t = traced({unit, false});
+  for (size_t g : units_[unit].groups) {
+    --groups_[g].users;
+    maybe_release(g, t);
+  }
+}
+
+void Stage3Coordinator::pre_backward(size_t unit) {
+  in_backward_ = true;
+  on_event({unit, true});
+  acquire(unit, true);
+}
+
+void Stage3Coordinator::post_backward(size_t unit) {
+  for (size_t g : units_[unit].groups) {
+    --groups_[g].users;
+    maybe_release(g, true);
+  }
+}
+
+void Stage3Coordinator::end_backward() {
+  in_backward_ = false;
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    groups_[g].users = 0;
+    release(g);
+    guard(g);
+  }
+  if (!trusted_ && !current_.empty()) {
+    trace_ = std::move(current_);
+    trusted_ = true;
+  }
+  current_.clear();
+  cursor_ = 0;
+}
+
+void Stage3Coordinator::after_step() {
+  release(0);
+  issue(0, false);
+  wait(0);
+}
+
+void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {
+  const bool was_released = groups_[g].state == State::kReleased;
+  if (was_released) issue(g, false);
+  wait(g);
+  ++groups_[g].users;
+  try {
+    fn();
+  } catch (...) {
+    --groups_[g].users;
+    if (was_released) release(g);
+    throw;
+  }
+  --groups_[g].users;
+  if (was_released) release(g);
+}
+
+}  // namespace zero::partition
