@@ -103,6 +103,7 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
   }
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("zero/pg", store);
   c10::intrusive_ptr<c10d::Backend> backend;
+  const bool loopback = is_loopback(env.master_addr);
   try {
     if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
@@ -114,10 +115,7 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
 #endif
     } else {
       auto opts = c10d::ProcessGroupGloo::Options::create(env.timeout);
-      opts->devices.push_back(is_loopback(env.master_addr)
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
-      backend = c10::make_intrusive<c10d::ProcessGroupGloo>(backend_store, env.rank, env.world_size, opts);
+      backend = make_gloo(backend_store, env, loopback);
     }
   } catch (const Error&) {
     throw;
@@ -126,6 +124,33 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
                              " process group failed on rank " + std::to_string(env.rank) + ": " + e.what());
   }
   return std::unique_ptr<Comm>(new Comm(env, store, backend));
+}
+
+// A Gloo group over `store` (CPU tensors), on loopback when the job is local.
+c10::intrusive_ptr<c10d::Backend> Comm::make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
+                                                  bool loopback) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(env.timeout);
+  opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, opts);
+}
+
+std::vector<int64_t> Comm::exchange(int64_t value, const std::string& what) {
+  if (!control_) {
+    // Made on first use, at the same point on every rank: its own connections,
+    // so these small messages never queue behind the data collectives.
+    try {
+      control_ = make_gloo(c10::make_intrusive<c10d::PrefixStore>("zero/control", store_), env_,
+                           is_loopback(env_.master_addr));
+    } catch (const std::exception& e) {
+      throw CommunicationError("creating the control group failed on rank " + std::to_string(env_.rank) + ": " +
+                               e.what());
+    }
+  }
+  at::Tensor in = at::full({1}, value, at::kLong);
+  at::Tensor out = at::empty({env_.world_size}, at::kLong);
+  CommWork(control_->_allgather_base(out, in), what, env_.rank, env_.timeout).wait();
+  return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
 }
 
 CommWork Comm::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t) {

@@ -123,20 +123,30 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
     offset += g.padded_numel;
     groups_.push_back(std::move(g));
   }
-  partition_ = ledger.empty(owned_numel_, dtype, partition_tier == Tier::kDevice ? device : at::Device(at::kCPU),
-                            partition_tier, Kind::kParameters,
-                            "stage-3 parameter partition (" + std::to_string(numel_) + " parameters over " +
-                                std::to_string(world_size) + " ranks)");
+  // Allocate every shard first (this may throw: nothing is changed yet).
+  const at::Device part_device = partition_tier == Tier::kDevice ? device : at::Device(at::kCPU);
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const auto& g = groups_[gi];
+    const at::Tensor& made = specs[gi].chunk;
+    if (made.defined()) {
+      ZERO_CHECK(made.numel() == g.chunk_numel,
+                 "pre-partitioned chunk of " + g.name + " has " + std::to_string(made.numel()) +
+                     " elements; the layout expects " + std::to_string(g.chunk_numel));
+      if (made.scalar_type() == dtype && made.device() == part_device && made.is_contiguous()) {
+        parts_.push_back(made);  // zero::Init's shard, already in the ledger: adopted
+        continue;
+      }
+    }
+    parts_.push_back(ledger.empty(g.chunk_numel, dtype, part_device, partition_tier, Kind::kParameters,
+                                  "stage-3 shard of " + (g.name.empty() ? std::string("group 0") : g.name)));
+  }
   at::NoGradGuard no_grad;
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const auto& g = groups_[gi];
-    at::Tensor chunk = owned_chunk_of(partition_, gi);
+    at::Tensor& chunk = parts_[gi];
     if (specs[gi].chunk.defined()) {
-      ZERO_CHECK(specs[gi].chunk.numel() == g.chunk_numel,
-                 "pre-partitioned chunk of " + g.name + " has " + std::to_string(specs[gi].chunk.numel()) +
-                     " elements; the layout expects " + std::to_string(g.chunk_numel));
-      chunk.copy_(specs[gi].chunk);
+      if (!chunk.is_same(specs[gi].chunk)) chunk.copy_(specs[gi].chunk);
     } else {
       // Every rank holds the whole group here: lay it out, keep this rank's chunk.
       at::Tensor whole = at::zeros({g.padded_numel}, opts);

@@ -71,14 +71,11 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
                               "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
   set_storage_bytes(full, static_cast<size_t>(nbytes));
   // offload_param: the partition lives in host memory; the copy to the device is part of the gather.
-  at::Tensor chunk = params_.owned_chunk_of(params_.partition(), g);
+  const at::Tensor& chunk = params_.part(g);
   grp.send = chunk.device() == device_ ? chunk : chunk.to(device_, /*non_blocking=*/true);
   if (world_size_ == 1 || comm_ == nullptr) {
     full.copy_(grp.send);
   } else {
-    auto id_opts = at::TensorOptions().dtype(at::kLong).device(device_);
-    grp.ids = at::empty({world_size_}, id_opts);
-    grp.id_work = comm_->all_gather(grp.ids, at::full({1}, static_cast<int64_t>(g), id_opts));
     at::Tensor out = full;
     grp.work = comm_->all_gather(out, grp.send);
   }
@@ -96,27 +93,9 @@ void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
   const auto t0 = std::chrono::steady_clock::now();
-  if (grp.id_work.pending()) {
-    grp.id_work.wait();
-    at::Tensor ids = grp.ids.cpu();
-    for (int64_t r = 0; r < ids.numel(); ++r) {
-      const int64_t other = ids[r].item<int64_t>();
-      if (other == static_cast<int64_t>(g)) continue;
-      auto name = [&](int64_t id) {
-        if (id < 0 || id >= static_cast<int64_t>(groups_.size())) return std::string("an unknown layer");
-        return id == 0 ? std::string("the always-gathered parameters") : "layer " + params_.groups()[id].name;
-      };
-      throw Error(ErrorKind::kCommunication,
-                  "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
-                      name(static_cast<int64_t>(g)) + " while rank " + std::to_string(r) + " gathers " + name(other) +
-                      "; every rank must run the same layers in the same order (a branch that depends on "
-                      "each rank's data?)");
-    }
-  }
   if (grp.work.pending()) grp.work.wait();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grp.send = at::Tensor();
-  grp.ids = at::Tensor();
   grp.state = State::kGathered;
   bind(g);
 }
@@ -240,8 +219,32 @@ void Stage3Coordinator::prefetch() {
   }
 }
 
+// Ranks must run the same layers in the same order: each event is compared
+// across ranks (through Comm::exchange, which data in flight does not delay)
+// before it issues any collective, so a rank that runs another layer fails
+// here, naming both, instead of pairing its gathers with the wrong ones.
+void Stage3Coordinator::check_same_event(const Event& e) {
+  if (comm_ == nullptr || world_size_ == 1) return;
+  auto describe = [&](int64_t code) {
+    const int64_t u = code / 2;
+    if (u < 0 || u >= static_cast<int64_t>(units_.size())) return std::string("an unknown layer");
+    return std::string(code % 2 ? "the backward of layer " : "the forward of layer ") + units_[u].name;
+  };
+  const int64_t mine = static_cast<int64_t>(e.unit) * 2 + (e.backward ? 1 : 0);
+  const auto all = comm_->exchange(mine, "stage-3 layer-order check at " + describe(mine));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == mine) continue;
+    throw Error(ErrorKind::kCommunication,
+                "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " runs " +
+                    describe(mine) + " while rank " + std::to_string(r) + " runs " + describe(all[r]) +
+                    "; every rank must run the same layers in the same order (a branch that depends on each "
+                    "rank's data?)");
+  }
+}
+
 void Stage3Coordinator::pre_forward(size_t unit) {
   const Event e{unit, false};
+  check_same_event(e);
   if (traced(e)) on_event(e);
   acquire(unit, traced(e));
 }
@@ -256,6 +259,7 @@ void Stage3Coordinator::post_forward(size_t unit) {
 
 void Stage3Coordinator::pre_backward(size_t unit) {
   in_backward_ = true;
+  check_same_event({unit, true});
   on_event({unit, true});
   acquire(unit, true);
 }

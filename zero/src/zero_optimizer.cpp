@@ -135,17 +135,17 @@ void ZeroOptimizer::init_states() {
   if (flat_->stage3()) {
     // The partition is the fp32 master itself when it is fp32 on the device.
     master_is_param_ = options_.compute_dtype == at::kFloat && !options_.offload_optimizer &&
-                       flat_->partition().device() == options_.device;
+                       flat_->part(0).device() == options_.device;
   } else {
     master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
   }
   if (master_is_param_) {
-    master_ = flat_->stage3() ? flat_->partition() : flat_->flat();
+    if (!flat_->stage3()) master_ = flat_->flat();  // stage 3: the shards themselves (master_chunk)
   } else {
     master_ = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
                            "fp32 master parameters");
     if (flat_->stage3()) {
-      master_.copy_(flat_->partition());
+      for (size_t g = 0; g < flat_->groups().size(); ++g) flat_->owned_chunk_of(master_, g).copy_(flat_->part(g));
     } else {
       const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
       for (size_t g = 0; g < flat_->groups().size(); ++g)
@@ -282,6 +282,11 @@ void ZeroOptimizer::end_backward() {
   if (stage3_) stage3_->end_backward();
 }
 
+at::Tensor ZeroOptimizer::master_chunk(size_t g) const {
+  if (master_is_param_ && flat_->stage3()) return flat_->part(g);
+  return flat_->owned_chunk_of(master_, g);
+}
+
 at::Tensor ZeroOptimizer::owned_grad_chunk(size_t g) const {
   if (options_.stage >= 2) return flat_->owned_chunk_of(owned_grads_, g);
   return flat_->chunk_of(grads_, g, options_.stage == 0 ? 0 : rank_);
@@ -333,14 +338,14 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   std::vector<at::Tensor> sends;
   for (size_t g = 0; g < n_groups; ++g) {
     at::Tensor grads = owned_grad_chunk(g);
-    at::Tensor master = flat_->owned_chunk_of(master_, g);
+    at::Tensor master = master_chunk(g);
     const int64_t n = master.numel();
     // Where the updated values go in the compute dtype: the model's own chunk
     // (one partition), or the buffer this rank's chunk is all-gathered from.
     // The optimizer writes it in the same pass as the update.
     at::Tensor out;
     if (flat_->stage3()) {
-      if (!master_is_param_) out = flat_->owned_chunk_of(flat_->partition(), g);
+      if (!master_is_param_) out = flat_->part(g);
     } else if (!master_is_param_) {
       out = partitioned() ? at::empty({n}, at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
                           : flat_->chunk_of(flat_->flat(), g, 0);
@@ -370,15 +375,16 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   return out;
 }
 
+// In double, group by group (a group at a time bounds the temporary), so two
+// layouts of the same values give the same norm to about 1e-15.
 double ZeroOptimizer::parameter_l2() const {
-  if (!flat_->stage3())
-    return at::linalg_vector_norm(flat_->flat(), 2, c10::nullopt, false, at::kFloat).item<double>();
-  // Stage 3: the partitions' squares summed over ranks (padding is zero).
-  at::Tensor sumsq = at::linalg_vector_norm(flat_->partition(), 2, c10::nullopt, false, at::kFloat)
-                         .to(options_.device, at::kDouble)
-                         .pow(2)
-                         .reshape({1});
-  if (comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();
+  at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  for (size_t g = 0; g < flat_->groups().size(); ++g) {
+    const at::Tensor values = flat_->stage3() ? flat_->part(g) : flat_->group_of(flat_->flat(), g);
+    sumsq.add_(at::linalg_vector_norm(values, 2, c10::nullopt, false, at::kDouble).to(options_.device).pow(2));
+  }
+  // Stage 3: each rank has its shards; padding is zero.
+  if (flat_->stage3() && comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();
   return std::sqrt(sumsq.item<double>());
 }
 

@@ -1,6 +1,10 @@
 #include "zero/runtime/engine.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cmath>
@@ -11,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
+#include <torch/serialize.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -23,7 +28,10 @@
 #include "zero/optim/lr_scheduler.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/log.h"
+#include "engine_util.h"
+#include "init_state.h"
 #include "zero/zero/layer.h"
+#include <c10/util/accumulate.h>
 #include "zero/zero/zero_optimizer.h"
 
 namespace zero {
@@ -33,15 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-torch::Device default_device() {
-  if (torch::cuda::is_available()) {
-    int local_rank = 0;
-    if (const char* v = std::getenv("LOCAL_RANK")) local_rank = std::atoi(v);
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-  }
-  return torch::Device(torch::kCPU);
 }
 
 // Moves every parameter and buffer to `device`, floating ones to `dtype`
@@ -57,13 +56,6 @@ void cast_module(torch::nn::Module& module, torch::Device device, torch::ScalarT
   for (auto& b : module.buffers()) cast(b);
 }
 
-// Pinned memory is bounded by default to half of physical memory, so pinning
-// never starves the host.
-int64_t default_pinned_limit() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
-}
-
 void check_trainable(const config::Config& c) {
   if (!c.optimizer) {
     throw ConfigError({c.source + ": optimizer: expected an optimizer section, e.g. "
@@ -77,6 +69,37 @@ void check_trainable(const config::Config& c) {
   if (c.zero.offload_param.device == config::OffloadDevice::kNvme) {
     throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" is not "
                            "implemented in this build yet; use \"cpu\" or \"none\"");
+  }
+}
+
+// Writes `path` through a temporary file in the same folder, flushed to disk,
+// then renamed over it: a reader sees the old file or the new one, never half.
+void write_file_atomically(const std::string& path, const char* data, size_t size) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw IoError("open " + tmp + " for writing: " + std::strerror(errno) + " (errno " + std::to_string(errno) + ")");
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw IoError("write " + tmp + " at offset " + std::to_string(done) + ": " + std::strerror(err) + " (errno " +
+                    std::to_string(err) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError("flush " + tmp + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError("rename " + tmp + " -> " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
   }
 }
 
@@ -130,18 +153,35 @@ struct Stage3Build {
 };
 
 Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model, const config::Config& c,
-                                const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers) {
+                                const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers,
+                                Init::State* init) {
   LayerScan scan;
   for (const auto& m : extra_layers) scan.extra.insert(m.get());
+  if (init != nullptr)
+    for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
   scan.visit(model, "", nullptr, 0);
   Stage3Build b;
+  auto built_partitioned = [&](const at::Tensor& p) {
+    return init != nullptr && init->partitioned.count(p.unsafeGetTensorImpl()) > 0;
+  };
+  if (init != nullptr) {
+    std::unordered_set<const void*> found;
+    for (const auto& [name, m] : scan.layers) found.insert(m.get());
+    for (const auto& [m, layer] : init->layers) {
+      if (found.count(m) > 0) continue;
+      throw Error(ErrorKind::kConfig,
+                  "a module partitioned by zero::Init (" + std::to_string(layer.params.size()) +
+                      " parameters) is not a layer of the model given to initialize: it must be a child of a "
+                      "ModuleList or Sequential, or be listed in InitOptions::layers");
+    }
+  }
   // Persistent: parameters under the threshold, as long as their sum stays
   // under model_persistence_threshold.
   std::unordered_set<const void*> persistent;
   int64_t persistent_numel = 0;
   for (const auto& item : model->named_parameters(true)) {
     const auto& p = item.value();
-    if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
+    if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0 || built_partitioned(p)) continue;
     if (p.numel() < c.zero.param_persistence_threshold &&
         persistent_numel + p.numel() <= c.zero.model_persistence_threshold) {
       persistent.insert(p.unsafeGetTensorImpl());
@@ -155,11 +195,29 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
     const auto& [name, m] = scan.layers[u];
     partition::GroupSpec spec;
     spec.name = name;
+    if (init != nullptr) {
+      if (auto it = init->layers.find(m.get()); it != init->layers.end()) {
+        // Built under zero::Init: its shard is made; take the parameters in Init's order.
+        auto named = m->named_parameters(true);
+        for (size_t k = 0; k < it->second.params.size(); ++k) {
+          const auto& p = it->second.params[k];
+          std::string pname = name;
+          for (const auto& item : named)
+            if (item.value().unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) pname = join_name(name, item.key());
+          spec.params.emplace_back(pname, p);
+          group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
+          b.layer_params += c10::multiply_integers(it->second.shapes[k]);
+        }
+        spec.chunk = it->second.chunk;
+        spec.shapes = it->second.shapes;
+      }
+    }
     for (const auto& item : m->named_parameters(true)) {
       const auto& p = item.value();
       layer_params[u].emplace_back(join_name(name, item.key()), p);
       if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
-      if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer
+      if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer, or built partitioned
+      ZERO_CHECK(!spec.chunk.defined(), "layer " + name + " mixes partitioned and whole parameters");
       group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
       spec.params.emplace_back(join_name(name, item.key()), p);
       b.layer_params += p.numel();
@@ -210,7 +268,8 @@ struct Engine::Impl {
   DistEnv dist;
   torch::Device device{torch::kCPU};
   torch::ScalarType dtype = torch::kFloat;
-  MemoryLedger ledger;
+  std::shared_ptr<MemoryLedger> ledger_ptr = std::make_shared<MemoryLedger>();
+  MemoryLedger& ledger() const { return *ledger_ptr; }
   std::unique_ptr<partition::ZeroOptimizer> optimizer;
   std::unique_ptr<optim::LrScheduler> scheduler;
   optim::LossScaler scaler;
@@ -308,6 +367,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   auto& s = *impl_;
   ZERO_CHECK(model != nullptr, "initialize needs a model");
   check_trainable(config);
+  Init::State* init = nullptr;
+  if (options.init != nullptr) {
+    auto st = options.init->state();
+    ZERO_CHECK(!st->adopted, "this zero::Init was already given to an engine");
+    st->adopted = true;
+    s.ledger_ptr = st->ledger;  // the shards built under Init are counted there
+    init = st.get();
+  }
   s.model = std::move(model);
   s.config = std::move(config);
   s.options = std::move(options);
@@ -317,7 +384,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                        std::to_string(s.config.world_size) + " but this job has " +
                        std::to_string(s.dist.world_size) + " ranks"});
   }
-  s.device = s.options.device ? *s.options.device : default_device();
+  s.device = s.options.device ? *s.options.device : detail::default_device();
   s.dtype = partition::compute_dtype(s.config);
   if (s.device.is_cpu()) install_counting_cpu_allocator();
   if (s.dist.distributed()) {
@@ -345,11 +412,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.offload_optimizer = s.config.zero.offload_optimizer.device == config::OffloadDevice::kCpu &&
                          s.config.zero.stage >= 1;
   zo.pin_memory = s.config.zero.offload_optimizer.pin_memory;
-  s.ledger.set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
+  s.ledger().set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
                      "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   if (s.config.zero.stage == 3) {
-    auto b = build_stage3_layout(s.model, s.config, s.options.layers);
+    auto b = build_stage3_layout(s.model, s.config, s.options.layers, init);
     if (s.dist.rank == 0) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -360,17 +427,18 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
       log::info(buf);
     }
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
+        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
+    if (init != nullptr) init->layers.clear();  // the shards now live in the partition
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger, s.comm.get());
+        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
   }
   if (s.config.scheduler) {
     s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
                                              s.config.optimizer->betas[0]);
   }
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
-  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger);
+  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger());
   if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
@@ -439,24 +507,24 @@ torch::Device Engine::device() const { return impl_->device; }
 torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
 int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }
 double Engine::parameter_l2() const { return impl_->optimizer->parameter_l2(); }
-MemoryLedger& Engine::ledger() { return impl_->ledger; }
+MemoryLedger& Engine::ledger() { return impl_->ledger(); }
 checkpointing::Checkpointer& Engine::checkpointer() { return *impl_->checkpointer; }
 
 ModelStateBytes Engine::model_state_bytes() const {
-  const auto& l = impl_->ledger;
+  const auto& l = impl_->ledger();
   return {l.current_bytes(Kind::kParameters), l.current_bytes(Kind::kGradients),
           l.current_bytes(Kind::kOptimizerStates)};
 }
 
 ModelStateBytes Engine::model_state_bytes(Tier tier) const {
-  const auto& l = impl_->ledger;
+  const auto& l = impl_->ledger();
   return {l.get(tier, Kind::kParameters).current_bytes, l.get(tier, Kind::kGradients).current_bytes,
           l.get(tier, Kind::kOptimizerStates).current_bytes};
 }
 
 int64_t Engine::peak_bytes(Tier tier) const {
   const auto& s = *impl_;
-  const int64_t ledger_peak = s.ledger.get(tier).peak_bytes;
+  const int64_t ledger_peak = s.ledger().get(tier).peak_bytes;
   if (tier != Tier::kDevice) return ledger_peak;
   if (s.device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
@@ -466,14 +534,39 @@ int64_t Engine::peak_bytes(Tier tier) const {
   // on the host tiers (which also live in CPU memory).
   auto cpu = cpu_allocator_stats();
   if (!cpu.installed) return ledger_peak;
-  const int64_t host = s.ledger.get(Tier::kHost).peak_bytes + s.ledger.get(Tier::kPinnedHost).peak_bytes;
+  const int64_t host = s.ledger().get(Tier::kHost).peak_bytes + s.ledger().get(Tier::kPinnedHost).peak_bytes;
   return std::max<int64_t>(ledger_peak, cpu.peak_bytes - host);
 }
 
 void Engine::reset_peak_bytes() {
-  impl_->ledger.reset_peaks();
+  impl_->ledger().reset_peaks();
   if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
   else reset_cpu_allocator_peak();
+}
+
+void Engine::save_16bit_model(const std::string& path) {
+  auto& s = *impl_;
+  auto* coordinator = s.optimizer->stage3();
+  if (coordinator != nullptr && !s.config.zero.gather_16bit_weights_on_model_save) {
+    throw ConfigError({s.config.source + ": zero_optimization.stage3_gather_16bit_weights_on_model_save: expected "
+                       "true to save whole 16-bit weights at stage 3 (each rank holds only its shards); got false"});
+  }
+  torch::NoGradGuard no_grad;
+  const bool writer = s.dist.rank == 0;
+  c10::Dict<std::string, at::Tensor> dict;
+  const auto& params = s.optimizer->parameters();
+  auto take = [&](size_t g) {
+    if (!writer) return;
+    for (size_t i : params.groups()[g].slots) dict.insert(params.slots()[i].name, params.slots()[i].param.detach().clone().cpu());
+  };
+  for (size_t g = 0; g < params.groups().size(); ++g) {
+    if (coordinator != nullptr) coordinator->with_gathered(g, [&] { take(g); });
+    else take(g);
+  }
+  if (!writer) return;
+  for (const auto& item : s.model->named_buffers(true)) dict.insert(item.key(), item.value().detach().clone().cpu());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_file_atomically(path, bytes.data(), bytes.size());
 }
 
 std::optional<Stage3Stats> Engine::stage3_stats() const {
@@ -496,7 +589,7 @@ void Engine::reset_stage3_peak() {
 
 std::string Engine::memory_summary() const {
   std::ostringstream out;
-  out << "memory by tier and kind (ledger):\n" << impl_->ledger.summary();
+  out << "memory by tier and kind (ledger):\n" << impl_->ledger().summary();
   out << "measured device peak (" << impl_->device.str() << "): "
       << format_bytes(peak_bytes(Tier::kDevice)) << "\n";
   return out.str();
@@ -514,12 +607,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config confi
 Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
                   InitOptions options) {
   if (!options.dist) options.dist = DistEnv::from_environment();
-  config::LoadOptions lo;
-  lo.world_size = options.dist->world_size;
-  lo.auto_values = options.auto_values;
-  const auto first = config.find_first_not_of(" \t\r\n");
-  const bool is_json = first != std::string::npos && config[first] == '{';
-  auto cfg = is_json ? config::load_string(config, lo) : config::load_file(config, lo);
+  auto cfg = detail::load_config(config, options);
   return initialize(std::move(model), std::move(cfg), std::move(options));
 }
 

@@ -5,5 +5,7 @@
 #include "zero/config/config.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/error.h"
+#include "zero/runtime/init.h"
 #include "zero/runtime/log.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/zero/layer.h"

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -74,6 +75,10 @@ class Comm {
   CommWork all_gather(at::Tensor& output, const at::Tensor& input);
   CommWork broadcast(at::Tensor& tensor, int root);
   void barrier();
+  /// Every rank's `value`, by rank, through a separate small-message group
+  /// that data collectives in flight do not delay. Blocking. `what` names the
+  /// exchange in timeout errors.
+  std::vector<int64_t> exchange(int64_t value, const std::string& what);
 
   /// Fails on every rank, with a message naming `what` and the ranks that
   /// differ, unless all ranks pass the same `value` (compared through the store).
@@ -82,10 +87,13 @@ class Comm {
  private:
   Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend);
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
+  static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const DistEnv& env, bool loopback);
 
   DistEnv env_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
+  c10::intrusive_ptr<c10d::Backend> control_;  // made by exchange()
   int64_t check_counter_ = 0;
 };
 

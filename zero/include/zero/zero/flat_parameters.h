@@ -61,7 +61,7 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes);
 
 // NOTE [stage-3 storage]
 // At stage 3 there is no flat buffer of the whole model. Each rank keeps its
-// owned partition (its chunk of every group, in the compute dtype) and each
+// chunk of every group (its shards, in the compute dtype) and each
 // group has a full-size tensor whose storage is empty until the group is
 // gathered (all-gathered into it) and emptied again when it is released. The
 // storage object itself lives on, so views of it that autograd saved during
@@ -91,8 +91,10 @@ class FlatParameters {
 
   /// The whole-model buffer (stages 0-2; undefined at stage 3).
   const at::Tensor& flat() const { return flat_; }
-  /// Stage 3: this rank's chunks of all groups, laid out like the owned partition.
-  const at::Tensor& partition() const { return partition_; }
+  /// Stage 3: this rank's chunk of group g (its shard of the layer), in the
+  /// compute dtype; one tensor per group, so shards made by zero::Init are
+  /// adopted without a copy.
+  const at::Tensor& part(size_t g) const { return parts_[g]; }
   /// Stage 3: group g's full-size tensor (empty storage while released).
   const at::Tensor& full(size_t g) const { return full_[g]; }
   bool stage3() const { return !flat_.defined(); }
@@ -120,7 +122,7 @@ class FlatParameters {
   std::vector<ParamSlot> slots_;
   std::vector<FlatGroup> groups_;
   at::Tensor flat_;
-  at::Tensor partition_;
+  std::vector<at::Tensor> parts_;
   std::vector<at::Tensor> full_;
   int64_t numel_ = 0;
   int64_t owned_numel_ = 0;

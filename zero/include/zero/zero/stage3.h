@@ -27,8 +27,8 @@
 // not match the trace invalidates it: no prefetch or reuse until the
 // micro-step ends, and that micro-step's events become the new trace. Every
 // decision depends on the events only, never on timing, so ranks that run the
-// same layers issue the same collectives in the same order. Each all-gather
-// is paired with a small all-gather of the group's id, so ranks that run
+// same layers issue the same collectives in the same order. Each layer event
+// is compared across ranks before it issues anything, so ranks that run
 // different layers fail with both layers' names instead of exchanging the
 // wrong shards (or hanging).
 #pragma once
@@ -97,8 +97,8 @@ class Stage3Coordinator {
     int users = 0;          // layers running now that need it
     bool guarded = true;    // parameters rebound to empty tensors
     bool prefetched = false;
-    CommWork work, id_work;
-    at::Tensor send, ids;
+    CommWork work;
+    at::Tensor send;
     MemoryLedger::Reservation bytes;
   };
   struct Event {
@@ -108,6 +108,7 @@ class Stage3Coordinator {
   };
 
   bool traced(const Event& e) const;
+  void check_same_event(const Event& e);
   void on_event(Event e);
   void acquire(size_t unit, bool traced);
   void issue(size_t g, bool prefetch);

@@ -156,6 +156,7 @@ class ZeroOptimizer {
   void launch_group(size_t g);
   void finish_reduce_scatter(bool all);
   at::Tensor owned_grad_chunk(size_t g) const;
+  at::Tensor master_chunk(size_t g) const;
   void wait_all();
   at::Tensor take_staging(size_t g);
   void release_staging(size_t g);
@@ -169,7 +170,7 @@ class ZeroOptimizer {
   std::unique_ptr<FlatParameters> flat_;
   at::Tensor grads_;        // stage 0/1: flat, grad_accum_dtype, laid out like flat_
   at::Tensor owned_grads_;  // stage 2: owned partition, grad_accum_dtype
-  at::Tensor master_;       // fp32 owned partition; aliases flat_ for stage 0 fp32
+  at::Tensor master_;       // fp32 owned partition; stage 0 fp32: flat_; stage 3 fp32: undefined (the shards)
   std::vector<at::Tensor> states_;
   bool master_is_param_ = false;
 

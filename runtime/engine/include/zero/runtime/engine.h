@@ -30,6 +30,8 @@
 
 namespace zero {
 
+class Init;
+
 struct InitOptions {
   /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
   config::AutoValues auto_values;
@@ -48,6 +50,8 @@ struct InitOptions {
   /// ModuleList and Sequential containers; their forward must run through
   /// zero::forward / zero::layer_forward (zero/zero/layer.h).
   std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  /// The zero::Init the model was built under (set by initialize(model, init)).
+  Init* init = nullptr;
 };
 
 /// Stage 3's parameter gathering, since initialize (or the last reset).
@@ -133,6 +137,15 @@ class Engine {
   int64_t peak_bytes(Tier tier) const;
   /// Starts new peaks (ledger, and the measured device peak) from current usage.
   void reset_peak_bytes();
+  /// Writes the model's parameters and buffers, in the compute dtype, as a
+  /// state dict that Python's torch.load reads (DeepSpeed's save_16bit_model),
+  /// to `path` on rank 0, atomically (a temporary file, then rename). At stage 3
+  /// this needs zero_optimization.stage3_gather_16bit_weights_on_model_save:
+  /// every rank takes part, the layers are gathered one at a time and only
+  /// rank 0 keeps them. Throws zero::ConfigError without it, zero::IoError
+  /// when the file cannot be written.
+  void save_16bit_model(const std::string& path);
+
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;
   /// Starts the live-parameter peak anew.

@@ -1,0 +1,80 @@
+#include "zero/runtime/init.h"
+
+#include <ATen/ATen.h>
+
+#include "engine_util.h"
+#include "init_state.h"
+#include "zero/runtime/error.h"
+#include "zero/zero/flat_parameters.h"
+#include "zero/zero/zero_optimizer.h"
+
+namespace zero {
+
+Init::Init(const std::string& config, InitOptions options) : state_(std::make_shared<State>()) {
+  auto& s = *state_;
+  if (!options.dist) options.dist = DistEnv::from_environment();
+  s.dist = *options.dist;
+  s.config = detail::load_config(config, options);
+  if (s.config.zero.stage != 3) {
+    throw ConfigError({s.config.source + ": zero_optimization.stage: expected 3 for zero::Init (partitioned "
+                       "construction); got " + std::to_string(s.config.zero.stage)});
+  }
+  s.device = options.device ? *options.device : detail::default_device();
+  s.dtype = partition::compute_dtype(s.config);
+  if (s.device.is_cpu()) install_counting_cpu_allocator();
+  s.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
+                      "InitOptions::pinned_memory_limit_bytes");
+  s.options = std::move(options);
+}
+
+Init::~Init() = default;
+
+MemoryLedger& Init::ledger() { return *state_->ledger; }
+const config::Config& Init::config() const { return state_->config; }
+const InitOptions& Init::options() const { return state_->options; }
+
+// Lays the layer's parameters out as the engine's stage-3 group (NOTE [flat
+// layout]), keeps this rank's chunk and empties the parameters.
+void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
+  auto& s = *state_;
+  ZERO_CHECK(module != nullptr, "Init::partition: no module");
+  ZERO_CHECK(!s.adopted, "Init::partition after initialize: the engine has taken over");
+  if (s.layers.count(module.get()) > 0) return;
+  State::Layer layer;
+  int64_t numel = 0;
+  for (const auto& p : module->parameters(true)) {
+    if (!p.requires_grad() || p.numel() < s.config.zero.param_persistence_threshold) continue;
+    if (!s.partitioned.insert(p.unsafeGetTensorImpl()).second) continue;  // tied to an earlier layer
+    layer.params.push_back(p);
+    layer.shapes.push_back(p.sizes().vec());
+    numel += p.numel();
+  }
+  if (layer.params.empty()) return;
+  const int64_t ws = s.dist.world_size;
+  const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
+  const int64_t chunk_numel = padded / ws;
+  const int64_t begin = s.dist.rank * chunk_numel, end = begin + chunk_numel;
+  const bool offload = s.config.zero.offload_param.device == config::OffloadDevice::kCpu;
+  const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
+  layer.chunk = s.ledger->empty(chunk_numel, s.dtype, offload ? at::Device(at::kCPU) : s.device, tier,
+                                Kind::kParameters, "stage-3 shard of a layer built under zero::Init");
+  layer.chunk.zero_();
+  // Copy the parts of each parameter that fall in [begin, end).
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& p : layer.params) {
+    const int64_t lo = std::max(offset, begin), hi = std::min(offset + p.numel(), end);
+    if (lo < hi) layer.chunk.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
+    offset += p.numel();
+    p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
+  }
+  s.layers.emplace(module.get(), std::move(layer));
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init) {
+  InitOptions options = init.options();
+  options.init = &init;
+  return initialize(std::move(model), init.config(), std::move(options));
+}
+
+}  // namespace zero
