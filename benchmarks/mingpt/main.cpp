@@ -288,7 +288,11 @@ int main(int argc, char** argv) {
                                on_device.parameters, on_device.gradients, on_device.optimizer_states,
                                pinned.parameters + host.parameters, pinned.gradients + host.gradients,
                                pinned.optimizer_states + host.optimizer_states,
-                               engine.stage3_stats() ? engine.stage3_stats()->peak_live_parameters : 0},
+                               engine.stage3_stats() ? engine.stage3_stats()->peak_live_parameters : 0,
+                               // gathered parameters at their peak: what the ledger's parameter peak has
+                               // beyond the shards (nothing is gathered in layers after a step)
+                               engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).peak_bytes -
+                                   engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).current_bytes},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -325,7 +329,8 @@ int main(int argc, char** argv) {
         auto [peaks, states] = figures(row);
         ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states},
                          {"model_state_bytes_by_tier", by_tier(row)},
-                         {"peak_live_parameters", row[13].item<int64_t>()}});
+                         {"peak_live_parameters", row[13].item<int64_t>()},
+                         {"peak_gathered_bytes", row[14].item<int64_t>()}});
       }
       auto [peaks, states] = figures(mine);
       std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());
