@@ -21,6 +21,11 @@ int bench_overlap(const std::vector<std::string>& args);
 /// stream-triad bandwidth, same sizes, one run.
 int bench_adam(const std::vector<std::string>& args);
 
+/// zero bench stage3: ZeRO stage 3 on real ranks with prefetch on and off
+/// (and stage 2 for reference): step time, the time the training thread
+/// waited for parameter gathers, and how many gathers were prefetched.
+int bench_stage3(const std::vector<std::string>& args);
+
 /// zero bench checkpoint: minGPT's activation peak (counting allocator) and
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);
@@ -36,6 +41,9 @@ namespace zero::tools {
 /// `ints` (their defaults) and `--json FILE`. On a bad value or an unknown
 /// option, prints an error naming it (with the nearest option) for `command`
 /// and returns false.
+/// The folder of the running executable (build/bin), where mingpt is too.
+std::string self_dir();
+
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);
 

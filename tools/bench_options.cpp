@@ -1,9 +1,19 @@
+#include <unistd.h>
+
 #include <iostream>
 
 #include "bench.h"
 #include "zero/runtime/text.h"
 
 namespace zero::tools {
+
+std::string self_dir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path) {

@@ -15,14 +15,6 @@
 namespace zero::tools {
 namespace {
 
-std::string self_dir() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  return path.substr(0, path.rfind('/'));
-}
-
 struct Variant {
   const char* label;
   int stage;

@@ -25,6 +25,9 @@ commands:
   bench overlap [--nproc N --n_layer N --n_embd N --batch_size N --steps N --bucket N] [--json FILE]
       minGPT on N ranks: stage 2 step time against stage 0, and the share of
       gradient communication hidden behind backward.
+  bench stage3 [--nproc N --n_layer N --n_embd N --batch_size N --steps N --prefetch N] [--json FILE]
+      minGPT on N ranks at stage 3 with prefetch off and on (and stage 2):
+      step time and the time spent waiting for parameter gathers.
   bench adam [--numel N --steps N] [--json FILE]
       zero's CPU Adam against torch::optim::Adam and the machine's memory
       bandwidth (stream triad), on the same sizes.
@@ -103,9 +106,10 @@ int main(int argc, char** argv) {
   if (args[0] == "bench") {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
+    if (args.size() >= 2 && args[1] == "stage3") return zero::tools::bench_stage3({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine|overlap|checkpoint|adam'");
+    return usage_error("expected 'zero bench engine|overlap|stage3|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   auto near = zero::nearest(args[0], {"config", "bench", "launch"});

@@ -119,6 +119,113 @@ __attribute__((target("avx512f"))) void adam_avx512(float* p, const float* g, fl
   adam_range(p + i, g + i, m + i, v + i, n - i, s);
 }
 
+// Adagrad and Lion: the scalar loops, and the same operations W lanes at a time.
+void adagrad_range(float* __restrict p, const float* __restrict g, float* __restrict sum, int64_t n,
+                   const AdagradScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i];
+    if (s.has_weight_decay) gi = gi + s.weight_decay * p[i];
+    const float si = sum[i] + gi * gi;
+    p[i] = p[i] + s.neg_lr * gi / (std::sqrt(si) + s.eps);
+    sum[i] = si;
+  }
+}
+
+inline float sign_of(float x) { return static_cast<float>((0.0f < x) - (x < 0.0f)); }  // as ATen's sign
+
+void lion_range(float* __restrict p, const float* __restrict g, float* __restrict m, int64_t n,
+                const LionScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    float pi = p[i];
+    if (s.has_decay) pi = pi * s.decay;
+    const float u = sign_of(m[i] * s.beta1 + s.one_minus_beta1 * g[i]);
+    p[i] = pi + s.neg_lr * u;
+    m[i] = m[i] * s.beta2 + s.one_minus_beta2 * g[i];
+  }
+}
+
+__attribute__((target("avx2"))) void adagrad_avx2(float* p, const float* g, float* sum, int64_t n,
+                                                   const AdagradScalars& s) {
+  const __m256 wd = _mm256_set1_ps(s.weight_decay), eps = _mm256_set1_ps(s.eps), lr = _mm256_set1_ps(s.neg_lr);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gi = _mm256_loadu_ps(g + i);
+    const __m256 pi = _mm256_loadu_ps(p + i);
+    if (s.has_weight_decay) gi = _mm256_add_ps(gi, _mm256_mul_ps(wd, pi));
+    const __m256 si = _mm256_add_ps(_mm256_loadu_ps(sum + i), _mm256_mul_ps(gi, gi));
+    const __m256 denom = _mm256_add_ps(_mm256_sqrt_ps(si), eps);
+    _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(lr, gi), denom)));
+    _mm256_storeu_ps(sum + i, si);
+  }
+  adagrad_range(p + i, g + i, sum + i, n - i, s);
+}
+
+__attribute__((target("avx512f"))) void adagrad_avx512(float* p, const float* g, float* sum, int64_t n,
+                                                        const AdagradScalars& s) {
+  const __m512 wd = _mm512_set1_ps(s.weight_decay), eps = _mm512_set1_ps(s.eps), lr = _mm512_set1_ps(s.neg_lr);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 gi = _mm512_loadu_ps(g + i);
+    const __m512 pi = _mm512_loadu_ps(p + i);
+    if (s.has_weight_decay) gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, pi));
+    const __m512 si = _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_mul_ps(gi, gi));
+    const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(si), eps);
+    _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(lr, gi), denom)));
+    _mm512_storeu_ps(sum + i, si);
+  }
+  adagrad_range(p + i, g + i, sum + i, n - i, s);
+}
+
+__attribute__((target("avx2"))) void lion_avx2(float* p, const float* g, float* m, int64_t n, const LionScalars& s) {
+  const __m256 decay = _mm256_set1_ps(s.decay), b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2), lr = _mm256_set1_ps(s.neg_lr);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 pi = _mm256_loadu_ps(p + i);
+    const __m256 gi = _mm256_loadu_ps(g + i), mi = _mm256_loadu_ps(m + i);
+    if (s.has_decay) pi = _mm256_mul_ps(pi, decay);
+    const __m256 c = _mm256_add_ps(_mm256_mul_ps(mi, b1), _mm256_mul_ps(omb1, gi));
+    const __m256 u = _mm256_sub_ps(_mm256_and_ps(_mm256_cmp_ps(zero, c, _CMP_LT_OQ), one),
+                                   _mm256_and_ps(_mm256_cmp_ps(c, zero, _CMP_LT_OQ), one));
+    _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_mul_ps(lr, u)));
+    _mm256_storeu_ps(m + i, _mm256_add_ps(_mm256_mul_ps(mi, b2), _mm256_mul_ps(omb2, gi)));
+  }
+  lion_range(p + i, g + i, m + i, n - i, s);
+}
+
+__attribute__((target("avx512f"))) void lion_avx512(float* p, const float* g, float* m, int64_t n,
+                                                     const LionScalars& s) {
+  const __m512 decay = _mm512_set1_ps(s.decay), b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2), lr = _mm512_set1_ps(s.neg_lr);
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 pi = _mm512_loadu_ps(p + i);
+    const __m512 gi = _mm512_loadu_ps(g + i), mi = _mm512_loadu_ps(m + i);
+    if (s.has_decay) pi = _mm512_mul_ps(pi, decay);
+    const __m512 c = _mm512_add_ps(_mm512_mul_ps(mi, b1), _mm512_mul_ps(omb1, gi));
+    const __m512 pos = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(zero, c, _CMP_LT_OQ), one);
+    const __m512 neg = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), one);
+    _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_mul_ps(lr, _mm512_sub_ps(pos, neg))));
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_mul_ps(mi, b2), _mm512_mul_ps(omb2, gi)));
+  }
+  lion_range(p + i, g + i, m + i, n - i, s);
+}
+
+// Runs block(begin, length) over [0, n) on oneTBB's workers, 32K elements a grain.
+template <typename Block>
+void for_blocks(int64_t n, const Block& block) {
+  constexpr int64_t kGrain = 1 << 15;
+  if (n <= kGrain) {
+    block(0, n);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
+    block(r.begin(), r.end() - r.begin());
+  });
+}
+
 using Kernel = void (*)(float*, const float*, float*, float*, int64_t, const AdamScalars&);
 
 Kernel kernel_for(Isa isa) {
@@ -156,17 +263,28 @@ void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp
   const Kernel kernel = kernel_for(isa);
   // The 16-bit copy is written per block right after its update, while the
   // block's parameters are still in cache: one pass over memory.
-  auto block = [&](int64_t b, int64_t len) {
+  // 32K elements a grain: 512 KiB over the four arrays.
+  for_blocks(n, [&](int64_t b, int64_t len) {
     kernel(param + b, grad + b, exp_avg + b, exp_avg_sq + b, len, s);
     if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + b, low + b, len, low_type);
-  };
-  constexpr int64_t kGrain = 1 << 15;  // 32K elements: 512 KiB over the four arrays
-  if (n <= kGrain) {
-    block(0, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kGrain), [&](const tbb::blocked_range<int64_t>& r) {
-    block(r.begin(), r.end() - r.begin());
+  });
+}
+
+void adagrad_fused_fp32(float* param, const float* grad, float* sum, int64_t n, const AdagradScalars& s, Isa isa,
+                        uint16_t* low, LowPrecision low_type) {
+  auto kernel = isa == Isa::kAvx512 ? &adagrad_avx512 : isa == Isa::kAvx2 ? &adagrad_avx2 : &adagrad_range;
+  for_blocks(n, [&](int64_t b, int64_t len) {
+    kernel(param + b, grad + b, sum + b, len, s);
+    if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + b, low + b, len, low_type);
+  });
+}
+
+void lion_fused_fp32(float* param, const float* grad, float* exp_avg, int64_t n, const LionScalars& s, Isa isa,
+                     uint16_t* low, LowPrecision low_type) {
+  auto kernel = isa == Isa::kAvx512 ? &lion_avx512 : isa == Isa::kAvx2 ? &lion_avx2 : &lion_range;
+  for_blocks(n, [&](int64_t b, int64_t len) {
+    kernel(param + b, grad + b, exp_avg + b, len, s);
+    if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + b, low + b, len, low_type);
   });
 }
 

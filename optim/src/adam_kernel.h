@@ -1,4 +1,5 @@
-// The fused CPU Adam pass over fp32 arrays (internal to optim/).
+// The fused CPU optimizer passes over fp32 arrays (internal to optim/): Adam,
+// Adagrad and Lion.
 // One pass per element: read param, grad, exp_avg, exp_avg_sq; write param,
 // exp_avg, exp_avg_sq. Same order of operations as LibTorch's Adam/AdamW
 // (see flat_adam.cpp), so results agree with torch::optim to rounding.
@@ -41,5 +42,34 @@ const char* to_string(Isa isa);
 void adam_fused_fp32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                      const AdamScalars& s, Isa isa = best_isa(), uint16_t* low = nullptr,
                      LowPrecision low_type = LowPrecision::kNone);
+
+/// Adagrad (torch::optim::Adagrad without lr_decay):
+///   g += weight_decay * p (when has_weight_decay); sum += g * g;
+///   p += neg_lr * g / (sqrt(sum) + eps)
+struct AdagradScalars {
+  float weight_decay;
+  bool has_weight_decay;
+  float eps;
+  float neg_lr;
+};
+
+/// Lion, as DeepSpeed's CPU Lion:
+///   p *= decay (when has_decay); p += neg_lr * sign(m * beta1 + (1 - beta1) * g);
+///   m = m * beta2 + (1 - beta2) * g
+struct LionScalars {
+  float decay;
+  bool has_decay;
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float neg_lr;
+};
+
+/// The same structure as adam_fused_fp32: one pass, the ISA's kernel with a
+/// scalar tail, oneTBB across cores, the optional 16-bit copy in the same pass;
+/// each ISA bit-identical to the scalar loop and to the ATen operations.
+void adagrad_fused_fp32(float* param, const float* grad, float* sum, int64_t n, const AdagradScalars& s,
+                        Isa isa = best_isa(), uint16_t* low = nullptr, LowPrecision low_type = LowPrecision::kNone);
+void lion_fused_fp32(float* param, const float* grad, float* exp_avg, int64_t n, const LionScalars& s,
+                     Isa isa = best_isa(), uint16_t* low = nullptr, LowPrecision low_type = LowPrecision::kNone);
 
 }  // namespace zero::optim::detail

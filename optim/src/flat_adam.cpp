@@ -1,4 +1,5 @@
-// Adam/AdamW, Adagrad and Lion over flat fp32 slices, as ATen operations.
+// Adam/AdamW, Adagrad and Lion over flat fp32 slices: one fused pass on the
+// CPU (adam_kernel.h), ATen operations elsewhere.
 // The order of operations is LibTorch's (torch/csrc/api/src/optim/adamw.cpp),
 // so fp32 results agree with torch::optim to rounding.
 #include <cmath>
@@ -12,13 +13,29 @@
 namespace zero::optim {
 namespace {
 
-// The fused CPU pass applies to contiguous fp32 CPU tensors.
-bool fusable(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& d) {
-  for (const at::Tensor* t : {&a, &b, &c, &d}) {
+// The fused CPU passes apply to contiguous fp32 CPU tensors.
+bool fusable(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
   }
   return true;
 }
+
+// Where a fused pass writes the 16-bit copy: a contiguous fp16/bf16 CPU
+// tensor; otherwise none (the caller copies after the pass).
+struct LowTarget {
+  uint16_t* data = nullptr;
+  detail::LowPrecision type = detail::LowPrecision::kNone;
+};
+LowTarget low_target(at::Tensor* low) {
+  if (low == nullptr || !low->device().is_cpu() || !low->is_contiguous()) return {};
+  if (low->scalar_type() == at::kHalf) return {static_cast<uint16_t*>(low->data_ptr()), detail::LowPrecision::kFp16};
+  if (low->scalar_type() == at::kBFloat16)
+    return {static_cast<uint16_t*>(low->data_ptr()), detail::LowPrecision::kBf16};
+  return {};
+}
+
+float f32(double x) { return static_cast<float>(x); }
 
 class FlatAdam final : public FlatOptimizer {
  public:
@@ -37,22 +54,16 @@ class FlatAdam final : public FlatOptimizer {
     const double beta1 = p.beta1, beta2 = p.beta2, wd = config_.weight_decay;
     const double bc1 = config_.bias_correction ? 1 - std::pow(beta1, p.step) : 1.0;
     const double bc2 = config_.bias_correction ? 1 - std::pow(beta2, p.step) : 1.0;
-    if (fusable(param, grad, exp_avg, exp_avg_sq)) {
-      auto f = [](double x) { return static_cast<float>(x); };
-      const detail::AdamScalars s{f(beta1),           f(1 - beta1),         f(beta2),
-                                  f(1 - beta2),       f(config_.eps),       f(wd),
-                                  f(1 - p.lr * wd),   f(std::sqrt(bc2)),    f(-p.lr / bc1),
+    if (fusable({&param, &grad, &exp_avg, &exp_avg_sq})) {
+      const detail::AdamScalars s{f32(beta1),         f32(1 - beta1),       f32(beta2),
+                                  f32(1 - beta2),     f32(config_.eps),     f32(wd),
+                                  f32(1 - p.lr * wd), f32(std::sqrt(bc2)),  f32(-p.lr / bc1),
                                   decoupled_};
-      const bool fused_low = low != nullptr && low->device().is_cpu() && low->is_contiguous() &&
-                             (low->scalar_type() == at::kHalf || low->scalar_type() == at::kBFloat16);
-      detail::adam_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(),
-                              exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
-                              param.numel(), s, detail::best_isa(),
-                              fused_low ? static_cast<uint16_t*>(low->data_ptr()) : nullptr,
-                              !fused_low ? detail::LowPrecision::kNone
-                              : low->scalar_type() == at::kHalf ? detail::LowPrecision::kFp16
-                                                                : detail::LowPrecision::kBf16);
-      if (low != nullptr && !fused_low) low->copy_(param);
+      const LowTarget out = low_target(low);
+      detail::adam_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                              exp_avg_sq.data_ptr<float>(), param.numel(), s, detail::best_isa(), out.data,
+                              out.type);
+      if (low != nullptr && out.data == nullptr) low->copy_(param);
       return;
     }
     // Any other device or layout: the same math as ATen operations.
@@ -81,6 +92,16 @@ class FlatAdagrad final : public FlatOptimizer {
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Adagrad needs one state");
+    if (fusable({&param, &grad, &states[0]})) {
+      const detail::AdagradScalars s{f32(config_.weight_decay), config_.weight_decay != 0, f32(config_.eps),
+                                     f32(-p.lr)};
+      const LowTarget out = low_target(low);
+      detail::adagrad_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(), states[0].data_ptr<float>(),
+                                 param.numel(), s, detail::best_isa(), out.data, out.type);
+      if (low != nullptr && out.data == nullptr) low->copy_(param);
+      return;
+    }
+    // Any other device or layout: the same math as ATen operations.
     at::Tensor g = config_.weight_decay != 0 ? grad.add(param, config_.weight_decay) : grad;
     states[0].addcmul_(g, g, 1.0);
     param.addcdiv_(g, states[0].sqrt().add_(config_.eps), -p.lr);
@@ -99,6 +120,17 @@ class FlatLion final : public FlatOptimizer {
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Lion needs one state");
     auto& m = states[0];
+    if (fusable({&param, &grad, &m})) {
+      const double decay = 1 - p.lr * config_.weight_decay;
+      const detail::LionScalars s{f32(decay),       config_.weight_decay != 0, f32(p.beta1), f32(1 - p.beta1),
+                                  f32(p.beta2),     f32(1 - p.beta2),          f32(-p.lr)};
+      const LowTarget out = low_target(low);
+      detail::lion_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), param.numel(),
+                              s, detail::best_isa(), out.data, out.type);
+      if (low != nullptr && out.data == nullptr) low->copy_(param);
+      return;
+    }
+    // Any other device or layout: the same math as ATen operations.
     if (config_.weight_decay != 0) param.mul_(1 - p.lr * config_.weight_decay);
     at::Tensor update = m.mul(p.beta1).add_(grad, 1 - p.beta1).sign_();
     param.add_(update, -p.lr);
