@@ -65,6 +65,12 @@ CommWork::~CommWork() {
   }
 }
 
+void CommWork::abandon() {
+  // Kept alive for good: destroying a c10d work that never completes would block.
+  if (work_) new c10::intrusive_ptr<c10d::Work>(std::move(work_));
+  work_.reset();
+}
+
 void CommWork::wait() {
   if (!work_) return;
   auto work = std::move(work_);
@@ -136,6 +142,16 @@ c10::intrusive_ptr<c10d::Backend> Comm::make_gloo(const c10::intrusive_ptr<c10d:
 }
 
 std::vector<int64_t> Comm::exchange(int64_t value, const std::string& what) {
+  Exchange e = start_exchange(value, what);
+  return finish(e);
+}
+
+std::vector<int64_t> Comm::finish(Exchange& e) {
+  e.work.wait();
+  return std::vector<int64_t>(e.out.data_ptr<int64_t>(), e.out.data_ptr<int64_t>() + e.out.numel());
+}
+
+Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
   if (!control_) {
     // Made on first use, at the same point on every rank: its own connections,
     // so these small messages never queue behind the data collectives.
@@ -148,9 +164,10 @@ std::vector<int64_t> Comm::exchange(int64_t value, const std::string& what) {
     }
   }
   at::Tensor in = at::full({1}, value, at::kLong);
-  at::Tensor out = at::empty({env_.world_size}, at::kLong);
-  CommWork(control_->_allgather_base(out, in), what, env_.rank, env_.timeout).wait();
-  return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
+  Exchange e;
+  e.out = at::empty({env_.world_size}, at::kLong);
+  e.work = CommWork(control_->_allgather_base(e.out, in), what, env_.rank, env_.timeout);
+  return e;
 }
 
 CommWork Comm::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t) {

@@ -77,6 +77,9 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
     full.copy_(grp.send);
   } else {
     at::Tensor out = full;
+    // Paired with an exchange of the group's id (NOTE [stage-3 trace]).
+    grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" +
+                                                                   describe(g) + ")");
     grp.work = comm_->all_gather(out, grp.send);
   }
   grp.state = State::kInFlight;
@@ -93,11 +96,33 @@ void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
   const auto t0 = std::chrono::steady_clock::now();
+  if (grp.check.work.pending()) {
+    const auto ids = comm_->finish(grp.check);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      if (ids[r] == static_cast<int64_t>(g)) continue;
+      // This rank's gathers no longer pair with the others': give them all up.
+      for (auto& other : groups_) {
+        other.work.abandon();
+        other.check.work.abandon();
+      }
+      throw Error(ErrorKind::kCommunication,
+                  "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
+                      describe(g) + " while rank " + std::to_string(r) + " gathers " + describe(ids[r]) +
+                      "; every rank must run the same layers in the same order (a branch that depends on each "
+                      "rank's data?)");
+    }
+  }
   if (grp.work.pending()) grp.work.wait();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grp.send = at::Tensor();
   grp.state = State::kGathered;
   bind(g);
+}
+
+std::string Stage3Coordinator::describe(int64_t g) const {
+  if (g < 0 || g >= static_cast<int64_t>(groups_.size())) return "an unknown layer";
+  if (g == 0) return "the always-gathered parameters";
+  return "layer " + params_.groups()[static_cast<size_t>(g)].name;
 }
 
 // Points every parameter of group g at its place in the gathered tensor.
@@ -219,32 +244,8 @@ void Stage3Coordinator::prefetch() {
   }
 }
 
-// Ranks must run the same layers in the same order: each event is compared
-// across ranks (through Comm::exchange, which data in flight does not delay)
-// before it issues any collective, so a rank that runs another layer fails
-// here, naming both, instead of pairing its gathers with the wrong ones.
-void Stage3Coordinator::check_same_event(const Event& e) {
-  if (comm_ == nullptr || world_size_ == 1) return;
-  auto describe = [&](int64_t code) {
-    const int64_t u = code / 2;
-    if (u < 0 || u >= static_cast<int64_t>(units_.size())) return std::string("an unknown layer");
-    return std::string(code % 2 ? "the backward of layer " : "the forward of layer ") + units_[u].name;
-  };
-  const int64_t mine = static_cast<int64_t>(e.unit) * 2 + (e.backward ? 1 : 0);
-  const auto all = comm_->exchange(mine, "stage-3 layer-order check at " + describe(mine));
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == mine) continue;
-    throw Error(ErrorKind::kCommunication,
-                "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " runs " +
-                    describe(mine) + " while rank " + std::to_string(r) + " runs " + describe(all[r]) +
-                    "; every rank must run the same layers in the same order (a branch that depends on each "
-                    "rank's data?)");
-  }
-}
-
 void Stage3Coordinator::pre_forward(size_t unit) {
   const Event e{unit, false};
-  check_same_event(e);
   if (traced(e)) on_event(e);
   acquire(unit, traced(e));
 }
@@ -259,7 +260,6 @@ void Stage3Coordinator::post_forward(size_t unit) {
 
 void Stage3Coordinator::pre_backward(size_t unit) {
   in_backward_ = true;
-  check_same_event({unit, true});
   on_event({unit, true});
   acquire(unit, true);
 }

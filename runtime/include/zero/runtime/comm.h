@@ -42,6 +42,9 @@ class CommWork {
   /// Blocks until done; throws zero::CommunicationError on failure or timeout.
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
+  /// Gives up on the collective without waiting (after an error that makes
+  /// it meaningless): it is never waited for, also not on destruction.
+  void abandon();
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -79,6 +82,14 @@ class Comm {
   /// that data collectives in flight do not delay. Blocking. `what` names the
   /// exchange in timeout errors.
   std::vector<int64_t> exchange(int64_t value, const std::string& what);
+  /// The same, started now and finished later; exchanges pair up in the order
+  /// they are started.
+  struct Exchange {
+    CommWork work;
+    at::Tensor out;
+  };
+  Exchange start_exchange(int64_t value, const std::string& what);
+  std::vector<int64_t> finish(Exchange& exchange);
 
   /// Fails on every rank, with a message naming `what` and the ranks that
   /// differ, unless all ranks pass the same `value` (compared through the store).

@@ -27,10 +27,13 @@
 // not match the trace invalidates it: no prefetch or reuse until the
 // micro-step ends, and that micro-step's events become the new trace. Every
 // decision depends on the events only, never on timing, so ranks that run the
-// same layers issue the same collectives in the same order. Each layer event
-// is compared across ranks before it issues anything, so ranks that run
-// different layers fail with both layers' names instead of exchanging the
-// wrong shards (or hanging).
+// same layers issue the same collectives in the same order. Each all-gather
+// is paired with an exchange of the group's id on a separate small-message
+// group (Comm::start_exchange), checked before the gathered values are used:
+// ranks whose gathers no longer pair up (they run different layers) fail
+// naming both layers, instead of using the wrong shards or hanging. The
+// check needs nothing the gather does not (the peers issuing it), so it adds
+// no lock-step between ranks.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +101,7 @@ class Stage3Coordinator {
     bool guarded = true;    // parameters rebound to empty tensors
     bool prefetched = false;
     CommWork work;
+    Comm::Exchange check;  // the group ids all ranks gather with it
     at::Tensor send;
     MemoryLedger::Reservation bytes;
   };
@@ -108,7 +112,7 @@ class Stage3Coordinator {
   };
 
   bool traced(const Event& e) const;
-  void check_same_event(const Event& e);
+  std::string describe(int64_t g) const;
   void on_event(Event e);
   void acquire(size_t unit, bool traced);
   void issue(size_t g, bool prefetch);
