@@ -8,7 +8,9 @@
 //   }
 //
 // The user keeps calling model->forward; the engine owns the parameters' memory
-// (see NOTE [flat layout]) and the optimizer. Move-only. Not thread-safe: one
+// (see NOTE [flat layout]) and the optimizer. At ZeRO stage 3 the parameters
+// are gathered only while their layer runs (zero/zero/layer.h), and they stay
+// empty once the engine is destroyed: save_16bit_model first. Move-only. Not thread-safe: one
 // training thread drives it.
 #pragma once
 
@@ -119,7 +121,8 @@ class Engine {
   torch::Device device() const;
   torch::ScalarType compute_dtype() const;
   int64_t num_parameters() const;
-  /// L2 norm of all parameters, in fp32.
+  /// L2 norm of all parameters (summed in double). At stage 3 every rank
+  /// holds a shard: this is a collective, to call on every rank.
   double parameter_l2() const;
 
   MemoryLedger& ledger();
