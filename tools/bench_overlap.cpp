@@ -75,7 +75,7 @@ int bench_overlap(const std::vector<std::string>& args) {
   for (size_t i = 0; i < results.size(); ++i)
     std::printf("  %-30s %12.2f %30.2f\n", variants[i].label, step_ms(results[i]), wait_ms(results[i]));
   std::printf("  stage 2 step time / stage 0:            %.3f\n", s2 / s0);
-  std::printf("  gradient communication hidden (stage 2): %.1f%%  (1 - wait after backward with overlap_comm / without)\n",
+  std::printf("  gradient communication hidden (stage 2): %.1f%%  (1 - wait for reductions with overlap_comm / without, where each bucket is waited for as it is reduced)\n",
               100 * hidden);
   if (!json_path.empty()) {
     nlohmann::json j = {{"benchmark", "overlap"},

@@ -1,8 +1,9 @@
 // zero bench stage3: what prefetching stage 3's parameter gathers buys, on
 // real ranks (zero launch): the same minGPT trained with stage 3 with
 // prefetch off (stage3_prefetch_bucket_size 0) and on, both with
-// stage3_max_reuse_distance 0 so every layer is gathered for forward and
-// again for backward, and with stage 2 (parameters whole) for reference.
+// stage3_max_reuse_distance 0 so layers are gathered again for backward (all
+// but the last, whose backward follows its forward at distance 0), and with
+// stage 2 (parameters whole) for reference.
 #include <unistd.h>
 
 #include <cstdint>
@@ -91,10 +92,12 @@ int bench_stage3(const std::vector<std::string>& args) {
     return r.contains("stage3") ? per_step(r, r["stage3"]["prefetched_gathers"].get<double>()) : 0.0;
   };
   const nlohmann::json &s2 = results[0], &off = results[1], &on = results[2];
-  std::printf("zero bench stage3: minGPT %lld parameters, %lld layers, on %lld ranks (Gloo, CPU), micro-batch %lld, "
+  std::printf("zero bench stage3: minGPT %lld parameters, %lld layers, on %lld ranks (%s), micro-batch %lld, "
               "%lld steps, prefetch bucket %lld elements\n",
               static_cast<long long>(s2["num_parameters"].get<int64_t>()), static_cast<long long>(ints["--n_layer"]),
-              static_cast<long long>(ints["--nproc"]), static_cast<long long>(ints["--batch_size"]),
+              static_cast<long long>(ints["--nproc"]),
+              s2.value("device", std::string("cpu")) == "cpu" ? "Gloo, CPU" : "NCCL, GPU",
+              static_cast<long long>(ints["--batch_size"]),
               static_cast<long long>(ints["--steps"]), static_cast<long long>(ints["--prefetch"]));
   std::printf("  %-28s %10s %22s %14s %18s\n", "", "ms/step", "gather wait ms/step", "gathers/step",
               "prefetched/step");

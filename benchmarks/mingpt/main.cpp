@@ -338,6 +338,7 @@ int main(int argc, char** argv) {
           {"world_size", ws},
           {"zero_stage", engine.config().zero.stage},
           {"precision", precision_name(engine.compute_dtype())},
+          {"device", engine.device().str()},
           {"num_parameters", engine.num_parameters()},
           {"steps", engine.global_steps()},
           {"skipped_steps", engine.skipped_steps()},

@@ -66,7 +66,8 @@ struct LionScalars {
 
 /// The same structure as adam_fused_fp32: one pass, the ISA's kernel with a
 /// scalar tail, oneTBB across cores, the optional 16-bit copy in the same pass;
-/// each ISA bit-identical to the scalar loop and to the ATen operations.
+/// each ISA bit-identical to the scalar loop, which matches the ATen
+/// operations to rounding (ATen's vector kernels fuse multiply-adds).
 void adagrad_fused_fp32(float* param, const float* grad, float* sum, int64_t n, const AdagradScalars& s,
                         Isa isa = best_isa(), uint16_t* low = nullptr, LowPrecision low_type = LowPrecision::kNone);
 void lion_fused_fp32(float* param, const float* grad, float* exp_avg, int64_t n, const LionScalars& s,

@@ -1,6 +1,7 @@
 // A small training program for the stage-3 tests (run by stage3_test.cpp
-// through `zero launch`): an MLP of Linear layers, trained on a fixed random
-// regression task, in one of these modes:
+// through `zero launch`): an MLP of Linear layers (each followed by an
+// in-place ReLU), trained on a fixed random regression task, in one of these
+// modes:
 //   plain    the model built whole; the stage comes from the config
 //   init     built under zero::Init (each layer partitioned as it is made),
 //            with a cap on the host tier that the whole model would pass
@@ -69,7 +70,8 @@ torch::nn::Sequential build_mlp(const Args& a, zero::Init* init) {
   for (int64_t i = 0; i < a.layers; ++i) {
     torch::nn::Linear lin(a.dim, a.dim);
     net->push_back(init != nullptr ? init->partition(lin) : lin);
-    net->push_back(torch::nn::Tanh());
+    // In place on a layer's output: stage 3's wrappers must allow it.
+    net->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
   }
   return net;
 }

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -83,6 +84,8 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes) {
     s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
   } else {
     ZERO_CHECK(s->allocator() != nullptr, "storage has no allocator");
+    // The CUDA caching allocator allocates on the current device: make it the storage's.
+    const c10::DeviceGuard guard(s->device());
     s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
   }
   s->set_nbytes(nbytes);
@@ -154,8 +157,9 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
         whole.narrow(0, slots_[s].offset - g.begin, slots_[s].numel).copy_(slots_[s].param.detach().reshape({-1}));
       chunk.copy_(whole.narrow(0, rank * g.chunk_numel, g.chunk_numel));
     }
-    at::Tensor full = at::empty({g.padded_numel}, opts);
-    set_storage_bytes(full, 0);
+    // The group's full-size tensor: its shape now, its memory when gathered.
+    at::Tensor full = at::empty({0}, opts);
+    full.unsafeGetTensorImpl()->set_sizes_contiguous({g.padded_numel});
     full_.push_back(std::move(full));
     for (size_t s : g.slots) slots_[s].param.set_data(at::empty({0}, opts));
   }

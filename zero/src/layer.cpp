@@ -22,12 +22,22 @@ LayerHandle load_handle(AutogradContext* ctx) {
           static_cast<size_t>(ctx->saved_data["unit"].toInt())};
 }
 
+// New tensors on the same memory: returned as they are, autograd would make
+// them views created in a custom Function, which refuse in-place operations
+// (a Sequential with ReLU(inplace) after a layer, say).
+variable_list detached(at::TensorList ts) {
+  variable_list out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.detach());
+  return out;
+}
+
 // Identity on the layer's outputs: its backward runs before the layer's
 // backward, so it gathers the layer again.
 struct PreBackward : torch::autograd::Function<PreBackward> {
   static variable_list forward(AutogradContext* ctx, at::TensorList outputs, LayerHandle h) {
     save_handle(ctx, h);
-    return outputs.vec();
+    return detached(outputs);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto h = load_handle(ctx);
@@ -42,7 +52,7 @@ struct PreBackward : torch::autograd::Function<PreBackward> {
 struct PostBackward : torch::autograd::Function<PostBackward> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, LayerHandle h) {
     save_handle(ctx, h);
-    return inputs.vec();
+    return detached(inputs);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto h = load_handle(ctx);

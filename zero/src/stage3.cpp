@@ -37,19 +37,19 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
   ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
   if (comm_ != nullptr) world_size_ = comm_->world_size();
   groups_.resize(params_.groups().size());
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    for (size_t u = 0; u < units_.size(); ++u) {
-      for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
-      auto [it, fresh] = registry().emplace(units_[u].module, LayerHandle{this, u});
-      if (!fresh) {
-        throw Error(ErrorKind::kConfig, "stage 3: layer " + units_[u].name +
-                                            " is already handled by another engine; one engine per model");
-      }
-    }
-  }
   issue(0, false);
   wait(0);
+  {  // last: a constructor that throws leaves nothing registered
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (const auto& u : units_)
+      if (registry().count(u.module) > 0)
+        throw Error(ErrorKind::kConfig, "stage 3: layer " + u.name +
+                                            " is already handled by another engine; one engine per model");
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
+      registry().emplace(units_[u].module, LayerHandle{this, u});
+    }
+  }
 }
 
 Stage3Coordinator::~Stage3Coordinator() {

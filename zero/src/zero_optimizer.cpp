@@ -191,9 +191,16 @@ void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
   } else {
     grads_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
   }
-  if (reducing_ && ++ready_[slot.group] == static_cast<int64_t>(group.slots.size()) &&
-      options_.overlap_comm) {
-    launch_ready_groups();
+  if (reducing_ && ++ready_[slot.group] == static_cast<int64_t>(group.slots.size())) {
+    if (options_.overlap_comm) {
+      launch_ready_groups();
+    } else if (options_.stage >= 2) {
+      // Without overlap, stages 2 and 3 still reduce each complete bucket now
+      // (and wait for it), as DeepSpeed does: holding them all until the end of
+      // backward would keep a whole-model gradient buffer.
+      launch_ready_groups();
+      finish_reduce_scatter(true);
+    }
   }
 }
 

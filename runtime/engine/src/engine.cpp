@@ -91,8 +91,10 @@ void write_file_atomically(const std::string& path, const char* data, size_t siz
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;
+  if (synced != 0 || closed != 0) {
+    const int err = synced != 0 ? synced : closed;
     ::unlink(tmp.c_str());
     throw IoError("flush " + tmp + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
   }
@@ -100,6 +102,13 @@ void write_file_atomically(const std::string& path, const char* data, size_t siz
     const int err = errno;
     ::unlink(tmp.c_str());
     throw IoError("rename " + tmp + " -> " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  // The rename itself is durable once the folder is flushed.
+  const auto slash = path.rfind('/');
+  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (const int dfd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
   }
 }
 
@@ -160,6 +169,13 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   if (init != nullptr)
     for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
   scan.visit(model, "", nullptr, 0);
+  // Before anything of the model changes: a live engine's layers are its own.
+  for (const auto& [name, m] : scan.layers) {
+    if (partition::find_layer(static_cast<const void*>(m.get())).coordinator != nullptr) {
+      throw Error(ErrorKind::kConfig, "stage 3: layer " + name +
+                                          " belongs to another live engine; one engine per model");
+    }
+  }
   Stage3Build b;
   auto built_partitioned = [&](const at::Tensor& p) {
     return init != nullptr && init->partitioned.count(p.unsafeGetTensorImpl()) > 0;
@@ -553,17 +569,28 @@ void Engine::save_16bit_model(const std::string& path) {
   }
   torch::NoGradGuard no_grad;
   const bool writer = s.dist.rank == 0;
-  c10::Dict<std::string, at::Tensor> dict;
+  // The engine's parameters, a group at a time (gathered at stage 3), by identity.
+  std::unordered_map<const void*, at::Tensor> values;
   const auto& params = s.optimizer->parameters();
   auto take = [&](size_t g) {
     if (!writer) return;
-    for (size_t i : params.groups()[g].slots) dict.insert(params.slots()[i].name, params.slots()[i].param.detach().clone().cpu());
+    for (size_t i : params.groups()[g].slots) {
+      const auto& p = params.slots()[i].param;
+      values[p.unsafeGetTensorImpl()] = p.detach().clone().cpu();
+    }
   };
   for (size_t g = 0; g < params.groups().size(); ++g) {
     if (coordinator != nullptr) coordinator->with_gathered(g, [&] { take(g); });
     else take(g);
   }
   if (!writer) return;
+  // Every name the model has, as its state dict: a tied parameter under each of
+  // its names, frozen parameters (never partitioned) as they are, buffers.
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : s.model->named_parameters(true)) {
+    auto it = values.find(item.value().unsafeGetTensorImpl());
+    dict.insert(item.key(), it != values.end() ? it->second : item.value().detach().clone().cpu());
+  }
   for (const auto& item : s.model->named_buffers(true)) dict.insert(item.key(), item.value().detach().clone().cpu());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
   write_file_atomically(path, bytes.data(), bytes.size());

@@ -1,10 +1,13 @@
 #include "zero/runtime/init.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "engine_util.h"
 #include "init_state.h"
 #include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/zero_optimizer.h"
 
@@ -44,7 +47,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   int64_t numel = 0;
   for (const auto& p : module->parameters(true)) {
     if (!p.requires_grad() || p.numel() < s.config.zero.param_persistence_threshold) continue;
-    if (!s.partitioned.insert(p.unsafeGetTensorImpl()).second) continue;  // tied to an earlier layer
+    if (s.partitioned.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer
+    if (std::find_if(layer.params.begin(), layer.params.end(), [&](const at::Tensor& q) {
+          return q.is_same(p);
+        }) != layer.params.end())
+      continue;  // used twice in this layer
     layer.params.push_back(p);
     layer.shapes.push_back(p.sizes().vec());
     numel += p.numel();
@@ -56,8 +63,15 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   const int64_t begin = s.dist.rank * chunk_numel, end = begin + chunk_numel;
   const bool offload = s.config.zero.offload_param.device == config::OffloadDevice::kCpu;
   const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
-  layer.chunk = s.ledger->empty(chunk_numel, s.dtype, offload ? at::Device(at::kCPU) : s.device, tier,
-                                Kind::kParameters, "stage-3 shard of a layer built under zero::Init");
+  const std::string what = "stage-3 shard of a layer built under zero::Init";
+  const at::Device where = offload ? at::Device(at::kCPU) : s.device;
+  try {
+    layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, tier, Kind::kParameters, what);
+  } catch (const OutOfMemoryError& e) {
+    if (tier != Tier::kPinnedHost) throw;
+    log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
+    layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, Tier::kHost, Kind::kParameters, what);
+  }
   layer.chunk.zero_();
   // Copy the parts of each parameter that fall in [begin, end).
   at::NoGradGuard no_grad;
@@ -67,6 +81,7 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
     if (lo < hi) layer.chunk.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
     offset += p.numel();
     p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
+    s.partitioned.insert(p.unsafeGetTensorImpl());
   }
   s.layers.emplace(module.get(), std::move(layer));
 }

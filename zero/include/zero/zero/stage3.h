@@ -19,8 +19,9 @@
 // NOTE [stage-3 trace]
 // The events of one micro-step (forward then backward) form the trace. The
 // first micro-step records it; later ones follow it and, at each event, issue
-// the all-gathers of the next layers in the trace ahead of time, at most
-// stage3_prefetch_bucket_size elements in flight and never past
+// the all-gathers of the next layers in the trace ahead of time while fewer
+// than stage3_prefetch_bucket_size elements are in flight (the last one may
+// pass it by up to a layer), never past
 // stage3_max_live_parameters gathered. After a layer runs, its groups stay
 // gathered when the trace uses them again within stage3_max_reuse_distance
 // elements of other gathers; otherwise they are released. An event that does
@@ -32,8 +33,9 @@
 // group (Comm::start_exchange), checked before the gathered values are used:
 // ranks whose gathers no longer pair up (they run different layers) fail
 // naming both layers, instead of using the wrong shards or hanging. The
-// check needs nothing the gather does not (the peers issuing it), so it adds
-// no lock-step between ranks.
+// check completes once the peers have issued the same gather, which a Gloo
+// gather needs anyway; with NCCL it adds a host-side wait per gather that the
+// gather itself would not (bounded by the prefetch window when prefetched).
 #pragma once
 
 #include <cstdint>

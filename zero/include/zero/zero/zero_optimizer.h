@@ -57,7 +57,9 @@ struct ZeroOptimizerOptions {
   /// Elements per group (bucket): reduce_bucket_size (stage 1/2 also bounded
   /// by allgather_bucket_size).
   int64_t bucket_numel = 500000000;
-  /// Start collectives during backward; false: all at the end of backward.
+  /// Start collectives during backward while it goes on; false: stages 0-1
+  /// reduce at the end of backward, stages 2-3 reduce each complete bucket
+  /// and wait for it before backward continues.
   bool overlap_comm = true;
   /// Skip the step when gradients are not finite (fp16 always; bf16 when
   /// bf16.check_grad_overflow).
