@@ -26,6 +26,10 @@ int bench_adam(const std::vector<std::string>& args);
 /// waited for parameter gathers, and how many gathers were prefetched.
 int bench_stage3(const std::vector<std::string>& args);
 
+/// zero bench aio: the AIO engine's sequential write and read throughput on
+/// a file under --path, and fio's on the same file and options.
+int bench_aio(const std::vector<std::string>& args);
+
 /// zero bench checkpoint: minGPT's activation peak (counting allocator) and
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);

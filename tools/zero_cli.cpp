@@ -28,6 +28,9 @@ commands:
   bench stage3 [--nproc N --n_layer N --n_embd N --batch_size N --steps N --prefetch N] [--json FILE]
       minGPT on N ranks at stage 3 with prefetch off and on (and stage 2):
       step time and the time spent waiting for parameter gathers.
+  bench aio --path DIR [--size 1GiB --block-size 1MiB --queue-depth N --threads N] [--json FILE]
+      The AIO engine's sequential O_DIRECT write and read throughput on a file
+      in DIR, side by side with fio on the same file and options.
   bench adam [--numel N --steps N] [--json FILE]
       zero's CPU Adam against torch::optim::Adam and the machine's memory
       bandwidth (stream triad), on the same sizes.
@@ -106,10 +109,11 @@ int main(int argc, char** argv) {
   if (args[0] == "bench") {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
+    if (args.size() >= 2 && args[1] == "aio") return zero::tools::bench_aio({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "stage3") return zero::tools::bench_stage3({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine|overlap|stage3|checkpoint|adam'");
+    return usage_error("expected 'zero bench engine|overlap|stage3|aio|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   auto near = zero::nearest(args[0], {"config", "bench", "launch"});

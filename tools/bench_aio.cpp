@@ -1,0 +1,145 @@
+// zero bench aio: the AIO engine's sequential read and write throughput on a
+// file under --path, side by side with fio (io_uring, O_DIRECT) on the same
+// file, block size and queue depth, in one run.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "zero/offload/aio.h"
+#include "zero/runtime/error.h"
+#include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/text.h"
+
+namespace zero::tools {
+namespace {
+
+// "1GiB", "64MiB", "512KiB", "4096": bytes; nullopt when malformed.
+std::optional<int64_t> parse_size(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string unit = s.substr(used);
+  const std::pair<const char*, double> units[] = {{"", 1},          {"B", 1},       {"KiB", 1024.0}, {"MiB", 1048576.0},
+                                                   {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6},    {"GB", 1e9}};
+  for (const auto& [name, mult] : units)
+    if (unit == name && v > 0) return static_cast<int64_t>(v * mult);
+  return std::nullopt;
+}
+
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed.
+double fio_bw(const std::string& file, const std::string& rw, int64_t size, int64_t block, int64_t depth,
+              const std::string& log) {
+  std::ostringstream cmd;
+  cmd << "fio --name=zero-bench --filename=" << file << " --rw=" << rw << " --bs=" << block << " --iodepth=" << depth
+      << " --ioengine=io_uring --direct=1 --size=" << size << " --numjobs=1 --output-format=json > " << log
+      << " 2>&1";
+  if (std::system(cmd.str().c_str()) != 0) return -1;
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto brace = text.find('{');  // fio may print notes before its JSON
+  if (brace == std::string::npos) return -1;
+  auto j = nlohmann::json::parse(text.substr(brace), nullptr, false);
+  if (j.is_discarded()) return -1;
+  return j["jobs"][0][rw]["bw_bytes"].get<double>();
+}
+
+}  // namespace
+
+int bench_aio(const std::vector<std::string>& args) {
+  std::string path, json_path;
+  int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1;
+  const std::vector<std::string> known = {"--path", "--size", "--block-size", "--queue-depth", "--threads", "--json"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
+      const std::string near = nearest(a, known);
+      std::cerr << "zero bench aio: " << a << ": unknown option or missing value"
+                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
+      return 2;
+    }
+    const std::string& v = args[++i];
+    if (a == "--path") path = v;
+    else if (a == "--json") json_path = v;
+    else {
+      auto n = parse_size(v);
+      if (!n) {
+        std::cerr << "zero bench aio: " << a << ": expected a size such as 1GiB, 512KiB or 4096; got \"" << v << "\"\n";
+        return 2;
+      }
+      (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : threads) = *n;
+    }
+  }
+  if (path.empty()) {
+    std::cerr << "zero bench aio: --path DIR is required (a folder on the disk to measure)\n";
+    return 2;
+  }
+  try {
+    const std::string file_path = path + "/zero-bench-aio-" + std::to_string(getpid());
+    offload::AioOptions o;
+    o.block_size = block;
+    o.queue_depth = depth;
+    o.threads = threads;
+    offload::AioEngine engine(o);
+    offload::AlignedBuffer buf(size);
+    std::memset(buf.data(), 0x5a, static_cast<size_t>(buf.size()));
+    auto file = offload::AioFile::open(file_path, true);
+    std::fprintf(stderr, "zero bench aio: %s, %s, block %lld, queue depth %lld, %lld thread(s)%s\n", file_path.c_str(),
+                 format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
+                 static_cast<long long>(threads), file->direct() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
+    const double w = seconds([&] { engine.write(file, buf.data(), size, 0).wait(); });
+    ::fsync(file->buffered_fd());
+    const double r = seconds([&] { engine.read(file, buf.data(), size, 0).wait(); });
+    const double ours_w = size / w, ours_r = size / r;
+    std::fprintf(stderr, "zero bench aio: fio on the same file ...\n");
+    const std::string log = file_path + ".fio.json";
+    ::unlink(file_path.c_str());  // fio writes a fresh file too, as ours did
+    const double fio_w = fio_bw(file_path, "write", size, block, depth, log);
+    const double fio_r = fio_bw(file_path, "read", size, block, depth, log);
+    ::unlink(file_path.c_str());
+    ::unlink(log.c_str());
+    std::printf("zero bench aio: %s sequential, block %lld, queue depth %lld, %lld thread(s)\n",
+                format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
+                static_cast<long long>(threads));
+    std::printf("  %-8s %14s %14s %10s\n", "", "zero GB/s", "fio GB/s", "zero/fio");
+    std::printf("  %-8s %14.3f %14.3f %10.3f\n", "write", ours_w / 1e9, fio_w / 1e9, fio_w > 0 ? ours_w / fio_w : 0.0);
+    std::printf("  %-8s %14.3f %14.3f %10.3f\n", "read", ours_r / 1e9, fio_r / 1e9, fio_r > 0 ? ours_r / fio_r : 0.0);
+    if (fio_w < 0 || fio_r < 0) std::printf("  (fio failed; see its output with the same options)\n");
+    if (!json_path.empty()) {
+      nlohmann::json j = {{"benchmark", "aio"},          {"size_bytes", size},
+                          {"block_size_bytes", block},   {"queue_depth", depth},
+                          {"threads", threads},          {"direct", file->direct()},
+                          {"write_gb_per_s", ours_w / 1e9}, {"read_gb_per_s", ours_r / 1e9},
+                          {"fio_write_gb_per_s", fio_w / 1e9}, {"fio_read_gb_per_s", fio_r / 1e9},
+                          {"ratio_write_vs_fio", fio_w > 0 ? ours_w / fio_w : 0.0},
+                          {"ratio_read_vs_fio", fio_r > 0 ? ours_r / fio_r : 0.0}};
+      std::ofstream(json_path) << j.dump(2) << "\n";
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "zero bench aio: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace zero::tools
