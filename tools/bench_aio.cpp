@@ -19,6 +19,7 @@
 #include "zero/offload/aio.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/progress.h"
 #include "zero/runtime/text.h"
 
 namespace zero::tools {
@@ -68,8 +69,9 @@ double fio_bw(const std::string& file, const std::string& rw, int64_t size, int6
 
 int bench_aio(const std::vector<std::string>& args) {
   std::string path, json_path;
-  int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1;
-  const std::vector<std::string> known = {"--path", "--size", "--block-size", "--queue-depth", "--threads", "--json"};
+  int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1, rounds = 3;
+  const std::vector<std::string> known = {"--path",    "--size",   "--block-size", "--queue-depth",
+                                          "--threads", "--rounds", "--json"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
@@ -87,7 +89,7 @@ int bench_aio(const std::vector<std::string>& args) {
         std::cerr << "zero bench aio: " << a << ": expected a size such as 1GiB, 512KiB or 4096; got \"" << v << "\"\n";
         return 2;
       }
-      (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : threads) = *n;
+      (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : a == "--rounds" ? rounds : threads) = *n;
     }
   }
   if (path.empty()) {
@@ -104,31 +106,64 @@ int bench_aio(const std::vector<std::string>& args) {
     offload::AlignedBuffer buf(size);
     std::memset(buf.data(), 0x5a, static_cast<size_t>(buf.size()));
     auto file = offload::AioFile::open(file_path, true);
+    const bool direct = file->direct();
     std::fprintf(stderr, "zero bench aio: %s, %s, block %lld, queue depth %lld, %lld thread(s)%s\n", file_path.c_str(),
                  format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
-                 static_cast<long long>(threads), file->direct() ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
-    const double w = seconds([&] { engine.write(file, buf.data(), size, 0).wait(); });
-    ::fsync(file->buffered_fd());
-    const double r = seconds([&] { engine.read(file, buf.data(), size, 0).wait(); });
-    const double ours_w = size / w, ours_r = size / r;
-    std::fprintf(stderr, "zero bench aio: fio on the same file ...\n");
+                 static_cast<long long>(threads), direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
+    // Rounds that interleave ours and fio's, so that a disk whose speed drifts
+    // treats both alike; each writes a fresh file. Medians are reported.
     const std::string log = file_path + ".fio.json";
-    ::unlink(file_path.c_str());  // fio writes a fresh file too, as ours did
-    const double fio_w = fio_bw(file_path, "write", size, block, depth, log);
-    const double fio_r = fio_bw(file_path, "read", size, block, depth, log);
+    std::vector<double> ours_w_runs, ours_r_runs, fio_w_runs, fio_r_runs;
+    ProgressLine progress("aio vs fio", rounds, "rounds");
+    for (int64_t round = 0; round < rounds; ++round) {
+      auto ours = [&] {
+        file.reset();
+        ::unlink(file_path.c_str());
+        file = offload::AioFile::open(file_path, true);
+        file->reserve(size);  // as fio lays its file out before writing (fallocate)
+        ours_w_runs.push_back(size / seconds([&] { engine.write(file, buf.data(), size, 0).wait(); }));
+        ::fsync(file->buffered_fd());
+        ours_r_runs.push_back(size / seconds([&] { engine.read(file, buf.data(), size, 0).wait(); }));
+        file.reset();
+      };
+      auto theirs = [&] {
+        ::unlink(file_path.c_str());
+        fio_w_runs.push_back(fio_bw(file_path, "write", size, block, depth, log));
+        fio_r_runs.push_back(fio_bw(file_path, "read", size, block, depth, log));
+      };
+      if (round % 2 == 0) ours(), theirs();  // who goes first alternates
+      else theirs(), ours();
+      progress.update(round + 1, "");
+    }
+    progress.finish("");
     ::unlink(file_path.c_str());
     ::unlink(log.c_str());
-    std::printf("zero bench aio: %s sequential, block %lld, queue depth %lld, %lld thread(s)\n",
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double ours_w = median(ours_w_runs), ours_r = median(ours_r_runs);
+    const double fio_w = median(fio_w_runs), fio_r = median(fio_r_runs);
+    std::printf("zero bench aio: %s sequential, block %lld, queue depth %lld, %lld thread(s), median of %lld "
+                "interleaved rounds\n",
                 format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
-                static_cast<long long>(threads));
+                static_cast<long long>(threads), static_cast<long long>(rounds));
     std::printf("  %-8s %14s %14s %10s\n", "", "zero GB/s", "fio GB/s", "zero/fio");
     std::printf("  %-8s %14.3f %14.3f %10.3f\n", "write", ours_w / 1e9, fio_w / 1e9, fio_w > 0 ? ours_w / fio_w : 0.0);
     std::printf("  %-8s %14.3f %14.3f %10.3f\n", "read", ours_r / 1e9, fio_r / 1e9, fio_r > 0 ? ours_r / fio_r : 0.0);
+    auto list = [](const std::vector<double>& v) {
+      std::string out;
+      for (double x : v) out += (out.empty() ? "" : " ") + std::to_string(x / 1e9).substr(0, 5);
+      return out;
+    };
+    std::printf("  rounds (GB/s): zero write %s | fio write %s | zero read %s | fio read %s\n", list(ours_w_runs).c_str(),
+                list(fio_w_runs).c_str(), list(ours_r_runs).c_str(), list(fio_r_runs).c_str());
     if (fio_w < 0 || fio_r < 0) std::printf("  (fio failed; see its output with the same options)\n");
     if (!json_path.empty()) {
       nlohmann::json j = {{"benchmark", "aio"},          {"size_bytes", size},
                           {"block_size_bytes", block},   {"queue_depth", depth},
-                          {"threads", threads},          {"direct", file->direct()},
+                          {"threads", threads},          {"direct", direct},
+                          {"rounds", rounds},
                           {"write_gb_per_s", ours_w / 1e9}, {"read_gb_per_s", ours_r / 1e9},
                           {"fio_write_gb_per_s", fio_w / 1e9}, {"fio_read_gb_per_s", fio_r / 1e9},
                           {"ratio_write_vs_fio", fio_w > 0 ? ours_w / fio_w : 0.0},

@@ -45,6 +45,14 @@ std::shared_ptr<AioFile> AioFile::open(const std::string& path, bool create, boo
   return f;
 }
 
+void AioFile::reserve(int64_t bytes) {
+  if (bytes <= 0) return;
+  if (::fallocate(buffered_fd_, 0, 0, bytes) == 0) return;
+  const int err = errno;
+  if (err == EOPNOTSUPP || err == ENOSYS) return;
+  throw IoError("reserve " + std::to_string(bytes) + " bytes for " + path_ + ": " + errno_text(err));
+}
+
 AioFile::~AioFile() {
   if (direct_fd_ >= 0) ::close(direct_fd_);
   if (buffered_fd_ >= 0) ::close(buffered_fd_);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -152,6 +153,24 @@ TEST(Aio, InjectedReadErrorSurfacesAndTheEngineGoesOn) {
     EXPECT_NE(std::string(e.what()).find("errno " + std::to_string(EIO)), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(engine.read(file, buf.data(), 1 << 16, 0).wait());
+  ::unlink(path.c_str());
+}
+
+// Reserving space up front fails with the errno when the size cannot be had.
+TEST(Aio, ReserveAllocatesUpFrontAndFailsClearly) {
+  const std::string path = temp_path("reserve");
+  auto file = AioFile::open(path, true);
+  file->reserve(1 << 20);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 20);
+  try {
+    file->reserve(int64_t{1} << 62);  // more than any disk
+    FAIL() << "expected an error";
+  } catch (const zero::IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("errno"), std::string::npos) << e.what();
+  }
   ::unlink(path.c_str());
 }
 

@@ -48,6 +48,12 @@ class AioFile {
   AioFile& operator=(const AioFile&) = delete;
 
   const std::string& path() const { return path_; }
+  /// Allocates the file's first `bytes` on disk now (fallocate), as swap
+  /// files are sized up front: writes then fill allocated blocks instead of
+  /// growing the file, and a full disk fails here, before training. Throws
+  /// zero::IoError naming the path, size and errno (ENOSPC: the disk is full);
+  /// filesystems without fallocate are left to grow as written.
+  void reserve(int64_t bytes);
   /// False when the filesystem refused O_DIRECT (all I/O buffered).
   bool direct() const { return direct_fd_ >= 0; }
   int direct_fd() const { return direct_fd_; }
