@@ -32,35 +32,26 @@ variable_list detached(at::TensorList ts) {
   return out;
 }
 
-// Identity on the layer's outputs: its backward runs before the layer's
-// backward, so it gathers the layer again.
-struct PreBackward : torch::autograd::Function<PreBackward> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList outputs, LayerHandle h) {
+// An identity on a layer's boundary. On its outputs (kPre) its backward runs
+// before the layer's backward, so it gathers the layer again; on its inputs
+// its backward runs once the gradient has gone through the layer, so it
+// releases the layer.
+template <bool kPre>
+struct Boundary : torch::autograd::Function<Boundary<kPre>> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList tensors, LayerHandle h) {
     save_handle(ctx, h);
-    return detached(outputs);
+    return detached(tensors);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto h = load_handle(ctx);
-    h.coordinator->pre_backward(h.unit);
+    if (kPre) h.coordinator->pre_backward(h.unit);
+    else h.coordinator->post_backward(h.unit);
     grads.emplace_back();  // for the handle argument
     return grads;
   }
 };
-
-// Identity on the layer's inputs: its backward runs once the gradient has gone
-// through the layer, so it releases the layer.
-struct PostBackward : torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, LayerHandle h) {
-    save_handle(ctx, h);
-    return detached(inputs);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto h = load_handle(ctx);
-    h.coordinator->post_backward(h.unit);
-    grads.emplace_back();
-    return grads;
-  }
-};
+using PreBackward = Boundary<true>;
+using PostBackward = Boundary<false>;
 
 // Applies F to the tensors of `ts` that need a gradient, in place in `ts`.
 template <typename F>
