@@ -69,9 +69,9 @@ double fio_bw(const std::string& file, const std::string& rw, int64_t size, int6
 
 int bench_aio(const std::vector<std::string>& args) {
   std::string path, json_path;
-  int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1, rounds = 3;
+  int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1, rounds = 3, buffer = 0;
   const std::vector<std::string> known = {"--path",    "--size",   "--block-size", "--queue-depth",
-                                          "--threads", "--rounds", "--json"};
+                                          "--threads", "--rounds", "--buffer",      "--json"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
@@ -89,7 +89,7 @@ int bench_aio(const std::vector<std::string>& args) {
         std::cerr << "zero bench aio: " << a << ": expected a size such as 1GiB, 512KiB or 4096; got \"" << v << "\"\n";
         return 2;
       }
-      (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : a == "--rounds" ? rounds : threads) = *n;
+      (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : a == "--rounds" ? rounds : a == "--buffer" ? buffer : threads) = *n;
     }
   }
   if (path.empty()) {
@@ -103,10 +103,22 @@ int bench_aio(const std::vector<std::string>& args) {
     o.queue_depth = depth;
     o.threads = threads;
     offload::AioEngine engine(o);
-    offload::AlignedBuffer buf(size);
+    // The memory the file is written from and read into: the whole size, or
+    // (--buffer) a smaller buffer cycled through, requests for every slice of
+    // the file in flight at once.
+    if (buffer <= 0 || buffer > size) buffer = size;
+    offload::AlignedBuffer buf(buffer);
     std::memset(buf.data(), 0x5a, static_cast<size_t>(buf.size()));
     auto file = offload::AioFile::open(file_path, true);
     const bool direct = file->direct();
+    auto transfer = [&](bool write) {
+      std::vector<offload::AioHandle> hs;
+      for (int64_t off = 0; off < size; off += buffer) {
+        const int64_t n = std::min(buffer, size - off);
+        hs.push_back(write ? engine.write(file, buf.data(), n, off) : engine.read(file, buf.data(), n, off));
+      }
+      for (auto& h : hs) h.wait();
+    };
     std::fprintf(stderr, "zero bench aio: %s, %s, block %lld, queue depth %lld, %lld thread(s)%s\n", file_path.c_str(),
                  format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
                  static_cast<long long>(threads), direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
@@ -121,9 +133,9 @@ int bench_aio(const std::vector<std::string>& args) {
         ::unlink(file_path.c_str());
         file = offload::AioFile::open(file_path, true);
         file->reserve(size);  // as fio lays its file out before writing (fallocate)
-        ours_w_runs.push_back(size / seconds([&] { engine.write(file, buf.data(), size, 0).wait(); }));
+        ours_w_runs.push_back(size / seconds([&] { transfer(true); }));
         ::fsync(file->buffered_fd());
-        ours_r_runs.push_back(size / seconds([&] { engine.read(file, buf.data(), size, 0).wait(); }));
+        ours_r_runs.push_back(size / seconds([&] { transfer(false); }));
         file.reset();
       };
       auto theirs = [&] {
