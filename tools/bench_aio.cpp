@@ -175,7 +175,7 @@ int bench_aio(const std::vector<std::string>& args) {
       nlohmann::json j = {{"benchmark", "aio"},          {"size_bytes", size},
                           {"block_size_bytes", block},   {"queue_depth", depth},
                           {"threads", threads},          {"direct", direct},
-                          {"rounds", rounds},
+                          {"rounds", rounds},              {"buffer_bytes", buffer},
                           {"write_gb_per_s", ours_w / 1e9}, {"read_gb_per_s", ours_r / 1e9},
                           {"fio_write_gb_per_s", fio_w / 1e9}, {"fio_read_gb_per_s", fio_r / 1e9},
                           {"ratio_write_vs_fio", fio_w > 0 ? ours_w / fio_w : 0.0},
