@@ -26,7 +26,7 @@ std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-std::string write_config(const std::string& name, nlohmann::json zero_section, int world) {
+std::string write_config(const std::string& name, nlohmann::json zero_section) {
   std::system(("mkdir -p " + kWork).c_str());
   const std::string path = kWork + std::to_string(getpid()) + "_" + name + ".json";
   nlohmann::json c = {
@@ -35,7 +35,6 @@ std::string write_config(const std::string& name, nlohmann::json zero_section, i
       {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
       {"zero_optimization", zero_section},
   };
-  (void)world;
   std::ofstream(path) << c.dump(2);
   return path;
 }
@@ -73,9 +72,9 @@ nlohmann::json stage3(nlohmann::json extra = nlohmann::json::object()) {
 // never holds more than a fraction of the model; one step trains, and the
 // initial and trained parameters equal those of the same model built whole.
 TEST(Stage3, PartitionedConstructionUnderAHostCapMatchesTheWholeModel) {
-  const std::string whole = write_config("init_ref", {{"stage", 0}}, 1);
+  const std::string whole = write_config("init_ref", {{"stage", 0}});
   const std::string part = write_config(
-      "init", stage3({{"offload_param", {{"device", "cpu"}, {"pin_memory", false}}}}), 4);
+      "init", stage3({{"offload_param", {{"device", "cpu"}, {"pin_memory", false}}}}));
   const std::string shape = "--layers 8 --dim 256 --steps 2";
   const int64_t full = 8 * (256 * 256 + 256) * 4;
   auto ref = run_worker("init_ref", 1, whole, "--mode plain " + shape);
@@ -93,7 +92,7 @@ TEST(Stage3, PartitionedConstructionUnderAHostCapMatchesTheWholeModel) {
 
 // The same model built whole on 4 ranks does not fit that cap: the cap is real.
 TEST(Stage3, WholeModelOnOneRankPassesTheCap) {
-  const std::string cfg = write_config("nocap", stage3({{"offload_param", {{"device", "cpu"}, {"pin_memory", false}}}}), 1);
+  const std::string cfg = write_config("nocap", stage3({{"offload_param", {{"device", "cpu"}, {"pin_memory", false}}}}));
   const int64_t full = 8 * (256 * 256 + 256) * 4;
   auto got = run_worker("nocap", 1, cfg, "--mode init --layers 8 --dim 256 --steps 1 --cap_bytes " + std::to_string(full / 2));
   EXPECT_NE(got.rc, 0);
@@ -103,8 +102,8 @@ TEST(Stage3, WholeModelOnOneRankPassesTheCap) {
 // A Sequential's entries are layers without any change to the model's code;
 // stage 3 on 2 ranks equals stage 0 on one.
 TEST(Stage3, SequentialLayersMatchOneProcess) {
-  auto ref = run_worker("seq_ref", 1, write_config("seq_ref", {{"stage", 0}}, 1), "--mode plain --steps 6");
-  auto got = run_worker("seq", 2, write_config("seq", stage3(), 2), "--mode plain --steps 6");
+  auto ref = run_worker("seq_ref", 1, write_config("seq_ref", {{"stage", 0}}), "--mode plain --steps 6");
+  auto got = run_worker("seq", 2, write_config("seq", stage3()), "--mode plain --steps 6");
   ASSERT_EQ(got.rc, 0) << got.log;
   EXPECT_LT(rel(got.out["param_l2"].get<double>(), ref.out["param_l2"].get<double>()), 1e-5);
   EXPECT_TRUE(got.out["trace_valid"].get<bool>());
@@ -114,8 +113,8 @@ TEST(Stage3, SequentialLayersMatchOneProcess) {
 // Every rank changes the order of two layers at step 3: the trace is
 // rebuilt (prefetch follows the new order) and training stays exact.
 TEST(Stage3, ChangedLayerOrderRebuildsTheTrace) {
-  auto ref = run_worker("branch_ref", 1, write_config("branch_ref", {{"stage", 0}}, 1), "--mode branch --steps 6");
-  auto got = run_worker("branch", 2, write_config("branch", stage3(), 2), "--mode branch --steps 6");
+  auto ref = run_worker("branch_ref", 1, write_config("branch_ref", {{"stage", 0}}), "--mode branch --steps 6");
+  auto got = run_worker("branch", 2, write_config("branch", stage3()), "--mode branch --steps 6");
   ASSERT_EQ(got.rc, 0) << got.log;
   EXPECT_LT(rel(got.out["param_l2"].get<double>(), ref.out["param_l2"].get<double>()), 1e-5);
   EXPECT_NE(got.log.find("different order than the recorded trace"), std::string::npos) << got.log;
@@ -127,7 +126,7 @@ TEST(Stage3, ChangedLayerOrderRebuildsTheTrace) {
 // every layer prefetched the gathers would still pair up, and the result be right.)
 TEST(Stage3, RanksRunningDifferentLayersFailNamingThem) {
   auto got = run_worker("diverge", 2,
-                        write_config("diverge", stage3({{"stage3_prefetch_bucket_size", 0}, {"stage3_max_reuse_distance", 0}}), 2),
+                        write_config("diverge", stage3({{"stage3_prefetch_bucket_size", 0}, {"stage3_max_reuse_distance", 0}})),
                         "--mode diverge --steps 6");
   EXPECT_NE(got.rc, 0);
   EXPECT_NE(got.log.find("ranks run different layers"), std::string::npos) << got.log;
@@ -138,16 +137,16 @@ TEST(Stage3, RanksRunningDifferentLayersFailNamingThem) {
 // Saving gathers the layers one at a time; rank 0's file holds every
 // parameter, equal (as 16-bit) to what the one-process run trains.
 TEST(Stage3, Save16BitModelNeedsTheConfigKeyAndWritesEveryParameter) {
-  auto refused = run_worker("save_refused", 2, write_config("save_refused", stage3(), 2),
+  auto refused = run_worker("save_refused", 2, write_config("save_refused", stage3()),
                             "--mode save16 --steps 2 --save " + kWork + "refused.pt");
   EXPECT_NE(refused.rc, 0);
   EXPECT_NE(refused.log.find("stage3_gather_16bit_weights_on_model_save"), std::string::npos) << refused.log;
   const std::string path = kWork + std::to_string(getpid()) + "_model.pt";
-  auto got = run_worker("save", 2, write_config("save", stage3({{"stage3_gather_16bit_weights_on_model_save", true}}), 2),
+  auto got = run_worker("save", 2, write_config("save", stage3({{"stage3_gather_16bit_weights_on_model_save", true}})),
                         "--mode save16 --steps 2 --save " + path);
   ASSERT_EQ(got.rc, 0) << got.log;
   // The file is a pickled dict of every parameter (read back by the worker's --mode check).
-  auto check = run_worker("save_check", 1, write_config("save_check", {{"stage", 0}}, 1),
+  auto check = run_worker("save_check", 1, write_config("save_check", {{"stage", 0}}),
                           "--mode load16 --steps 2 --save " + path);
   ASSERT_EQ(check.rc, 0) << check.log;
   EXPECT_EQ(check.out["loaded_tensors"].get<int64_t>(), 8);

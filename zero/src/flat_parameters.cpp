@@ -72,6 +72,18 @@ FlatParameters::FlatParameters(
   }
 }
 
+void copy_chunk_of(const std::vector<at::Tensor>& params, int64_t begin, at::Tensor& chunk) {
+  at::NoGradGuard no_grad;
+  const int64_t end = begin + chunk.numel();
+  chunk.zero_();
+  int64_t offset = 0;
+  for (const auto& p : params) {
+    const int64_t lo = std::max(offset, begin), hi = std::min(offset + p.numel(), end);
+    if (lo < hi) chunk.narrow(0, lo - begin, hi - lo).copy_(p.reshape({-1}).narrow(0, lo - offset, hi - lo));
+    offset += p.numel();
+  }
+}
+
 int64_t FlatParameters::padded_size(int64_t numel, int64_t world_size) {
   const int64_t unit = world_size * kPartitionAlignNumel;
   return std::max<int64_t>(unit, (numel + unit - 1) / unit * unit);
@@ -151,11 +163,10 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
     if (specs[gi].chunk.defined()) {
       if (!chunk.is_same(specs[gi].chunk)) chunk.copy_(specs[gi].chunk);
     } else {
-      // Every rank holds the whole group here: lay it out, keep this rank's chunk.
-      at::Tensor whole = at::zeros({g.padded_numel}, opts);
-      for (size_t s : g.slots)
-        whole.narrow(0, slots_[s].offset - g.begin, slots_[s].numel).copy_(slots_[s].param.detach().reshape({-1}));
-      chunk.copy_(whole.narrow(0, rank * g.chunk_numel, g.chunk_numel));
+      // Every rank holds the whole group here: keep this rank's chunk of it.
+      std::vector<at::Tensor> values;
+      for (size_t s : g.slots) values.push_back(slots_[s].param.detach());
+      copy_chunk_of(values, rank * g.chunk_numel, chunk);
     }
     // The group's full-size tensor: its shape now, its memory when gathered.
     at::Tensor full = at::empty({0}, opts);

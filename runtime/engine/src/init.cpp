@@ -60,7 +60,7 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   const int64_t ws = s.dist.world_size;
   const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
   const int64_t chunk_numel = padded / ws;
-  const int64_t begin = s.dist.rank * chunk_numel, end = begin + chunk_numel;
+  const int64_t begin = s.dist.rank * chunk_numel;
   const bool offload = s.config.zero.offload_param.device == config::OffloadDevice::kCpu;
   const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
   const std::string what = "stage-3 shard of a layer built under zero::Init";
@@ -72,14 +72,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
     log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
     layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, Tier::kHost, Kind::kParameters, what);
   }
-  layer.chunk.zero_();
-  // Copy the parts of each parameter that fall in [begin, end).
+  std::vector<at::Tensor> values;
+  for (const auto& p : layer.params) values.push_back(p.detach());
+  partition::copy_chunk_of(values, begin, layer.chunk);
   at::NoGradGuard no_grad;
-  int64_t offset = 0;
   for (auto& p : layer.params) {
-    const int64_t lo = std::max(offset, begin), hi = std::min(offset + p.numel(), end);
-    if (lo < hi) layer.chunk.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
-    offset += p.numel();
     p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
     s.partitioned.insert(p.unsafeGetTensorImpl());
   }

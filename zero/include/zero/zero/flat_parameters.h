@@ -55,6 +55,11 @@ struct GroupSpec {
   std::vector<std::vector<int64_t>> shapes;  // with `chunk`: the parameters' shapes
 };
 
+/// Fills `chunk` with elements [begin, begin + chunk.numel()) of the
+/// parameters laid end to end (flattened, in order), zeros past their end: a
+/// rank's chunk of a group, without laying out the whole group.
+void copy_chunk_of(const std::vector<at::Tensor>& params, int64_t begin, at::Tensor& chunk);
+
 /// Gives a tensor's storage `nbytes` of fresh memory from its allocator, or
 /// (0) frees it; the tensor's metadata is untouched.
 void set_storage_bytes(const at::Tensor& t, size_t nbytes);
