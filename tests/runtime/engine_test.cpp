@@ -347,3 +347,23 @@ TEST(Engine, NonScalarLossIsRefusedWithItsShape) {
 }
 
 }  // namespace
+
+namespace {
+
+// A stage-3 layer listed in InitOptions::layers that is not part of the model
+// is named in the error, not silently left whole.
+TEST(Engine, Stage3LayerOutsideTheModelIsNamed) {
+  auto model = make_model(7);
+  auto opts = quiet();
+  opts.layers.push_back(torch::nn::Linear(4, 4).ptr());
+  try {
+    zero::initialize(model.ptr(), config_json(R"(, "zero_optimization": {"stage": 3})", 4, 1, 0.0), opts);
+    FAIL() << "expected an error";
+  } catch (const zero::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("InitOptions::layers[0]: expected a submodule of the model"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace

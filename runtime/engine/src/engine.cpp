@@ -169,6 +169,18 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   if (init != nullptr)
     for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
   scan.visit(model, "", nullptr, 0);
+  {  // A listed layer that is not part of the model is a mistake worth naming.
+    std::unordered_set<const torch::nn::Module*> in_model;
+    for (const auto& m : model->modules(/*include_self=*/true)) in_model.insert(m.get());
+    for (size_t i = 0; i < extra_layers.size(); ++i) {
+      if (extra_layers[i] == nullptr || in_model.count(extra_layers[i].get()) == 0) {
+        throw Error(ErrorKind::kConfig, "InitOptions::layers[" + std::to_string(i) +
+                                            "]: expected a submodule of the model given to initialize; got " +
+                                            (extra_layers[i] == nullptr ? std::string("a null module")
+                                                                        : "a " + extra_layers[i]->name() + " outside it"));
+      }
+    }
+  }
   // Before anything of the model changes: a live engine's layers are its own.
   for (const auto& [name, m] : scan.layers) {
     if (partition::find_layer(static_cast<const void*>(m.get())).coordinator != nullptr) {
