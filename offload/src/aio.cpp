@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -128,9 +129,21 @@ std::string describe(const Block& b, const std::string& what) {
 class Worker {
  public:
   Worker(const AioOptions& o) : options_(o) {
-    const int rc = io_uring_queue_init(static_cast<unsigned>(o.queue_depth), &ring_, 0);
-    if (rc < 0) throw IoError("io_uring setup with queue depth " + std::to_string(o.queue_depth) + ": " + errno_text(-rc));
-    thread_ = std::thread([this] { run(); });
+    // The ring is made on the worker's own thread (see setup_ring).
+    std::promise<int> ready;
+    auto setup = ready.get_future();
+    thread_ = std::thread([this, &ready] {
+      const int rc = setup_ring();
+      ready.set_value(rc);
+      if (rc != 0) return;
+      run();
+      io_uring_queue_exit(&ring_);
+    });
+    const int rc = setup.get();
+    if (rc < 0) {
+      thread_.join();
+      throw IoError("io_uring setup with queue depth " + std::to_string(o.queue_depth) + ": " + errno_text(-rc));
+    }
   }
   ~Worker() {
     {
@@ -139,7 +152,6 @@ class Worker {
     }
     cv_.notify_all();
     thread_.join();
-    io_uring_queue_exit(&ring_);
   }
   void push(Block b) {
     {
@@ -150,6 +162,24 @@ class Worker {
   }
 
  private:
+  // Only this thread submits to and reaps from the ring, so the kernel may
+  // defer completion work until the thread asks for completions, instead of
+  // interrupting it for each one (SINGLE_ISSUER | DEFER_TASKRUN, as fio does;
+  // on this project's virtual disk, writes went from 0.65-0.72 of fio's
+  // throughput to 0.81).
+  // Older kernels refuse the flags: then COOP_TASKRUN alone, then none.
+  int setup_ring() {
+    const unsigned depth = static_cast<unsigned>(options_.queue_depth);
+    const unsigned tries[] = {IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+                              IORING_SETUP_COOP_TASKRUN, 0};
+    int rc = -EINVAL;
+    for (unsigned flags : tries) {
+      rc = io_uring_queue_init(depth, &ring_, flags);
+      if (rc != -EINVAL) break;
+    }
+    return rc;
+  }
+
   void run() {
     std::vector<Block*> slots(static_cast<size_t>(options_.queue_depth), nullptr);
     std::vector<Block> flight(static_cast<size_t>(options_.queue_depth));
@@ -186,10 +216,11 @@ class Worker {
           if (options_.single_submit) io_uring_submit(&ring_);
         }
       }
-      if (queued > 0 && !options_.single_submit) io_uring_submit(&ring_);
       if (in_flight == 0) continue;
-      // Reap: one at least (overlap_events), or all in flight.
+      // Reap: one at least (overlap_events), or all in flight. The batch is
+      // submitted in the same system call that waits for the first.
       const int64_t want = options_.overlap_events ? 1 : in_flight;
+      if (queued > 0 && !options_.single_submit) io_uring_submit_and_wait(&ring_, 1);
       for (int64_t got = 0; got < want;) {
         io_uring_cqe* cqe = nullptr;
         const int rc = io_uring_wait_cqe(&ring_, &cqe);
