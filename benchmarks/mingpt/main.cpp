@@ -364,6 +364,12 @@ int main(int argc, char** argv) {
                              {"gather_wait_s", st->gather_wait_s},
                              {"trace_valid", st->trace_valid}};
       }
+      if (auto nv = engine.nvme_stats()) {
+        summary["nvme"] = {{"file_bytes", nv->file_bytes},       {"buffer_bytes", nv->buffer_bytes},
+                           {"bytes_read", nv->bytes_read},       {"bytes_written", nv->bytes_written},
+                           {"read_wait_s", nv->read_wait_s},     {"write_wait_s", nv->write_wait_s},
+                           {"optimizer_step_s", nv->step_s}};
+      }
       const std::string tmp = args.summary_json + ".tmp";
       {
         std::ofstream out(tmp);

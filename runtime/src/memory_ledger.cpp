@@ -35,18 +35,6 @@ const char* to_string(Kind kind) {
   return "?";
 }
 
-std::string format_bytes(int64_t nbytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(nbytes);
-  int u = 0;
-  while (std::abs(v) >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
 
 struct MemoryLedger::Shared {
   mutable std::mutex mu;

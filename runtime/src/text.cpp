@@ -1,6 +1,8 @@
 #include "zero/runtime/text.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace zero {
 
@@ -29,6 +31,19 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
     }
   }
   return best;
+}
+
+std::string format_bytes(int64_t nbytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(nbytes);
+  int u = 0;
+  while (std::abs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
 }
 
 }  // namespace zero

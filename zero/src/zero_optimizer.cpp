@@ -88,6 +88,7 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
   const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
   flat_ = std::make_unique<FlatParameters>(named_params, options_.compute_dtype, options_.device,
                                            layout_ws, options_.bucket_numel, ledger);
+  if (options_.nvme) options_.offload_optimizer = true;
   ZERO_CHECK(!options_.offload_optimizer || options_.stage >= 1, "optimizer offload needs stage 1 or more");
   init_states();
 }
@@ -101,6 +102,7 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     world_size_ = comm_->world_size();
     rank_ = comm_->rank();
   }
+  if (options_.nvme) options_.offload_optimizer = true;
   const Tier tier = !layout.offload_param ? Tier::kDevice : layout.pin_param ? Tier::kPinnedHost : Tier::kHost;
   try {
     flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
@@ -139,7 +141,9 @@ void ZeroOptimizer::init_states() {
   } else {
     master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
   }
-  if (master_is_param_) {
+  if (options_.nvme) {
+    init_swapped_states();
+  } else if (master_is_param_) {
     if (!flat_->stage3()) master_ = flat_->flat();  // stage 3: the shards themselves (master_chunk)
   } else {
     master_ = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
@@ -152,7 +156,7 @@ void ZeroOptimizer::init_states() {
         flat_->owned_chunk_of(master_, g).copy_(flat_->chunk_of(flat_->flat(), g, layout_rank));
     }
   }
-  for (int i = 0; i < optimizer_->num_states(); ++i) {
+  for (int i = 0; i < optimizer_->num_states() && !options_.nvme; ++i) {
     auto s = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
                           "optimizer state " + optimizer_->state_names()[i]);
     s.zero_();
@@ -166,6 +170,26 @@ void ZeroOptimizer::init_states() {
     torch::autograd::impl::set_post_acc_grad_hooks(slots[i].param,
                                                    std::make_unique<GradReadyHook>(this, i));
   }
+}
+
+// The master starts as this rank's chunk of the parameters and the states as
+// zeros, written to the swap files one sub-group at a time.
+void ZeroOptimizer::init_swapped_states() {
+  std::vector<int64_t> numels;
+  for (const auto& g : flat_->groups()) numels.push_back(g.chunk_numel);
+  const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
+  for (size_t g = 0; g < numels.size(); ++g)
+    for (int64_t start = 0; start < numels[g]; start += size) sub_groups_.emplace_back(g, start);
+  std::vector<std::string> names{"fp32_master"};
+  for (const auto& n : optimizer_->state_names()) names.push_back(n);
+  swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), names, *options_.nvme, ledger_);
+  const int64_t layout_rank = options_.stage == 0 || world_size_ == 1 ? 0 : rank_;
+  swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
+    const auto [g, start] = sub_groups_[k];
+    const at::Tensor chunk = flat_->stage3() ? flat_->part(g) : flat_->chunk_of(flat_->flat(), g, layout_rank);
+    t[0].copy_(chunk.narrow(0, start, t[0].numel()));
+    for (size_t i = 1; i < t.size(); ++i) t[i].zero_();
+  });
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
@@ -340,39 +364,50 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     const double ratio = (out.grad_norm + 1e-6) / clip;
     if (ratio > 1) combined *= ratio;
   }
-  const int64_t chunk = std::max<int64_t>(1, options_.sub_group_size);
-  std::vector<CommWork> gathers;
-  std::vector<at::Tensor> sends;
-  for (size_t g = 0; g < n_groups; ++g) {
-    at::Tensor grads = owned_grad_chunk(g);
-    at::Tensor master = master_chunk(g);
-    const int64_t n = master.numel();
-    // Where the updated values go in the compute dtype: the model's own chunk
-    // (one partition), or the buffer this rank's chunk is all-gathered from.
-    // The optimizer writes it in the same pass as the update.
-    at::Tensor out;
+  // Where the updated values go in the compute dtype: the model's own chunk
+  // (one partition), or the buffer this rank's chunk is all-gathered from.
+  // The optimizer writes it in the same pass as the update.
+  std::vector<at::Tensor> outs(n_groups);
+  for (size_t g = 0; g < n_groups && !master_is_param_; ++g) {
     if (flat_->stage3()) {
-      if (!master_is_param_) out = flat_->part(g);
-    } else if (!master_is_param_) {
-      out = partitioned() ? at::empty({n}, at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
-                          : flat_->chunk_of(flat_->flat(), g, 0);
+      outs[g] = flat_->part(g);
+    } else {
+      outs[g] = partitioned() ? at::empty({flat_->groups()[g].chunk_numel},
+                                          at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
+                              : flat_->chunk_of(flat_->flat(), g, 0);
     }
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t len = std::min(chunk, n - start);
-      at::Tensor gs = grads.narrow(0, start, len);
-      // Offloaded at stage 1 this is the device-to-host copy of the owned chunk.
-      at::Tensor g32 = gs.to(master.device(), at::kFloat);
-      if (combined != 1.0) g32.mul_(1.0 / combined);
-      at::Tensor m = master.narrow(0, start, len);
-      std::vector<at::Tensor> s;
-      for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
-      at::Tensor low = out.defined() ? out.narrow(0, start, len) : at::Tensor();
-      optimizer_->update(params, m, g32, s, out.defined() ? &low : nullptr);
-    }
-    if (partitioned() && !flat_->stage3()) {
-      sends.push_back(out);
-      at::Tensor range = flat_->group_of(flat_->flat(), g);
-      gathers.push_back(comm_->all_gather(range, sends.back()));
+  }
+  // Elements [start, start + m.numel()) of group g's chunk.
+  auto update = [&](size_t g, int64_t start, at::Tensor m, std::vector<at::Tensor> s) {
+    // Offloaded at stage 1 this is the device-to-host copy of the owned chunk.
+    at::Tensor g32 = owned_grad_chunk(g).narrow(0, start, m.numel()).to(m.device(), at::kFloat);
+    if (combined != 1.0) g32.mul_(1.0 / combined);
+    at::Tensor low = outs[g].defined() ? outs[g].narrow(0, start, m.numel()) : at::Tensor();
+    optimizer_->update(params, m, g32, s, outs[g].defined() ? &low : nullptr);
+  };
+  std::vector<CommWork> gathers;
+  auto group_done = [&](size_t g) {
+    if (!partitioned() || flat_->stage3()) return;
+    at::Tensor range = flat_->group_of(flat_->flat(), g);
+    gathers.push_back(comm_->all_gather(range, outs[g]));
+  };
+  if (swapper_) {
+    swapper_->pass(/*read=*/true, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
+      const auto [g, start] = sub_groups_[k];
+      update(g, start, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
+      if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].first != g) group_done(g);
+    });
+  } else {
+    const int64_t chunk = std::max<int64_t>(1, options_.sub_group_size);
+    for (size_t g = 0; g < n_groups; ++g) {
+      at::Tensor master = master_chunk(g);
+      for (int64_t start = 0; start < master.numel(); start += chunk) {
+        const int64_t len = std::min(chunk, master.numel() - start);
+        std::vector<at::Tensor> s;
+        for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
+        update(g, start, master.narrow(0, start, len), std::move(s));
+      }
+      group_done(g);
     }
   }
   for (auto& w : gathers) timed_wait(w, gather_wait_s_);

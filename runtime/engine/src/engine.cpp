@@ -62,14 +62,20 @@ void check_trainable(const config::Config& c) {
                        "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
                        "optimizer from the config (client optimizers are not supported)"});
   }
-  if (c.zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
-    throw UnsupportedError(c.source + ": zero_optimization.offload_optimizer.device: \"nvme\" is not "
-                           "implemented in this build yet; use \"cpu\" or \"none\"");
-  }
   if (c.zero.offload_param.device == config::OffloadDevice::kNvme) {
     throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" is not "
                            "implemented in this build yet; use \"cpu\" or \"none\"");
   }
+}
+
+offload::AioOptions aio_options(const config::AioConfig& a) {
+  offload::AioOptions o;
+  o.block_size = a.block_size;
+  o.queue_depth = a.queue_depth;
+  o.threads = a.intra_op_parallelism;
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
 }
 
 // Writes `path` through a temporary file in the same folder, flushed to disk,
@@ -437,9 +443,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.device = s.device;
   zo.sub_group_size = s.config.zero.sub_group_size;
   // DeepSpeed offloads the optimizer at stages 1-3 only (the config warns at stage 0).
-  zo.offload_optimizer = s.config.zero.offload_optimizer.device == config::OffloadDevice::kCpu &&
-                         s.config.zero.stage >= 1;
-  zo.pin_memory = s.config.zero.offload_optimizer.pin_memory;
+  const auto& oo = s.config.zero.offload_optimizer;
+  zo.offload_optimizer = oo.device != config::OffloadDevice::kNone && s.config.zero.stage >= 1;
+  zo.pin_memory = oo.pin_memory;
+  if (zo.offload_optimizer && oo.device == config::OffloadDevice::kNvme) {
+    partition::SwapOptions so;
+    so.nvme_path = oo.nvme_path;
+    so.buffer_count = oo.buffer_count;
+    so.pipeline_read = oo.pipeline_read;
+    so.pipeline_write = oo.pipeline_write;
+    so.aio = aio_options(s.config.aio);
+    so.tag = "rank" + std::to_string(s.dist.rank);
+    zo.nvme = so;
+  }
   s.ledger().set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
                      "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
@@ -620,6 +636,14 @@ std::optional<Stage3Stats> Engine::stage3_stats() const {
   st.gather_wait_s = c->gather_wait_seconds();
   st.trace_valid = c->trace_valid();
   return st;
+}
+
+std::optional<NvmeStats> Engine::nvme_stats() const {
+  const auto* sw = impl_->optimizer->swapper();
+  if (sw == nullptr) return std::nullopt;
+  const auto& x = sw->stats();
+  return NvmeStats{sw->file_bytes(), sw->buffer_bytes(), x.bytes_read, x.bytes_written,
+                   x.read_wait_s,    x.write_wait_s,     x.pass_s};
 }
 
 void Engine::reset_stage3_peak() {

@@ -19,6 +19,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "zero/runtime/text.h"  // format_bytes
+
 namespace zero {
 
 enum class Tier { kDevice = 0, kPinnedHost, kHost, kNvme };
@@ -106,8 +108,5 @@ void install_counting_cpu_allocator();
 CpuAllocatorStats cpu_allocator_stats();
 /// Sets the CPU peak to the current value.
 void reset_cpu_allocator_peak();
-
-/// Human-readable bytes: "1.50 GiB".
-std::string format_bytes(int64_t nbytes);
 
 }  // namespace zero

@@ -1,6 +1,7 @@
 // Small text helpers shared by config validation and the command-line tools.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,5 +15,8 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// max(2, |word| / 3). Empty when none is.
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates,
                     size_t max_distance = 0);
+
+/// Human-readable bytes: "1.50 GiB".
+std::string format_bytes(int64_t nbytes);
 
 }  // namespace zero

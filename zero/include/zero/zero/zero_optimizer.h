@@ -34,6 +34,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@
 #include "zero/runtime/memory_ledger.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/stage3.h"
+#include "zero/zero/state_swapper.h"
 
 namespace zero::partition {
 
@@ -71,6 +73,11 @@ struct ZeroOptimizerOptions {
   /// offload_optimizer.pin_memory: the host buffers are page-locked (the
   /// pinned-host tier), as far as the ledger's pinned limit allows.
   bool pin_memory = true;
+  /// offload_optimizer.device = nvme: as offload_optimizer, but the fp32
+  /// master and the optimizer states live in swap files and are stepped
+  /// sub-group by sub-group (NOTE [optimizer swapping]); the gradient
+  /// partition stays in host memory.
+  std::optional<SwapOptions> nvme;
 };
 
 // NOTE [optimizer offload]
@@ -150,10 +157,13 @@ class ZeroOptimizer {
   /// Stage 3's coordinator (null below stage 3).
   Stage3Coordinator* stage3() { return stage3_.get(); }
   const Stage3Coordinator* stage3() const { return stage3_.get(); }
+  /// The NVMe swapper of the optimizer states (null unless options.nvme).
+  const StateSwapper* swapper() const { return swapper_.get(); }
 
  private:
   bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
   void init_states();
+  void init_swapped_states();
   void launch_ready_groups();
   void launch_group(size_t g);
   void finish_reduce_scatter(bool all);
@@ -172,8 +182,11 @@ class ZeroOptimizer {
   std::unique_ptr<FlatParameters> flat_;
   at::Tensor grads_;        // stage 0/1: flat, grad_accum_dtype, laid out like flat_
   at::Tensor owned_grads_;  // stage 2: owned partition, grad_accum_dtype
-  at::Tensor master_;       // fp32 owned partition; stage 0 fp32: flat_; stage 3 fp32: undefined (the shards)
-  std::vector<at::Tensor> states_;
+  at::Tensor master_;       // fp32 owned partition; stage 0 fp32: flat_; stage 3 fp32: undefined (the shards);
+                            // NVMe: undefined (in swapper_)
+  std::vector<at::Tensor> states_;  // NVMe: none (in swapper_)
+  std::unique_ptr<StateSwapper> swapper_;
+  std::vector<std::pair<size_t, int64_t>> sub_groups_;  // NVMe: per sub-group, its group and start in the chunk
   bool master_is_param_ = false;
 
   // Per backward.

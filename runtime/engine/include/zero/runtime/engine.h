@@ -67,6 +67,18 @@ struct Stage3Stats {
   bool trace_valid = false;
 };
 
+/// The NVMe swapping of optimizer states (NOTE [optimizer swapping]), this
+/// rank, since the engine was made.
+struct NvmeStats {
+  int64_t file_bytes = 0;     // the swap files
+  int64_t buffer_bytes = 0;   // the host buffers they are stepped through
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;  // the initial write included
+  double read_wait_s = 0;     // the optimizer waited for reads...
+  double write_wait_s = 0;    // ...and for writes: the part not hidden
+  double step_s = 0;          // in the swapped optimizer passes, all told
+};
+
 /// Bytes of model states this rank holds, from the memory ledger.
 struct ModelStateBytes {
   int64_t parameters = 0;
@@ -151,6 +163,8 @@ class Engine {
 
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;
+  /// The optimizer swap's figures; nullopt unless offload_optimizer.device is nvme.
+  std::optional<NvmeStats> nvme_stats() const;
   /// Starts the live-parameter peak anew.
   void reset_stage3_peak();
   /// The end-of-run table of memory per tier and kind.
