@@ -62,14 +62,6 @@ std::vector<std::shared_ptr<AioFile>> create_swap_files(const std::string& nvme_
   if (::access(nvme_path.c_str(), W_OK | X_OK) != 0) {
     throw ConfigError({config_key + ": " + nvme_path + " is not writable by this process: " + errno_text(errno)});
   }
-  int64_t needed = 0;
-  for (const auto& f : files) needed += (f.bytes + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
-  const int64_t free = free_bytes(nvme_path);
-  if (free >= 0 && needed > free) {
-    throw IoError(config_key + ": " + nvme_path + " has " + format_bytes(free) + " free; the swap files of " + what +
-                  " need " + format_bytes(needed) + ". Free space there, choose another nvme_path, or spread the "
-                  "model over more ranks (each holds 1/N of the states)");
-  }
   std::random_device rd;
   const std::string dir = nvme_path + "/zero-swap-" + host_name() + "-" + std::to_string(::getpid()) + "-" + tag +
                           "-" + std::to_string(rd() % 100000);
@@ -81,6 +73,14 @@ std::vector<std::shared_ptr<AioFile>> create_swap_files(const std::string& nvme_
     throw IoError("create the swap folder " + dir + ": " + errno_text(err));
   }
   FolderGuard guard(dir);
+  int64_t needed = 0;
+  for (const auto& f : files) needed += (f.bytes + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
+  const int64_t free = free_bytes(nvme_path);
+  if (free >= 0 && needed > free) {
+    throw IoError(config_key + ": " + nvme_path + " has " + format_bytes(free) + " free; the swap files of " + what +
+                  " need " + format_bytes(needed) + ". Free space there, choose another nvme_path, or spread the "
+                  "model over more ranks (each holds 1/N of the states)");
+  }
   std::vector<std::shared_ptr<AioFile>> out;
   for (const auto& f : files) {
     const std::string path = dir + "/" + f.name;

@@ -1,9 +1,9 @@
 // Swap files for NVMe offload, in a per-run folder under the user's nvme_path.
 //
 // NOTE [swap files]
-// Each engine makes one folder, `<nvme_path>/zero-swap-<host>-<pid>-<tag>`,
-// after checking that nvme_path is a writable folder with room for every file
-// it will hold (statvfs, before anything is written). Each file is created,
+// Each engine makes one folder, `<nvme_path>/zero-swap-<host>-<pid>-<tag>-<n>`,
+// after checking that nvme_path is a writable folder, and checks that the disk
+// has room for every file it will hold (statvfs, before anything is written). Each file is created,
 // its full size allocated at once (fallocate: a full disk fails here, before
 // training, naming the file), and then unlinked: the open descriptors keep
 // the data, and the space goes back to the disk when they close, however the

@@ -86,6 +86,8 @@ class StateSwapper {
   int64_t buffer_bytes() const;
   const SwapStats& stats() const { return stats_; }
   const SwapOptions& options() const { return options_; }
+  /// Test seam: the engine, to inject faults.
+  offload::AioEngine& engine_for_testing() { return *engine_; }
 
  private:
   struct Slot;

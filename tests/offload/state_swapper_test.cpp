@@ -1,0 +1,201 @@
+// The optimizer-state swapper (NOTE [optimizer swapping]): exact round trips
+// through every pipeline setting at sub-group sizes that are not multiples of
+// the block size, and failed reads and writes that name the file and leave
+// nothing silently wrong.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "zero/runtime/error.h"
+#include "zero/zero/state_swapper.h"
+
+namespace {
+
+using zero::partition::StateSwapper;
+using zero::partition::SwapOptions;
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = std::string(ZERO_BINARY_DIR) + "/tests/swapper_" + std::to_string(getpid()) + "_" + name;
+  ::mkdir(d.c_str(), 0700);
+  return d;
+}
+
+bool empty_dir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return false;
+  int n = 0;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n == 2;
+}
+
+// The value tensor i of sub-group k holds at element j after `round` updates.
+float value(size_t k, size_t i, int64_t j, int round) {
+  return static_cast<float>(k * 1000003 + i * 7919 + static_cast<size_t>(j)) * 0.5f + static_cast<float>(round);
+}
+
+void fill(size_t k, const std::vector<at::Tensor>& t, int round) {
+  for (size_t i = 0; i < t.size(); ++i) {
+    float* p = t[i].data_ptr<float>();
+    for (int64_t j = 0; j < t[i].numel(); ++j) p[j] = value(k, i, j, round);
+  }
+}
+
+// Counts the elements that differ from round `round`.
+int64_t mismatches(size_t k, const std::vector<at::Tensor>& t, int round) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const float* p = t[i].data_ptr<float>();
+    for (int64_t j = 0; j < t[i].numel(); ++j) bad += p[j] != value(k, i, j, round);
+  }
+  return bad;
+}
+
+struct Pipeline {
+  int64_t buffers;
+  bool read, write;
+};
+
+class SwapperRoundTrip : public ::testing::TestWithParam<Pipeline> {};
+
+TEST_P(SwapperRoundTrip, EveryValueComesBackExactlyAfterEachPass) {
+  const Pipeline p = GetParam();
+  const std::string dir = fresh_dir("rt" + std::to_string(p.buffers) + (p.read ? "r" : "") + (p.write ? "w" : ""));
+  zero::MemoryLedger ledger;
+  SwapOptions o;
+  o.nvme_path = dir;
+  o.buffer_count = p.buffers;
+  o.pipeline_read = p.read;
+  o.pipeline_write = p.write;
+  o.aio.block_size = 65536;  // several blocks per transfer
+  // Sizes off every boundary: 1 element, a 4 KiB block less one float, more
+  // than a block, and one of many blocks with a ragged end.
+  const std::vector<int64_t> sizes{1, 1023, 70001, 3, 262151};
+  {
+    StateSwapper sw(sizes, {"fp32_master", "exp_avg", "exp_avg_sq"}, o, ledger);
+    EXPECT_TRUE(empty_dir(dir)) << "swap files are unlinked once open";
+    EXPECT_EQ(ledger.get(zero::Tier::kNvme).current_bytes, sw.file_bytes());
+    sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
+    for (int round = 1; round <= 3; ++round) {
+      std::vector<size_t> seen;
+      sw.pass(true, true, [&](size_t k, const std::vector<at::Tensor>& t) {
+        seen.push_back(k);
+        EXPECT_EQ(t[0].numel(), sizes[k]);
+        EXPECT_EQ(mismatches(k, t, round - 1), 0) << "sub-group " << k << " before round " << round;
+        fill(k, t, round);
+      });
+      EXPECT_EQ(seen, (std::vector<size_t>{0, 1, 2, 3, 4}));
+    }
+    int64_t bad = 0;
+    sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) { bad += mismatches(k, t, 3); });
+    EXPECT_EQ(bad, 0);
+    EXPECT_GT(sw.stats().bytes_read, 0);
+    EXPECT_EQ(sw.stats().passes, 5);
+  }
+  EXPECT_EQ(ledger.get(zero::Tier::kNvme).current_bytes, 0);
+  EXPECT_TRUE(empty_dir(dir));
+  ::rmdir(dir.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Pipelines, SwapperRoundTrip,
+                         ::testing::Values(Pipeline{1, false, false}, Pipeline{1, true, true},
+                                           Pipeline{2, true, false}, Pipeline{2, true, true},
+                                           Pipeline{3, false, true}, Pipeline{4, true, true},
+                                           Pipeline{8, true, true}),
+                         [](const auto& info) {
+                           const Pipeline& p = info.param;
+                           return "buffers" + std::to_string(p.buffers) + (p.read ? "_read" : "") +
+                                  (p.write ? "_write" : "");
+                         });
+
+SwapOptions small_options(const std::string& dir) {
+  SwapOptions o;
+  o.nvme_path = dir;
+  o.buffer_count = 3;
+  o.pipeline_read = true;
+  o.pipeline_write = true;
+  return o;
+}
+
+// A write that fails mid-pass (the disk full, say) fails the step naming the
+// file, the offset and the errno; the files then mix two steps, so every
+// later pass refuses to run instead of training on them.
+TEST(SwapperFaults, FailedWriteNamesTheFileAndStopsLaterSteps) {
+  const std::string dir = fresh_dir("wfault");
+  zero::MemoryLedger ledger;
+  StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, small_options(dir), ledger);
+  sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
+  sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
+  try {
+    sw.pass(true, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 1); });
+    FAIL() << "the failed write went unnoticed";
+  } catch (const zero::IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("write of"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fp32_master.swp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at offset 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  }
+  try {
+    sw.pass(true, true, [](size_t, const std::vector<at::Tensor>&) { FAIL() << "visited after a failed write"; });
+    FAIL() << "a step ran on inconsistent states";
+  } catch (const zero::IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("inconsistent"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;  // the first error
+  }
+  ::rmdir(dir.c_str());
+}
+
+// A read that fails before anything was written leaves the files as they
+// were: the error names the file, and the next pass sees the old values.
+TEST(SwapperFaults, FailedReadNamesTheFileAndLosesNothing) {
+  const std::string dir = fresh_dir("rfault");
+  zero::MemoryLedger ledger;
+  StateSwapper sw({5000, 7000}, {"fp32_master", "exp_avg"}, small_options(dir), ledger);
+  sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
+  sw.engine_for_testing().inject_fault(/*on_write=*/false, EIO);
+  int visited = 0;
+  try {
+    sw.pass(true, true, [&](size_t k, const std::vector<at::Tensor>& t) {
+      ++visited;
+      fill(k, t, 1);
+    });
+    FAIL() << "the failed read went unnoticed";
+  } catch (const zero::IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("read of"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fp32_master.swp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(visited, 0) << "a sub-group was stepped from a buffer that was never filled";
+  int64_t bad = 0;
+  sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) { bad += mismatches(k, t, 0); });
+  EXPECT_EQ(bad, 0);
+  ::rmdir(dir.c_str());
+}
+
+TEST(SwapperOptions, BufferCountBelowOneIsAConfigError) {
+  const std::string dir = fresh_dir("opts");
+  zero::MemoryLedger ledger;
+  SwapOptions o = small_options(dir);
+  o.buffer_count = 0;
+  try {
+    StateSwapper sw({10}, {"fp32_master"}, o, ledger);
+    FAIL() << "buffer_count 0 accepted";
+  } catch (const zero::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.buffer_count"), std::string::npos)
+        << e.what();
+  }
+  ::rmdir(dir.c_str());
+}
+
+}  // namespace
