@@ -282,6 +282,7 @@ int main(int argc, char** argv) {
     auto state = engine.model_state_bytes();
     auto on_device = engine.model_state_bytes(zero::Tier::kDevice);
     auto pinned = engine.model_state_bytes(zero::Tier::kPinnedHost), host = engine.model_state_bytes(zero::Tier::kHost);
+    auto nvme = engine.model_state_bytes(zero::Tier::kNvme);
     auto mine = torch::tensor({engine.peak_bytes(zero::Tier::kDevice), engine.peak_bytes(zero::Tier::kPinnedHost),
                                engine.peak_bytes(zero::Tier::kHost), engine.peak_bytes(zero::Tier::kNvme),
                                state.parameters, state.gradients, state.optimizer_states,
@@ -292,7 +293,8 @@ int main(int argc, char** argv) {
                                // gathered parameters at their peak: what the ledger's parameter peak has
                                // beyond the shards (nothing is gathered in layers after a step)
                                engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).peak_bytes -
-                                   engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).current_bytes},
+                                   engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).current_bytes,
+                               nvme.parameters, nvme.gradients, nvme.optimizer_states},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -321,7 +323,8 @@ int main(int argc, char** argv) {
         auto r = row.accessor<int64_t, 1>();
         return nlohmann::json{
             {"device", {{"parameters", r[7]}, {"gradients", r[8]}, {"optimizer_states", r[9]}}},
-            {"host", {{"parameters", r[10]}, {"gradients", r[11]}, {"optimizer_states", r[12]}}}};
+            {"host", {{"parameters", r[10]}, {"gradients", r[11]}, {"optimizer_states", r[12]}}},
+            {"nvme", {{"parameters", r[15]}, {"gradients", r[16]}, {"optimizer_states", r[17]}}}};
       };
       auto ranks = nlohmann::json::array();
       for (int64_t r = 0; r < ws; ++r) {

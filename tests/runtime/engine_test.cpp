@@ -1,6 +1,10 @@
 // The engine on one process against plain LibTorch, on the same data.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
@@ -287,6 +291,32 @@ TEST(Engine, MissingOptimizerIsAConfigError) {
   } catch (const zero::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer"), std::string::npos) << e.what();
   }
+}
+
+// A bad nvme_path stops zero::initialize, before any training, with the key
+// and the path; a good one trains like stage 1 without offload, in one process.
+TEST(Engine, NvmeOffloadChecksThePathUpFrontAndTrains) {
+  auto model = make_model(1);
+  try {
+    zero::initialize(model.ptr(),
+                     config_json(R"(, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", )"
+                                 R"("nvme_path": "/no/such/nvme"}})"),
+                     quiet());
+    FAIL() << "expected a ConfigError";
+  } catch (const zero::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("zero_optimization.offload_optimizer.nvme_path: /no/such/nvme"), std::string::npos) << msg;
+  }
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_nvme_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const auto ref = engine_run(3, 32, 1, 0.05, R"(, "zero_optimization": {"stage": 1})");
+  const auto got = engine_run(3, 32, 1, 0.05,
+                              R"(, "zero_optimization": {"stage": 1, "sub_group_size": 3000, "offload_optimizer": )"
+                              R"({"device": "nvme", "nvme_path": ")" + dir + R"(", "pipeline_read": true}})");
+  ASSERT_EQ(ref.size(), got.size());
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(torch::equal(ref[i], got[i])) << "parameter " << i;
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
 }
 
 // Offloaded states go to the pinned tier up to its limit, then fall back to
