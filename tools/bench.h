@@ -30,6 +30,11 @@ int bench_stage3(const std::vector<std::string>& args);
 /// a file under --path, and fio's on the same file and options.
 int bench_aio(const std::vector<std::string>& args);
 
+/// zero bench offload: the optimizer states offloaded to the CPU, and to NVMe
+/// (--path) with and without the swap pipeline: step time, the time the
+/// optimizer waited for the disk, and the share of it the pipeline hides.
+int bench_offload(const std::vector<std::string>& args);
+
 /// zero bench checkpoint: minGPT's activation peak (counting allocator) and
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);
@@ -38,6 +43,9 @@ int bench_checkpoint(const std::vector<std::string>& args);
 
 #include <cstdint>
 #include <map>
+#include <optional>
+
+#include <nlohmann/json.hpp>
 
 namespace zero::tools {
 
@@ -47,6 +55,13 @@ namespace zero::tools {
 /// and returns false.
 /// The folder of the running executable (build/bin), where mingpt is too.
 std::string self_dir();
+
+/// Runs minGPT on `nproc` ranks (zero launch) with `config` (written to
+/// dir/name.json) and `mingpt_args`, its output in dir/name.log. Returns rank
+/// 0's summary; nullopt, having said where the log is, when the run failed.
+std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
+                                               const std::string& name, int64_t nproc, const nlohmann::json& config,
+                                               const std::string& mingpt_args);
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);

@@ -1,6 +1,9 @@
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "bench.h"
 #include "zero/runtime/text.h"
@@ -13,6 +16,29 @@ std::string self_dir() {
   if (n <= 0) return ".";
   std::string path(buf, static_cast<size_t>(n));
   return path.substr(0, path.rfind('/'));
+}
+
+std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
+                                               const std::string& name, int64_t nproc, const nlohmann::json& config,
+                                               const std::string& mingpt_args) {
+  const std::string base = dir + "/" + name;
+  std::ofstream(base + ".json") << config.dump();
+  const std::string bin = self_dir();
+  std::ostringstream cmd;
+  cmd << bin << "/zero launch --nproc_per_node " << nproc << " -- " << bin << "/mingpt --config " << base << ".json "
+      << mingpt_args << " --summary-json " << base << ".summary.json > " << base << ".log 2>&1";
+  std::fprintf(stderr, "%s: running %s on %lld ranks ...\n", command.c_str(), name.c_str(), static_cast<long long>(nproc));
+  if (std::system(cmd.str().c_str()) != 0) {
+    std::cerr << command << ": the run failed; see " << base << ".log\n";
+    return std::nullopt;
+  }
+  std::ifstream in(base + ".summary.json");
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << command << ": no readable summary; see " << base << ".log\n";
+    return std::nullopt;
+  }
+  return j;
 }
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,

@@ -28,7 +28,6 @@ int bench_overlap(const std::vector<std::string>& args) {
                                          {"--batch_size", 16}, {"--steps", 20}, {"--bucket", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench overlap", args, ints, json_path)) return 2;
-  const std::string bin = self_dir();
   const std::string dir = "/tmp/zero-bench-overlap-" + std::to_string(getpid());
   std::system(("mkdir -p " + dir).c_str());
   const Variant variants[] = {{"stage 0 (all-reduce)", 0, true},
@@ -36,7 +35,6 @@ int bench_overlap(const std::vector<std::string>& args) {
                               {"stage 2, overlap_comm false", 2, false}};
   std::vector<nlohmann::json> results;
   for (const auto& v : variants) {
-    const std::string cfg = dir + "/stage" + std::to_string(v.stage) + (v.overlap ? "_overlap" : "") + ".json";
     nlohmann::json c = {
         {"train_micro_batch_size_per_gpu", ints["--batch_size"]},
         {"gradient_clipping", 1.0},
@@ -44,21 +42,14 @@ int bench_overlap(const std::vector<std::string>& args) {
         {"zero_optimization",
          {{"stage", v.stage}, {"overlap_comm", v.overlap}, {"reduce_bucket_size", ints["--bucket"]},
           {"allgather_bucket_size", ints["--bucket"]}}}};
-    std::ofstream(cfg) << c.dump();
-    const std::string summary = cfg + ".summary.json";
-    std::ostringstream cmd;
-    cmd << bin << "/zero launch --nproc_per_node " << ints["--nproc"] << " -- " << bin << "/mingpt --config " << cfg
-        << " --n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
-        << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"] << " --summary-json " << summary
-        << " > " << cfg << ".log 2>&1";
-    std::fprintf(stderr, "zero bench overlap: running %s on %lld ranks ...\n", v.label,
-                 static_cast<long long>(ints["--nproc"]));
-    if (std::system(cmd.str().c_str()) != 0) {
-      std::cerr << "zero bench overlap: the run failed; see " << cfg << ".log\n";
-      return 1;
-    }
-    std::ifstream in(summary);
-    results.push_back(nlohmann::json::parse(in));
+    std::ostringstream a;
+    a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
+      << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
+    auto r = run_mingpt_ranks("zero bench overlap", dir,
+                              "stage" + std::to_string(v.stage) + (v.overlap ? "_overlap" : ""), ints["--nproc"], c,
+                              a.str());
+    if (!r) return 1;
+    results.push_back(std::move(*r));
   }
   auto step_ms = [&](const nlohmann::json& r) {
     return 1e3 * r["avg_epoch_time_s"].get<double>() / r["steps"].get<double>();

@@ -33,7 +33,6 @@ int bench_stage3(const std::vector<std::string>& args) {
                                          {"--batch_size", 8}, {"--steps", 20},  {"--prefetch", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench stage3", args, ints, json_path)) return 2;
-  const std::string bin = self_dir();
   const std::string dir = "/tmp/zero-bench-stage3-" + std::to_string(getpid());
   std::system(("mkdir -p " + dir).c_str());
   const Variant variants[] = {{"stage 2 (parameters whole)", 2, 0},
@@ -53,7 +52,6 @@ int bench_stage3(const std::vector<std::string>& args) {
   std::vector<nlohmann::json> results;
   int index = 0;
   for (const auto& v : variants) {
-    const std::string cfg = dir + "/variant" + std::to_string(index++) + ".json";
     nlohmann::json c = {
         {"train_micro_batch_size_per_gpu", ints["--batch_size"]},
         {"gradient_clipping", 1.0},
@@ -64,21 +62,13 @@ int bench_stage3(const std::vector<std::string>& args) {
           {"stage3_prefetch_bucket_size", v.prefetch},
           {"stage3_max_reuse_distance", 0},
           {"stage3_param_persistence_threshold", 0}}}};
-    std::ofstream(cfg) << c.dump();
-    const std::string summary = cfg + ".summary.json";
-    std::ostringstream cmd;
-    cmd << bin << "/zero launch --nproc_per_node " << ints["--nproc"] << " -- " << bin << "/mingpt --config " << cfg
-        << " --n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"] << " --block_size 64"
-        << " --data " << text << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"]
-        << " --summary-json " << summary << " > " << cfg << ".log 2>&1";
-    std::fprintf(stderr, "zero bench stage3: running %s on %lld ranks ...\n", v.label,
-                 static_cast<long long>(ints["--nproc"]));
-    if (std::system(cmd.str().c_str()) != 0) {
-      std::cerr << "zero bench stage3: the run failed; see " << cfg << ".log\n";
-      return 1;
-    }
-    std::ifstream in(summary);
-    results.push_back(nlohmann::json::parse(in));
+    std::ostringstream a;
+    a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"] << " --block_size 64"
+      << " --data " << text << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
+    auto r = run_mingpt_ranks("zero bench stage3", dir, "variant" + std::to_string(index++), ints["--nproc"], c,
+                              a.str());
+    if (!r) return 1;
+    results.push_back(std::move(*r));
   }
   auto per_step = [](const nlohmann::json& r, double x) { return x / r["steps"].get<double>(); };
   auto step_ms = [&](const nlohmann::json& r) { return 1e3 * per_step(r, r["avg_epoch_time_s"].get<double>()); };

@@ -31,6 +31,10 @@ commands:
   bench aio --path DIR [--size 1GiB --block-size 1MiB --queue-depth N --threads N --rounds N --buffer 8MiB] [--json FILE]
       The AIO engine's sequential O_DIRECT write and read throughput on a file
       in DIR, side by side with fio on the same file and options.
+  bench offload --path DIR [--nproc N --n_layer N --n_embd N --batch_size N --steps N --sub_group N --buffers N] [--json FILE]
+      minGPT on N ranks at stage 2 with the optimizer states in CPU memory
+      and in NVMe swap files under DIR, the swap pipeline off and on: step
+      time, the optimizer's wait for the disk, and the share hidden.
   bench adam [--numel N --steps N] [--json FILE]
       zero's CPU Adam against torch::optim::Adam and the machine's memory
       bandwidth (stream triad), on the same sizes.
@@ -113,7 +117,8 @@ int main(int argc, char** argv) {
     if (args.size() >= 2 && args[1] == "stage3") return zero::tools::bench_stage3({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine|overlap|stage3|aio|checkpoint|adam'");
+    if (args.size() >= 2 && args[1] == "offload") return zero::tools::bench_offload({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   auto near = zero::nearest(args[0], {"config", "bench", "launch"});

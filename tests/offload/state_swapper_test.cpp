@@ -85,6 +85,7 @@ TEST_P(SwapperRoundTrip, EveryValueComesBackExactlyAfterEachPass) {
     EXPECT_EQ(ledger.get(zero::Tier::kNvme).current_bytes, sw.file_bytes());
     sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
     for (int round = 1; round <= 3; ++round) {
+      if (round != 2) sw.prefetch();  // as the engine does when backward starts
       std::vector<size_t> seen;
       sw.pass(true, true, [&](size_t k, const std::vector<at::Tensor>& t) {
         seen.push_back(k);
@@ -97,8 +98,13 @@ TEST_P(SwapperRoundTrip, EveryValueComesBackExactlyAfterEachPass) {
     int64_t bad = 0;
     sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) { bad += mismatches(k, t, 3); });
     EXPECT_EQ(bad, 0);
+    // Prefetched reads are not written over the values of a pass that sets them.
+    sw.prefetch();
+    sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 4); });
+    sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) { bad += mismatches(k, t, 4); });
+    EXPECT_EQ(bad, 0);
     EXPECT_GT(sw.stats().bytes_read, 0);
-    EXPECT_EQ(sw.stats().passes, 5);
+    EXPECT_EQ(sw.stats().passes, 7);
   }
   EXPECT_EQ(ledger.get(zero::Tier::kNvme).current_bytes, 0);
   EXPECT_TRUE(empty_dir(dir));
@@ -125,34 +131,43 @@ SwapOptions small_options(const std::string& dir) {
   return o;
 }
 
-// A write that fails mid-pass (the disk full, say) fails the step naming the
-// file, the offset and the errno; the files then mix two steps, so every
-// later pass refuses to run instead of training on them.
+// A write that fails (the disk full, say) fails the step that issued it, or
+// with pipeline_write (the last writes finish behind the next forward) the
+// next one, naming the file, the offset and the errno; the files then mix two
+// steps, so every later pass refuses to run instead of training on them.
 TEST(SwapperFaults, FailedWriteNamesTheFileAndStopsLaterSteps) {
-  const std::string dir = fresh_dir("wfault");
-  zero::MemoryLedger ledger;
-  StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, small_options(dir), ledger);
-  sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
-  sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
-  try {
-    sw.pass(true, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 1); });
-    FAIL() << "the failed write went unnoticed";
-  } catch (const zero::IoError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("write of"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("fp32_master.swp"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("at offset 0"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  for (bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "serial");
+    const std::string dir = fresh_dir(std::string("wfault") + (pipelined ? "p" : "s"));
+    zero::MemoryLedger ledger;
+    SwapOptions o = small_options(dir);
+    o.pipeline_read = o.pipeline_write = pipelined;
+    StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, o, ledger);
+    sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
+    sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
+    std::vector<std::string> errors;
+    for (int step = 1; step <= 3; ++step) {
+      try {
+        sw.pass(true, true, [&](size_t k, const std::vector<at::Tensor>& t) {
+          EXPECT_TRUE(errors.empty()) << "visited after a failed write was reported";
+          fill(k, t, step);
+        });
+      } catch (const zero::IoError& e) {
+        errors.push_back(e.what());
+      }
+    }
+    ASSERT_GE(errors.size(), 2u) << "the failed write went unnoticed";
+    EXPECT_EQ(errors.size(), pipelined ? 2u : 3u);
+    const std::string& first = errors.front();
+    EXPECT_NE(first.find("write of"), std::string::npos) << first;
+    EXPECT_NE(first.find("fp32_master.swp"), std::string::npos) << first;
+    EXPECT_NE(first.find("at offset 0"), std::string::npos) << first;
+    EXPECT_NE(first.find("No space left on device"), std::string::npos) << first;
+    const std::string& last = errors.back();
+    EXPECT_NE(last.find("inconsistent"), std::string::npos) << last;
+    EXPECT_NE(last.find("No space left on device"), std::string::npos) << last;  // the first error
+    ::rmdir(dir.c_str());
   }
-  try {
-    sw.pass(true, true, [](size_t, const std::vector<at::Tensor>&) { FAIL() << "visited after a failed write"; });
-    FAIL() << "a step ran on inconsistent states";
-  } catch (const zero::IoError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("inconsistent"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;  // the first error
-  }
-  ::rmdir(dir.c_str());
 }
 
 // A read that fails before anything was written leaves the files as they

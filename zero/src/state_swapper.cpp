@@ -7,6 +7,7 @@
 
 #include "zero/offload/swap_folder.h"
 #include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
 
 namespace zero::partition {
 namespace {
@@ -90,11 +91,26 @@ StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::str
   }
 }
 
-StateSwapper::~StateSwapper() { drain(); }
+StateSwapper::~StateSwapper() {
+  for (auto& s : slots_) {
+    try {
+      wait_writes(*s);
+    } catch (const std::exception& e) {
+      // The swap files go with this object; the model's parameters are whole.
+      log::warning(std::string("a write of the NVMe optimizer states failed after the last step: ") + e.what());
+    }
+  }
+  drain();
+}
 
 int64_t StateSwapper::file_bytes() const {
   const int64_t per_file = sub_groups_.empty() ? 0 : offsets_.back() + aligned(sub_groups_.back() * 4);
   return per_file * static_cast<int64_t>(names_.size());
+}
+
+void StateSwapper::clear_timings() {
+  stats_.read_wait_s = stats_.write_wait_s = stats_.pass_s = 0;
+  stats_.passes = 0;
 }
 
 int64_t StateSwapper::buffer_bytes() const { return buffers_.nbytes(); }
@@ -106,6 +122,8 @@ at::Tensor StateSwapper::tensor_in(Slot& s, size_t i, size_t k) const {
 
 void StateSwapper::start_read(size_t k) {
   Slot& s = *slots_[k % slots_.size()];
+  if (s.reading == static_cast<int64_t>(k)) return;  // already on its way (prefetch)
+  wait_reads(s);   // a read of another sub-group that was not used
   wait_writes(s);  // the buffer's last sub-group must be on disk first
   const int64_t len = aligned(sub_groups_[k] * 4);
   for (size_t i = 0; i < files_.size(); ++i) {
@@ -121,7 +139,25 @@ void StateSwapper::wait_reads(Slot& s) {
   wait_all(s.reads, stats_.read_wait_s);
 }
 
-void StateSwapper::wait_writes(Slot& s) { wait_all(s.writes, stats_.write_wait_s); }
+// A failed write leaves its sub-group half-written on disk: the files are no
+// longer one consistent state, whichever pass notices it.
+void StateSwapper::wait_writes(Slot& s) {
+  try {
+    wait_all(s.writes, stats_.write_wait_s);
+  } catch (const std::exception& e) {
+    if (broken_.empty()) broken_ = e.what();
+    throw;
+  }
+}
+
+void StateSwapper::prefetch() {
+  if (!options_.pipeline_read || !broken_.empty()) return;
+  try {
+    for (size_t k = 0; k < std::min(sub_groups_.size(), slots_.size()); ++k) start_read(k);
+  } catch (const std::exception&) {
+    // a write that failed: recorded in broken_, reported by the next pass
+  }
+}
 
 void StateSwapper::drain() noexcept {
   for (auto& s : slots_) {
@@ -156,12 +192,9 @@ void StateSwapper::pass(bool read, bool write, const Visit& visit) {
     for (size_t k = 0; k < n; ++k) {
       if (read && k + ahead < n && ahead > 0) start_read(k + ahead);
       Slot& s = *slots_[k % b];
-      if (read) {
-        if (s.reading != static_cast<int64_t>(k)) start_read(k);
-        wait_reads(s);
-      } else {
-        wait_writes(s);
-      }
+      if (read) start_read(k);  // (unless it is on its way)
+      wait_reads(s);            // without `read`: one the visit would overwrite
+      wait_writes(s);
       std::vector<at::Tensor> tensors;
       for (size_t i = 0; i < files_.size(); ++i) tensors.push_back(tensor_in(s, i, k));
       visit(k, tensors);
@@ -175,10 +208,13 @@ void StateSwapper::pass(bool read, bool write, const Visit& visit) {
       wrote = true;
       if (!options_.pipeline_write) wait_writes(s);
     }
-    for (auto& s : slots_) wait_writes(*s);
+    // pipeline_write: the last writes go on behind the next forward and
+    // backward; whatever next uses their buffer waits for them.
+    if (!options_.pipeline_write)
+      for (auto& s : slots_) wait_writes(*s);
   } catch (const std::exception& e) {
     drain();
-    if (wrote) broken_ = e.what();
+    if (wrote && broken_.empty()) broken_ = e.what();
     throw;
   }
   stats_.pass_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

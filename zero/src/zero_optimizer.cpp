@@ -190,6 +190,7 @@ void ZeroOptimizer::init_swapped_states() {
     t[0].copy_(chunk.narrow(0, start, t[0].numel()));
     for (size_t i = 1; i < t.size(); ++i) t[i].zero_();
   });
+  swapper_->clear_timings();
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
@@ -199,6 +200,7 @@ ZeroOptimizer::~ZeroOptimizer() {
 
 void ZeroOptimizer::begin_backward(bool boundary) {
   in_backward_ = true;
+  if (boundary && swapper_) swapper_->prefetch();  // the step's first states arrive behind backward
   reducing_ = options_.stage >= 2 || boundary;
   std::fill(ready_.begin(), ready_.end(), 0);
   next_launch_ = 0;

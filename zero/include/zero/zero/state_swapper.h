@@ -15,6 +15,10 @@
 // pipeline_write lets k's writes run while k+1 is visited; a buffer is reused
 // only once its writes are done. Without them the phases run one after
 // another, as in DeepSpeed. The bytes round-trip exactly.
+// Across steps, too: with pipeline_write the last sub-groups' writes finish
+// behind the next forward, and with pipeline_read the engine calls
+// prefetch() as backward starts, which reads the first sub-groups (one per
+// buffer) behind backward, so a step starts with them in memory.
 //
 // An I/O error fails the pass with the file, offset, length and errno. If a
 // write had been issued in that pass, the files now mix updated and old
@@ -78,6 +82,11 @@ class StateSwapper {
   /// back after the visit. Throws zero::IoError (see NOTE).
   void pass(bool read, bool write, const Visit& visit);
 
+  /// pipeline_read: starts reading the first sub-groups (one per buffer) for
+  /// the next pass, so that they arrive behind other work (the engine calls
+  /// it as backward starts). Never throws: a failure surfaces in the pass.
+  void prefetch();
+
   size_t num_sub_groups() const { return sub_groups_.size(); }
   int64_t sub_group_numel(size_t k) const { return sub_groups_[k]; }
   /// Bytes of all swap files together.
@@ -85,6 +94,9 @@ class StateSwapper {
   /// Bytes of the host buffers.
   int64_t buffer_bytes() const;
   const SwapStats& stats() const { return stats_; }
+  /// Zeroes the times and the pass count (the byte counts stay): the
+  /// engine's figures then leave out the initial write of the states.
+  void clear_timings();
   const SwapOptions& options() const { return options_; }
   /// Test seam: the engine, to inject faults.
   offload::AioEngine& engine_for_testing() { return *engine_; }

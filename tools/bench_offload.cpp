@@ -1,0 +1,123 @@
+// zero bench offload: the optimizer states in host memory (offload_optimizer
+// cpu) against NVMe swap files under --path (NOTE [optimizer swapping]), the
+// swap with its pipeline off (read, step, write one after another) and on
+// (read ahead, write behind), on real ranks with the same minGPT and data.
+// The share of the disk time the pipeline hides is 1 - (the optimizer's wait
+// for reads and writes with the pipeline) / (the same without it), where
+// without it every transfer is waited for.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+
+namespace zero::tools {
+namespace {
+
+struct Variant {
+  const char* name;
+  const char* label;
+  bool nvme;
+  bool pipeline;
+};
+
+}  // namespace
+
+int bench_offload(const std::vector<std::string>& args) {
+  std::map<std::string, int64_t> ints = {{"--nproc", 2},      {"--n_layer", 4}, {"--n_embd", 384},
+                                         {"--batch_size", 8}, {"--steps", 10},  {"--sub_group", 500000},
+                                         {"--buffers", 4}};
+  std::string json_path, path;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--path" && i + 1 < args.size()) path = args[++i];
+    else rest.push_back(args[i]);
+  }
+  if (!parse_bench_options("zero bench offload", rest, ints, json_path)) return 2;
+  if (path.empty()) {
+    std::cerr << "zero bench offload: --path DIR is required (a folder on the disk for the swap files)\n";
+    return 2;
+  }
+  const std::string dir = "/tmp/zero-bench-offload-" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const Variant variants[] = {{"cpu", "offload to CPU memory", false, false},
+                              {"nvme_serial", "NVMe, pipeline off", true, false},
+                              {"nvme_pipelined", "NVMe, pipeline on", true, true}};
+  std::vector<nlohmann::json> results;
+  for (const auto& v : variants) {
+    nlohmann::json offload = {{"device", "cpu"}, {"pin_memory", true}};
+    if (v.nvme) {
+      offload = {{"device", "nvme"},
+                 {"nvme_path", path},
+                 {"buffer_count", ints["--buffers"]},
+                 {"pipeline_read", v.pipeline},
+                 {"pipeline_write", v.pipeline}};
+    }
+    nlohmann::json c = {{"train_micro_batch_size_per_gpu", ints["--batch_size"]},
+                        {"gradient_clipping", 1.0},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization",
+                         {{"stage", 2},
+                          {"overlap_comm", true},
+                          {"sub_group_size", ints["--sub_group"]},
+                          {"offload_optimizer", offload}}}};
+    std::ostringstream a;
+    a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
+      << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
+    auto r = run_mingpt_ranks("zero bench offload", dir, v.name, ints["--nproc"], c, a.str());
+    if (!r) return 1;
+    results.push_back(std::move(*r));
+  }
+  auto per_step_ms = [](const nlohmann::json& r, double x) { return 1e3 * x / r["steps"].get<double>(); };
+  auto step_ms = [&](const nlohmann::json& r) { return per_step_ms(r, r["avg_epoch_time_s"].get<double>()); };
+  auto nv = [&](const nlohmann::json& r, const char* key) {
+    return r.contains("nvme") ? per_step_ms(r, r["nvme"][key].get<double>()) : 0.0;
+  };
+  auto wait_ms = [&](const nlohmann::json& r) { return nv(r, "read_wait_s") + nv(r, "write_wait_s"); };
+  const nlohmann::json &cpu = results[0], &serial = results[1], &piped = results[2];
+  const double hidden = wait_ms(serial) > 0 ? std::max(0.0, 1.0 - wait_ms(piped) / wait_ms(serial)) : 0.0;
+  const double gb_per_step = piped["nvme"]["file_bytes"].get<double>() * 2 / 1e9;  // read and written each step
+  std::printf("zero bench offload: minGPT %lld parameters on %lld ranks, stage 2, micro-batch %lld, %lld steps, "
+              "sub_group_size %lld, buffer_count %lld, swap files under %s (%.3f GB moved per rank per step)\n",
+              static_cast<long long>(cpu["num_parameters"].get<int64_t>()), static_cast<long long>(ints["--nproc"]),
+              static_cast<long long>(ints["--batch_size"]), static_cast<long long>(ints["--steps"]),
+              static_cast<long long>(ints["--sub_group"]), static_cast<long long>(ints["--buffers"]), path.c_str(),
+              gb_per_step);
+  std::printf("  %-24s %10s %22s %18s\n", "", "ms/step", "optimizer step ms", "disk wait ms");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (r.contains("nvme"))
+      std::printf("  %-24s %10.2f %22.2f %18.2f\n", variants[i].label, step_ms(r), nv(r, "optimizer_step_s"),
+                  wait_ms(r));
+    else
+      std::printf("  %-24s %10.2f %22s %18s\n", variants[i].label, step_ms(r), "-", "-");
+  }
+  std::printf("  step time, NVMe (pipelined) / CPU offload:  %.3f\n", step_ms(piped) / step_ms(cpu));
+  std::printf("  step time, NVMe pipeline on / off:          %.3f\n", step_ms(piped) / step_ms(serial));
+  std::printf("  disk wait hidden by the pipeline:            %.1f%%\n", 100 * hidden);
+  if (!json_path.empty()) {
+    nlohmann::json j = {{"benchmark", "offload"},
+                        {"ranks", ints["--nproc"]},
+                        {"num_parameters", cpu["num_parameters"]},
+                        {"cpu_offload_step_ms", step_ms(cpu)},
+                        {"nvme_serial_step_ms", step_ms(serial)},
+                        {"nvme_pipelined_step_ms", step_ms(piped)},
+                        {"nvme_serial_disk_wait_ms_per_step", wait_ms(serial)},
+                        {"nvme_pipelined_disk_wait_ms_per_step", wait_ms(piped)},
+                        {"nvme_swap_gb_per_rank_per_step", gb_per_step},
+                        {"ratio_nvme_vs_cpu_step_time", step_ms(piped) / step_ms(cpu)},
+                        {"ratio_pipeline_on_vs_off_step_time", step_ms(piped) / step_ms(serial)},
+                        {"hidden_disk_wait_fraction", hidden}};
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  std::system(("rm -rf " + dir).c_str());
+  return 0;
+}
+
+}  // namespace zero::tools
