@@ -35,6 +35,10 @@ int bench_aio(const std::vector<std::string>& args);
 /// optimizer waited for the disk, and the share of it the pipeline hides.
 int bench_offload(const std::vector<std::string>& args);
 
+/// zero nvme-tune: sweeps the aio settings on a file under --path and prints
+/// the best `aio` section for the config.
+int nvme_tune(const std::vector<std::string>& args);
+
 /// zero bench checkpoint: minGPT's activation peak (counting allocator) and
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);
@@ -42,6 +46,7 @@ int bench_checkpoint(const std::vector<std::string>& args);
 }  // namespace zero::tools
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -62,6 +67,12 @@ std::string self_dir();
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::string& mingpt_args);
+
+/// "1GiB", "64MiB", "512KiB", "4096": bytes; nullopt when malformed.
+std::optional<int64_t> parse_size(const std::string& s);
+
+/// Seconds `fn` takes.
+double seconds(const std::function<void()>& fn);
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);

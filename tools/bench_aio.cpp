@@ -25,29 +25,6 @@
 namespace zero::tools {
 namespace {
 
-// "1GiB", "64MiB", "512KiB", "4096": bytes; nullopt when malformed.
-std::optional<int64_t> parse_size(const std::string& s) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const std::string unit = s.substr(used);
-  const std::pair<const char*, double> units[] = {{"", 1},          {"B", 1},       {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                                   {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6},    {"GB", 1e9}};
-  for (const auto& [name, mult] : units)
-    if (unit == name && v > 0) return static_cast<int64_t>(v * mult);
-  return std::nullopt;
-}
-
-double seconds(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed.
 double fio_bw(const std::string& file, const std::string& rw, int64_t size, int64_t block, int64_t depth,
               const std::string& log) {

@@ -44,6 +44,10 @@ commands:
   bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
       Training steps of minGPT through zero's engine against a plain LibTorch
       loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
+  nvme-tune --path DIR [--size 256MiB --rounds N] [--json FILE]
+      Sweeps the aio settings (block size, queue depth, threads,
+      single_submit, overlap_events) on a file in DIR, shows the fastest and
+      prints the best "aio" section to paste into the config.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -110,6 +114,7 @@ int main(int argc, char** argv) {
     if (args.size() < 2 || args[1] != "check") return usage_error("expected 'zero config check FILE'");
     return config_check({args.begin() + 2, args.end()});
   }
+  if (args[0] == "nvme-tune") return zero::tools::nvme_tune({args.begin() + 1, args.end()});
   if (args[0] == "bench") {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
@@ -121,7 +126,7 @@ int main(int argc, char** argv) {
     return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch"});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

@@ -1,0 +1,177 @@
+// zero nvme-tune: finds the `aio` settings that move data fastest between
+// memory and a file under --path, the way NVMe offload does (O_DIRECT
+// sequential writes and reads of swap-file-sized transfers). Every
+// combination of block size, queue depth, thread count, single_submit and
+// overlap_events writes and then reads the same file once (a fallocated file,
+// written once before the sweep, as swap files are overwritten every step);
+// the five fastest are measured again, alternating, and ranked by the median.
+// The score is the rate of a write and a read of the same bytes (2 x size /
+// (write time + read time)): an optimizer step does both.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "zero/offload/aio.h"
+#include "zero/runtime/error.h"
+#include "zero/runtime/progress.h"
+#include "zero/runtime/text.h"
+
+namespace zero::tools {
+namespace {
+
+struct Setting {
+  int64_t block, depth, threads;
+  bool single_submit, overlap_events;
+  std::vector<double> write_gbs, read_gbs, both_gbs;
+
+  double median(std::vector<double> v) const {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+  }
+  double score() const { return median(both_gbs); }
+  nlohmann::json aio() const {
+    return {{"block_size", block},
+            {"queue_depth", depth},
+            {"intra_op_parallelism", threads},
+            {"single_submit", single_submit},
+            {"overlap_events", overlap_events}};
+  }
+};
+
+}  // namespace
+
+int nvme_tune(const std::vector<std::string>& args) {
+  std::string path, json_path;
+  int64_t size = 256 << 20, rounds = 3;
+  const std::vector<std::string> known = {"--path", "--size", "--rounds", "--json"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
+      const std::string near = nearest(a, known);
+      std::cerr << "zero nvme-tune: " << a << ": unknown option or missing value"
+                << (near.empty() ? "" : "; did you mean " + near + "?") << "\noptions: --path DIR [--size 256MiB "
+                << "--rounds N --json FILE]\n";
+      return 2;
+    }
+    const std::string& v = args[++i];
+    if (a == "--path") {
+      path = v;
+    } else if (a == "--json") {
+      json_path = v;
+    } else {
+      auto n = parse_size(v);
+      if (!n) {
+        std::cerr << "zero nvme-tune: " << a << ": expected a positive size or count such as 256MiB or 3; got \"" << v
+                  << "\"\n";
+        return 2;
+      }
+      (a == "--size" ? size : rounds) = *n;
+    }
+  }
+  if (path.empty()) {
+    std::cerr << "zero nvme-tune: --path DIR is required (a folder on the disk that nvme_path will name)\n";
+    return 2;
+  }
+  size = std::max<int64_t>(offload::kAioAlignment, size / offload::kAioAlignment * offload::kAioAlignment);
+  std::vector<Setting> settings;
+  for (int64_t block : {256 << 10, 1 << 20, 4 << 20, 16 << 20})
+    for (int64_t depth : {4, 8, 16, 32})
+      for (int64_t threads : {1, 2, 4})
+        for (bool single : {false, true})
+          for (bool overlap : {true, false}) settings.push_back({block, depth, threads, single, overlap, {}, {}, {}});
+  const std::string file_path = path + "/zero-nvme-tune-" + std::to_string(getpid());
+  try {
+    auto file = offload::AioFile::open(file_path, true);
+    ::unlink(file_path.c_str());  // the open descriptor keeps it; nothing is left behind
+    file->reserve(size);
+    offload::AlignedBuffer buf(size);
+    std::memset(buf.data(), 0x5a, static_cast<size_t>(buf.size()));
+    std::fprintf(stderr, "zero nvme-tune: %s, %s per transfer, %zu settings%s\n", path.c_str(),
+                 format_bytes(size).c_str(), settings.size(),
+                 file->direct() ? ", O_DIRECT" : ", buffered (this filesystem refuses O_DIRECT)");
+    {
+      offload::AioEngine first(offload::AioOptions{});
+      first.write(file, buf.data(), size, 0).wait();  // from now on every write overwrites
+    }
+    auto measure = [&](Setting& s) {
+      offload::AioOptions o;
+      o.block_size = s.block;
+      o.queue_depth = s.depth;
+      o.threads = s.threads;
+      o.single_submit = s.single_submit;
+      o.overlap_events = s.overlap_events;
+      offload::AioEngine engine(o);
+      const double tw = seconds([&] { engine.write(file, buf.data(), size, 0).wait(); });
+      const double tr = seconds([&] { engine.read(file, buf.data(), size, 0).wait(); });
+      s.write_gbs.push_back(size / tw / 1e9);
+      s.read_gbs.push_back(size / tr / 1e9);
+      s.both_gbs.push_back(2.0 * size / (tw + tr) / 1e9);
+    };
+    ProgressLine sweep("sweep", static_cast<int64_t>(settings.size()), "settings");
+    for (size_t i = 0; i < settings.size(); ++i) {
+      measure(settings[i]);
+      sweep.update(static_cast<int64_t>(i + 1));
+    }
+    sweep.finish();
+    std::sort(settings.begin(), settings.end(), [](const Setting& a, const Setting& b) { return a.score() > b.score(); });
+    // The disk's speed drifts: the leaders go again, in turns, and the median ranks them.
+    const size_t top = std::min<size_t>(5, settings.size());
+    ProgressLine again("re-measuring the fastest", static_cast<int64_t>(top * rounds), "runs");
+    for (int64_t r = 0; r < rounds; ++r) {
+      for (size_t i = 0; i < top; ++i) {
+        measure(settings[i]);
+        again.update(static_cast<int64_t>(r * top + i + 1));
+      }
+    }
+    again.finish();
+    std::sort(settings.begin(), settings.begin() + static_cast<std::ptrdiff_t>(top),
+              [](const Setting& a, const Setting& b) { return a.score() > b.score(); });
+    std::printf("zero nvme-tune: %s, %s write then read per setting (GB/s = 1e9 bytes/s; medians)\n", path.c_str(),
+                format_bytes(size).c_str());
+    std::printf("  %10s %6s %8s %7s %8s %10s %10s %10s\n", "block", "depth", "threads", "single", "overlap",
+                "write", "read", "both");
+    const size_t shown = std::min<size_t>(12, settings.size());
+    for (size_t i = 0; i < shown; ++i) {
+      const Setting& s = settings[i];
+      std::printf("  %10s %6lld %8lld %7s %8s %10.3f %10.3f %10.3f%s\n", format_bytes(s.block).c_str(),
+                  static_cast<long long>(s.depth), static_cast<long long>(s.threads), s.single_submit ? "yes" : "no",
+                  s.overlap_events ? "yes" : "no", s.median(s.write_gbs), s.median(s.read_gbs), s.score(),
+                  i < top ? "" : "  (one run)");
+    }
+    const Setting& best = settings.front();
+    const Setting* dflt = nullptr;
+    for (const auto& s : settings)
+      if (s.block == 1 << 20 && s.depth == 8 && s.threads == 1 && !s.single_submit && s.overlap_events) dflt = &s;
+    if (dflt != nullptr) {
+      std::printf("  best / DeepSpeed's defaults (1 MiB, depth 8, 1 thread): %.2f (the defaults: one run)\n",
+                  best.score() / dflt->score());
+    }
+    std::printf("\nPaste into the DeepSpeed config:\n\"aio\": %s\n", best.aio().dump().c_str());
+    if (!json_path.empty()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& s : settings) {
+        rows.push_back({{"aio", s.aio()},
+                        {"write_gb_per_s", s.median(s.write_gbs)},
+                        {"read_gb_per_s", s.median(s.read_gbs)},
+                        {"both_gb_per_s", s.score()},
+                        {"runs", s.both_gbs.size()}});
+      }
+      nlohmann::json j = {{"tool", "nvme-tune"}, {"path", path}, {"transfer_bytes", size}, {"best_aio", best.aio()},
+                          {"best_both_gb_per_s", best.score()}, {"settings", rows}};
+      std::ofstream(json_path) << j.dump(2) << "\n";
+    }
+  } catch (const zero::Error& e) {
+    std::cerr << "zero nvme-tune: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace zero::tools
