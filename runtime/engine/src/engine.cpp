@@ -63,8 +63,9 @@ void check_trainable(const config::Config& c) {
                        "optimizer from the config (client optimizers are not supported)"});
   }
   if (c.zero.offload_param.device == config::OffloadDevice::kNvme) {
-    throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" is not "
-                           "implemented in this build yet; use \"cpu\" or \"none\"");
+    throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" (stage-3 parameters "
+                           "on NVMe) is not implemented in this build yet; use \"cpu\" (the optimizer states can "
+                           "still go to NVMe: offload_optimizer.device \"nvme\")");
   }
 }
 
