@@ -478,6 +478,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
   }
+  if (const auto* sw = s.optimizer->swapper(); sw != nullptr && s.dist.rank == 0) {
+    log::info("optimizer states on NVMe under " + sw->options().nvme_path + ": " + format_bytes(sw->file_bytes()) +
+              " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
+              std::to_string(sw->num_sub_groups()) + " sub-groups through " + format_bytes(sw->buffer_bytes()) +
+              " of host buffers");
+  }
   if (s.config.scheduler) {
     s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
                                              s.config.optimizer->betas[0]);
