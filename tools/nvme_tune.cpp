@@ -27,8 +27,7 @@ namespace zero::tools {
 namespace {
 
 struct Setting {
-  int64_t block, depth, threads;
-  bool single_submit, overlap_events;
+  offload::AioOptions aio;
   std::vector<double> write_gbs, read_gbs, both_gbs;
 
   double median(std::vector<double> v) const {
@@ -36,12 +35,12 @@ struct Setting {
     return v.empty() ? 0 : v[v.size() / 2];
   }
   double score() const { return median(both_gbs); }
-  nlohmann::json aio() const {
-    return {{"block_size", block},
-            {"queue_depth", depth},
-            {"intra_op_parallelism", threads},
-            {"single_submit", single_submit},
-            {"overlap_events", overlap_events}};
+  nlohmann::json section() const {  // the config's names
+    return {{"block_size", aio.block_size},
+            {"queue_depth", aio.queue_depth},
+            {"intra_op_parallelism", aio.threads},
+            {"single_submit", aio.single_submit},
+            {"overlap_events", aio.overlap_events}};
   }
 };
 
@@ -85,7 +84,8 @@ int nvme_tune(const std::vector<std::string>& args) {
     for (int64_t depth : {4, 8, 16, 32})
       for (int64_t threads : {1, 2, 4})
         for (bool single : {false, true})
-          for (bool overlap : {true, false}) settings.push_back({block, depth, threads, single, overlap, {}, {}, {}});
+          for (bool overlap : {true, false})
+            settings.push_back({offload::AioOptions{block, depth, threads, single, overlap}, {}, {}, {}});
   const std::string file_path = path + "/zero-nvme-tune-" + std::to_string(getpid());
   try {
     auto file = offload::AioFile::open(file_path, true);
@@ -101,13 +101,7 @@ int nvme_tune(const std::vector<std::string>& args) {
       first.write(file, buf.data(), size, 0).wait();  // from now on every write overwrites
     }
     auto measure = [&](Setting& s) {
-      offload::AioOptions o;
-      o.block_size = s.block;
-      o.queue_depth = s.depth;
-      o.threads = s.threads;
-      o.single_submit = s.single_submit;
-      o.overlap_events = s.overlap_events;
-      offload::AioEngine engine(o);
+      offload::AioEngine engine(s.aio);
       const double tw = seconds([&] { engine.write(file, buf.data(), size, 0).wait(); });
       const double tr = seconds([&] { engine.read(file, buf.data(), size, 0).wait(); });
       s.write_gbs.push_back(size / tw / 1e9);
@@ -140,30 +134,30 @@ int nvme_tune(const std::vector<std::string>& args) {
     const size_t shown = std::min<size_t>(12, settings.size());
     for (size_t i = 0; i < shown; ++i) {
       const Setting& s = settings[i];
-      std::printf("  %10s %6lld %8lld %7s %8s %10.3f %10.3f %10.3f%s\n", format_bytes(s.block).c_str(),
-                  static_cast<long long>(s.depth), static_cast<long long>(s.threads), s.single_submit ? "yes" : "no",
-                  s.overlap_events ? "yes" : "no", s.median(s.write_gbs), s.median(s.read_gbs), s.score(),
-                  i < top ? "" : "  (one run)");
+      std::printf("  %10s %6lld %8lld %7s %8s %10.3f %10.3f %10.3f%s\n", format_bytes(s.aio.block_size).c_str(),
+                  static_cast<long long>(s.aio.queue_depth), static_cast<long long>(s.aio.threads),
+                  s.aio.single_submit ? "yes" : "no", s.aio.overlap_events ? "yes" : "no", s.median(s.write_gbs),
+                  s.median(s.read_gbs), s.score(), i < top ? "" : "  (one run)");
     }
     const Setting& best = settings.front();
     const Setting* dflt = nullptr;
     for (const auto& s : settings)
-      if (s.block == 1 << 20 && s.depth == 8 && s.threads == 1 && !s.single_submit && s.overlap_events) dflt = &s;
+      if (s.section() == Setting{}.section()) dflt = &s;  // AioOptions' defaults are DeepSpeed's
     if (dflt != nullptr) {
-      std::printf("  best / DeepSpeed's defaults (1 MiB, depth 8, 1 thread): %.2f (the defaults: one run)\n",
-                  best.score() / dflt->score());
+      std::printf("  best / DeepSpeed's defaults (1 MiB, depth 8, 1 thread): %.2f (the defaults: median of %zu run%s)\n",
+                  best.score() / dflt->score(), dflt->both_gbs.size(), dflt->both_gbs.size() == 1 ? "" : "s");
     }
-    std::printf("\nPaste into the DeepSpeed config:\n\"aio\": %s\n", best.aio().dump().c_str());
+    std::printf("\nPaste into the DeepSpeed config:\n\"aio\": %s\n", best.section().dump().c_str());
     if (!json_path.empty()) {
       nlohmann::json rows = nlohmann::json::array();
       for (const auto& s : settings) {
-        rows.push_back({{"aio", s.aio()},
+        rows.push_back({{"aio", s.section()},
                         {"write_gb_per_s", s.median(s.write_gbs)},
                         {"read_gb_per_s", s.median(s.read_gbs)},
                         {"both_gb_per_s", s.score()},
                         {"runs", s.both_gbs.size()}});
       }
-      nlohmann::json j = {{"tool", "nvme-tune"}, {"path", path}, {"transfer_bytes", size}, {"best_aio", best.aio()},
+      nlohmann::json j = {{"tool", "nvme-tune"}, {"path", path}, {"transfer_bytes", size}, {"best_aio", best.section()},
                           {"best_both_gb_per_s", best.score()}, {"settings", rows}};
       std::ofstream(json_path) << j.dump(2) << "\n";
     }
