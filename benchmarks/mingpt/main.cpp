@@ -371,7 +371,11 @@ int main(int argc, char** argv) {
         summary["nvme"] = {{"file_bytes", nv->file_bytes},       {"buffer_bytes", nv->buffer_bytes},
                            {"bytes_read", nv->bytes_read},       {"bytes_written", nv->bytes_written},
                            {"read_wait_s", nv->read_wait_s},     {"write_wait_s", nv->write_wait_s},
-                           {"optimizer_step_s", nv->step_s}};
+                           {"optimizer_step_s", nv->step_s},
+                           {"param_file_bytes", nv->param_file_bytes},
+                           {"param_bytes_read", nv->param_bytes_read},
+                           {"param_bytes_written", nv->param_bytes_written},
+                           {"param_read_wait_s", nv->param_read_wait_s}};
       }
       const std::string tmp = args.summary_json + ".tmp";
       {

@@ -319,6 +319,29 @@ TEST(Engine, NvmeOffloadChecksThePathUpFrontAndTrains) {
   std::filesystem::remove(dir);
 }
 
+// Stage 3 parameter shards on NVMe: a buffer_size below the largest shard
+// to swap is a ConfigError naming the key, the size needed and the layer.
+TEST(Engine, NvmeParamBufferTooSmallNamesTheKeyAndTheShard) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_nvme_param_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto model = make_model(1);
+  try {
+    zero::initialize(model.ptr(),
+                     config_json(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )"
+                                 R"("offload_param": {"device": "nvme", )"
+                                 R"("nvme_path": ")" + dir + R"(", "buffer_size": 10, "max_in_cpu": 0}})"),
+                     quiet());
+    FAIL() << "expected a ConfigError";
+  } catch (const zero::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("zero_optimization.offload_param.buffer_size: expected at least"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(layer "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("got 10"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
 // Offloaded states go to the pinned tier up to its limit, then fall back to
 // pageable host memory; training is the same either way.
 TEST(Engine, OffloadFallsBackToPageableMemoryPastThePinnedLimit) {

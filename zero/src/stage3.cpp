@@ -32,8 +32,15 @@ LayerHandle find_layer(const void* module) {
 }
 
 Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units,
-                                     Stage3Options options, at::Device device, Comm* comm, MemoryLedger& ledger)
-    : params_(params), units_(std::move(units)), options_(options), device_(device), comm_(comm), ledger_(ledger) {
+                                     Stage3Options options, at::Device device, Comm* comm, MemoryLedger& ledger,
+                                     ParamSwapper* swapper)
+    : params_(params),
+      units_(std::move(units)),
+      options_(options),
+      device_(device),
+      comm_(comm),
+      ledger_(ledger),
+      swapper_(swapper) {
   ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
   if (comm_ != nullptr) world_size_ = comm_->world_size();
   groups_.resize(params_.groups().size());
@@ -70,7 +77,10 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
   grp.bytes = ledger_.reserve(Tier::kDevice, Kind::kParameters, nbytes,
                               "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
   set_storage_bytes(full, static_cast<size_t>(nbytes));
-  // offload_param: the partition lives in host memory; the copy to the device is part of the gather.
+  // offload_param: the partition lives in host memory (or on disk: read it
+  // now, if the trace did not start it earlier); the copy to the device is
+  // part of the gather.
+  if (swapper_ != nullptr) swapper_->wait_read(g);
   const at::Tensor& chunk = params_.part(g);
   grp.send = chunk.device() == device_ ? chunk : chunk.to(device_, /*non_blocking=*/true);
   if (world_size_ == 1 || comm_ == nullptr) {
@@ -115,6 +125,7 @@ void Stage3Coordinator::wait(size_t g) {
   if (grp.work.pending()) grp.work.wait();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   grp.send = at::Tensor();
+  if (swapper_ != nullptr) swapper_->release(g);  // sent: the shard's buffer is free
   grp.state = State::kGathered;
   bind(g);
 }
@@ -225,7 +236,10 @@ void Stage3Coordinator::acquire(size_t unit, bool traced) {
     }
     ++groups_[g].users;
   }
-  if (traced) prefetch();  // the next layers' gathers go out before this one's is waited on
+  if (traced) {
+    prefetch();  // the next layers' gathers go out before this one's is waited on
+    read_ahead();
+  }
   for (size_t g : units_[unit].groups) wait(g);
 }
 
@@ -242,6 +256,28 @@ void Stage3Coordinator::prefetch() {
       in_flight += numel(g);
     }
   }
+}
+
+// Shards on disk of the layers after the prefetch window start reading, in
+// trace order, while buffers are free (NOTE [parameter swapping]).
+void Stage3Coordinator::read_ahead() {
+  if (!trusted_ || swapper_ == nullptr) return;
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    for (size_t g : units_[trace_[i].unit].groups) {
+      if (groups_[g].state != State::kReleased || !swapper_->on_disk(g)) continue;
+      if (!swapper_->start_read(g, /*may_wait=*/false)) return;
+    }
+  }
+}
+
+bool Stage3Coordinator::finish_a_gather() {
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    if (groups_[g].state == State::kInFlight) {
+      wait(g);
+      return true;
+    }
+  }
+  return false;
 }
 
 void Stage3Coordinator::pre_forward(size_t unit) {

@@ -103,6 +103,7 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     rank_ = comm_->rank();
   }
   if (options_.nvme) options_.offload_optimizer = true;
+  if (layout.nvme_param) layout.offload_param = params_on_disk_ = true;
   const Tier tier = !layout.offload_param ? Tier::kDevice : layout.pin_param ? Tier::kPinnedHost : Tier::kHost;
   try {
     flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
@@ -114,9 +115,11 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
                                              rank_, Tier::kHost, ledger);
   }
-  init_states();
+  init_states();  // the master copies the shards first
+  if (layout.nvme_param) param_swapper_ = std::make_unique<ParamSwapper>(*flat_, *layout.nvme_param, ledger);
   stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
-                                                comm_, ledger);
+                                                comm_, ledger, param_swapper_.get());
+  if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };
 }
 
 void ZeroOptimizer::init_states() {
@@ -136,7 +139,7 @@ void ZeroOptimizer::init_states() {
   }
   if (flat_->stage3()) {
     // The partition is the fp32 master itself when it is fp32 on the device.
-    master_is_param_ = options_.compute_dtype == at::kFloat && !options_.offload_optimizer &&
+    master_is_param_ = options_.compute_dtype == at::kFloat && !options_.offload_optimizer && !params_on_disk_ &&
                        flat_->part(0).device() == options_.device;
   } else {
     master_is_param_ = options_.compute_dtype == at::kFloat && layout_ws == 1 && !options_.offload_optimizer;
@@ -370,9 +373,11 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   // (one partition), or the buffer this rank's chunk is all-gathered from.
   // The optimizer writes it in the same pass as the update.
   std::vector<at::Tensor> outs(n_groups);
+  // A shard on disk gets its buffer when its first values are ready.
+  auto on_disk = [&](size_t g) { return param_swapper_ != nullptr && param_swapper_->on_disk(g); };
   for (size_t g = 0; g < n_groups && !master_is_param_; ++g) {
     if (flat_->stage3()) {
-      outs[g] = flat_->part(g);
+      if (!on_disk(g)) outs[g] = flat_->part(g);
     } else {
       outs[g] = partitioned() ? at::empty({flat_->groups()[g].chunk_numel},
                                           at::TensorOptions().dtype(options_.compute_dtype).device(options_.device))
@@ -381,6 +386,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   }
   // Elements [start, start + m.numel()) of group g's chunk.
   auto update = [&](size_t g, int64_t start, at::Tensor m, std::vector<at::Tensor> s) {
+    if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
     // Offloaded at stage 1 this is the device-to-host copy of the owned chunk.
     at::Tensor g32 = owned_grad_chunk(g).narrow(0, start, m.numel()).to(m.device(), at::kFloat);
     if (combined != 1.0) g32.mul_(1.0 / combined);
@@ -389,6 +395,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   };
   std::vector<CommWork> gathers;
   auto group_done = [&](size_t g) {
+    if (on_disk(g) && outs[g].defined()) {  // the new shard goes back to disk
+      param_swapper_->end_update(g);
+      outs[g] = at::Tensor();
+    }
     if (!partitioned() || flat_->stage3()) return;
     at::Tensor range = flat_->group_of(flat_->flat(), g);
     gathers.push_back(comm_->all_gather(range, outs[g]));
@@ -424,8 +434,11 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 double ZeroOptimizer::parameter_l2() const {
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   for (size_t g = 0; g < flat_->groups().size(); ++g) {
+    const bool read = param_swapper_ != nullptr && param_swapper_->on_disk(g);
+    if (read) param_swapper_->wait_read(g);
     const at::Tensor values = flat_->stage3() ? flat_->part(g) : flat_->group_of(flat_->flat(), g);
     sumsq.add_(at::linalg_vector_norm(values, 2, c10::nullopt, false, at::kDouble).to(options_.device).pow(2));
+    if (read) param_swapper_->release(g);
   }
   // Stage 3: each rank has its shards; padding is zero.
   if (flat_->stage3() && comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();

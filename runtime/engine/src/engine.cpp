@@ -62,11 +62,6 @@ void check_trainable(const config::Config& c) {
                        "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
                        "optimizer from the config (client optimizers are not supported)"});
   }
-  if (c.zero.offload_param.device == config::OffloadDevice::kNvme) {
-    throw UnsupportedError(c.source + ": zero_optimization.offload_param.device: \"nvme\" (stage-3 parameters "
-                           "on NVMe) is not implemented in this build yet; use \"cpu\" (the optimizer states can "
-                           "still go to NVMe: offload_optimizer.device \"nvme\")");
-  }
 }
 
 offload::AioOptions aio_options(const config::AioConfig& a) {
@@ -288,8 +283,19 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   b.layout.options.prefetch_bucket_numel = c.zero.prefetch_bucket_size;
   b.layout.options.max_live_numel = c.zero.max_live_parameters;
   b.layout.options.max_reuse_distance = c.zero.max_reuse_distance;
-  b.layout.offload_param = c.zero.offload_param.device == config::OffloadDevice::kCpu;
-  b.layout.pin_param = c.zero.offload_param.pin_memory;
+  const auto& op = c.zero.offload_param;
+  b.layout.offload_param = op.device != config::OffloadDevice::kNone;
+  b.layout.pin_param = op.pin_memory;
+  if (op.device == config::OffloadDevice::kNvme) {
+    partition::ParamSwapOptions p;
+    p.swap.nvme_path = op.nvme_path;
+    p.swap.config_key = "zero_optimization.offload_param";
+    p.swap.buffer_count = op.buffer_count;
+    p.swap.aio = aio_options(c.aio);
+    p.buffer_size = op.buffer_size;
+    p.max_in_cpu = op.max_in_cpu;
+    b.layout.nvme_param = p;
+  }
   return b;
 }
 
@@ -462,6 +468,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   if (s.config.zero.stage == 3) {
     auto b = build_stage3_layout(s.model, s.config, s.options.layers, init);
+    if (b.layout.nvme_param) b.layout.nvme_param->swap.tag = "rank" + std::to_string(s.dist.rank) + "-params";
     if (s.dist.rank == 0) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -483,6 +490,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
               " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
               std::to_string(sw->num_sub_groups()) + " sub-groups through " + format_bytes(sw->buffer_bytes()) +
               " of host buffers");
+  }
+  if (const auto* ps = s.optimizer->param_swapper(); ps != nullptr && s.dist.rank == 0 && ps->swapped_numel() == 0) {
+    log::info("offload_param nvme: every layer shard of rank 0 fits within offload_param.max_in_cpu (" +
+              std::to_string(s.config.zero.offload_param.max_in_cpu) + " elements); nothing is swapped to disk");
+  } else if (ps != nullptr && s.dist.rank == 0) {
+    log::info("stage-3 parameters on NVMe under " + s.config.zero.offload_param.nvme_path + ": " +
+              std::to_string(ps->swapped_numel()) + " elements of rank 0's shards (" + format_bytes(ps->file_bytes()) +
+              "), read for their gathers; the rest within offload_param.max_in_cpu stay in host memory");
   }
   if (s.config.scheduler) {
     s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
@@ -647,10 +662,26 @@ std::optional<Stage3Stats> Engine::stage3_stats() const {
 
 std::optional<NvmeStats> Engine::nvme_stats() const {
   const auto* sw = impl_->optimizer->swapper();
-  if (sw == nullptr) return std::nullopt;
-  const auto& x = sw->stats();
-  return NvmeStats{sw->file_bytes(), sw->buffer_bytes(), x.bytes_read, x.bytes_written,
-                   x.read_wait_s,    x.write_wait_s,     x.pass_s};
+  const auto* ps = impl_->optimizer->param_swapper();
+  if (sw == nullptr && ps == nullptr) return std::nullopt;
+  NvmeStats out;
+  if (sw != nullptr) {
+    const auto& x = sw->stats();
+    out.file_bytes = sw->file_bytes();
+    out.buffer_bytes = sw->buffer_bytes();
+    out.bytes_read = x.bytes_read;
+    out.bytes_written = x.bytes_written;
+    out.read_wait_s = x.read_wait_s;
+    out.write_wait_s = x.write_wait_s;
+    out.step_s = x.pass_s;
+  }
+  if (ps != nullptr) {
+    out.param_file_bytes = ps->file_bytes();
+    out.param_bytes_read = ps->stats().bytes_read;
+    out.param_bytes_written = ps->stats().bytes_written;
+    out.param_read_wait_s = ps->stats().read_wait_s;
+  }
+  return out;
 }
 
 void Engine::reset_stage3_peak() {

@@ -48,6 +48,7 @@
 #include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
 #include "zero/zero/flat_parameters.h"
+#include "zero/zero/param_swapper.h"
 
 namespace zero::partition {
 
@@ -67,8 +68,10 @@ struct Stage3Unit {
 class Stage3Coordinator {
  public:
   /// Registers every unit's module (see find_layer). Gathers group 0.
+  /// `swapper` (may be null, else outlives this): offload_param nvme, NOTE
+  /// [parameter swapping]; shards on disk are read for their gathers.
   Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units, Stage3Options options,
-                    at::Device device, Comm* comm, MemoryLedger& ledger);
+                    at::Device device, Comm* comm, MemoryLedger& ledger, ParamSwapper* swapper = nullptr);
   ~Stage3Coordinator();
   Stage3Coordinator(const Stage3Coordinator&) = delete;
   Stage3Coordinator& operator=(const Stage3Coordinator&) = delete;
@@ -81,6 +84,9 @@ class Stage3Coordinator {
   void end_backward();
   /// After an optimizer step changed the partitions: refreshes group 0.
   void after_step();
+  /// Waits for one all-gather in flight (the swapper needs its buffer);
+  /// false when none is in flight.
+  bool finish_a_gather();
   /// Gathers group g (on every rank), runs fn, and releases it unless in use.
   void with_gathered(size_t g, const std::function<void()>& fn);
 
@@ -125,6 +131,7 @@ class Stage3Coordinator {
   void maybe_release(size_t g, bool traced);
   void make_room(int64_t numel);
   void prefetch();
+  void read_ahead();
   /// Elements gathered by the trace after the cursor before group g is used
   /// again; -1 when it is not.
   int64_t next_use_distance(size_t g) const;
@@ -136,6 +143,7 @@ class Stage3Coordinator {
   at::Device device_;
   Comm* comm_;
   MemoryLedger& ledger_;
+  ParamSwapper* swapper_;
   int64_t world_size_ = 1;
   std::vector<Group> groups_;
   std::vector<Event> trace_, current_;

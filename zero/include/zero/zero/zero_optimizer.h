@@ -46,6 +46,7 @@
 #include "zero/runtime/memory_ledger.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/stage3.h"
+#include "zero/zero/param_swapper.h"
 #include "zero/zero/state_swapper.h"
 
 namespace zero::partition {
@@ -101,6 +102,9 @@ struct Stage3Layout {
   /// when offload_param.pin_memory, within the ledger's pinned limit).
   bool offload_param = false;
   bool pin_param = true;
+  /// offload_param.device = nvme (implies offload_param): the layer shards
+  /// beyond max_in_cpu live in a swap file (NOTE [parameter swapping]).
+  std::optional<ParamSwapOptions> nvme_param;
 };
 
 /// What one boundary step did.
@@ -159,6 +163,8 @@ class ZeroOptimizer {
   const Stage3Coordinator* stage3() const { return stage3_.get(); }
   /// The NVMe swapper of the optimizer states (null unless options.nvme).
   const StateSwapper* swapper() const { return swapper_.get(); }
+  /// The NVMe swapper of stage 3's parameter shards (null unless offload_param nvme).
+  const ParamSwapper* param_swapper() const { return param_swapper_.get(); }
 
  private:
   bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
@@ -188,6 +194,7 @@ class ZeroOptimizer {
   std::unique_ptr<StateSwapper> swapper_;
   std::vector<std::pair<size_t, int64_t>> sub_groups_;  // NVMe: per sub-group, its group and start in the chunk
   bool master_is_param_ = false;
+  bool params_on_disk_ = false;  // stage 3, offload_param nvme: the shards cannot be the master
 
   // Per backward.
   bool in_backward_ = false;        // between begin_backward and end_backward
@@ -206,7 +213,8 @@ class ZeroOptimizer {
   std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
   double comm_wait_s_ = 0;
   double gather_wait_s_ = 0;
-  std::unique_ptr<Stage3Coordinator> stage3_;  // after flat_: destroyed before it
+  std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
+  std::unique_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it
 };
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.

@@ -67,8 +67,9 @@ struct Stage3Stats {
   bool trace_valid = false;
 };
 
-/// The NVMe swapping of optimizer states (NOTE [optimizer swapping]), this
-/// rank, since the engine was made.
+/// The NVMe swapping of optimizer states (NOTE [optimizer swapping]) and of
+/// stage 3's parameters (NOTE [parameter swapping]), this rank, since the
+/// engine was made.
 struct NvmeStats {
   int64_t file_bytes = 0;     // the swap files
   int64_t buffer_bytes = 0;   // the host buffers they are stepped through
@@ -77,6 +78,11 @@ struct NvmeStats {
   double read_wait_s = 0;     // the optimizer waited for reads...
   double write_wait_s = 0;    // ...and for writes: the part not hidden
   double step_s = 0;          // in the swapped optimizer passes, all told
+  // Stage 3's parameter shards (offload_param nvme): zero when not swapped.
+  int64_t param_file_bytes = 0;
+  int64_t param_bytes_read = 0;
+  int64_t param_bytes_written = 0;  // the initial write included
+  double param_read_wait_s = 0;     // gathers waited for shards coming from disk
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
@@ -163,7 +169,7 @@ class Engine {
 
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;
-  /// The optimizer swap's figures; nullopt unless offload_optimizer.device is nvme.
+  /// The NVMe swaps' figures; nullopt unless offload_optimizer or offload_param is on nvme.
   std::optional<NvmeStats> nvme_stats() const;
   /// Starts the live-parameter peak anew.
   void reset_stage3_peak();

@@ -1,0 +1,107 @@
+// Stage 3's parameter partitions on NVMe (offload_param.device = nvme).
+//
+// NOTE [parameter swapping]
+// Each layer group's shard (this rank's chunk, in the compute dtype) has a
+// 4 KiB-aligned place in one swap file (NOTE [swap files]). Groups stay in
+// host memory, in order, while their elements total at most
+// offload_param.max_in_cpu (and group 0, the always-gathered one, always);
+// the rest live on disk and come into one of `buffer_count` buffers of
+// `buffer_size` elements when needed:
+//   - for a gather: the coordinator starts the read when it issues the
+//     group's all-gather, or earlier, following the stage-3 trace, for the
+//     layers after the prefetch window (as many as there are free buffers);
+//     the buffer is given back once the all-gather has sent the shard;
+//   - for the optimizer step: the step writes the new 16-bit values into a
+//     buffer (no read: it overwrites the whole shard), then writes it back;
+//     the buffer is free once that write is done, and a later read of the
+//     group waits for it.
+// part(g) of a group on disk is an empty tensor; while the shard is in a
+// buffer, part(g) is that buffer. A buffer that is needed while all are in
+// use is freed by finishing a write, then an all-gather in flight (the
+// coordinator's), then by dropping a shard that was only read ahead.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/offload/aio.h"
+#include "zero/runtime/memory_ledger.h"
+#include "zero/zero/flat_parameters.h"
+#include "zero/zero/state_swapper.h"
+
+namespace zero::partition {
+
+struct ParamSwapOptions {
+  SwapOptions swap;                  // nvme_path, buffer_count, aio; config_key "zero_optimization.offload_param"
+  int64_t buffer_size = 100000000;   // elements per buffer
+  int64_t max_in_cpu = 1000000000;   // elements kept in host memory
+};
+
+class ParamSwapper {
+ public:
+  /// Decides which groups go to disk, checks the buffers can hold each of
+  /// them, creates the file and the buffers, writes those groups' shards and
+  /// frees their memory. Throws zero::ConfigError (buffer_size too small,
+  /// bad path), zero::IoError, zero::OutOfMemoryError.
+  ParamSwapper(FlatParameters& params, ParamSwapOptions options, MemoryLedger& ledger);
+  ~ParamSwapper();
+  ParamSwapper(const ParamSwapper&) = delete;
+  ParamSwapper& operator=(const ParamSwapper&) = delete;
+
+  bool on_disk(size_t g) const { return groups_[g].swapped; }
+  /// Starts reading group g's shard unless it is in memory or on its way.
+  /// `may_wait` false (read-ahead): returns false instead of waiting for a
+  /// buffer. Returns true when the shard is in memory or on its way.
+  bool start_read(size_t g, bool may_wait);
+  /// Waits for the read; part(g) then holds the shard until release(g).
+  void wait_read(size_t g);
+  /// The shard is not needed in memory any more (it is unchanged on disk).
+  void release(size_t g);
+  /// The step: part(g) becomes a buffer for the new values (contents
+  /// undefined: the caller writes all of it).
+  const at::Tensor& begin_update(size_t g);
+  /// Writes part(g) back and releases it when the write is done.
+  void end_update(size_t g);
+  /// Called when every buffer is taken: finishes an all-gather that holds
+  /// one (see NOTE); returns false when there is none.
+  std::function<bool()> finish_a_gather;
+
+  int64_t file_bytes() const { return file_bytes_; }
+  int64_t swapped_numel() const { return swapped_numel_; }
+  const SwapStats& stats() const { return stats_; }
+
+ private:
+  enum class State { kOnDisk, kReading, kInMemory };
+  struct Group {
+    bool swapped = false;
+    State state = State::kOnDisk;
+    int slot = -1;
+    int64_t offset = 0;  // in the file
+    int64_t bytes = 0;   // aligned transfer length
+    int pending_write = -1;  // slot whose write of this group is in flight
+    bool held = false;       // between wait_read and release: an all-gather sends it
+    bool updating = false;
+  };
+  struct Slot;
+  int take_slot(bool may_wait);
+  void settle_write(int slot);
+  void point_part_at(size_t g, int slot);
+  void empty_part(size_t g);
+
+  FlatParameters& params_;
+  ParamSwapOptions options_;
+  std::vector<Group> groups_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<offload::AioEngine> engine_;
+  std::shared_ptr<offload::AioFile> file_;
+  MemoryLedger::Reservation disk_, buffers_;
+  int64_t file_bytes_ = 0, swapped_numel_ = 0;
+  SwapStats stats_;
+};
+
+}  // namespace zero::partition
