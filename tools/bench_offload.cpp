@@ -2,6 +2,9 @@
 // cpu) against NVMe swap files under --path (NOTE [optimizer swapping]), the
 // swap with its pipeline off (read, step, write one after another) and on
 // (read ahead, write behind), on real ranks with the same minGPT and data.
+// With --stage 3 the layer shards follow them (offload_param cpu / nvme with
+// max_in_cpu 0; NOTE [parameter swapping]), read ahead by the gathers'
+// prefetch with the pipeline and on demand without it.
 // The share of the disk time the pipeline hides is 1 - (the optimizer's wait
 // for reads and writes with the pipeline) / (the same without it), where
 // without it every transfer is waited for.
@@ -32,7 +35,7 @@ struct Variant {
 int bench_offload(const std::vector<std::string>& args) {
   std::map<std::string, int64_t> ints = {{"--nproc", 2},      {"--n_layer", 4}, {"--n_embd", 384},
                                          {"--batch_size", 8}, {"--steps", 10},  {"--sub_group", 500000},
-                                         {"--buffers", 4}};
+                                         {"--buffers", 4},    {"--stage", 2}};
   std::string json_path, path;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -40,6 +43,11 @@ int bench_offload(const std::vector<std::string>& args) {
     else rest.push_back(args[i]);
   }
   if (!parse_bench_options("zero bench offload", rest, ints, json_path)) return 2;
+  const int64_t stage = ints["--stage"];
+  if (stage < 1 || stage > 3) {
+    std::cerr << "zero bench offload: --stage: expected 1, 2 or 3; got " << stage << "\n";
+    return 2;
+  }
   if (path.empty()) {
     std::cerr << "zero bench offload: --path DIR is required (a folder on the disk for the swap files)\n";
     return 2;
@@ -63,10 +71,26 @@ int bench_offload(const std::vector<std::string>& args) {
                         {"gradient_clipping", 1.0},
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
                         {"zero_optimization",
-                         {{"stage", 2},
+                         {{"stage", stage},
                           {"overlap_comm", true},
                           {"sub_group_size", ints["--sub_group"]},
                           {"offload_optimizer", offload}}}};
+    if (stage == 3) {
+      // The layer shards follow the optimizer states: host memory, or disk
+      // with every shard swapped (max_in_cpu 0), read by the gathers'
+      // prefetch (on with the pipeline, off without it).
+      auto& z = c["zero_optimization"];
+      z["stage3_param_persistence_threshold"] = 0;
+      z["stage3_prefetch_bucket_size"] = v.pipeline || !v.nvme ? 2000000 : 0;
+      z["offload_param"] = {{"device", "cpu"}};
+      if (v.nvme) {
+        z["offload_param"] = {{"device", "nvme"},
+                              {"nvme_path", path},
+                              {"buffer_count", ints["--buffers"]},
+                              {"buffer_size", 100000000},
+                              {"max_in_cpu", 0}};
+      }
+    }
     std::ostringstream a;
     a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
       << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
@@ -79,24 +103,34 @@ int bench_offload(const std::vector<std::string>& args) {
   auto nv = [&](const nlohmann::json& r, const char* key) {
     return r.contains("nvme") ? per_step_ms(r, r["nvme"][key].get<double>()) : 0.0;
   };
-  auto wait_ms = [&](const nlohmann::json& r) { return nv(r, "read_wait_s") + nv(r, "write_wait_s"); };
+  // The optimizer's waits for its states and, at stage 3, the gathers' waits
+  // for shards read from disk.
+  auto wait_ms = [&](const nlohmann::json& r) {
+    return nv(r, "read_wait_s") + nv(r, "write_wait_s") + nv(r, "param_read_wait_s");
+  };
   const nlohmann::json &cpu = results[0], &serial = results[1], &piped = results[2];
   const double hidden = wait_ms(serial) > 0 ? std::max(0.0, 1.0 - wait_ms(piped) / wait_ms(serial)) : 0.0;
-  const double gb_per_step = piped["nvme"]["file_bytes"].get<double>() * 2 / 1e9;  // read and written each step
-  std::printf("zero bench offload: minGPT %lld parameters on %lld ranks, stage 2, micro-batch %lld, %lld steps, "
+  // Read and written each step; stage 3's shards are read for forward and
+  // backward and written once.
+  const double gb_per_step = (piped["nvme"]["file_bytes"].get<double>() * 2 +
+                              piped["nvme"]["param_bytes_read"].get<double>() / piped["steps"].get<double>() +
+                              piped["nvme"]["param_file_bytes"].get<double>()) /
+                             1e9;
+  std::printf("zero bench offload: minGPT %lld parameters on %lld ranks, stage %lld, micro-batch %lld, %lld steps, "
               "sub_group_size %lld, buffer_count %lld, swap files under %s (%.3f GB moved per rank per step)\n",
               static_cast<long long>(cpu["num_parameters"].get<int64_t>()), static_cast<long long>(ints["--nproc"]),
-              static_cast<long long>(ints["--batch_size"]), static_cast<long long>(ints["--steps"]),
+              static_cast<long long>(stage), static_cast<long long>(ints["--batch_size"]), static_cast<long long>(ints["--steps"]),
               static_cast<long long>(ints["--sub_group"]), static_cast<long long>(ints["--buffers"]), path.c_str(),
               gb_per_step);
-  std::printf("  %-24s %10s %22s %18s\n", "", "ms/step", "optimizer step ms", "disk wait ms");
+  std::printf("  %-24s %10s %20s %20s %20s\n", "", "ms/step", "optimizer step ms", "states wait ms",
+              "shard read wait ms");
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     if (r.contains("nvme"))
-      std::printf("  %-24s %10.2f %22.2f %18.2f\n", variants[i].label, step_ms(r), nv(r, "optimizer_step_s"),
-                  wait_ms(r));
+      std::printf("  %-24s %10.2f %20.2f %20.2f %20.2f\n", variants[i].label, step_ms(r), nv(r, "optimizer_step_s"),
+                  nv(r, "read_wait_s") + nv(r, "write_wait_s"), nv(r, "param_read_wait_s"));
     else
-      std::printf("  %-24s %10.2f %22s %18s\n", variants[i].label, step_ms(r), "-", "-");
+      std::printf("  %-24s %10.2f %20s %20s %20s\n", variants[i].label, step_ms(r), "-", "-", "-");
   }
   std::printf("  step time, NVMe (pipelined) / CPU offload:  %.3f\n", step_ms(piped) / step_ms(cpu));
   std::printf("  step time, NVMe pipeline on / off:          %.3f\n", step_ms(piped) / step_ms(serial));
@@ -104,12 +138,15 @@ int bench_offload(const std::vector<std::string>& args) {
   if (!json_path.empty()) {
     nlohmann::json j = {{"benchmark", "offload"},
                         {"ranks", ints["--nproc"]},
+                        {"stage", stage},
                         {"num_parameters", cpu["num_parameters"]},
                         {"cpu_offload_step_ms", step_ms(cpu)},
                         {"nvme_serial_step_ms", step_ms(serial)},
                         {"nvme_pipelined_step_ms", step_ms(piped)},
                         {"nvme_serial_disk_wait_ms_per_step", wait_ms(serial)},
                         {"nvme_pipelined_disk_wait_ms_per_step", wait_ms(piped)},
+                        {"nvme_serial_shard_read_wait_ms_per_step", nv(serial, "param_read_wait_s")},
+                        {"nvme_pipelined_shard_read_wait_ms_per_step", nv(piped, "param_read_wait_s")},
                         {"nvme_swap_gb_per_rank_per_step", gb_per_step},
                         {"ratio_nvme_vs_cpu_step_time", step_ms(piped) / step_ms(cpu)},
                         {"ratio_pipeline_on_vs_off_step_time", step_ms(piped) / step_ms(serial)},

@@ -31,10 +31,10 @@ commands:
   bench aio --path DIR [--size 1GiB --block-size 1MiB --queue-depth N --threads N --rounds N --buffer 8MiB] [--json FILE]
       The AIO engine's sequential O_DIRECT write and read throughput on a file
       in DIR, side by side with fio on the same file and options.
-  bench offload --path DIR [--nproc N --n_layer N --n_embd N --batch_size N --steps N --sub_group N --buffers N] [--json FILE]
-      minGPT on N ranks at stage 2 with the optimizer states in CPU memory
-      and in NVMe swap files under DIR, the swap pipeline off and on: step
-      time, the optimizer's wait for the disk, and the share hidden.
+  bench offload --path DIR [--stage 2 --nproc N --n_layer N --n_embd N --batch_size N --steps N --sub_group N --buffers N] [--json FILE]
+      minGPT on N ranks with the optimizer states (stage 3: and the layer
+      shards) in CPU memory and in NVMe swap files under DIR, the swap
+      pipeline off and on: step time, the waits for the disk, the share hidden.
   bench adam [--numel N --steps N] [--json FILE]
       zero's CPU Adam against torch::optim::Adam and the machine's memory
       bandwidth (stream triad), on the same sizes.

@@ -261,7 +261,7 @@ void Stage3Coordinator::prefetch() {
 // Shards on disk of the layers after the prefetch window start reading, in
 // trace order, while buffers are free (NOTE [parameter swapping]).
 void Stage3Coordinator::read_ahead() {
-  if (!trusted_ || swapper_ == nullptr) return;
+  if (!trusted_ || swapper_ == nullptr || options_.prefetch_bucket_numel <= 0) return;  // prefetch off: none
   for (size_t i = cursor_; i < trace_.size(); ++i) {
     for (size_t g : units_[trace_[i].unit].groups) {
       if (groups_[g].state != State::kReleased || !swapper_->on_disk(g)) continue;

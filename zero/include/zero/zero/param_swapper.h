@@ -9,7 +9,8 @@
 // `buffer_size` elements when needed:
 //   - for a gather: the coordinator starts the read when it issues the
 //     group's all-gather, or earlier, following the stage-3 trace, for the
-//     layers after the prefetch window (as many as there are free buffers);
+//     layers after the prefetch window (as many as there are free buffers;
+//     none when stage3_prefetch_bucket_size is 0, prefetch off);
 //     the buffer is given back once the all-gather has sent the shard;
 //   - for the optimizer step: the step writes the new 16-bit values into a
 //     buffer (no read: it overwrites the whole shard), then writes it back;
