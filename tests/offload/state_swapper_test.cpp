@@ -1,4 +1,5 @@
-// The optimizer-state swapper (NOTE [optimizer swapping]): exact round trips
+// The optimizer-state swapper (NOTE [optimizer swapping]) and the parameter
+// swapper (NOTE [parameter swapping]): exact round trips
 // through every pipeline setting at sub-group sizes that are not multiples of
 // the block size, and failed reads and writes that name the file and leave
 // nothing silently wrong.
@@ -15,6 +16,8 @@
 #include <ATen/ATen.h>
 
 #include "zero/runtime/error.h"
+#include "zero/zero/flat_parameters.h"
+#include "zero/zero/param_swapper.h"
 #include "zero/zero/state_swapper.h"
 
 namespace {
@@ -210,6 +213,139 @@ TEST(SwapperOptions, BufferCountBelowOneIsAConfigError) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.buffer_count"), std::string::npos)
         << e.what();
   }
+  ::rmdir(dir.c_str());
+}
+
+}  // namespace
+
+// ---- stage 3's parameter shards (NOTE [parameter swapping]) ----------------
+
+namespace {
+
+using zero::partition::FlatParameters;
+using zero::partition::GroupSpec;
+using zero::partition::ParamSwapOptions;
+using zero::partition::ParamSwapper;
+
+// Group 0 (always in memory) and three layer groups of awkward sizes.
+std::vector<GroupSpec> layer_groups() {
+  std::vector<GroupSpec> specs(4);
+  specs[0].params = {{"pos", at::arange(7, at::kFloat).requires_grad_()}};
+  const int64_t sizes[] = {1, 3000, 70001};
+  for (int i = 1; i <= 3; ++i) {
+    specs[i].name = "blocks." + std::to_string(i);
+    specs[i].params = {
+        {"w" + std::to_string(i), at::arange(sizes[i - 1], at::kFloat).mul_(0.25).add_(i).requires_grad_()}};
+  }
+  return specs;
+}
+
+ParamSwapOptions param_options(const std::string& dir) {
+  ParamSwapOptions o;
+  o.swap.nvme_path = dir;
+  o.swap.config_key = "zero_optimization.offload_param";
+  o.swap.buffer_count = 2;
+  o.buffer_size = 100000;
+  o.max_in_cpu = 0;
+  return o;
+}
+
+at::Tensor expected_shard(size_t g) { return layer_groups()[g].params[0].second.detach(); }
+
+// The shard's first elements (the rest of the chunk is padding).
+at::Tensor shard_of(const FlatParameters& flat, size_t g) {
+  return flat.part(g).narrow(0, 0, expected_shard(g).numel());
+}
+
+TEST(ParamSwapper, ShardsRoundTripThroughTwoBuffersAndStepsWriteBack) {
+  const std::string dir = fresh_dir("params");
+  zero::MemoryLedger ledger;
+  FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+  {
+    ParamSwapper sw(flat, param_options(dir), ledger);
+    EXPECT_TRUE(empty_dir(dir));
+    EXPECT_FALSE(sw.on_disk(0));
+    for (size_t g = 1; g <= 3; ++g) {
+      EXPECT_TRUE(sw.on_disk(g));
+      EXPECT_EQ(flat.part(g).numel(), 0) << "a shard on disk holds no memory";
+    }
+    // Three shards, two buffers: the third read takes a buffer back from a
+    // shard that was only read ahead.
+    for (size_t g = 1; g <= 3; ++g) EXPECT_TRUE(sw.start_read(g, /*may_wait=*/true));
+    for (size_t g = 1; g <= 3; ++g) {
+      sw.wait_read(g);
+      EXPECT_TRUE(at::equal(shard_of(flat, g), expected_shard(g))) << "group " << g;
+      sw.release(g);
+    }
+    for (size_t g = 1; g <= 3; ++g) {
+      const at::Tensor& part = sw.begin_update(g);
+      part.fill_(static_cast<float>(g) * 10);
+      sw.end_update(g);
+    }
+    for (size_t g = 3; g >= 1; --g) {  // each read waits for its shard's write
+      sw.wait_read(g);
+      EXPECT_TRUE(at::equal(shard_of(flat, g), at::full({expected_shard(g).numel()}, static_cast<float>(g) * 10)));
+      sw.release(g);
+    }
+  }
+  EXPECT_TRUE(empty_dir(dir));
+  ::rmdir(dir.c_str());
+}
+
+TEST(ParamSwapper, MaxInCpuKeepsTheFirstLayersInMemory) {
+  const std::string dir = fresh_dir("maxincpu");
+  zero::MemoryLedger ledger;
+  FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+  ParamSwapOptions o = param_options(dir);
+  o.max_in_cpu = 5000;  // groups 1 and 2 (256 + 3072 padded elements) fit; group 3 does not
+  ParamSwapper sw(flat, o, ledger);
+  EXPECT_FALSE(sw.on_disk(1));
+  EXPECT_FALSE(sw.on_disk(2));
+  EXPECT_TRUE(sw.on_disk(3));
+  EXPECT_TRUE(at::equal(shard_of(flat, 2), expected_shard(2)));
+  ::rmdir(dir.c_str());
+}
+
+TEST(ParamSwapper, FailedReadNamesTheFileAndCanBeRetried) {
+  const std::string dir = fresh_dir("preadfault");
+  zero::MemoryLedger ledger;
+  FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+  ParamSwapper sw(flat, param_options(dir), ledger);
+  sw.engine_for_testing().inject_fault(/*on_write=*/false, EIO);
+  try {
+    sw.wait_read(2);
+    FAIL() << "the failed read went unnoticed";
+  } catch (const zero::IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("params.swp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Input/output error"), std::string::npos) << msg;
+  }
+  sw.wait_read(2);  // on disk still: read again
+  EXPECT_TRUE(at::equal(shard_of(flat, 2), expected_shard(2)));
+  ::rmdir(dir.c_str());
+}
+
+TEST(ParamSwapper, FailedWriteBackStopsLaterReads) {
+  const std::string dir = fresh_dir("pwritefault");
+  zero::MemoryLedger ledger;
+  FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+  ParamSwapper sw(flat, param_options(dir), ledger);
+  sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
+  sw.begin_update(1).fill_(1);
+  sw.end_update(1);
+  std::vector<std::string> errors;
+  for (size_t g : {1, 2}) {
+    try {
+      sw.wait_read(g);
+      sw.release(g);
+    } catch (const zero::IoError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  ASSERT_EQ(errors.size(), 2u) << "a read went on after a failed write-back";
+  EXPECT_NE(errors[0].find("No space left on device"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("params.swp"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("not the current ones"), std::string::npos) << errors[1];
   ::rmdir(dir.c_str());
 }
 

@@ -142,7 +142,12 @@ void ParamSwapper::settle_write(int slot) {
   const int64_t g = s.writing;
   s.writing = -1;
   groups_[static_cast<size_t>(g)].pending_write = -1;
-  wait_handles(s.io, stats_.write_wait_s);
+  try {
+    wait_handles(s.io, stats_.write_wait_s);
+  } catch (const std::exception& e) {
+    if (broken_.empty()) broken_ = e.what();
+    throw;
+  }
 }
 
 int ParamSwapper::take_slot(bool may_wait) {
@@ -182,6 +187,10 @@ int ParamSwapper::take_slot(bool may_wait) {
 bool ParamSwapper::start_read(size_t g, bool may_wait) {
   auto& gr = groups_[g];
   if (!gr.swapped || gr.state != State::kOnDisk) return true;
+  if (!broken_.empty()) {
+    throw IoError("the parameter shards in the NVMe swap file are not the current ones after a failed write (" +
+                  broken_ + "); training cannot go on from them: restart from the last checkpoint");
+  }
   if (gr.pending_write >= 0) {  // the read must see the shard's last write
     const auto& io = slots_[static_cast<size_t>(gr.pending_write)]->io;
     if (!may_wait && !std::all_of(io.begin(), io.end(), [](const auto& h) { return h.done(); })) return false;
@@ -203,7 +212,14 @@ void ParamSwapper::wait_read(size_t g) {
   if (!gr.swapped) return;
   if (gr.state == State::kOnDisk) start_read(g, true);
   if (gr.state == State::kReading) {
-    wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+    try {
+      wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+    } catch (const std::exception&) {
+      slots_[static_cast<size_t>(gr.slot)]->owner = -1;  // on disk still: a later read tries again
+      gr.slot = -1;
+      gr.state = State::kOnDisk;
+      throw;
+    }
     gr.state = State::kInMemory;
     point_part_at(g, gr.slot);
   }
@@ -231,7 +247,13 @@ void ParamSwapper::release(size_t g) {
 const at::Tensor& ParamSwapper::begin_update(size_t g) {
   auto& gr = groups_[g];
   ZERO_CHECK(gr.swapped, "begin_update of a group in memory");
-  if (gr.state == State::kReading) wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+  if (gr.state == State::kReading) {
+    try {
+      wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+    } catch (const std::exception&) {
+      // a read-ahead: its values are overwritten now anyway
+    }
+  }
   if (gr.slot < 0) {
     if (gr.pending_write >= 0) settle_write(gr.pending_write);
     gr.slot = take_slot(true);

@@ -20,6 +20,11 @@
 // buffer, part(g) is that buffer. A buffer that is needed while all are in
 // use is freed by finishing a write, then an all-gather in flight (the
 // coordinator's), then by dropping a shard that was only read ahead.
+// A failed read fails the gather that waits for it, naming the file, offset
+// and errno, and leaves the shard on disk to be read again. A failed
+// write-back leaves an older shard in the file: that error is reported where
+// the write is waited for, and every later read refuses (the model would
+// silently go back a step).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +77,9 @@ class ParamSwapper {
   /// one (see NOTE); returns false when there is none.
   std::function<bool()> finish_a_gather;
 
+  /// Test seam: the engine, to inject faults.
+  offload::AioEngine& engine_for_testing() { return *engine_; }
+
   int64_t file_bytes() const { return file_bytes_; }
   int64_t swapped_numel() const { return swapped_numel_; }
   const SwapStats& stats() const { return stats_; }
@@ -103,6 +111,7 @@ class ParamSwapper {
   MemoryLedger::Reservation disk_, buffers_;
   int64_t file_bytes_ = 0, swapped_numel_ = 0;
   SwapStats stats_;
+  std::string broken_;  // a failed write-back: the file holds an older shard
 };
 
 }  // namespace zero::partition
