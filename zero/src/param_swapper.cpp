@@ -207,6 +207,14 @@ bool ParamSwapper::start_read(size_t g, bool may_wait) {
   return true;
 }
 
+bool ParamSwapper::read_done(size_t g) const {
+  const auto& gr = groups_[g];
+  if (!gr.swapped || gr.state == State::kInMemory) return true;
+  if (gr.state == State::kOnDisk) return false;
+  const auto& io = slots_[static_cast<size_t>(gr.slot)]->io;
+  return std::all_of(io.begin(), io.end(), [](const auto& h) { return h.done(); });
+}
+
 void ParamSwapper::wait_read(size_t g) {
   auto& gr = groups_[g];
   if (!gr.swapped) return;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -68,6 +69,11 @@ Stage3Coordinator::~Stage3Coordinator() {
 }
 
 // Issues group g's all-gather into its full tensor (NOTE [stage-3 storage]).
+// A shard on disk is read first: the gather joins the queue of gathers not
+// yet launched, which go out strictly in issue order (every rank launches
+// the same collectives in the same order) as their shards arrive; a
+// prefetched gather therefore never makes the training thread wait for the
+// disk (NOTE [parameter swapping]).
 void Stage3Coordinator::issue(size_t g, bool prefetch) {
   auto& grp = groups_[g];
   ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
@@ -77,10 +83,45 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
   grp.bytes = ledger_.reserve(Tier::kDevice, Kind::kParameters, nbytes,
                               "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
   set_storage_bytes(full, static_cast<size_t>(nbytes));
-  // offload_param: the partition lives in host memory (or on disk: read it
-  // now, if the trace did not start it earlier); the copy to the device is
-  // part of the gather.
-  if (swapper_ != nullptr) swapper_->wait_read(g);
+  grp.state = State::kInFlight;
+  grp.launched = false;
+  grp.prefetched = prefetch;
+  if (g != 0) {
+    live_ += numel(g);
+    peak_live_ = std::max(peak_live_, live_);
+  }
+  ++gathers_;
+  if (prefetch) ++prefetched_;
+  if (swapper_ != nullptr) {
+    swapper_->start_read(g, /*may_wait=*/true);
+    swapper_->hold(g);  // a queued gather's shard is not dropped for another read
+  }
+  unlaunched_.push_back(g);
+  launch_ready(std::nullopt);
+}
+
+// Launches queued gathers from the front while their shards are in memory;
+// with `until`, waits for the shards up to and including that group's.
+void Stage3Coordinator::launch_ready(std::optional<size_t> until) {
+  while (!unlaunched_.empty()) {
+    const size_t g = unlaunched_.front();
+    if (!until && swapper_ != nullptr && !swapper_->read_done(g)) return;
+    unlaunched_.pop_front();
+    launch(g);
+    if (until && *until == g) return;
+  }
+}
+
+void Stage3Coordinator::launch(size_t g) {
+  auto& grp = groups_[g];
+  const at::Tensor& full = params_.full(g);
+  // offload_param: the partition lives in host memory (or on disk, read by
+  // now); the copy to the device is part of the gather.
+  if (swapper_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    swapper_->wait_read(g);
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   const at::Tensor& chunk = params_.part(g);
   grp.send = chunk.device() == device_ ? chunk : chunk.to(device_, /*non_blocking=*/true);
   if (world_size_ == 1 || comm_ == nullptr) {
@@ -92,19 +133,13 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
                                                                    describe(g) + ")");
     grp.work = comm_->all_gather(out, grp.send);
   }
-  grp.state = State::kInFlight;
-  grp.prefetched = prefetch;
-  if (g != 0) {
-    live_ += numel(g);
-    peak_live_ = std::max(peak_live_, live_);
-  }
-  ++gathers_;
-  if (prefetch) ++prefetched_;
+  grp.launched = true;
 }
 
 void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
+  if (!grp.launched) launch_ready(g);
   const auto t0 = std::chrono::steady_clock::now();
   if (grp.check.work.pending()) {
     const auto ids = comm_->finish(grp.check);
@@ -240,6 +275,7 @@ void Stage3Coordinator::acquire(size_t unit, bool traced) {
     prefetch();  // the next layers' gathers go out before this one's is waited on
     read_ahead();
   }
+  launch_ready(std::nullopt);  // gathers whose shards have arrived since
   for (size_t g : units_[unit].groups) wait(g);
 }
 
@@ -272,12 +308,14 @@ void Stage3Coordinator::read_ahead() {
 
 bool Stage3Coordinator::finish_a_gather() {
   for (size_t g = 1; g < groups_.size(); ++g) {
-    if (groups_[g].state == State::kInFlight) {
+    if (groups_[g].state == State::kInFlight && groups_[g].launched) {
       wait(g);
       return true;
     }
   }
-  return false;
+  if (unlaunched_.empty()) return false;
+  wait(unlaunched_.front());
+  return true;
 }
 
 void Stage3Coordinator::pre_forward(size_t unit) {

@@ -64,6 +64,11 @@ class ParamSwapper {
   /// `may_wait` false (read-ahead): returns false instead of waiting for a
   /// buffer. Returns true when the shard is in memory or on its way.
   bool start_read(size_t g, bool may_wait);
+  /// Keeps g's shard (read or being read) from being dropped to free a
+  /// buffer: a gather has been issued for it. release(g) ends it.
+  void hold(size_t g) { groups_[g].held = groups_[g].swapped; }
+  /// True when g's shard is in memory (or not swapped): wait_read would not block.
+  bool read_done(size_t g) const;
   /// Waits for the read; part(g) then holds the shard until release(g).
   void wait_read(size_t g);
   /// The shard is not needed in memory any more (it is unchanged on disk).

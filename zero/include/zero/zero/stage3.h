@@ -39,7 +39,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +110,7 @@ class Stage3Coordinator {
     int users = 0;          // layers running now that need it
     bool guarded = true;    // parameters rebound to empty tensors
     bool prefetched = false;
+    bool launched = false;  // in flight: its collective started (else queued, NOTE [parameter swapping])
     CommWork work;
     Comm::Exchange check;  // the group ids all ranks gather with it
     at::Tensor send;
@@ -124,6 +127,8 @@ class Stage3Coordinator {
   void on_event(Event e);
   void acquire(size_t unit, bool traced);
   void issue(size_t g, bool prefetch);
+  void launch_ready(std::optional<size_t> until);
+  void launch(size_t g);
   void wait(size_t g);
   void bind(size_t g);
   void guard(size_t g);
@@ -146,6 +151,7 @@ class Stage3Coordinator {
   ParamSwapper* swapper_;
   int64_t world_size_ = 1;
   std::vector<Group> groups_;
+  std::deque<size_t> unlaunched_;  // issued gathers not yet launched, in issue order
   std::vector<Event> trace_, current_;
   size_t cursor_ = 0;
   bool trusted_ = false;
