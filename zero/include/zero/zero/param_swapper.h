@@ -10,8 +10,12 @@
 //   - for a gather: the coordinator starts the read when it issues the
 //     group's all-gather, or earlier, following the stage-3 trace, for the
 //     layers after the prefetch window (as many as there are free buffers;
-//     none when stage3_prefetch_bucket_size is 0, prefetch off);
-//     the buffer is given back once the all-gather has sent the shard;
+//     none when stage3_prefetch_bucket_size is 0, prefetch off). An issued
+//     gather waits in a queue until its shard is in; the queue launches
+//     gathers strictly in issue order, so all ranks still run the same
+//     collectives in the same order, and a prefetched gather never blocks
+//     the training thread on the disk. The buffer is given back once the
+//     all-gather has sent the shard;
 //   - for the optimizer step: the step writes the new 16-bit values into a
 //     buffer (no read: it overwrites the whole shard), then writes it back;
 //     the buffer is free once that write is done, and a later read of the
