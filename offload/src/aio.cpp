@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -89,6 +90,21 @@ void AioHandle::wait() {
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->remaining == 0; });
   if (!state_->error.empty()) throw IoError(state_->error);
+}
+
+void wait_all(std::vector<AioHandle>& handles, double& seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::exception_ptr first;
+  for (auto& h : handles) {
+    try {
+      h.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  handles.clear();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (first) std::rethrow_exception(first);
 }
 
 bool AioHandle::done() const {

@@ -74,7 +74,7 @@ std::vector<std::shared_ptr<AioFile>> create_swap_files(const std::string& nvme_
   }
   FolderGuard guard(dir);
   int64_t needed = 0;
-  for (const auto& f : files) needed += (f.bytes + kAioAlignment - 1) / kAioAlignment * kAioAlignment;
+  for (const auto& f : files) needed += aio_aligned(f.bytes);
   const int64_t free = free_bytes(nvme_path);
   if (free >= 0 && needed > free) {
     throw IoError(config_key + ": " + nvme_path + " has " + format_bytes(free) + " free; the swap files of " + what +

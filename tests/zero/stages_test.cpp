@@ -329,6 +329,23 @@ TEST(Stage3Offload, MatchesOneProcessWithStatesOnTheHost) {
   }
 }
 
+// Runs `nvme` and `cpu` (the same but offloaded to CPU memory) and one process
+// without offload; expects the NVMe run to equal the CPU-offload run bit for
+// bit and the single process to the stage tests' tolerance, and nothing left
+// in the swap folder. Returns the NVMe run's summary (empty on failure).
+nlohmann::json expect_nvme_equals_cpu_offload(const RunSpec& cpu, const RunSpec& nvme) {
+  auto ref = run_mingpt(RunSpec{1, 0, 1, 0.05});
+  auto base = run_mingpt(cpu);
+  auto got = run_mingpt(nvme);
+  if (got.empty() || base.empty()) return {};
+  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
+  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
+  EXPECT_LT(rel(got["param_l2"].get<double>(), ref["param_l2"].get<double>()), 1e-5);
+  const std::string left = kWork + "nvme";
+  EXPECT_EQ(std::system(("test -z \"$(ls -A " + left + ")\"").c_str()), 0) << "files left in " << left;
+  return got;
+}
+
 // Optimizer states on NVMe (NOTE [optimizer swapping]) at stages 1-3 on two
 // ranks: the same arithmetic as CPU offload on states that went through the
 // swap files, so the run equals the CPU-offload run bit for bit, and one
@@ -340,20 +357,13 @@ class NvmeMatchesCpuOffload : public ::testing::TestWithParam<int> {};
 
 TEST_P(NvmeMatchesCpuOffload, BitForBitAndStatesOnTheNvmeTier) {
   const int stage = GetParam();
-  RunSpec single{1, 0, 1, 0.05};
   RunSpec cpu{2, stage, 1, 0.05};
   cpu.offload = true;
   cpu.zero_extra = R"({"sub_group_size": 4000})";
   RunSpec nvme = cpu;
   nvme.nvme = true;
-  auto ref = run_mingpt(single);
-  auto base = run_mingpt(cpu);
-  auto got = run_mingpt(nvme);
+  auto got = expect_nvme_equals_cpu_offload(cpu, nvme);
   ASSERT_FALSE(got.empty());
-  ASSERT_FALSE(base.empty());
-  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
-  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
-  EXPECT_LT(rel(got["param_l2"].get<double>(), ref["param_l2"].get<double>()), 1e-5);
   const double psi = got["num_parameters"].get<double>();
   for (const auto& rank : got["ranks"]) {
     const auto& by_tier = rank["model_state_bytes_by_tier"];
@@ -369,9 +379,6 @@ TEST_P(NvmeMatchesCpuOffload, BitForBitAndStatesOnTheNvmeTier) {
   const auto& nv = got["nvme"];
   EXPECT_GT(nv["bytes_read"].get<double>(), 0);
   EXPECT_GT(nv["bytes_written"].get<double>(), nv["bytes_read"].get<double>());  // the initial write too
-  // Nothing is left in the swap folder once the ranks have exited.
-  const std::string left = kWork + "nvme";
-  EXPECT_EQ(std::system(("test -z \"$(ls -A " + left + ")\"").c_str()), 0) << "files left in " << left;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, NvmeMatchesCpuOffload, ::testing::Values(1, 2, 3),
@@ -387,7 +394,6 @@ class Stage3NvmeParams : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
   const int64_t max_in_cpu = GetParam();
-  RunSpec single{1, 0, 1, 0.05};
   RunSpec cpu{2, 3, 1, 0.05};
   cpu.offload = true;
   cpu.zero_extra = R"({"sub_group_size": 4000})";
@@ -401,14 +407,8 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
                             {"buffer_size", 100000},
                             {"max_in_cpu", max_in_cpu}}}};
   nvme.zero_extra = extra.dump();
-  auto ref = run_mingpt(single);
-  auto base = run_mingpt(cpu);
-  auto got = run_mingpt(nvme);
+  auto got = expect_nvme_equals_cpu_offload(cpu, nvme);
   ASSERT_FALSE(got.empty());
-  ASSERT_FALSE(base.empty());
-  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
-  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
-  EXPECT_LT(rel(got["param_l2"].get<double>(), ref["param_l2"].get<double>()), 1e-5);
   const double psi = got["num_parameters"].get<double>();
   for (const auto& rank : got["ranks"]) {
     const auto& by_tier = rank["model_state_bytes_by_tier"];
@@ -423,8 +423,6 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
     EXPECT_EQ(by_tier["device"]["optimizer_states"].get<double>(), 0.0);
   }
   EXPECT_GT(got["nvme"]["param_bytes_read"].get<double>(), 0);
-  const std::string left = kWork + "nvme";
-  EXPECT_EQ(std::system(("test -z \"$(ls -A " + left + ")\"").c_str()), 0) << "files left in " << left;
 }
 
 INSTANTIATE_TEST_SUITE_P(MaxInCpu, Stage3NvmeParams, ::testing::Values(0, 30000),

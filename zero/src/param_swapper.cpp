@@ -11,28 +11,6 @@
 #include "zero/runtime/log.h"
 
 namespace zero::partition {
-namespace {
-
-int64_t aligned(int64_t bytes) {
-  return (bytes + offload::kAioAlignment - 1) / offload::kAioAlignment * offload::kAioAlignment;
-}
-
-void wait_handles(std::vector<offload::AioHandle>& hs, double& total) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::exception_ptr first;
-  for (auto& h : hs) {
-    try {
-      h.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  hs.clear();
-  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (first) std::rethrow_exception(first);
-}
-
-}  // namespace
 
 struct ParamSwapper::Slot {
   offload::AlignedBuffer buf;
@@ -63,7 +41,7 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     gr.swapped = true;
     elem = params_.part(g).element_size();
     gr.offset = file_bytes_;
-    gr.bytes = aligned(n * elem);
+    gr.bytes = offload::aio_aligned(n * elem);
     file_bytes_ += gr.bytes;
     swapped_numel_ += n;
     if (n > largest) largest = n, largest_name = info[g].name;
@@ -83,7 +61,7 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   int64_t n_swapped = 0;
   for (const auto& gr : groups_) n_swapped += gr.swapped;
   const int64_t count = std::min(options_.swap.buffer_count, n_swapped);
-  const int64_t slot_bytes = aligned(largest * elem);
+  const int64_t slot_bytes = offload::aio_aligned(largest * elem);
   try {
     buffers_ = ledger.reserve(Tier::kHost, Kind::kParameters, slot_bytes * count,
                               std::to_string(count) + " parameter swap buffers of " + format_bytes(slot_bytes));
@@ -143,7 +121,7 @@ void ParamSwapper::settle_write(int slot) {
   s.writing = -1;
   groups_[static_cast<size_t>(g)].pending_write = -1;
   try {
-    wait_handles(s.io, stats_.write_wait_s);
+    offload::wait_all(s.io, stats_.write_wait_s);
   } catch (const std::exception& e) {
     if (broken_.empty()) broken_ = e.what();
     throw;
@@ -221,7 +199,7 @@ void ParamSwapper::wait_read(size_t g) {
   if (gr.state == State::kOnDisk) start_read(g, true);
   if (gr.state == State::kReading) {
     try {
-      wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+      offload::wait_all(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
     } catch (const std::exception&) {
       slots_[static_cast<size_t>(gr.slot)]->owner = -1;  // on disk still: a later read tries again
       gr.slot = -1;
@@ -240,7 +218,7 @@ void ParamSwapper::release(size_t g) {
   Slot& s = *slots_[static_cast<size_t>(gr.slot)];
   if (gr.state == State::kReading) {
     try {
-      wait_handles(s.io, stats_.read_wait_s);
+      offload::wait_all(s.io, stats_.read_wait_s);
     } catch (const std::exception&) {
       // nobody used it; a read that matters fails where it is waited for
     }
@@ -257,7 +235,7 @@ const at::Tensor& ParamSwapper::begin_update(size_t g) {
   ZERO_CHECK(gr.swapped, "begin_update of a group in memory");
   if (gr.state == State::kReading) {
     try {
-      wait_handles(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
+      offload::wait_all(slots_[static_cast<size_t>(gr.slot)]->io, stats_.read_wait_s);
     } catch (const std::exception&) {
       // a read-ahead: its values are overwritten now anyway
     }

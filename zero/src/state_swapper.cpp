@@ -10,30 +10,6 @@
 #include "zero/runtime/log.h"
 
 namespace zero::partition {
-namespace {
-
-int64_t aligned(int64_t bytes) {
-  return (bytes + offload::kAioAlignment - 1) / offload::kAioAlignment * offload::kAioAlignment;
-}
-
-// Waits for every handle, adding the time to `total`; the first error is
-// rethrown after all have finished, so no transfer outlives its buffer.
-void wait_all(std::vector<offload::AioHandle>& hs, double& total) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::exception_ptr first;
-  for (auto& h : hs) {
-    try {
-      h.wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  hs.clear();
-  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (first) std::rethrow_exception(first);
-}
-
-}  // namespace
 
 struct StateSwapper::Slot {
   offload::AlignedBuffer buf;
@@ -60,10 +36,10 @@ StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::str
   int64_t max_numel = 1, total = 0;
   for (int64_t n : sub_groups_) {
     offsets_.push_back(total);
-    total += aligned(n * 4);
+    total += offload::aio_aligned(n * 4);
     max_numel = std::max(max_numel, n);
   }
-  stride_ = aligned(max_numel * 4);
+  stride_ = offload::aio_aligned(max_numel * 4);
   engine_ = std::make_unique<offload::AioEngine>(options_.aio);
   std::vector<offload::SwapFileSpec> specs;
   for (const auto& n : names_) specs.push_back({n + ".swp", total});
@@ -104,7 +80,7 @@ StateSwapper::~StateSwapper() {
 }
 
 int64_t StateSwapper::file_bytes() const {
-  const int64_t per_file = sub_groups_.empty() ? 0 : offsets_.back() + aligned(sub_groups_.back() * 4);
+  const int64_t per_file = sub_groups_.empty() ? 0 : offsets_.back() + offload::aio_aligned(sub_groups_.back() * 4);
   return per_file * static_cast<int64_t>(names_.size());
 }
 
@@ -125,7 +101,7 @@ void StateSwapper::start_read(size_t k) {
   if (s.reading == static_cast<int64_t>(k)) return;  // already on its way (prefetch)
   wait_reads(s);   // a read of another sub-group that was not used
   wait_writes(s);  // the buffer's last sub-group must be on disk first
-  const int64_t len = aligned(sub_groups_[k] * 4);
+  const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
   for (size_t i = 0; i < files_.size(); ++i) {
     char* p = static_cast<char*>(s.buf.data()) + static_cast<int64_t>(i) * stride_;
     s.reads.push_back(engine_->read(files_[i], p, len, offsets_[k]));
@@ -136,14 +112,14 @@ void StateSwapper::start_read(size_t k) {
 
 void StateSwapper::wait_reads(Slot& s) {
   s.reading = -1;
-  wait_all(s.reads, stats_.read_wait_s);
+  offload::wait_all(s.reads, stats_.read_wait_s);
 }
 
 // A failed write leaves its sub-group half-written on disk: the files are no
 // longer one consistent state, whichever pass notices it.
 void StateSwapper::wait_writes(Slot& s) {
   try {
-    wait_all(s.writes, stats_.write_wait_s);
+    offload::wait_all(s.writes, stats_.write_wait_s);
   } catch (const std::exception& e) {
     if (broken_.empty()) broken_ = e.what();
     throw;
@@ -199,7 +175,7 @@ void StateSwapper::pass(bool read, bool write, const Visit& visit) {
       for (size_t i = 0; i < files_.size(); ++i) tensors.push_back(tensor_in(s, i, k));
       visit(k, tensors);
       if (!write) continue;
-      const int64_t len = aligned(sub_groups_[k] * 4);
+      const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
       for (size_t i = 0; i < files_.size(); ++i) {
         const char* p = static_cast<const char*>(s.buf.data()) + static_cast<int64_t>(i) * stride_;
         s.writes.push_back(engine_->write(files_[i], p, len, offsets_[k]));

@@ -23,11 +23,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace zero::offload {
 
 /// O_DIRECT's alignment for buffers, offsets and lengths.
 inline constexpr int64_t kAioAlignment = 4096;
+
+/// `bytes` rounded up to kAioAlignment.
+inline int64_t aio_aligned(int64_t bytes) { return (bytes + kAioAlignment - 1) / kAioAlignment * kAioAlignment; }
 
 struct AioOptions {
   int64_t block_size = 1 << 20;  // aio.block_size
@@ -98,6 +102,11 @@ class AioHandle {
   explicit AioHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
   std::shared_ptr<State> state_;
 };
+
+/// Waits for every handle, adding the time waited to `seconds`; the first
+/// error is rethrown after all have finished (no transfer outlives its
+/// buffer). Clears `handles`.
+void wait_all(std::vector<AioHandle>& handles, double& seconds);
 
 class AioEngine {
  public:
