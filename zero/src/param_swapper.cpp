@@ -132,13 +132,9 @@ int ParamSwapper::take_slot(bool may_wait) {
   for (;;) {
     for (size_t i = 0; i < slots_.size(); ++i)
       if (slots_[i]->owner < 0 && slots_[i]->writing < 0) return static_cast<int>(i);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      auto& s = *slots_[i];
-      if (s.writing >= 0 && std::all_of(s.io.begin(), s.io.end(), [](const auto& h) { return h.done(); })) {
-        settle_write(static_cast<int>(i));
-        return static_cast<int>(i);
-      }
-    }
+    // Which slot is used never depends on how far the disk has got (see
+    // the header): the coordinator's choices, and so the order of every
+    // rank's collectives, follow from the layer events alone.
     if (!may_wait) return -1;
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i]->writing >= 0) {
@@ -170,8 +166,7 @@ bool ParamSwapper::start_read(size_t g, bool may_wait) {
                   broken_ + "); training cannot go on from them: restart from the last checkpoint");
   }
   if (gr.pending_write >= 0) {  // the read must see the shard's last write
-    const auto& io = slots_[static_cast<size_t>(gr.pending_write)]->io;
-    if (!may_wait && !std::all_of(io.begin(), io.end(), [](const auto& h) { return h.done(); })) return false;
+    if (!may_wait) return false;
     settle_write(gr.pending_write);
   }
   const int slot = take_slot(may_wait);
@@ -183,14 +178,6 @@ bool ParamSwapper::start_read(size_t g, bool may_wait) {
   gr.state = State::kReading;
   gr.slot = slot;
   return true;
-}
-
-bool ParamSwapper::read_done(size_t g) const {
-  const auto& gr = groups_[g];
-  if (!gr.swapped || gr.state == State::kInMemory) return true;
-  if (gr.state == State::kOnDisk) return false;
-  const auto& io = slots_[static_cast<size_t>(gr.slot)]->io;
-  return std::all_of(io.begin(), io.end(), [](const auto& h) { return h.done(); });
 }
 
 void ParamSwapper::wait_read(size_t g) {

@@ -69,11 +69,12 @@ Stage3Coordinator::~Stage3Coordinator() {
 }
 
 // Issues group g's all-gather into its full tensor (NOTE [stage-3 storage]).
-// A shard on disk is read first: the gather joins the queue of gathers not
-// yet launched, which go out strictly in issue order (every rank launches
-// the same collectives in the same order) as their shards arrive; a
-// prefetched gather therefore never makes the training thread wait for the
-// disk (NOTE [parameter swapping]).
+// With a parameter swapper the gather is queued and its shard's read starts
+// now; queued gathers are launched in issue order when one of them is waited
+// for, or at the next layer event, whichever comes first, so a prefetched
+// shard has a layer's time to arrive. Launch points depend on the events
+// only, never on when a read finishes: every rank launches its collectives
+// in the same order (NOTE [parameter swapping]).
 void Stage3Coordinator::issue(size_t g, bool prefetch) {
   auto& grp = groups_[g];
   ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
@@ -97,15 +98,14 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
     swapper_->hold(g);  // a queued gather's shard is not dropped for another read
   }
   unlaunched_.push_back(g);
-  launch_ready(std::nullopt);
+  if (swapper_ == nullptr) launch_queued(g);  // nothing to read: at once, as ever
 }
 
-// Launches queued gathers from the front while their shards are in memory;
-// with `until`, waits for the shards up to and including that group's.
-void Stage3Coordinator::launch_ready(std::optional<size_t> until) {
+// Launches queued gathers in issue order, waiting for their shards: all of
+// them, or up to and including `until`.
+void Stage3Coordinator::launch_queued(std::optional<size_t> until) {
   while (!unlaunched_.empty()) {
     const size_t g = unlaunched_.front();
-    if (!until && swapper_ != nullptr && !swapper_->read_done(g)) return;
     unlaunched_.pop_front();
     launch(g);
     if (until && *until == g) return;
@@ -139,7 +139,7 @@ void Stage3Coordinator::launch(size_t g) {
 void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
-  if (!grp.launched) launch_ready(g);
+  if (!grp.launched) launch_queued(g);
   const auto t0 = std::chrono::steady_clock::now();
   if (grp.check.work.pending()) {
     const auto ids = comm_->finish(grp.check);
@@ -264,6 +264,7 @@ void Stage3Coordinator::on_event(Event e) {
 }
 
 void Stage3Coordinator::acquire(size_t unit, bool traced) {
+  launch_queued(std::nullopt);  // what the last event prefetched goes out now
   for (size_t g : units_[unit].groups) {
     if (groups_[g].state == State::kReleased) {
       make_room(numel(g));
@@ -275,7 +276,6 @@ void Stage3Coordinator::acquire(size_t unit, bool traced) {
     prefetch();  // the next layers' gathers go out before this one's is waited on
     read_ahead();
   }
-  launch_ready(std::nullopt);  // gathers whose shards have arrived since
   for (size_t g : units_[unit].groups) wait(g);
 }
 
@@ -306,6 +306,8 @@ void Stage3Coordinator::read_ahead() {
   }
 }
 
+// The first launched gather in flight, else the first queued one (which is
+// launched, in order): a choice made from the events only.
 bool Stage3Coordinator::finish_a_gather() {
   for (size_t g = 1; g < groups_.size(); ++g) {
     if (groups_[g].state == State::kInFlight && groups_[g].launched) {

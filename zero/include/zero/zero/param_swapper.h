@@ -11,11 +11,9 @@
 //     group's all-gather, or earlier, following the stage-3 trace, for the
 //     layers after the prefetch window (as many as there are free buffers;
 //     none when stage3_prefetch_bucket_size is 0, prefetch off). An issued
-//     gather waits in a queue until its shard is in; the queue launches
-//     gathers strictly in issue order, so all ranks still run the same
-//     collectives in the same order, and a prefetched gather never blocks
-//     the training thread on the disk. The buffer is given back once the
-//     all-gather has sent the shard;
+//     gather is queued and launched at the next layer event or when it is
+//     waited for, so a prefetched shard has a layer's time to arrive. The
+//     buffer is given back once the all-gather has sent the shard;
 //   - for the optimizer step: the step writes the new 16-bit values into a
 //     buffer (no read: it overwrites the whole shard), then writes it back;
 //     the buffer is free once that write is done, and a later read of the
@@ -24,6 +22,10 @@
 // buffer, part(g) is that buffer. A buffer that is needed while all are in
 // use is freed by finishing a write, then an all-gather in flight (the
 // coordinator's), then by dropping a shard that was only read ahead.
+// None of these choices looks at how far a transfer has got: ranks whose
+// disks run at different speeds still make the same choices, so they launch
+// the same collectives in the same order. (A read-ahead never waits: it
+// takes only a buffer that is free, and skips a shard still being written.)
 // A failed read fails the gather that waits for it, naming the file, offset
 // and errno, and leaves the shard on disk to be read again. A failed
 // write-back leaves an older shard in the file: that error is reported where
@@ -71,8 +73,6 @@ class ParamSwapper {
   /// Keeps g's shard (read or being read) from being dropped to free a
   /// buffer: a gather has been issued for it. release(g) ends it.
   void hold(size_t g) { groups_[g].held = groups_[g].swapped; }
-  /// True when g's shard is in memory (or not swapped): wait_read would not block.
-  bool read_done(size_t g) const;
   /// Waits for the read; part(g) then holds the shard until release(g).
   void wait_read(size_t g);
   /// The shard is not needed in memory any more (it is unchanged on disk).

@@ -127,7 +127,7 @@ class Stage3Coordinator {
   void on_event(Event e);
   void acquire(size_t unit, bool traced);
   void issue(size_t g, bool prefetch);
-  void launch_ready(std::optional<size_t> until);
+  void launch_queued(std::optional<size_t> until);
   void launch(size_t g);
   void wait(size_t g);
   void bind(size_t g);
