@@ -68,7 +68,8 @@ std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::string& mingpt_args);
 
-/// "1GiB", "64MiB", "512KiB", "4096": bytes; nullopt when malformed.
+/// "1GiB", "64MiB", "512KiB", "4096": bytes (at least 1); nullopt when
+/// malformed or below 1.
 std::optional<int64_t> parse_size(const std::string& s);
 
 /// Seconds `fn` takes.

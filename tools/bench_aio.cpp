@@ -27,10 +27,11 @@ namespace {
 
 // fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed.
 double fio_bw(const std::string& file, const std::string& rw, int64_t size, int64_t block, int64_t depth,
-              const std::string& log) {
+              bool overwrite, const std::string& log) {
   std::ostringstream cmd;
   cmd << "fio --name=zero-bench --filename=" << file << " --rw=" << rw << " --bs=" << block << " --iodepth=" << depth
-      << " --ioengine=io_uring --direct=1 --size=" << size << " --numjobs=1 --output-format=json > " << log
+      << " --ioengine=io_uring --direct=1 --size=" << size << " --numjobs=1" << (overwrite ? " --overwrite=1" : "")
+      << " --output-format=json > " << log
       << " 2>&1";
   if (std::system(cmd.str().c_str()) != 0) return -1;
   std::ifstream in(log);
@@ -45,10 +46,10 @@ double fio_bw(const std::string& file, const std::string& rw, int64_t size, int6
 }  // namespace
 
 int bench_aio(const std::vector<std::string>& args) {
-  std::string path, json_path;
+  std::string path, json_path, mode = "fresh";
   int64_t size = int64_t{1} << 30, block = 1 << 20, depth = 8, threads = 1, rounds = 3, buffer = 0;
   const std::vector<std::string> known = {"--path",    "--size",   "--block-size", "--queue-depth",
-                                          "--threads", "--rounds", "--buffer",      "--json"};
+                                          "--threads", "--rounds", "--buffer",      "--json", "--mode"};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
@@ -60,7 +61,14 @@ int bench_aio(const std::vector<std::string>& args) {
     const std::string& v = args[++i];
     if (a == "--path") path = v;
     else if (a == "--json") json_path = v;
-    else {
+    else if (a == "--mode") {
+      if (v != "fresh" && v != "overwrite") {
+        std::cerr << "zero bench aio: --mode: expected fresh (each round writes a newly allocated file) or "
+                     "overwrite (rounds rewrite one file, as swap files are); got \"" << v << "\"\n";
+        return 2;
+      }
+      mode = v;
+    } else {
       auto n = parse_size(v);
       if (!n) {
         std::cerr << "zero bench aio: " << a << ": expected a size such as 1GiB, 512KiB or 4096; got \"" << v << "\"\n";
@@ -100,25 +108,34 @@ int bench_aio(const std::vector<std::string>& args) {
                  format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
                  static_cast<long long>(threads), direct ? ", O_DIRECT" : ", buffered (no O_DIRECT here)");
     // Rounds that interleave ours and fio's, so that a disk whose speed drifts
-    // treats both alike; each writes a fresh file. Medians are reported.
+    // treats both alike. Medians are reported. --mode fresh: each write goes
+    // to a newly allocated file (fallocated: unwritten extents); overwrite:
+    // one file, written once before the rounds, rewritten by every round (fio
+    // with --overwrite=1), the steady state of swap files.
+    const bool overwrite = mode == "overwrite";
+    if (overwrite) {
+      file->reserve(size);
+      transfer(true);
+    }
     const std::string log = file_path + ".fio.json";
     std::vector<double> ours_w_runs, ours_r_runs, fio_w_runs, fio_r_runs;
     ProgressLine progress("aio vs fio", rounds, "rounds");
     for (int64_t round = 0; round < rounds; ++round) {
       auto ours = [&] {
-        file.reset();
-        ::unlink(file_path.c_str());
-        file = offload::AioFile::open(file_path, true);
-        file->reserve(size);  // as fio lays its file out before writing (fallocate)
+        if (!overwrite) {
+          file.reset();
+          ::unlink(file_path.c_str());
+          file = offload::AioFile::open(file_path, true);
+          file->reserve(size);  // as fio lays its file out before writing (fallocate)
+        }
         ours_w_runs.push_back(size / seconds([&] { transfer(true); }));
         ::fsync(file->buffered_fd());
         ours_r_runs.push_back(size / seconds([&] { transfer(false); }));
-        file.reset();
       };
       auto theirs = [&] {
-        ::unlink(file_path.c_str());
-        fio_w_runs.push_back(fio_bw(file_path, "write", size, block, depth, log));
-        fio_r_runs.push_back(fio_bw(file_path, "read", size, block, depth, log));
+        if (!overwrite) ::unlink(file_path.c_str());
+        fio_w_runs.push_back(fio_bw(file_path, "write", size, block, depth, overwrite, log));
+        fio_r_runs.push_back(fio_bw(file_path, "read", size, block, depth, overwrite, log));
       };
       if (round % 2 == 0) ours(), theirs();  // who goes first alternates
       else theirs(), ours();
@@ -133,9 +150,9 @@ int bench_aio(const std::vector<std::string>& args) {
     };
     const double ours_w = median(ours_w_runs), ours_r = median(ours_r_runs);
     const double fio_w = median(fio_w_runs), fio_r = median(fio_r_runs);
-    std::printf("zero bench aio: %s sequential, block %lld, queue depth %lld, %lld thread(s), median of %lld "
+    std::printf("zero bench aio: %s sequential (%s file), block %lld, queue depth %lld, %lld thread(s), median of %lld "
                 "interleaved rounds\n",
-                format_bytes(size).c_str(), static_cast<long long>(block), static_cast<long long>(depth),
+                format_bytes(size).c_str(), overwrite ? "an already written" : "a freshly allocated", static_cast<long long>(block), static_cast<long long>(depth),
                 static_cast<long long>(threads), static_cast<long long>(rounds));
     std::printf("  %-8s %14s %14s %10s\n", "", "zero GB/s", "fio GB/s", "zero/fio");
     std::printf("  %-8s %14.3f %14.3f %10.3f\n", "write", ours_w / 1e9, fio_w / 1e9, fio_w > 0 ? ours_w / fio_w : 0.0);
@@ -153,6 +170,7 @@ int bench_aio(const std::vector<std::string>& args) {
                           {"block_size_bytes", block},   {"queue_depth", depth},
                           {"threads", threads},          {"direct", direct},
                           {"rounds", rounds},              {"buffer_bytes", buffer},
+                          {"mode", mode},
                           {"write_gb_per_s", ours_w / 1e9}, {"read_gb_per_s", ours_r / 1e9},
                           {"fio_write_gb_per_s", fio_w / 1e9}, {"fio_read_gb_per_s", fio_r / 1e9},
                           {"ratio_write_vs_fio", fio_w > 0 ? ours_w / fio_w : 0.0},

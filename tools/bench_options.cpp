@@ -53,8 +53,12 @@ std::optional<int64_t> parse_size(const std::string& s) {
   const std::string unit = s.substr(used);
   const std::pair<const char*, double> units[] = {{"", 1},          {"B", 1},       {"KiB", 1024.0}, {"MiB", 1048576.0},
                                                    {"GiB", 1073741824.0}, {"KB", 1e3}, {"MB", 1e6},    {"GB", 1e9}};
-  for (const auto& [name, mult] : units)
-    if (unit == name && v > 0) return static_cast<int64_t>(v * mult);
+  for (const auto& [name, mult] : units) {
+    if (unit != name) continue;
+    const double bytes = v * mult;
+    if (bytes < 1 || bytes > 9.2e18) return std::nullopt;  // "0.5" is not a count, nor a size in bytes
+    return static_cast<int64_t>(bytes);
+  }
   return std::nullopt;
 }
 

@@ -28,9 +28,10 @@ commands:
   bench stage3 [--nproc N --n_layer N --n_embd N --batch_size N --steps N --prefetch N] [--json FILE]
       minGPT on N ranks at stage 3 with prefetch off and on (and stage 2):
       step time and the time spent waiting for parameter gathers.
-  bench aio --path DIR [--size 1GiB --block-size 1MiB --queue-depth N --threads N --rounds N --buffer 8MiB] [--json FILE]
+  bench aio --path DIR [--size 1GiB --block-size 1MiB --queue-depth N --threads N --rounds N --buffer 8MiB --mode fresh|overwrite] [--json FILE]
       The AIO engine's sequential O_DIRECT write and read throughput on a file
-      in DIR, side by side with fio on the same file and options.
+      in DIR, side by side with fio on the same file and options; writes to
+      a freshly allocated file, or (overwrite) rewrites of a written one.
   bench offload --path DIR [--stage 2 --nproc N --n_layer N --n_embd N --batch_size N --steps N --sub_group N --buffers N] [--json FILE]
       minGPT on N ranks with the optimizer states (stage 3: and the layer
       shards) in CPU memory and in NVMe swap files under DIR, the swap
