@@ -61,6 +61,15 @@ namespace zero::tools {
 /// The folder of the running executable (build/bin), where mingpt is too.
 std::string self_dir();
 
+/// A fresh folder /tmp/zero-bench-NAME-PID for a bench's configs, logs and
+/// summaries (the bench removes it when it succeeds; kept for the logs otherwise).
+std::string bench_scratch_dir(const std::string& name);
+
+/// The config every multi-rank bench trains minGPT with: micro-batch
+/// `micro_batch` per rank, AdamW (lr 1e-3), clipping 1.0, and `zero` as the
+/// zero_optimization section.
+nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero);
+
 /// Runs minGPT on `nproc` ranks (zero launch) with `config` (written to
 /// dir/name.json) and `mingpt_args`, its output in dir/name.log. Returns rank
 /// 0's summary; nullopt, having said where the log is, when the run failed.

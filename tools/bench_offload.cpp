@@ -52,8 +52,7 @@ int bench_offload(const std::vector<std::string>& args) {
     std::cerr << "zero bench offload: --path DIR is required (a folder on the disk for the swap files)\n";
     return 2;
   }
-  const std::string dir = "/tmp/zero-bench-offload-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
+  const std::string dir = bench_scratch_dir("offload");
   const Variant variants[] = {{"cpu", "offload to CPU memory", false, false},
                               {"nvme_serial", "NVMe, pipeline off", true, false},
                               {"nvme_pipelined", "NVMe, pipeline on", true, true}};
@@ -67,14 +66,11 @@ int bench_offload(const std::vector<std::string>& args) {
                  {"pipeline_read", v.pipeline},
                  {"pipeline_write", v.pipeline}};
     }
-    nlohmann::json c = {{"train_micro_batch_size_per_gpu", ints["--batch_size"]},
-                        {"gradient_clipping", 1.0},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-                        {"zero_optimization",
-                         {{"stage", stage},
-                          {"overlap_comm", true},
-                          {"sub_group_size", ints["--sub_group"]},
-                          {"offload_optimizer", offload}}}};
+    nlohmann::json zero = {{"stage", stage},
+                            {"overlap_comm", true},
+                            {"sub_group_size", ints["--sub_group"]},
+                            {"offload_optimizer", offload}};
+    nlohmann::json c = mingpt_bench_config(ints["--batch_size"], zero);
     if (stage == 3) {
       // The layer shards follow the optimizer states: host memory, or disk
       // with every shard swapped (max_in_cpu 0), read by the gathers'

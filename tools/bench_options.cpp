@@ -19,6 +19,19 @@ std::string self_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
+std::string bench_scratch_dir(const std::string& name) {
+  const std::string dir = "/tmp/zero-bench-" + name + "-" + std::to_string(getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  return dir;
+}
+
+nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero) {
+  return {{"train_micro_batch_size_per_gpu", micro_batch},
+          {"gradient_clipping", 1.0},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+          {"zero_optimization", std::move(zero)}};
+}
+
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::string& mingpt_args) {

@@ -28,20 +28,15 @@ int bench_overlap(const std::vector<std::string>& args) {
                                          {"--batch_size", 16}, {"--steps", 20}, {"--bucket", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench overlap", args, ints, json_path)) return 2;
-  const std::string dir = "/tmp/zero-bench-overlap-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
+  const std::string dir = bench_scratch_dir("overlap");
   const Variant variants[] = {{"stage 0 (all-reduce)", 0, true},
                               {"stage 2, overlap_comm true", 2, true},
                               {"stage 2, overlap_comm false", 2, false}};
   std::vector<nlohmann::json> results;
   for (const auto& v : variants) {
-    nlohmann::json c = {
-        {"train_micro_batch_size_per_gpu", ints["--batch_size"]},
-        {"gradient_clipping", 1.0},
-        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-        {"zero_optimization",
-         {{"stage", v.stage}, {"overlap_comm", v.overlap}, {"reduce_bucket_size", ints["--bucket"]},
-          {"allgather_bucket_size", ints["--bucket"]}}}};
+    nlohmann::json zero = {{"stage", v.stage}, {"overlap_comm", v.overlap}, {"reduce_bucket_size", ints["--bucket"]},
+                            {"allgather_bucket_size", ints["--bucket"]}};
+    nlohmann::json c = mingpt_bench_config(ints["--batch_size"], zero);
     std::ostringstream a;
     a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
       << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];

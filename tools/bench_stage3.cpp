@@ -33,8 +33,7 @@ int bench_stage3(const std::vector<std::string>& args) {
                                          {"--batch_size", 8}, {"--steps", 20},  {"--prefetch", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench stage3", args, ints, json_path)) return 2;
-  const std::string dir = "/tmp/zero-bench-stage3-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
+  const std::string dir = bench_scratch_dir("stage3");
   const Variant variants[] = {{"stage 2 (parameters whole)", 2, 0},
                               {"stage 3, prefetch off", 3, 0},
                               {"stage 3, prefetch on", 3, ints["--prefetch"]}};
@@ -52,16 +51,12 @@ int bench_stage3(const std::vector<std::string>& args) {
   std::vector<nlohmann::json> results;
   int index = 0;
   for (const auto& v : variants) {
-    nlohmann::json c = {
-        {"train_micro_batch_size_per_gpu", ints["--batch_size"]},
-        {"gradient_clipping", 1.0},
-        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-        {"zero_optimization",
-         {{"stage", v.stage},
-          {"overlap_comm", true},
-          {"stage3_prefetch_bucket_size", v.prefetch},
-          {"stage3_max_reuse_distance", 0},
-          {"stage3_param_persistence_threshold", 0}}}};
+    nlohmann::json zero = {{"stage", v.stage},
+                            {"overlap_comm", true},
+                            {"stage3_prefetch_bucket_size", v.prefetch},
+                            {"stage3_max_reuse_distance", 0},
+                            {"stage3_param_persistence_threshold", 0}};
+    nlohmann::json c = mingpt_bench_config(ints["--batch_size"], zero);
     std::ostringstream a;
     a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"] << " --block_size 64"
       << " --data " << text << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
