@@ -61,7 +61,9 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
   const int64_t chunk_numel = padded / ws;
   const int64_t begin = s.dist.rank * chunk_numel;
-  const bool offload = s.config.zero.offload_param.device == config::OffloadDevice::kCpu;
+  // offload_param cpu or nvme: the shards start in host memory (nvme: the
+  // engine moves those beyond max_in_cpu to disk).
+  const bool offload = s.config.zero.offload_param.device != config::OffloadDevice::kNone;
   const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
   const std::string what = "stage-3 shard of a layer built under zero::Init";
   const at::Device where = offload ? at::Device(at::kCPU) : s.device;
