@@ -8,6 +8,7 @@
 // The share of the disk time the pipeline hides is 1 - (the optimizer's wait
 // for reads and writes with the pipeline) / (the same without it), where
 // without it every transfer is waited for.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,6 +44,11 @@ int bench_offload(const std::vector<std::string>& args) {
     else rest.push_back(args[i]);
   }
   if (!parse_bench_options("zero bench offload", rest, ints, json_path)) return 2;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    std::cerr << "zero bench offload: --path " << path << ": expected an existing folder for the swap files\n";
+    return 2;
+  }
   const int64_t stage = ints["--stage"];
   if (stage < 1 || stage > 3) {
     std::cerr << "zero bench offload: --stage: expected 1, 2 or 3; got " << stage << "\n";
