@@ -219,6 +219,7 @@ class Worker {
             const int err = b.fault;
             lock.unlock();
             finish(b, describe(b, errno_text(err) + " [injected]"));
+            b = Block{};
             lock.lock();
             slots[slot] = nullptr;
             --in_flight;
@@ -245,6 +246,7 @@ class Worker {
           for (size_t s = 0; s < slots.size(); ++s) {
             if (slots[s] == nullptr) continue;
             finish(flight[s], describe(flight[s], "waiting for io_uring: " + errno_text(-rc)));
+            flight[s] = Block{};
             slots[s] = nullptr;
           }
           in_flight = 0;
@@ -259,6 +261,11 @@ class Worker {
           slots[slot] = nullptr;
           --in_flight;
           complete(b, res);
+          // Drop the block's hold on its file and request at once: a file
+          // kept open by a finished block is closed later, in the middle of
+          // other I/O, and closing an unlinked file frees its extents then
+          // (this cost later writes 25% of their throughput).
+          b = Block{};
         } while (io_uring_peek_cqe(&ring_, &cqe) == 0);
       }
     }
