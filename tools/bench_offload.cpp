@@ -134,6 +134,16 @@ int bench_offload(const std::vector<std::string>& args) {
     else
       std::printf("  %-24s %10.2f %20s %20s %20s\n", variants[i].label, step_ms(r), "-", "-", "-");
   }
+  // Stage 3: the share of shard reads that found the shard still in a swap
+  // buffer (NOTE [parameter swapping]) instead of going to the disk.
+  auto from_buffers = [](const nlohmann::json& r) {
+    if (!r.contains("nvme")) return 0.0;
+    const double read = r["nvme"]["param_bytes_read"].get<double>(), cached = r["nvme"]["param_bytes_cached"].get<double>();
+    return read + cached > 0 ? cached / (read + cached) : 0.0;
+  };
+  if (stage == 3)
+    std::printf("  shard reads served from swap buffers:       %.1f%% (pipeline off), %.1f%% (on)\n",
+                100 * from_buffers(serial), 100 * from_buffers(piped));
   std::printf("  step time, NVMe (pipelined) / CPU offload:  %.3f\n", step_ms(piped) / step_ms(cpu));
   std::printf("  step time, NVMe pipeline on / off:          %.3f\n", step_ms(piped) / step_ms(serial));
   std::printf("  disk wait hidden by the pipeline:            %.1f%%\n", 100 * hidden);
@@ -152,7 +162,9 @@ int bench_offload(const std::vector<std::string>& args) {
                         {"nvme_swap_gb_per_rank_per_step", gb_per_step},
                         {"ratio_nvme_vs_cpu_step_time", step_ms(piped) / step_ms(cpu)},
                         {"ratio_pipeline_on_vs_off_step_time", step_ms(piped) / step_ms(serial)},
-                        {"hidden_disk_wait_fraction", hidden}};
+                        {"hidden_disk_wait_fraction", hidden},
+                        {"nvme_serial_shard_reads_from_buffers_fraction", from_buffers(serial)},
+                        {"nvme_pipelined_shard_reads_from_buffers_fraction", from_buffers(piped)}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   std::system(("rm -rf " + dir).c_str());

@@ -374,6 +374,7 @@ int main(int argc, char** argv) {
                            {"optimizer_step_s", nv->step_s},
                            {"param_file_bytes", nv->param_file_bytes},
                            {"param_bytes_read", nv->param_bytes_read},
+                           {"param_bytes_cached", nv->param_bytes_cached},
                            {"param_bytes_written", nv->param_bytes_written},
                            {"param_read_wait_s", nv->param_read_wait_s}};
       }

@@ -292,6 +292,46 @@ TEST(ParamSwapper, ShardsRoundTripThroughTwoBuffersAndStepsWriteBack) {
   ::rmdir(dir.c_str());
 }
 
+// A shard let go stays in its buffer: reading it again costs no disk read
+// until the buffer is taken for another shard, and the one let go most
+// recently is the one given up (NOTE [parameter swapping]). A step's new
+// values are read back from the buffer too, after their write is done.
+TEST(ParamSwapper, ALetGoShardIsReadAgainFromItsBuffer) {
+  const std::string dir = fresh_dir("pcache");
+  zero::MemoryLedger ledger;
+  FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+  ParamSwapper sw(flat, param_options(dir), ledger);  // two buffers, three shards
+  // Reads group g and checks its values; true when it came from the disk.
+  auto read = [&](size_t g, const at::Tensor& want) {
+    const int64_t before = sw.stats().bytes_read;
+    sw.wait_read(g);
+    EXPECT_TRUE(at::equal(shard_of(flat, g), want)) << "group " << g;
+    sw.release(g);
+    EXPECT_EQ(flat.part(g).numel(), 0) << "a released shard is not the model's memory any more";
+    return sw.stats().bytes_read > before;
+  };
+  EXPECT_TRUE(read(1, expected_shard(1)));
+  EXPECT_TRUE(read(2, expected_shard(2)));
+  EXPECT_FALSE(read(1, expected_shard(1))) << "group 1 was still in a buffer";
+  EXPECT_GT(sw.stats().bytes_cached, 0);
+  // Group 3 takes the buffer let go last (group 1's); group 2 stays.
+  EXPECT_TRUE(read(3, expected_shard(3)));
+  EXPECT_FALSE(read(2, expected_shard(2)));
+  EXPECT_TRUE(read(1, expected_shard(1)));
+  // New values: written back, and read again from the buffer they were written from.
+  at::Tensor& part = const_cast<at::Tensor&>(sw.begin_update(2));
+  part.fill_(-3);
+  sw.end_update(2);
+  const at::Tensor updated = at::full({expected_shard(2).numel()}, -3.0f);
+  EXPECT_FALSE(read(2, updated));
+  // Both buffers are taken by others, then group 2 comes from the disk: the
+  // write-back landed.
+  read(1, expected_shard(1));
+  read(3, expected_shard(3));
+  EXPECT_TRUE(read(2, updated));
+  ::rmdir(dir.c_str());
+}
+
 TEST(ParamSwapper, MaxInCpuKeepsTheFirstLayersInMemory) {
   const std::string dir = fresh_dir("maxincpu");
   zero::MemoryLedger ledger;

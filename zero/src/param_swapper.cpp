@@ -17,6 +17,11 @@ struct ParamSwapper::Slot {
   int64_t owner = -1;          // the group whose shard it holds (reading, in memory or updating)
   std::vector<offload::AioHandle> io;
   int64_t writing = -1;        // the group it is writing back
+  // The group whose shard, as it is on disk (or is being written there), the
+  // buffer still holds after it was let go; -1 when none. `stamp` orders
+  // these for eviction (NOTE [parameter swapping]).
+  int64_t cached = -1;
+  int64_t stamp = 0;
 };
 
 ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, MemoryLedger& ledger)
@@ -128,10 +133,38 @@ void ParamSwapper::settle_write(int slot) {
   }
 }
 
+int ParamSwapper::cached_slot(size_t g) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i]->cached == static_cast<int64_t>(g)) return static_cast<int>(i);
+  return -1;
+}
+
+void ParamSwapper::keep_cached(int slot, size_t g) {
+  Slot& s = *slots_[static_cast<size_t>(slot)];
+  s.cached = static_cast<int64_t>(g);
+  s.stamp = ++clock_;
+}
+
 int ParamSwapper::take_slot(bool may_wait) {
+  const int slot = find_slot(may_wait);
+  if (slot >= 0) slots_[static_cast<size_t>(slot)]->cached = -1;  // whatever it held is gone
+  return slot;
+}
+
+int ParamSwapper::find_slot(bool may_wait) {
   for (;;) {
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i]->owner < 0 && slots_[i]->writing < 0) return static_cast<int>(i);
+    // A free buffer that holds nothing; else the free one cached last: the
+    // shards go by in layer order, forward then backward, and the one let go
+    // last is the one needed again last (in the next step's backward, or
+    // after the rest of this pass), so keeping the older ones saves most reads.
+    int best = -1;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = *slots_[i];
+      if (s.owner >= 0 || s.writing >= 0) continue;
+      if (s.cached < 0) return static_cast<int>(i);
+      if (best < 0 || s.stamp > slots_[static_cast<size_t>(best)]->stamp) best = static_cast<int>(i);
+    }
+    if (best >= 0) return best;
     // Which slot is used never depends on how far the disk has got (see
     // the header): the coordinator's choices, and so the order of every
     // rank's collectives, follow from the layer events alone.
@@ -165,9 +198,20 @@ bool ParamSwapper::start_read(size_t g, bool may_wait) {
     throw IoError("the parameter shards in the NVMe swap file are not the current ones after a failed write (" +
                   broken_ + "); training cannot go on from them: restart from the last checkpoint");
   }
-  if (gr.pending_write >= 0) {  // the read must see the shard's last write
+  // The shard's last write-back must be done, even when its buffer still
+  // holds the values: a failed write is reported here, not lost.
+  if (gr.pending_write >= 0) {
     if (!may_wait) return false;
     settle_write(gr.pending_write);
+  }
+  if (const int hit = cached_slot(g); hit >= 0) {  // still in a buffer: no read
+    Slot& s = *slots_[static_cast<size_t>(hit)];
+    s.owner = static_cast<int64_t>(g);
+    gr.state = State::kInMemory;
+    gr.slot = hit;
+    stats_.bytes_cached += gr.bytes;
+    point_part_at(g, hit);
+    return true;
   }
   const int slot = take_slot(may_wait);
   if (slot < 0) return false;
@@ -202,15 +246,18 @@ void ParamSwapper::wait_read(size_t g) {
 void ParamSwapper::release(size_t g) {
   auto& gr = groups_[g];
   if (!gr.swapped || gr.state == State::kOnDisk || gr.updating) return;
-  Slot& s = *slots_[static_cast<size_t>(gr.slot)];
+  const int slot = gr.slot;
+  Slot& s = *slots_[static_cast<size_t>(slot)];
+  bool whole = true;  // the buffer holds the shard as it is on disk
   if (gr.state == State::kReading) {
     try {
       offload::wait_all(s.io, stats_.read_wait_s);
     } catch (const std::exception&) {
-      // nobody used it; a read that matters fails where it is waited for
+      whole = false;  // nobody used it; a read that matters fails where it is waited for
     }
   }
   s.owner = -1;
+  if (whole) keep_cached(slot, g);
   gr.slot = -1;
   gr.state = State::kOnDisk;
   gr.held = false;
@@ -227,11 +274,15 @@ const at::Tensor& ParamSwapper::begin_update(size_t g) {
       // a read-ahead: its values are overwritten now anyway
     }
   }
+  // The last write-back of this shard may still be reading the buffer the new
+  // values are about to go into (a cache hit keeps that buffer).
+  if (gr.pending_write >= 0) settle_write(gr.pending_write);
   if (gr.slot < 0) {
-    if (gr.pending_write >= 0) settle_write(gr.pending_write);
-    gr.slot = take_slot(true);
+    const int hit = cached_slot(g);
+    gr.slot = hit >= 0 ? hit : take_slot(true);
     slots_[static_cast<size_t>(gr.slot)]->owner = static_cast<int64_t>(g);
   }
+  slots_[static_cast<size_t>(gr.slot)]->cached = -1;  // being rewritten
   gr.state = State::kInMemory;
   gr.updating = true;
   point_part_at(g, gr.slot);
@@ -246,6 +297,7 @@ void ParamSwapper::end_update(size_t g) {
   stats_.bytes_written += gr.bytes;
   s.owner = -1;
   s.writing = static_cast<int64_t>(g);
+  keep_cached(gr.slot, g);  // the buffer holds what the file will hold
   gr.pending_write = gr.slot;
   gr.slot = -1;
   gr.state = State::kOnDisk;

@@ -678,6 +678,7 @@ std::optional<NvmeStats> Engine::nvme_stats() const {
   if (ps != nullptr) {
     out.param_file_bytes = ps->file_bytes();
     out.param_bytes_read = ps->stats().bytes_read;
+    out.param_bytes_cached = ps->stats().bytes_cached;
     out.param_bytes_written = ps->stats().bytes_written;
     out.param_read_wait_s = ps->stats().read_wait_s;
   }

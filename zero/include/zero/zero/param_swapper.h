@@ -19,7 +19,14 @@
 //     the buffer is free once that write is done, and a later read of the
 //     group waits for it.
 // part(g) of a group on disk is an empty tensor; while the shard is in a
-// buffer, part(g) is that buffer. A buffer that is needed while all are in
+// buffer, part(g) is that buffer.
+// A buffer let go (its shard sent, or its write-back issued) keeps the shard
+// as it is on disk, and a later read of that group uses it instead of the
+// disk. A read takes a buffer holding nothing if there is one, else the one
+// let go most recently: shards go by in layer order, forward then backward,
+// so the one let go last is the one needed again last, and keeping the
+// others is what saves reads (at the turn from forward to backward, the last
+// layers are still in the buffers). A buffer that is needed while all are in
 // use is freed by finishing a write, then an all-gather in flight (the
 // coordinator's), then by dropping a shard that was only read ahead.
 // None of these choices looks at how far a transfer has got: ranks whose
@@ -107,6 +114,9 @@ class ParamSwapper {
   };
   struct Slot;
   int take_slot(bool may_wait);
+  int find_slot(bool may_wait);
+  int cached_slot(size_t g) const;
+  void keep_cached(int slot, size_t g);
   void settle_write(int slot);
   void point_part_at(size_t g, int slot);
   void empty_part(size_t g);
@@ -119,6 +129,7 @@ class ParamSwapper {
   std::shared_ptr<offload::AioFile> file_;
   MemoryLedger::Reservation disk_, buffers_;
   int64_t file_bytes_ = 0, swapped_numel_ = 0;
+  int64_t clock_ = 0;  // orders the cached buffers
   SwapStats stats_;
   std::string broken_;  // a failed write-back: the file holds an older shard
 };

@@ -54,6 +54,7 @@ struct SwapOptions {
 struct SwapStats {
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
+  int64_t bytes_cached = 0;  // reads saved: the data was still in a buffer
   double read_wait_s = 0;   // waiting for reads (not hidden behind the visits)
   double write_wait_s = 0;  // waiting for writes (ditto)
   double pass_s = 0;        // in passes, visits included
