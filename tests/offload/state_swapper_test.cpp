@@ -216,6 +216,45 @@ TEST(SwapperOptions, BufferCountBelowOneIsAConfigError) {
   ::rmdir(dir.c_str());
 }
 
+// The swap buffers are pinned host memory when pin_memory asks (the pinned
+// tier on the ledger), pageable when it does not, and pageable with a warning
+// when the pinned limit is too small; each is aligned for O_DIRECT, and the
+// ledger gives their bytes back when the swapper goes.
+TEST(SwapperOptions, BuffersArePinnedWhenAskedAndWithinTheLimit) {
+  const std::string dir = fresh_dir("pinned");
+  using zero::Kind;
+  using zero::Tier;
+  struct Case {
+    bool pin;
+    int64_t pinned_limit;
+    Tier want;
+  };
+  for (const Case c : {Case{true, int64_t{1} << 30, Tier::kPinnedHost}, Case{false, int64_t{1} << 30, Tier::kHost},
+                       Case{true, 4096, Tier::kHost}}) {
+    zero::MemoryLedger ledger;
+    ledger.set_limit(Tier::kPinnedHost, c.pinned_limit, "test.pinned_limit");
+    SwapOptions o = small_options(dir);
+    o.pin_memory = c.pin;
+    const Tier other = c.want == Tier::kHost ? Tier::kPinnedHost : Tier::kHost;
+    {
+      StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, o, ledger);
+      // Three buffers of one 5,000-element sub-group of two tensors.
+      const int64_t want = 3 * 2 * zero::offload::aio_aligned(5000 * 4);
+      EXPECT_GE(ledger.get(c.want, Kind::kOptimizerStates).current_bytes, want) << "pin " << c.pin;
+      EXPECT_LE(ledger.get(c.want, Kind::kOptimizerStates).current_bytes, want + zero::offload::kAioAlignment);
+      EXPECT_EQ(ledger.get(other, Kind::kOptimizerStates).current_bytes, 0);
+      // The buffers work: a pass writes and reads back through them.
+      sw.pass(false, true, [&](size_t k, const std::vector<at::Tensor>& t) { t[0].fill_(static_cast<float>(k)); });
+      sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) {
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(t[0].data_ptr()) % zero::offload::kAioAlignment, 0u);
+        EXPECT_TRUE(at::equal(t[0], at::full({5000}, static_cast<float>(k))));
+      });
+    }
+    EXPECT_EQ(ledger.get(c.want, Kind::kOptimizerStates).current_bytes, 0);
+  }
+  ::rmdir(dir.c_str());
+}
+
 }  // namespace
 
 // ---- stage 3's parameter shards (NOTE [parameter swapping]) ----------------

@@ -13,7 +13,7 @@
 namespace zero::partition {
 
 struct ParamSwapper::Slot {
-  offload::AlignedBuffer buf;
+  char* buf = nullptr;
   int64_t owner = -1;          // the group whose shard it holds (reading, in memory or updating)
   std::vector<offload::AioHandle> io;
   int64_t writing = -1;        // the group it is writing back
@@ -67,15 +67,11 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   for (const auto& gr : groups_) n_swapped += gr.swapped;
   const int64_t count = std::min(options_.swap.buffer_count, n_swapped);
   const int64_t slot_bytes = offload::aio_aligned(largest * elem);
-  try {
-    buffers_ = ledger.reserve(Tier::kHost, Kind::kParameters, slot_bytes * count,
-                              std::to_string(count) + " parameter swap buffers of " + format_bytes(slot_bytes));
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(std::string(e.what()) + "; lower " + key + ".buffer_count");
-  }
+  buffers_ = SwapBuffers(ledger, options_.swap.pin_memory, count, slot_bytes, Kind::kParameters,
+                         "parameter swap buffers", "lower " + key + ".buffer_count");
   for (int64_t i = 0; i < count; ++i) {
     auto s = std::make_unique<Slot>();
-    s->buf = offload::AlignedBuffer(slot_bytes);
+    s->buf = buffers_[i];
     slots_.push_back(std::move(s));
   }
   // The shards go to disk through the first buffer, one at a time, and leave memory.
@@ -83,8 +79,8 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     auto& gr = groups_[g];
     if (!gr.swapped) continue;
     const at::Tensor& part = params_.part(g);
-    std::memcpy(slots_[0]->buf.data(), part.data_ptr(), static_cast<size_t>(part.numel() * elem));
-    engine_->write(file_, slots_[0]->buf.data(), gr.bytes, gr.offset).wait();
+    std::memcpy(slots_[0]->buf, part.data_ptr(), static_cast<size_t>(part.numel() * elem));
+    engine_->write(file_, slots_[0]->buf, gr.bytes, gr.offset).wait();
     stats_.bytes_written += gr.bytes;
     empty_part(g);
   }
@@ -109,7 +105,7 @@ ParamSwapper::~ParamSwapper() {
 
 void ParamSwapper::point_part_at(size_t g, int slot) {
   const at::Tensor& part = params_.part(g);
-  part.set_(at::from_blob(slots_[static_cast<size_t>(slot)]->buf.data(), {params_.groups()[g].chunk_numel},
+  part.set_(at::from_blob(slots_[static_cast<size_t>(slot)]->buf, {params_.groups()[g].chunk_numel},
                           part.options()));
 }
 
@@ -217,7 +213,7 @@ bool ParamSwapper::start_read(size_t g, bool may_wait) {
   if (slot < 0) return false;
   Slot& s = *slots_[static_cast<size_t>(slot)];
   s.owner = static_cast<int64_t>(g);
-  s.io.push_back(engine_->read(file_, s.buf.data(), gr.bytes, gr.offset));
+  s.io.push_back(engine_->read(file_, s.buf, gr.bytes, gr.offset));
   stats_.bytes_read += gr.bytes;
   gr.state = State::kReading;
   gr.slot = slot;
@@ -293,7 +289,7 @@ void ParamSwapper::end_update(size_t g) {
   auto& gr = groups_[g];
   ZERO_CHECK(gr.updating, "end_update without begin_update");
   Slot& s = *slots_[static_cast<size_t>(gr.slot)];
-  s.io.push_back(engine_->write(file_, s.buf.data(), gr.bytes, gr.offset));
+  s.io.push_back(engine_->write(file_, s.buf, gr.bytes, gr.offset));
   stats_.bytes_written += gr.bytes;
   s.owner = -1;
   s.writing = static_cast<int64_t>(g);

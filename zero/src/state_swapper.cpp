@@ -11,8 +11,30 @@
 
 namespace zero::partition {
 
+SwapBuffers::SwapBuffers(MemoryLedger& ledger, bool pin, int64_t count, int64_t bytes, Kind kind,
+                         const std::string& what, const std::string& hint)
+    : count_(count), bytes_(bytes) {
+  ZERO_CHECK(bytes % offload::kAioAlignment == 0, "swap buffers: size not a multiple of the alignment");
+  const int64_t total = count * bytes + offload::kAioAlignment;  // slack to align the first
+  const std::string label = std::to_string(count) + " " + what + " of " + format_bytes(bytes);
+  tier_ = pin ? Tier::kPinnedHost : Tier::kHost;
+  for (;;) {
+    try {
+      arena_ = ledger.empty(total, at::kByte, at::kCPU, tier_, kind, label);
+      break;
+    } catch (const OutOfMemoryError& e) {
+      if (tier_ != Tier::kPinnedHost) throw OutOfMemoryError(std::string(e.what()) + "; " + hint);
+      log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
+      tier_ = Tier::kHost;
+    }
+  }
+  const auto at = reinterpret_cast<uintptr_t>(arena_.data_ptr());
+  const auto align = static_cast<uintptr_t>(offload::kAioAlignment);
+  base_ = reinterpret_cast<char*>((at + align - 1) / align * align);
+}
+
 struct StateSwapper::Slot {
-  offload::AlignedBuffer buf;
+  char* buf = nullptr;
   std::vector<offload::AioHandle> reads, writes;
   int64_t reading = -1;  // the sub-group its reads are for
 };
@@ -53,16 +75,13 @@ StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::str
   // Never more buffers than sub-groups: a small model does not pay for four.
   const int64_t count = std::min<int64_t>(options_.buffer_count, std::max<size_t>(1, sub_groups_.size()));
   const int64_t slot_bytes = stride_ * static_cast<int64_t>(names_.size());
-  try {
-    buffers_ = ledger.reserve(Tier::kHost, Kind::kOptimizerStates, slot_bytes * count,
-                              std::to_string(count) + " NVMe swap buffers of " + format_bytes(slot_bytes));
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(std::string(e.what()) + "; lower zero_optimization.sub_group_size (each buffer holds one "
-                           "sub-group of every state) or " + options_.config_key + ".buffer_count");
-  }
+  buffers_ = SwapBuffers(ledger, options_.pin_memory, count, slot_bytes, Kind::kOptimizerStates,
+                         "NVMe swap buffers",
+                         "lower zero_optimization.sub_group_size (each buffer holds one sub-group of every state) or " +
+                             options_.config_key + ".buffer_count");
   for (int64_t i = 0; i < count; ++i) {
     auto s = std::make_unique<Slot>();
-    s->buf = offload::AlignedBuffer(slot_bytes);
+    s->buf = buffers_[i];
     slots_.push_back(std::move(s));
   }
 }
@@ -89,10 +108,10 @@ void StateSwapper::clear_timings() {
   stats_.passes = 0;
 }
 
-int64_t StateSwapper::buffer_bytes() const { return buffers_.nbytes(); }
+int64_t StateSwapper::buffer_bytes() const { return buffers_.total_bytes(); }
 
 at::Tensor StateSwapper::tensor_in(Slot& s, size_t i, size_t k) const {
-  char* p = static_cast<char*>(s.buf.data()) + static_cast<int64_t>(i) * stride_;
+  char* p = s.buf + static_cast<int64_t>(i) * stride_;
   return at::from_blob(p, {sub_groups_[k]}, at::TensorOptions().dtype(at::kFloat));
 }
 
@@ -103,7 +122,7 @@ void StateSwapper::start_read(size_t k) {
   wait_writes(s);  // the buffer's last sub-group must be on disk first
   const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
   for (size_t i = 0; i < files_.size(); ++i) {
-    char* p = static_cast<char*>(s.buf.data()) + static_cast<int64_t>(i) * stride_;
+    char* p = s.buf + static_cast<int64_t>(i) * stride_;
     s.reads.push_back(engine_->read(files_[i], p, len, offsets_[k]));
     stats_.bytes_read += len;
   }
@@ -177,7 +196,7 @@ void StateSwapper::pass(bool read, bool write, const Visit& visit) {
       if (!write) continue;
       const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
       for (size_t i = 0; i < files_.size(); ++i) {
-        const char* p = static_cast<const char*>(s.buf.data()) + static_cast<int64_t>(i) * stride_;
+        const char* p = s.buf + static_cast<int64_t>(i) * stride_;
         s.writes.push_back(engine_->write(files_[i], p, len, offsets_[k]));
         stats_.bytes_written += len;
       }

@@ -291,6 +291,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
     p.swap.nvme_path = op.nvme_path;
     p.swap.config_key = "zero_optimization.offload_param";
     p.swap.buffer_count = op.buffer_count;
+    p.swap.pin_memory = op.pin_memory;
     p.swap.aio = aio_options(c.aio);
     p.buffer_size = op.buffer_size;
     p.max_in_cpu = op.max_in_cpu;
@@ -457,6 +458,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     partition::SwapOptions so;
     so.nvme_path = oo.nvme_path;
     so.buffer_count = oo.buffer_count;
+    so.pin_memory = oo.pin_memory;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
     so.aio = aio_options(s.config.aio);

@@ -127,7 +127,8 @@ class ParamSwapper {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<offload::AioEngine> engine_;
   std::shared_ptr<offload::AioFile> file_;
-  MemoryLedger::Reservation disk_, buffers_;
+  MemoryLedger::Reservation disk_;
+  SwapBuffers buffers_;
   int64_t file_bytes_ = 0, swapped_numel_ = 0;
   int64_t clock_ = 0;  // orders the cached buffers
   SwapStats stats_;

@@ -7,8 +7,9 @@
 // exp_avg_sq for Adam) is one swap file (NOTE [swap files]). The partition is
 // cut into sub-groups of at most sub_group_size elements; sub-group k sits at
 // the same 4 KiB-aligned offset in every file, so each transfer is O_DIRECT.
-// A pass visits the sub-groups in order through `buffer_count` host buffers,
-// each holding all the tensors of one sub-group:
+// A pass visits the sub-groups in order through `buffer_count` host buffers
+// (pinned with pin_memory, see SwapBuffers), each holding all the tensors of
+// one sub-group:
 //     read k  ->  visit k (the CPU optimizer steps it)  ->  write k back
 // pipeline_read reads ahead: while sub-group k is visited, the reads of the
 // next ones are in flight (as many as the free buffers allow).
@@ -43,11 +44,40 @@ struct SwapOptions {
   /// The config section, named in errors ("zero_optimization.offload_optimizer").
   std::string config_key = "zero_optimization.offload_optimizer";
   int64_t buffer_count = 4;
+  /// The section's pin_memory: the swap buffers are page-locked host memory
+  /// (see SwapBuffers).
+  bool pin_memory = true;
   bool pipeline_read = false;
   bool pipeline_write = false;
   offload::AioOptions aio;
   /// Distinguishes the folders of ranks sharing a disk ("rank0").
   std::string tag = "rank0";
+};
+
+/// The host buffers a swapper moves data through: `count` of `bytes` each (a
+/// multiple of offload::kAioAlignment) in one allocation, each aligned for
+/// O_DIRECT. With `pin`, page-locked (the ledger's pinned tier; the copies
+/// between these buffers and a GPU then need no staging), falling back to
+/// pageable memory with a warning when the pinned limit is reached, as other
+/// offloaded state does. Counted on the ledger while this object lives.
+/// Throws zero::OutOfMemoryError, with `hint` (the config keys that shrink
+/// the buffers) appended.
+class SwapBuffers {
+ public:
+  SwapBuffers() = default;
+  SwapBuffers(MemoryLedger& ledger, bool pin, int64_t count, int64_t bytes, Kind kind, const std::string& what,
+              const std::string& hint);
+  char* operator[](int64_t i) const { return base_ + i * bytes_; }
+  int64_t count() const { return count_; }
+  /// All of them, as counted on the ledger (with the alignment slack).
+  int64_t total_bytes() const { return arena_.defined() ? arena_.numel() : 0; }
+  Tier tier() const { return tier_; }
+
+ private:
+  at::Tensor arena_;
+  char* base_ = nullptr;
+  int64_t count_ = 0, bytes_ = 0;
+  Tier tier_ = Tier::kHost;
 };
 
 /// Totals since construction.
@@ -118,7 +148,8 @@ class StateSwapper {
   std::unique_ptr<offload::AioEngine> engine_;
   std::vector<std::shared_ptr<offload::AioFile>> files_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  MemoryLedger::Reservation disk_, buffers_;
+  MemoryLedger::Reservation disk_;
+  SwapBuffers buffers_;
   SwapStats stats_;
   std::string broken_;  // the error that left the files inconsistent
 };
