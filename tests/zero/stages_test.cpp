@@ -423,7 +423,17 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
     }
     EXPECT_EQ(by_tier["device"]["optimizer_states"].get<double>(), 0.0);
   }
-  EXPECT_GT(got["nvme"]["param_bytes_read"].get<double>(), 0);
+  const double read = got["nvme"]["param_bytes_read"].get<double>();
+  const double cached = got["nvme"]["param_bytes_cached"].get<double>();
+  if (max_in_cpu == 0) {
+    // More shards than the two buffers: some come from the disk, some are
+    // still in a buffer (NOTE [parameter swapping]).
+    EXPECT_GT(read, 0);
+    EXPECT_GT(cached, 0);
+  } else {
+    // The shards on disk fit in the two buffers they were written from.
+    EXPECT_GT(read + cached, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MaxInCpu, Stage3NvmeParams, ::testing::Values(0, 30000),

@@ -74,16 +74,25 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     s->buf = buffers_[i];
     slots_.push_back(std::move(s));
   }
-  // The shards go to disk through the first buffer, one at a time, and leave memory.
+  // The shards go to disk through the buffers in turn, up to buffer_count
+  // writes in flight, and leave memory; each buffer keeps the shard it wrote.
+  size_t next = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
     if (!gr.swapped) continue;
+    const int slot = static_cast<int>(next++ % slots_.size());
+    settle_write(slot);
+    Slot& s = *slots_[static_cast<size_t>(slot)];
     const at::Tensor& part = params_.part(g);
-    std::memcpy(slots_[0]->buf, part.data_ptr(), static_cast<size_t>(part.numel() * elem));
-    engine_->write(file_, slots_[0]->buf, gr.bytes, gr.offset).wait();
+    std::memcpy(s.buf, part.data_ptr(), static_cast<size_t>(part.numel() * elem));
+    s.io.push_back(engine_->write(file_, s.buf, gr.bytes, gr.offset));
+    s.writing = static_cast<int64_t>(g);
+    gr.pending_write = slot;
+    keep_cached(slot, g);
     stats_.bytes_written += gr.bytes;
     empty_part(g);
   }
+  for (size_t i = 0; i < slots_.size(); ++i) settle_write(static_cast<int>(i));
 }
 
 ParamSwapper::~ParamSwapper() {

@@ -125,10 +125,12 @@ class ParamSwapper {
   ParamSwapOptions options_;
   std::vector<Group> groups_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  // Declared before the engine: the engine, destroyed first, waits for every
+  // transfer in flight before the buffers go.
+  SwapBuffers buffers_;
   std::unique_ptr<offload::AioEngine> engine_;
   std::shared_ptr<offload::AioFile> file_;
   MemoryLedger::Reservation disk_;
-  SwapBuffers buffers_;
   int64_t file_bytes_ = 0, swapped_numel_ = 0;
   int64_t clock_ = 0;  // orders the cached buffers
   SwapStats stats_;

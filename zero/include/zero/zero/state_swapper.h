@@ -145,11 +145,13 @@ class StateSwapper {
   std::vector<std::string> names_;
   SwapOptions options_;
   int64_t stride_ = 0;  // bytes of one tensor's region in a buffer
+  // Declared before the engine: the engine, destroyed first, waits for every
+  // transfer in flight before the buffers go.
+  SwapBuffers buffers_;
   std::unique_ptr<offload::AioEngine> engine_;
   std::vector<std::shared_ptr<offload::AioFile>> files_;
   std::vector<std::unique_ptr<Slot>> slots_;
   MemoryLedger::Reservation disk_;
-  SwapBuffers buffers_;
   SwapStats stats_;
   std::string broken_;  // the error that left the files inconsistent
 };
