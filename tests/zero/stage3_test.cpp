@@ -26,6 +26,13 @@ std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The names in a folder, one per line ("" when it is empty or missing).
+std::string slurp_dir(const std::string& folder) {
+  const std::string list = kWork + std::to_string(getpid()) + "_ls.txt";
+  std::system(("ls -A " + folder + " > " + list + " 2>/dev/null").c_str());
+  return slurp(list);
+}
+
 std::string write_config(const std::string& name, nlohmann::json zero_section) {
   std::system(("mkdir -p " + kWork).c_str());
   const std::string path = kWork + std::to_string(getpid()) + "_" + name + ".json";
@@ -97,6 +104,40 @@ TEST(Stage3, WholeModelOnOneRankPassesTheCap) {
   auto got = run_worker("nocap", 1, cfg, "--mode init --layers 8 --dim 256 --steps 1 --cap_bytes " + std::to_string(full / 2));
   EXPECT_NE(got.rc, 0);
   EXPECT_NE(got.log.find("the test's host cap"), std::string::npos) << got.log;
+}
+
+// Partitioned construction with offload_param nvme and max_in_cpu 0: each
+// layer's shard goes to disk as the layer is built, so host memory holds one
+// layer at a time, never the rank's partition. Under a host cap of a quarter
+// of the model, which the same run with offload_param cpu passes (each of the
+// 2 ranks keeps half the model in host memory), it builds, trains, matches
+// the model built whole, and leaves nothing under nvme_path.
+TEST(Stage3, PartitionedConstructionToNvmeHoldsOneLayerInHostMemory) {
+  const std::string shape = "--layers 8 --dim 256 --steps 2";
+  const int64_t full = 8 * (256 * 256 + 256) * 4;
+  const std::string cap = " --cap_bytes " + std::to_string(full / 4) + " ";
+  const std::string folder = kWork + std::to_string(getpid()) + "_init_nvme_swap";
+  std::system(("rm -rf " + folder + " && mkdir -p " + folder).c_str());
+  const nlohmann::json nvme = {{"device", "nvme"},  {"nvme_path", folder},     {"pin_memory", false},
+                               {"max_in_cpu", 0},   {"buffer_count", 2},       {"buffer_size", 100000}};
+  auto ref = run_worker("init_nvme_ref", 1, write_config("init_nvme_ref", {{"stage", 0}}), "--mode plain " + shape);
+  auto got = run_worker("init_nvme", 2, write_config("init_nvme", stage3({{"offload_param", nvme}})),
+                        "--mode init" + cap + shape);
+  ASSERT_EQ(ref.rc, 0) << ref.log;
+  ASSERT_EQ(got.rc, 0) << got.log;
+  // The layer being built (an eighth) and its shard on its way to disk.
+  EXPECT_LT(got.out["construction_peak_bytes"].get<double>(), 0.25 * full) << got.out.dump();
+  EXPECT_LT(got.out["host_peak_bytes"].get<double>(), full / 4.0);
+  EXPECT_LT(rel(got.out["param_l2_initial"].get<double>(), ref.out["param_l2_initial"].get<double>()), 1e-12);
+  EXPECT_LT(rel(got.out["param_l2"].get<double>(), ref.out["param_l2"].get<double>()), 1e-5);
+  EXPECT_EQ(slurp_dir(folder), "") << "swap files left behind";
+  // The cap is real: the shards in host memory pass it.
+  auto cpu = run_worker("init_cpu_cap", 2,
+                        write_config("init_cpu_cap", stage3({{"offload_param", {{"device", "cpu"}, {"pin_memory", false}}}})),
+                        "--mode init" + cap + shape);
+  EXPECT_NE(cpu.rc, 0);
+  EXPECT_NE(cpu.log.find("the test's host cap"), std::string::npos) << cpu.log;
+  std::system(("rm -rf " + folder).c_str());
 }
 
 // A Sequential's entries are layers without any change to the model's code;

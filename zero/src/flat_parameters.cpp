@@ -122,7 +122,7 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
       ParamSlot slot;
       slot.name = name;
       slot.param = p;
-      slot.shape = spec.chunk.defined() ? spec.shapes.at(k) : p.sizes().vec();
+      slot.shape = spec.chunk.defined() || spec.chunk_on_disk ? spec.shapes.at(k) : p.sizes().vec();
       slot.numel = c10::multiply_integers(slot.shape);
       slot.offset = offset + used;
       slot.group = groups_.size();
@@ -143,6 +143,10 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const auto& g = groups_[gi];
     const at::Tensor& made = specs[gi].chunk;
+    if (specs[gi].chunk_on_disk) {  // the parameter swapper reads it when needed
+      parts_.push_back(at::empty({0}, at::TensorOptions().dtype(dtype).device(part_device)));
+      continue;
+    }
     if (made.defined()) {
       ZERO_CHECK(made.numel() == g.chunk_numel,
                  "pre-partitioned chunk of " + g.name + " has " + std::to_string(made.numel()) +
@@ -160,7 +164,9 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const auto& g = groups_[gi];
     at::Tensor& chunk = parts_[gi];
-    if (specs[gi].chunk.defined()) {
+    if (specs[gi].chunk_on_disk) {
+      // nothing to copy
+    } else if (specs[gi].chunk.defined()) {
       if (!chunk.is_same(specs[gi].chunk)) chunk.copy_(specs[gi].chunk);
     } else {
       // Every rank holds the whole group here: keep this rank's chunk of it.

@@ -36,18 +36,27 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   int64_t budget = std::max<int64_t>(0, options_.max_in_cpu);
   int64_t largest = 0, elem = 0;
   std::string largest_name;
+  const auto& adopted = options_.adopted_offsets;
+  ZERO_CHECK(adopted.empty() || (adopted.size() == info.size() && options_.adopted_file != nullptr),
+             "parameter swapper: the shards written under zero::Init do not match the groups");
+  file_bytes_ = options_.adopted_bytes;  // the other groups go after Init's
   for (size_t g = 1; g < info.size(); ++g) {  // group 0 is always gathered: it stays
     const int64_t n = info[g].chunk_numel;
-    if (n <= budget) {
+    const bool on_disk = !adopted.empty() && adopted[g] >= 0;
+    if (!on_disk && n <= budget) {
       budget -= n;
       continue;
     }
     auto& gr = groups_[g];
     gr.swapped = true;
     elem = params_.part(g).element_size();
-    gr.offset = file_bytes_;
     gr.bytes = offload::aio_aligned(n * elem);
-    file_bytes_ += gr.bytes;
+    if (on_disk) {
+      gr.offset = adopted[g];
+    } else {
+      gr.offset = file_bytes_;
+      file_bytes_ += gr.bytes;
+    }
     swapped_numel_ += n;
     if (n > largest) largest = n, largest_name = info[g].name;
   }
@@ -58,10 +67,15 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
                        std::to_string(options_.buffer_size)});
   }
   engine_ = std::make_unique<offload::AioEngine>(options_.swap.aio);
-  file_ = offload::create_swap_files(options_.swap.nvme_path, key + ".nvme_path", options_.swap.tag,
-                                     std::to_string(swapped_numel_) + " parameter elements of " + options_.swap.tag,
-                                     {{"params.swp", file_bytes_}})
-              .front();
+  if (options_.adopted_file != nullptr) {
+    file_ = options_.adopted_file;
+    file_->reserve(file_bytes_);  // room for the groups not written under Init
+  } else {
+    file_ = offload::create_swap_files(options_.swap.nvme_path, key + ".nvme_path", options_.swap.tag,
+                                       std::to_string(swapped_numel_) + " parameter elements of " + options_.swap.tag,
+                                       {{"params.swp", file_bytes_}})
+                .front();
+  }
   disk_ = ledger.reserve(Tier::kNvme, Kind::kParameters, file_bytes_, "parameter swap file");
   int64_t n_swapped = 0;
   for (const auto& gr : groups_) n_swapped += gr.swapped;
@@ -79,7 +93,7 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   size_t next = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
-    if (!gr.swapped) continue;
+    if (!gr.swapped || (!adopted.empty() && adopted[g] >= 0)) continue;  // (Init's are there already)
     const int slot = static_cast<int>(next++ % slots_.size());
     settle_write(slot);
     Slot& s = *slots_[static_cast<size_t>(slot)];

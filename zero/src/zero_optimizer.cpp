@@ -115,8 +115,11 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     flat_ = std::make_unique<FlatParameters>(layout.groups, options_.compute_dtype, options_.device, world_size_,
                                              rank_, Tier::kHost, ledger);
   }
-  init_states();  // the master copies the shards first
+  // The swapper first: shards zero::Init wrote to disk are only there, and
+  // the master copies the shards (through shard()).
   if (layout.nvme_param) param_swapper_ = std::make_unique<ParamSwapper>(*flat_, *layout.nvme_param, ledger);
+  init_states();
+  if (param_swapper_) param_swapper_->clear_timings();
   stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
                                                 comm_, ledger, param_swapper_.get());
   if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };
@@ -152,7 +155,10 @@ void ZeroOptimizer::init_states() {
     master_ = state_buffer(ledger, options_, flat_->owned_numel(), at::kFloat, Kind::kOptimizerStates,
                            "fp32 master parameters");
     if (flat_->stage3()) {
-      for (size_t g = 0; g < flat_->groups().size(); ++g) flat_->owned_chunk_of(master_, g).copy_(flat_->part(g));
+      for (size_t g = 0; g < flat_->groups().size(); ++g) {
+        flat_->owned_chunk_of(master_, g).copy_(shard(g));
+        shard_done(g);
+      }
     } else {
       const int64_t layout_rank = layout_ws == 1 ? 0 : rank_;
       for (size_t g = 0; g < flat_->groups().size(); ++g)
@@ -189,9 +195,10 @@ void ZeroOptimizer::init_swapped_states() {
   const int64_t layout_rank = options_.stage == 0 || world_size_ == 1 ? 0 : rank_;
   swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
     const auto [g, start] = sub_groups_[k];
-    const at::Tensor chunk = flat_->stage3() ? flat_->part(g) : flat_->chunk_of(flat_->flat(), g, layout_rank);
+    const at::Tensor chunk = flat_->stage3() ? shard(g) : flat_->chunk_of(flat_->flat(), g, layout_rank);
     t[0].copy_(chunk.narrow(0, start, t[0].numel()));
     for (size_t i = 1; i < t.size(); ++i) t[i].zero_();
+    if (flat_->stage3() && (k + 1 == sub_groups_.size() || sub_groups_[k + 1].first != g)) shard_done(g);
   });
   swapper_->clear_timings();
 }
@@ -434,15 +441,22 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 double ZeroOptimizer::parameter_l2() const {
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   for (size_t g = 0; g < flat_->groups().size(); ++g) {
-    const bool read = param_swapper_ != nullptr && param_swapper_->on_disk(g);
-    if (read) param_swapper_->wait_read(g);
-    const at::Tensor values = flat_->stage3() ? flat_->part(g) : flat_->group_of(flat_->flat(), g);
+    const at::Tensor values = flat_->stage3() ? shard(g) : flat_->group_of(flat_->flat(), g);
     sumsq.add_(at::linalg_vector_norm(values, 2, c10::nullopt, false, at::kDouble).to(options_.device).pow(2));
-    if (read) param_swapper_->release(g);
+    if (flat_->stage3()) shard_done(g);
   }
   // Stage 3: each rank has its shards; padding is zero.
   if (flat_->stage3() && comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();
   return std::sqrt(sumsq.item<double>());
+}
+
+const at::Tensor& ZeroOptimizer::shard(size_t g) const {
+  if (param_swapper_ != nullptr && param_swapper_->on_disk(g)) param_swapper_->wait_read(g);
+  return flat_->part(g);
+}
+
+void ZeroOptimizer::shard_done(size_t g) const {
+  if (param_swapper_ != nullptr && param_swapper_->on_disk(g)) param_swapper_->release(g);
 }
 
 double ZeroOptimizer::param_gather_wait_seconds() const {

@@ -64,16 +64,6 @@ void check_trainable(const config::Config& c) {
   }
 }
 
-offload::AioOptions aio_options(const config::AioConfig& a) {
-  offload::AioOptions o;
-  o.block_size = a.block_size;
-  o.queue_depth = a.queue_depth;
-  o.threads = a.intra_op_parallelism;
-  o.single_submit = a.single_submit;
-  o.overlap_events = a.overlap_events;
-  return o;
-}
-
 // Writes `path` through a temporary file in the same folder, flushed to disk,
 // then renamed over it: a reader sees the old file or the new one, never half.
 void write_file_atomically(const std::string& path, const char* data, size_t size) {
@@ -220,6 +210,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   }
   std::unordered_map<const void*, size_t> group_of;  // parameter -> group
   std::vector<partition::GroupSpec> layer_groups;
+  std::vector<int64_t> disk_offsets;  // per layer group: where zero::Init wrote its shard, or -1
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(scan.layers.size());
   for (size_t u = 0; u < scan.layers.size(); ++u) {
     const auto& [name, m] = scan.layers[u];
@@ -239,6 +230,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
           b.layer_params += c10::multiply_integers(it->second.shapes[k]);
         }
         spec.chunk = it->second.chunk;
+        spec.chunk_on_disk = it->second.disk_offset >= 0;
         spec.shapes = it->second.shapes;
       }
     }
@@ -247,12 +239,16 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
       layer_params[u].emplace_back(join_name(name, item.key()), p);
       if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
       if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer, or built partitioned
-      ZERO_CHECK(!spec.chunk.defined(), "layer " + name + " mixes partitioned and whole parameters");
+      ZERO_CHECK(!spec.chunk.defined() && !spec.chunk_on_disk, "layer " + name + " mixes partitioned and whole parameters");
       group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
       spec.params.emplace_back(join_name(name, item.key()), p);
       b.layer_params += p.numel();
     }
-    if (!spec.params.empty()) layer_groups.push_back(std::move(spec));
+    if (spec.params.empty()) continue;
+    int64_t disk_offset = -1;
+    if (init != nullptr && spec.chunk_on_disk) disk_offset = init->layers.at(m.get()).disk_offset;
+    disk_offsets.push_back(disk_offset);
+    layer_groups.push_back(std::move(spec));
   }
   partition::GroupSpec always;
   always.name = "(always gathered)";
@@ -292,9 +288,15 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
     p.swap.config_key = "zero_optimization.offload_param";
     p.swap.buffer_count = op.buffer_count;
     p.swap.pin_memory = op.pin_memory;
-    p.swap.aio = aio_options(c.aio);
+    p.swap.aio = detail::aio_options(c.aio);
     p.buffer_size = op.buffer_size;
     p.max_in_cpu = op.max_in_cpu;
+    if (init != nullptr && init->swap_file != nullptr) {  // shards zero::Init already wrote
+      p.adopted_file = init->swap_file;
+      p.adopted_bytes = init->swap_bytes;
+      p.adopted_offsets.assign(1, -1);  // group 0: always gathered, never on disk
+      p.adopted_offsets.insert(p.adopted_offsets.end(), disk_offsets.begin(), disk_offsets.end());
+    }
     b.layout.nvme_param = p;
   }
   return b;
@@ -461,7 +463,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     so.pin_memory = oo.pin_memory;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
-    so.aio = aio_options(s.config.aio);
+    so.aio = detail::aio_options(s.config.aio);
     so.tag = "rank" + std::to_string(s.dist.rank);
     zo.nvme = so;
   }
@@ -482,7 +484,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     }
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
-    if (init != nullptr) init->layers.clear();  // the shards now live in the partition
+    if (init != nullptr) {  // the shards now live in the partition (or its swap file)
+      init->layers.clear();
+      init->swap_file.reset();
+      init->aio.reset();
+      init->swap_disk = {};  // counted by the parameter swapper now
+    }
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include "zero/config/config.h"
+#include "zero/offload/aio.h"
 #include "zero/runtime/engine.h"
 
 namespace zero::detail {
@@ -28,6 +29,17 @@ inline torch::Device default_device() {
 inline int64_t default_pinned_limit() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
+}
+
+/// The config's aio section as the engine's options.
+inline offload::AioOptions aio_options(const config::AioConfig& a) {
+  offload::AioOptions o;
+  o.block_size = a.block_size;
+  o.queue_depth = a.queue_depth;
+  o.threads = a.intra_op_parallelism;
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
 }
 
 /// Loads `config` (a path, or JSON text starting with '{') for the job in `options.dist`.

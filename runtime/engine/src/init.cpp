@@ -1,17 +1,73 @@
 #include "zero/runtime/init.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <ATen/ATen.h>
 
 #include "engine_util.h"
 #include "init_state.h"
+#include "zero/offload/swap_folder.h"
 #include "zero/runtime/error.h"
 #include "zero/runtime/log.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/zero_optimizer.h"
 
 namespace zero {
+
+namespace {
+
+void release_parameters(Init::State& s, const Init::State::Layer& layer) {
+  at::NoGradGuard no_grad;
+  for (const auto& p : layer.params) {
+    p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
+    s.partitioned.insert(p.unsafeGetTensorImpl());
+  }
+}
+
+// Writes this rank's chunk (elements [begin, begin + numel) of `values` laid
+// end to end) at the end of the parameter swap file, made on the first call;
+// returns its offset. The chunk passes through one aligned host buffer, held
+// (and counted on the host tier) only while it is written.
+int64_t swap_out(Init::State& s, const std::vector<at::Tensor>& values, int64_t begin, int64_t numel) {
+  const auto& op = s.config.zero.offload_param;
+  const std::string key = "zero_optimization.offload_param";
+  const std::string tag = "rank" + std::to_string(s.dist.rank) + "-params";
+  if (s.swap_file == nullptr) {
+    s.aio = std::make_unique<offload::AioEngine>(detail::aio_options(s.config.aio));
+    s.swap_file = offload::create_swap_files(op.nvme_path, key + ".nvme_path", tag,
+                                             "stage-3 shards of " + tag + " built under zero::Init",
+                                             {{"params.swp", 0}})
+                      .front();
+  }
+  if (numel > op.buffer_size) {  // the engine's swapper would refuse it; say so before writing the model
+    throw ConfigError({key + ".buffer_size: expected at least " + std::to_string(numel) +
+                       " elements, this rank's shard of a layer built under zero::Init; got " +
+                       std::to_string(op.buffer_size)});
+  }
+  const int64_t bytes = offload::aio_aligned(numel * static_cast<int64_t>(c10::elementSize(s.dtype)));
+  const int64_t offset = s.swap_bytes;
+  try {
+    s.swap_file->reserve(offset + bytes);
+  } catch (const IoError& e) {
+    throw IoError(std::string(e.what()) + " (while zero::Init wrote layer shards under " + key +
+                  ".nvme_path; free space there, or keep more in memory with " + key + ".max_in_cpu)");
+  }
+  {
+    auto held = s.ledger->reserve(Tier::kHost, Kind::kParameters, bytes, "a shard on its way to disk under zero::Init");
+    offload::AlignedBuffer buf(bytes);
+    std::memset(buf.data(), 0, static_cast<size_t>(bytes));  // the file's padding too
+    at::Tensor chunk = at::from_blob(buf.data(), {numel}, at::TensorOptions().dtype(s.dtype));
+    partition::copy_chunk_of(values, begin, chunk);
+    s.aio->write(s.swap_file, buf.data(), bytes, offset).wait();
+  }
+  s.swap_bytes = offset + bytes;
+  s.swap_disk = {};
+  s.swap_disk = s.ledger->reserve(Tier::kNvme, Kind::kParameters, s.swap_bytes, "parameter swap file (zero::Init)");
+  return offset;
+}
+
+}  // namespace
 
 Init::Init(const std::string& config, InitOptions options) : state_(std::make_shared<State>()) {
   auto& s = *state_;
@@ -28,6 +84,7 @@ Init::Init(const std::string& config, InitOptions options) : state_(std::make_sh
   s.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
                       "InitOptions::pinned_memory_limit_bytes");
   s.options = std::move(options);
+  s.in_cpu_left = std::max<int64_t>(0, s.config.zero.offload_param.max_in_cpu);
 }
 
 Init::~Init() = default;
@@ -61,8 +118,21 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
   const int64_t chunk_numel = padded / ws;
   const int64_t begin = s.dist.rank * chunk_numel;
-  // offload_param cpu or nvme: the shards start in host memory (nvme: the
-  // engine moves those beyond max_in_cpu to disk).
+  std::vector<at::Tensor> values;
+  for (const auto& p : layer.params) values.push_back(p.detach());
+  // offload_param nvme: shards within max_in_cpu stay in host memory, in the
+  // order the layers are built (as the engine's swapper decides for layers
+  // built whole); the others go to disk now, so host memory never holds more
+  // than one of them.
+  const bool nvme = s.config.zero.offload_param.device == config::OffloadDevice::kNvme;
+  if (nvme && chunk_numel > s.in_cpu_left) {
+    layer.disk_offset = swap_out(s, values, begin, chunk_numel);
+    release_parameters(s, layer);
+    s.layers.emplace(module.get(), std::move(layer));
+    return;
+  }
+  if (nvme) s.in_cpu_left -= chunk_numel;
+  // offload_param cpu or nvme: the shard in host memory.
   const bool offload = s.config.zero.offload_param.device != config::OffloadDevice::kNone;
   const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
   const std::string what = "stage-3 shard of a layer built under zero::Init";
@@ -74,14 +144,8 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
     log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
     layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, Tier::kHost, Kind::kParameters, what);
   }
-  std::vector<at::Tensor> values;
-  for (const auto& p : layer.params) values.push_back(p.detach());
   partition::copy_chunk_of(values, begin, layer.chunk);
-  at::NoGradGuard no_grad;
-  for (auto& p : layer.params) {
-    p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
-    s.partitioned.insert(p.unsafeGetTensorImpl());
-  }
+  release_parameters(s, layer);
   s.layers.emplace(module.get(), std::move(layer));
 }
 

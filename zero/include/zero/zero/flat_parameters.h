@@ -52,7 +52,10 @@ struct GroupSpec {
   std::string name;
   std::vector<std::pair<std::string, at::Tensor>> params;
   at::Tensor chunk;  // this rank's chunk in the compute dtype, or undefined
-  std::vector<std::vector<int64_t>> shapes;  // with `chunk`: the parameters' shapes
+  /// Instead of `chunk`: zero::Init wrote this rank's chunk to the parameter
+  /// swap file (ParamSwapOptions::adopted_offsets); part() starts empty.
+  bool chunk_on_disk = false;
+  std::vector<std::vector<int64_t>> shapes;  // with `chunk` or `chunk_on_disk`: the parameters' shapes
 };
 
 /// Fills `chunk` with elements [begin, begin + chunk.numel()) of the

@@ -6,7 +6,11 @@
 // host memory, in order, while their elements total at most
 // offload_param.max_in_cpu (and group 0, the always-gathered one, always);
 // the rest live on disk and come into one of `buffer_count` buffers of
-// `buffer_size` elements when needed:
+// `buffer_size` elements when needed. A model built under zero::Init has its
+// shards beyond max_in_cpu written to the file as each layer is built (host
+// memory never holds the partition); the swapper takes that file over
+// (ParamSwapOptions::adopted_*). Otherwise it writes them at the start,
+// through its buffers.
 //   - for a gather: the coordinator starts the read when it issues the
 //     group's all-gather, or earlier, following the stage-3 trace, for the
 //     layers after the prefetch window (as many as there are free buffers;
@@ -59,6 +63,13 @@ struct ParamSwapOptions {
   SwapOptions swap;                  // nvme_path, buffer_count, aio; config_key "zero_optimization.offload_param"
   int64_t buffer_size = 100000000;   // elements per buffer
   int64_t max_in_cpu = 1000000000;   // elements kept in host memory
+  /// Shards zero::Init already wrote as their layers were built (their
+  /// groups' GroupSpec::chunk_on_disk): the file, its length, and each
+  /// group's offset in it (-1: not written there). The swapper keeps them
+  /// where they are, and puts the other groups beyond max_in_cpu after them.
+  std::shared_ptr<offload::AioFile> adopted_file;
+  int64_t adopted_bytes = 0;
+  std::vector<int64_t> adopted_offsets;
 };
 
 class ParamSwapper {
@@ -99,6 +110,9 @@ class ParamSwapper {
   int64_t file_bytes() const { return file_bytes_; }
   int64_t swapped_numel() const { return swapped_numel_; }
   const SwapStats& stats() const { return stats_; }
+  /// Sets the wait times to zero (after the start-up, which reads shards for
+  /// the fp32 master); the byte counts stay.
+  void clear_timings() { stats_.read_wait_s = stats_.write_wait_s = 0; }
 
  private:
   enum class State { kOnDisk, kReading, kInMemory };

@@ -170,6 +170,10 @@ class ZeroOptimizer {
   bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
   void init_states();
   void init_swapped_states();
+  /// Stage 3: group g's shard, read from the parameter swap file when it is
+  /// there, until shard_done(g).
+  const at::Tensor& shard(size_t g) const;
+  void shard_done(size_t g) const;
   void launch_ready_groups();
   void launch_group(size_t g);
   void finish_reduce_scatter(bool all);

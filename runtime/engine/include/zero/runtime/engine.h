@@ -80,7 +80,7 @@ struct NvmeStats {
   double step_s = 0;          // in the swapped optimizer passes, all told
   // Stage 3's parameter shards (offload_param nvme): zero when not swapped.
   int64_t param_file_bytes = 0;
-  int64_t param_bytes_read = 0;
+  int64_t param_bytes_read = 0;     // the start-up's reads (for the fp32 master) included
   int64_t param_bytes_cached = 0;   // reads saved: the shard was still in a swap buffer
   int64_t param_bytes_written = 0;  // the initial write included
   double param_read_wait_s = 0;     // gathers waited for shards coming from disk

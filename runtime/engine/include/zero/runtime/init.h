@@ -13,7 +13,10 @@
 // builds each layer whole from the same random stream, so the values are the
 // ones the unpartitioned model would have with the same seed. Parameters
 // under stage3_param_persistence_threshold stay whole (the engine keeps them
-// gathered anyway). A partitioned module must be a layer of the model the
+// gathered anyway). With offload_param nvme, the shards beyond
+// offload_param.max_in_cpu are written to the parameter swap file as their
+// layers are built, so host memory holds one layer at a time, not the
+// partition (NOTE [parameter swapping]). A partitioned module must be a layer of the model the
 // engine is given: a child of a ModuleList or Sequential, or in
 // InitOptions::layers.
 #pragma once
