@@ -169,9 +169,6 @@ int main(int argc, char** argv) {
       usage_error("--n_embd " + std::to_string(args.n_embd) + " must be a multiple of --n_head " +
                   std::to_string(args.n_head));
 
-    torch::manual_seed(args.seed);
-    mingpt::GPT model(gcfg);
-
     zero::InitOptions opts;
     opts.auto_values.train_micro_batch_size_per_gpu = args.batch_size;
     opts.auto_values.gradient_accumulation_steps = 1;
@@ -181,7 +178,6 @@ int main(int argc, char** argv) {
     const std::string precision = args.precision.value_or("32");
     opts.auto_values.precision = precision == "32" ? "fp32" : precision == "16" ? "fp16" : "bf16";
     opts.tokens_per_sample = task->block_size();
-    opts.layers = model->stage3_layers();
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.
     auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
@@ -190,6 +186,7 @@ int main(int argc, char** argv) {
       if (args.limit_train_batches) n = std::min(n, *args.limit_train_batches);
       return n / b.gradient_accumulation_steps * b.gradient_accumulation_steps;
     };
+    int zero_stage = 0;
     {
       zero::config::LoadOptions probe;
       opts.dist = zero::DistEnv::from_environment();
@@ -197,12 +194,25 @@ int main(int argc, char** argv) {
       probe.auto_values = opts.auto_values;
       probe.auto_values.total_num_steps = 1;
       probe.auto_values.warmup_num_steps = 1;
-      const auto b = zero::config::load_file(args.config, probe).batch;
+      const auto probed = zero::config::load_file(args.config, probe);
+      const auto& b = probed.batch;
+      zero_stage = probed.zero.stage;
       const int64_t steps = micro_batches_per_epoch(b) / b.gradient_accumulation_steps * args.max_epochs;
       opts.auto_values.total_num_steps = std::max<int64_t>(1, steps);
       opts.auto_values.warmup_num_steps = std::max<int64_t>(1, steps / 20);
     }
-    auto engine = zero::initialize(model.ptr(), args.config, opts);
+    // ZeRO stage 3 builds the model partitioned (zero::Init): each block is
+    // cut into shards as it is made, so no rank ever holds the whole model.
+    std::unique_ptr<zero::Init> init;
+    if (zero_stage == 3) {
+      init = std::make_unique<zero::Init>(args.config, opts);
+      if (opts.dist->rank == 0) std::fprintf(stderr, "mingpt: building the model partitioned (zero::Init)\n");
+    }
+    torch::manual_seed(args.seed);
+    mingpt::GPT model(gcfg, init.get());
+    if (!init) opts.layers = model->stage3_layers();
+    auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
+                       : zero::initialize(model.ptr(), args.config, opts);
 
     if (args.checkpoint) model->set_checkpointer(&engine.checkpointer());
     const auto& batch = engine.config().batch;

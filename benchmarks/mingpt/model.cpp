@@ -4,6 +4,7 @@
 
 #include <torch/nn/functional/linear.h>
 
+#include "zero/runtime/init.h"
 #include "zero/zero/layer.h"
 
 #include <ATen/ATen.h>
@@ -51,30 +52,47 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + mlp_drop_->forward(fc_proj_->forward(torch::gelu(fc_->forward(ln2_->forward(h)))));
 }
 
-GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
+namespace {
+
+// minGPT's initialisation of `m` and everything in it.
+void init_weights(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& sub : m.modules(/*include_self=*/true)) {
+    if (auto* lin = sub->as<torch::nn::Linear>()) {
+      torch::nn::init::normal_(lin->weight, 0.0, 0.02);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = sub->as<torch::nn::Embedding>()) {
+      torch::nn::init::normal_(emb->weight, 0.0, 0.02);
+    } else if (auto* ln = sub->as<torch::nn::LayerNorm>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+}
+
+}  // namespace
+
+// Each part is initialised as soon as it is built, so a block can be
+// partitioned before the next one exists; the random draws come in the same
+// order with and without `init`.
+GPTImpl::GPTImpl(const GPTConfig& c, zero::Init* init) : config_(c) {
   tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  init_weights(*tok_emb_);
   pos_emb_ = register_parameter("pos_emb", torch::zeros({1, c.block_size, c.n_embd}));
   drop_ = register_module("drop", torch::nn::Dropout(c.embd_pdrop));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    Block block(c);
+    init_weights(*block);
+    blocks_->push_back(init != nullptr ? init->partition(block) : block);
+  }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  init_weights(*ln_f_);
   if (c.tie_weights) {
     tied_head_ = register_module("head", TiedHead(tok_emb_->weight));
   } else {
     head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
-  }
-
-  torch::NoGradGuard no_grad;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      torch::nn::init::normal_(lin->weight, 0.0, 0.02);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      torch::nn::init::normal_(emb->weight, 0.0, 0.02);
-    } else if (auto* ln = m->as<torch::nn::LayerNorm>()) {
-      ln->weight.fill_(1.0);
-      ln->bias.zero_();
-    }
+    init_weights(*head_);
   }
 }
 

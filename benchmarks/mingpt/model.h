@@ -15,6 +15,10 @@
 
 #include "zero/checkpointing/checkpoint.h"
 
+namespace zero {
+class Init;
+}
+
 namespace mingpt {
 
 struct GPTConfig {
@@ -77,8 +81,10 @@ class GPTImpl : public torch::nn::Module {
  public:
   /// Initialises as minGPT does: N(0, 0.02) for Linear and Embedding weights,
   /// zero biases and position embedding, LayerNorm (1, 0). Draws from the
-  /// global torch generator (seed it with torch::manual_seed).
-  explicit GPTImpl(const GPTConfig& config);
+  /// global torch generator (seed it with torch::manual_seed). With `init`
+  /// (ZeRO stage 3), each block is partitioned as soon as it is built, so no
+  /// rank holds the whole model; the values are the same as without.
+  explicit GPTImpl(const GPTConfig& config, zero::Init* init = nullptr);
   /// idx: [B, T] int64 token ids, T <= block_size. Returns logits [B, T, V].
   torch::Tensor forward(const torch::Tensor& idx);
   const GPTConfig& config() const { return config_; }

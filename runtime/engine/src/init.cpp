@@ -149,9 +149,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   s.layers.emplace(module.get(), std::move(layer));
 }
 
-Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init) {
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
+                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers) {
   InitOptions options = init.options();
   options.init = &init;
+  options.layers.insert(options.layers.end(), layers.begin(), layers.end());
   return initialize(std::move(model), init.config(), std::move(options));
 }
 

@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -62,8 +63,11 @@ class Init {
   std::shared_ptr<State> state_;
 };
 
-/// Builds the engine for a model constructed under `init`.
-Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init);
+/// Builds the engine for a model constructed under `init`; `layers` adds to
+/// InitOptions::layers (layers outside a ModuleList or Sequential, which may
+/// exist only once the model does).
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
+                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers = {});
 template <typename M>
 Engine initialize(torch::nn::ModuleHolder<M>& model, Init& init) {
   return initialize(model.ptr(), init);
