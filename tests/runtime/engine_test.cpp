@@ -12,6 +12,7 @@
 
 #include "data.h"
 #include "model.h"
+#include "zero/offload/aio.h"
 #include "zero/zero.h"
 
 namespace {
@@ -338,6 +339,46 @@ TEST(Engine, NvmeParamBufferTooSmallNamesTheKeyAndTheShard) {
     EXPECT_NE(msg.find("(layer "), std::string::npos) << msg;
     EXPECT_NE(msg.find("got 10"), std::string::npos) << msg;
   }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
+// Under zero::Init with offload_param nvme, the swap file is made when the
+// first shard goes to disk: a missing nvme_path or a buffer_size below a
+// layer's shard is an error then, naming the config key, before the rest of
+// the model is built; nothing is left behind. A good setup builds the model
+// partitioned, with the shards on the NVMe tier.
+TEST(Engine, InitToNvmeChecksThePathAndBufferSizeAsLayersAreBuilt) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_init_nvme_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto config = [&](const std::string& path, int64_t buffer_size) {
+    return config_json(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )"
+                       R"("offload_param": {"device": "nvme", "nvme_path": ")" + path + R"(", "buffer_size": )" +
+                       std::to_string(buffer_size) + R"(, "max_in_cpu": 0}})");
+  };
+  auto build = [&](const std::string& cfg) {
+    zero::Init init(cfg, quiet());
+    init.partition(torch::nn::Linear(64, 64));  // (temporaries: Init keeps each alive)
+    init.partition(torch::nn::Linear(64, 64));
+    return init.ledger().get(zero::Tier::kNvme, zero::Kind::kParameters).current_bytes;
+  };
+  try {
+    build(config(dir + "/missing", 100000));
+    FAIL() << "a missing nvme_path was accepted";
+  } catch (const zero::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.nvme_path"), std::string::npos) << e.what();
+  }
+  try {
+    build(config(dir, 100));
+    FAIL() << "a buffer_size below the shard was accepted";
+  } catch (const zero::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("zero_optimization.offload_param.buffer_size: expected at least 4352"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("got 100"), std::string::npos) << msg;
+  }
+  // Two layers of 4,160 fp32 elements (4,352 with the partition's padding),
+  // one rank: two 4 KiB-aligned shards.
+  EXPECT_EQ(build(config(dir, 100000)), 2 * zero::offload::aio_aligned(4352 * 4));
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove(dir);
 }

@@ -292,6 +292,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
     p.buffer_size = op.buffer_size;
     p.max_in_cpu = op.max_in_cpu;
     if (init != nullptr && init->swap_file != nullptr) {  // shards zero::Init already wrote
+      init->finish_swap_out();
       p.adopted_file = init->swap_file;
       p.adopted_bytes = init->swap_bytes;
       p.adopted_offsets.assign(1, -1);  // group 0: always gathered, never on disk

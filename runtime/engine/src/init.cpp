@@ -27,8 +27,9 @@ void release_parameters(Init::State& s, const Init::State::Layer& layer) {
 
 // Writes this rank's chunk (elements [begin, begin + numel) of `values` laid
 // end to end) at the end of the parameter swap file, made on the first call;
-// returns its offset. The chunk passes through one aligned host buffer, held
-// (and counted on the host tier) only while it is written.
+// returns its offset. The chunk passes through an aligned host buffer, held
+// (and counted on the host tier) while it is written; the write goes on while
+// the next layer is built, so at most two such buffers exist at once.
 int64_t swap_out(Init::State& s, const std::vector<at::Tensor>& values, int64_t begin, int64_t numel) {
   const auto& op = s.config.zero.offload_param;
   const std::string key = "zero_optimization.offload_param";
@@ -53,14 +54,15 @@ int64_t swap_out(Init::State& s, const std::vector<at::Tensor>& values, int64_t 
     throw IoError(std::string(e.what()) + " (while zero::Init wrote layer shards under " + key +
                   ".nvme_path; free space there, or keep more in memory with " + key + ".max_in_cpu)");
   }
-  {
-    auto held = s.ledger->reserve(Tier::kHost, Kind::kParameters, bytes, "a shard on its way to disk under zero::Init");
-    offload::AlignedBuffer buf(bytes);
-    std::memset(buf.data(), 0, static_cast<size_t>(bytes));  // the file's padding too
-    at::Tensor chunk = at::from_blob(buf.data(), {numel}, at::TensorOptions().dtype(s.dtype));
-    partition::copy_chunk_of(values, begin, chunk);
-    s.aio->write(s.swap_file, buf.data(), bytes, offset).wait();
-  }
+  Init::State::PendingWrite next;
+  next.held = s.ledger->reserve(Tier::kHost, Kind::kParameters, bytes, "a shard on its way to disk under zero::Init");
+  next.buf = offload::AlignedBuffer(bytes);
+  std::memset(next.buf.data(), 0, static_cast<size_t>(bytes));  // the file's padding too
+  at::Tensor chunk = at::from_blob(next.buf.data(), {numel}, at::TensorOptions().dtype(s.dtype));
+  partition::copy_chunk_of(values, begin, chunk);
+  s.finish_swap_out();  // the previous layer's
+  next.io = s.aio->write(s.swap_file, next.buf.data(), bytes, offset);
+  s.pending = std::move(next);
   s.swap_bytes = offset + bytes;
   s.swap_disk = {};
   s.swap_disk = s.ledger->reserve(Tier::kNvme, Kind::kParameters, s.swap_bytes, "parameter swap file (zero::Init)");
@@ -101,6 +103,7 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   ZERO_CHECK(!s.adopted, "Init::partition after initialize: the engine has taken over");
   if (s.layers.count(module.get()) > 0) return;
   State::Layer layer;
+  layer.module = module;
   int64_t numel = 0;
   for (const auto& p : module->parameters(true)) {
     if (!p.requires_grad() || p.numel() < s.config.zero.param_persistence_threshold) continue;

@@ -19,6 +19,9 @@ struct Init::State {
   at::ScalarType dtype = at::kFloat;
   std::shared_ptr<MemoryLedger> ledger = std::make_shared<MemoryLedger>();
   struct Layer {
+    // Layers are known by address: holding the module keeps a later one from
+    // reusing it (a temporary passed to partition(), say).
+    std::shared_ptr<torch::nn::Module> module;
     std::vector<at::Tensor> params;  // in the engine's order: named_parameters, partitioned ones only
     std::vector<std::vector<int64_t>> shapes;
     at::Tensor chunk;  // this rank's chunk, compute dtype; undefined when on disk
@@ -31,10 +34,24 @@ struct Init::State {
   // written to this file as they are built; the engine's parameter swapper
   // takes it over (NOTE [parameter swapping]).
   int64_t in_cpu_left = 0;  // elements of max_in_cpu not yet used
+  // The last shard's write, in flight while the next layer is built; its
+  // buffer outlives the engine below, which waits for it when destroyed.
+  struct PendingWrite {
+    offload::AlignedBuffer buf;
+    MemoryLedger::Reservation held;
+    offload::AioHandle io;
+  } pending;
   std::unique_ptr<offload::AioEngine> aio;
   std::shared_ptr<offload::AioFile> swap_file;
   int64_t swap_bytes = 0;
   MemoryLedger::Reservation swap_disk;
+
+  /// Waits for the last shard's write (throws zero::IoError if it failed).
+  void finish_swap_out() {
+    auto done = std::move(pending);
+    pending = {};
+    done.io.wait();
+  }
 };
 
 }  // namespace zero
