@@ -293,8 +293,8 @@ const at::Tensor& ParamSwapper::begin_update(size_t g) {
       // a read-ahead: its values are overwritten now anyway
     }
   }
-  // The last write-back of this shard may still be reading the buffer the new
-  // values are about to go into (a cache hit keeps that buffer).
+  // The shard's last write-back ends first: its buffer may be the one the new
+  // values go into, and two writes of one shard must not race to the file.
   if (gr.pending_write >= 0) settle_write(gr.pending_write);
   if (gr.slot < 0) {
     const int hit = cached_slot(g);
