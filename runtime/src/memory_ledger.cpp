@@ -11,6 +11,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include "zero/runtime/error.h"
+#include "zero/runtime/log.h"
 
 namespace zero {
 
@@ -100,6 +101,18 @@ at::Tensor MemoryLedger::empty(int64_t numel, at::ScalarType dtype, at::Device d
         raw.reset();
       },
       raw.options());
+}
+
+at::Tensor MemoryLedger::host_empty(int64_t numel, at::ScalarType dtype, bool pin, Kind kind, const std::string& what) {
+  if (pin) {
+    try {
+      return empty(numel, dtype, at::kCPU, Tier::kPinnedHost, kind, what);
+    } catch (const OutOfMemoryError& e) {
+      log::warning_once("offload.pinned", std::string(e.what()) +
+                                              "; using pageable host memory for the rest (slower copies)");
+    }
+  }
+  return empty(numel, dtype, at::kCPU, Tier::kHost, kind, what);
 }
 
 MemoryLedger::Reservation::Reservation(Reservation&& o) noexcept { *this = std::move(o); }

@@ -13,20 +13,13 @@ namespace zero::partition {
 
 SwapBuffers::SwapBuffers(MemoryLedger& ledger, bool pin, int64_t count, int64_t bytes, Kind kind,
                          const std::string& what, const std::string& hint)
-    : count_(count), bytes_(bytes) {
+    : bytes_(bytes) {
   ZERO_CHECK(bytes % offload::kAioAlignment == 0, "swap buffers: size not a multiple of the alignment");
   const int64_t total = count * bytes + offload::kAioAlignment;  // slack to align the first
-  const std::string label = std::to_string(count) + " " + what + " of " + format_bytes(bytes);
-  tier_ = pin ? Tier::kPinnedHost : Tier::kHost;
-  for (;;) {
-    try {
-      arena_ = ledger.empty(total, at::kByte, at::kCPU, tier_, kind, label);
-      break;
-    } catch (const OutOfMemoryError& e) {
-      if (tier_ != Tier::kPinnedHost) throw OutOfMemoryError(std::string(e.what()) + "; " + hint);
-      log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
-      tier_ = Tier::kHost;
-    }
+  try {
+    arena_ = ledger.host_empty(total, at::kByte, pin, kind, std::to_string(count) + " " + what + " of " + format_bytes(bytes));
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(std::string(e.what()) + "; " + hint);
   }
   const auto at = reinterpret_cast<uintptr_t>(arena_.data_ptr());
   const auto align = static_cast<uintptr_t>(offload::kAioAlignment);

@@ -61,15 +61,7 @@ namespace {
 at::Tensor state_buffer(MemoryLedger& ledger, const ZeroOptimizerOptions& o, int64_t numel,
                         at::ScalarType dtype, Kind kind, const std::string& what) {
   if (!o.offload_optimizer) return ledger.empty(numel, dtype, o.device, Tier::kDevice, kind, what);
-  if (o.pin_memory) {
-    try {
-      return ledger.empty(numel, dtype, at::kCPU, Tier::kPinnedHost, kind, what);
-    } catch (const OutOfMemoryError& e) {
-      log::warning_once("offload.pinned", std::string(e.what()) +
-                                              "; using pageable host memory for the rest (slower copies)");
-    }
-  }
-  return ledger.empty(numel, dtype, at::kCPU, Tier::kHost, kind, what);
+  return ledger.host_empty(numel, dtype, o.pin_memory, kind, what);
 }
 
 }  // namespace

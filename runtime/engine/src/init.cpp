@@ -9,7 +9,6 @@
 #include "init_state.h"
 #include "zero/offload/swap_folder.h"
 #include "zero/runtime/error.h"
-#include "zero/runtime/log.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/zero_optimizer.h"
 
@@ -137,16 +136,10 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
   if (nvme) s.in_cpu_left -= chunk_numel;
   // offload_param cpu or nvme: the shard in host memory.
   const bool offload = s.config.zero.offload_param.device != config::OffloadDevice::kNone;
-  const Tier tier = !offload ? Tier::kDevice : s.config.zero.offload_param.pin_memory ? Tier::kPinnedHost : Tier::kHost;
   const std::string what = "stage-3 shard of a layer built under zero::Init";
-  const at::Device where = offload ? at::Device(at::kCPU) : s.device;
-  try {
-    layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, tier, Kind::kParameters, what);
-  } catch (const OutOfMemoryError& e) {
-    if (tier != Tier::kPinnedHost) throw;
-    log::warning_once("offload.pinned", std::string(e.what()) + "; using pageable host memory for the rest");
-    layer.chunk = s.ledger->empty(chunk_numel, s.dtype, where, Tier::kHost, Kind::kParameters, what);
-  }
+  layer.chunk = offload ? s.ledger->host_empty(chunk_numel, s.dtype, s.config.zero.offload_param.pin_memory,
+                                               Kind::kParameters, what)
+                        : s.ledger->empty(chunk_numel, s.dtype, s.device, Tier::kDevice, Kind::kParameters, what);
   partition::copy_chunk_of(values, begin, layer.chunk);
   release_parameters(s, layer);
   s.layers.emplace(module.get(), std::move(layer));

@@ -72,6 +72,12 @@ class MemoryLedger {
   };
   Reservation reserve(Tier tier, Kind kind, int64_t nbytes, const std::string& what);
 
+  /// Host memory for offloaded state: on the pinned tier when `pin` asks and
+  /// its limit allows, else pageable (the host tier), with a one-time warning
+  /// the first time the pinned limit sends something there. Throws
+  /// zero::OutOfMemoryError when the host tier is full too.
+  at::Tensor host_empty(int64_t numel, at::ScalarType dtype, bool pin, Kind kind, const std::string& what);
+
   /// Caps a tier at `nbytes` (<= 0 removes the cap). `config_key` is named in
   /// the out-of-memory message as the setting that would help.
   void set_limit(Tier tier, int64_t nbytes, const std::string& config_key = "");

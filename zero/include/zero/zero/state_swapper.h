@@ -68,16 +68,13 @@ class SwapBuffers {
   SwapBuffers(MemoryLedger& ledger, bool pin, int64_t count, int64_t bytes, Kind kind, const std::string& what,
               const std::string& hint);
   char* operator[](int64_t i) const { return base_ + i * bytes_; }
-  int64_t count() const { return count_; }
   /// All of them, as counted on the ledger (with the alignment slack).
   int64_t total_bytes() const { return arena_.defined() ? arena_.numel() : 0; }
-  Tier tier() const { return tier_; }
 
  private:
   at::Tensor arena_;
   char* base_ = nullptr;
-  int64_t count_ = 0, bytes_ = 0;
-  Tier tier_ = Tier::kHost;
+  int64_t bytes_ = 0;
 };
 
 /// Totals since construction.
