@@ -302,6 +302,12 @@ TEST(ParamSwapper, ShardsRoundTripThroughTwoBuffersAndStepsWriteBack) {
   FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
   {
     ParamSwapper sw(flat, param_options(dir), ledger);
+    // Until swap_out() the shards stay in host memory (the start-up reads them).
+    for (size_t g = 1; g <= 3; ++g) {
+      EXPECT_FALSE(sw.on_disk(g));
+      EXPECT_TRUE(at::equal(shard_of(flat, g), expected_shard(g))) << "group " << g;
+    }
+    sw.swap_out();
     EXPECT_TRUE(empty_dir(dir));
     EXPECT_FALSE(sw.on_disk(0));
     for (size_t g = 1; g <= 3; ++g) {
@@ -340,6 +346,7 @@ TEST(ParamSwapper, ALetGoShardIsReadAgainFromItsBuffer) {
   zero::MemoryLedger ledger;
   FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
   ParamSwapper sw(flat, param_options(dir), ledger);  // two buffers, three shards
+  sw.swap_out();
   // Reads group g and checks its values; true when it came from the disk.
   auto read = [&](size_t g, const at::Tensor& want) {
     const int64_t before = sw.stats().bytes_read;
@@ -378,6 +385,7 @@ TEST(ParamSwapper, MaxInCpuKeepsTheFirstLayersInMemory) {
   ParamSwapOptions o = param_options(dir);
   o.max_in_cpu = 5000;  // groups 1 and 2 (256 + 3072 padded elements) fit; group 3 does not
   ParamSwapper sw(flat, o, ledger);
+  sw.swap_out();
   EXPECT_FALSE(sw.on_disk(1));
   EXPECT_FALSE(sw.on_disk(2));
   EXPECT_TRUE(sw.on_disk(3));
@@ -390,6 +398,7 @@ TEST(ParamSwapper, FailedReadNamesTheFileAndCanBeRetried) {
   zero::MemoryLedger ledger;
   FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
   ParamSwapper sw(flat, param_options(dir), ledger);
+  sw.swap_out();
   sw.engine_for_testing().inject_fault(/*on_write=*/false, EIO);
   try {
     sw.wait_read(1);  // (groups 2 and 3 are still in the buffers they were written from)
@@ -409,6 +418,7 @@ TEST(ParamSwapper, FailedWriteBackStopsLaterReads) {
   zero::MemoryLedger ledger;
   FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
   ParamSwapper sw(flat, param_options(dir), ledger);
+  sw.swap_out();
   sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
   sw.begin_update(1).fill_(1);
   sw.end_update(1);

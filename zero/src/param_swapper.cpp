@@ -56,6 +56,7 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     } else {
       gr.offset = file_bytes_;
       file_bytes_ += gr.bytes;
+      gr.resident = true;
     }
     swapped_numel_ += n;
     if (n > largest) largest = n, largest_name = info[g].name;
@@ -88,17 +89,19 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     s->buf = buffers_[i];
     slots_.push_back(std::move(s));
   }
-  // The shards go to disk through the buffers in turn, up to buffer_count
-  // writes in flight, and leave memory; each buffer keeps the shard it wrote.
+}
+
+void ParamSwapper::swap_out() {
   size_t next = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto& gr = groups_[g];
-    if (!gr.swapped || (!adopted.empty() && adopted[g] >= 0)) continue;  // (Init's are there already)
+    if (!gr.resident) continue;
+    gr.resident = false;
     const int slot = static_cast<int>(next++ % slots_.size());
     settle_write(slot);
     Slot& s = *slots_[static_cast<size_t>(slot)];
     const at::Tensor& part = params_.part(g);
-    std::memcpy(s.buf, part.data_ptr(), static_cast<size_t>(part.numel() * elem));
+    std::memcpy(s.buf, part.data_ptr(), part.nbytes());
     s.io.push_back(engine_->write(file_, s.buf, gr.bytes, gr.offset));
     s.writing = static_cast<int64_t>(g);
     gr.pending_write = slot;

@@ -108,10 +108,14 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
                                              rank_, Tier::kHost, ledger);
   }
   // The swapper first: shards zero::Init wrote to disk are only there, and
-  // the master copies the shards (through shard()).
+  // the master copies the shards (through shard()); the others leave host
+  // memory after that, so they are not read back.
   if (layout.nvme_param) param_swapper_ = std::make_unique<ParamSwapper>(*flat_, *layout.nvme_param, ledger);
   init_states();
-  if (param_swapper_) param_swapper_->clear_timings();
+  if (param_swapper_) {
+    param_swapper_->swap_out();
+    param_swapper_->clear_timings();
+  }
   stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
                                                 comm_, ledger, param_swapper_.get());
   if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };

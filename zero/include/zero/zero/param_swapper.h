@@ -75,15 +75,21 @@ struct ParamSwapOptions {
 class ParamSwapper {
  public:
   /// Decides which groups go to disk, checks the buffers can hold each of
-  /// them, creates the file and the buffers, writes those groups' shards and
-  /// frees their memory. Throws zero::ConfigError (buffer_size too small,
-  /// bad path), zero::IoError, zero::OutOfMemoryError.
+  /// them, creates (or adopts) the file and the buffers. The shards still in
+  /// host memory stay there, readable as ever, until swap_out(). Throws
+  /// zero::ConfigError (buffer_size too small, bad path), zero::IoError,
+  /// zero::OutOfMemoryError.
   ParamSwapper(FlatParameters& params, ParamSwapOptions options, MemoryLedger& ledger);
   ~ParamSwapper();
   ParamSwapper(const ParamSwapper&) = delete;
   ParamSwapper& operator=(const ParamSwapper&) = delete;
 
-  bool on_disk(size_t g) const { return groups_[g].swapped; }
+  /// Writes the shards bound for disk that are still in host memory, with up
+  /// to buffer_count writes in flight, and frees their memory; each buffer
+  /// keeps the shard it wrote. (Separate from the constructor so that the
+  /// start-up can read them, for the fp32 master, before they leave.)
+  void swap_out();
+  bool on_disk(size_t g) const { return groups_[g].swapped && !groups_[g].resident; }
   /// Starts reading group g's shard unless it is in memory or on its way.
   /// `may_wait` false (read-ahead): returns false instead of waiting for a
   /// buffer. Returns true when the shard is in memory or on its way.
@@ -118,6 +124,7 @@ class ParamSwapper {
   enum class State { kOnDisk, kReading, kInMemory };
   struct Group {
     bool swapped = false;
+    bool resident = false;   // swapped, but still in host memory until swap_out()
     State state = State::kOnDisk;
     int slot = -1;
     int64_t offset = 0;  // in the file
