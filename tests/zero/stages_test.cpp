@@ -404,7 +404,7 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
                           {"offload_param",
                            {{"device", "nvme"},
                             {"nvme_path", kWork + "nvme"},
-                            {"buffer_count", 2},
+                            {"buffer_count", 1},  // fewer buffers than shards: they are read again
                             {"buffer_size", 100000},
                             {"max_in_cpu", max_in_cpu}}}};
   nvme.zero_extra = extra.dump();
@@ -425,15 +425,10 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
   }
   const double read = got["nvme"]["param_bytes_read"].get<double>();
   const double cached = got["nvme"]["param_bytes_cached"].get<double>();
-  if (max_in_cpu == 0) {
-    // More shards than the two buffers: some come from the disk, some are
-    // still in a buffer (NOTE [parameter swapping]).
-    EXPECT_GT(read, 0);
-    EXPECT_GT(cached, 0);
-  } else {
-    // The shards on disk fit in the two buffers they were written from.
-    EXPECT_GT(read + cached, 0);
-  }
+  // More shards than the buffer: some come from the disk, some are still in
+  // the buffer (the last layer at the turn from forward to backward).
+  EXPECT_GT(read, 0);
+  EXPECT_GT(cached, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(MaxInCpu, Stage3NvmeParams, ::testing::Values(0, 30000),
