@@ -1,5 +1,6 @@
 // mingpt: trains minGPT with a DeepSpeed config through zero, with the flags
 // of the minGPT max-parameter benchmark. See README.md ("The main job").
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -44,6 +45,10 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --tie_weights            tie the head to the token embedding (GPT-2 style)
   --checkpoint             activation checkpointing of every block (configured by the
                            config's activation_checkpointing section)
+  --device DEV             cpu, cuda or cuda:N (default: cuda:LOCAL_RANK when CUDA is available, else cpu;
+                           ZERO_DIST_BACKEND=gloo lets several ranks share one GPU with --device cuda:0)
+  --cpu_copy_mode MODE     immediate (default) or deferred: on the CPU, hold every device-host
+                           transfer back until it is waited for (a test of the stream logic)
   -h, --help               this text
 )";
 
@@ -64,6 +69,8 @@ struct Args {
   double dropout = 0.1;
   bool checkpoint = false;
   bool tie_weights = false;
+  std::optional<std::string> device;
+  zero::CopyMode cpu_copy_mode = zero::CopyMode::kImmediate;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -96,7 +103,7 @@ Args parse_args(int argc, char** argv) {
   const std::vector<std::string> flags = {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
-      "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights"};
+      "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
@@ -136,7 +143,18 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--seed") a.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
     else if (flag == "--summary-json") a.summary_json = value;
     else if (flag == "--dropout") a.dropout = parse_double(flag, value);
-    else {
+    else if (flag == "--device") {
+      try {
+        (void)torch::Device(value);
+      } catch (const std::exception&) {
+        usage_error("--device: expected cpu, cuda or cuda:N; got \"" + value + "\"");
+      }
+      a.device = value;
+    } else if (flag == "--cpu_copy_mode") {
+      if (value != "immediate" && value != "deferred")
+        usage_error("--cpu_copy_mode: expected immediate or deferred; got \"" + value + "\"");
+      a.cpu_copy_mode = value == "deferred" ? zero::CopyMode::kDeferred : zero::CopyMode::kImmediate;
+    } else {
       auto near = zero::nearest(flag, flags);
       usage_error(flag + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     }
@@ -178,6 +196,8 @@ int main(int argc, char** argv) {
     const std::string precision = args.precision.value_or("32");
     opts.auto_values.precision = precision == "32" ? "fp32" : precision == "16" ? "fp16" : "bf16";
     opts.tokens_per_sample = task->block_size();
+    if (args.device) opts.device = torch::Device(*args.device);
+    opts.cpu_copy_mode = args.cpu_copy_mode;
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.
     auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
@@ -246,6 +266,8 @@ int main(int argc, char** argv) {
     double epoch_time_sum = 0, peak_sum = 0, final_loss = NAN, eval_accuracy = NAN;
     torch::Tensor step_loss;
     std::vector<double> loss_curve;  // this rank's mean loss per optimizer step
+    std::vector<double> step_times;  // seconds per optimizer step (the loss read at each one waits for the device)
+    auto step_start = std::chrono::steady_clock::now();
     for (int64_t epoch = 0; epoch < args.max_epochs; ++epoch) {
       engine.reset_peak_bytes();
       const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
@@ -267,12 +289,16 @@ int main(int argc, char** argv) {
           last_loss = step_loss.item<double>() / static_cast<double>(gas);
           loss_curve.push_back(last_loss);
           step_loss = torch::Tensor();
+          const auto now = std::chrono::steady_clock::now();
+          step_times.push_back(std::chrono::duration<double>(now - step_start).count());
+          step_start = now;
         }
         char note[64];
         std::snprintf(note, sizeof note, "loss %.4f", last_loss);
         if (progress) progress->update(mb + 1, note);
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      step_start = std::chrono::steady_clock::now();  // evaluation is not a step
       epoch_time_sum += secs;
       peak_sum += static_cast<double>(engine.peak_bytes(zero::Tier::kDevice));
       final_loss = last_loss;
@@ -361,6 +387,9 @@ int main(int argc, char** argv) {
           {"avg_epoch_time_s", avg_epoch},
           {"grad_comm_wait_s", engine.grad_comm_wait_seconds()},
           {"param_gather_wait_s", engine.param_gather_wait_seconds()},
+          {"transfer_wait_s", engine.transfer_wait_seconds()},
+          {"step_time_s", step_times},
+          {"tokens_per_step", batch.train_batch_size * task->block_size()},
           {"peak_bytes", peaks},
           {"model_state_bytes", states},
           {"ranks", ranks},

@@ -30,6 +30,7 @@ struct KeptInput {
   int64_t numel = 0;
   bool requires_grad = false;
   MemoryLedger::Reservation reservation;  // kAsIs: the input's own bytes
+  StreamEvent copied;                     // the end of the copy into `kept` (a host copy)
 };
 
 at::Tensor generator_state(at::Device device) {
@@ -58,6 +59,14 @@ struct Checkpointer::Impl {
   config::ActivationCheckpointingConfig config;
   MemoryLedger* ledger = nullptr;
   Comm* group = nullptr;
+  CopyMode copy_mode = CopyMode::kImmediate;
+  std::unique_ptr<CopyStream> copies;  // cpu_checkpointing: device-to-host, made on first use
+
+  // Copies a kept input to host memory off the compute stream.
+  StreamEvent to_host(const at::Tensor& dst, const at::Tensor& src) {
+    if (!copies || copies->device() != src.device()) copies = std::make_unique<CopyStream>(src.device(), copy_mode);
+    return copies->copy(dst, src);
+  }
   // contiguous_memory_optimization: one buffer per tier kind, number_checkpoints slots.
   at::Tensor slots;
   int64_t slot_numel = 0;
@@ -114,11 +123,14 @@ struct Checkpointer::Impl {
       k.kept.zero_();
       const int64_t begin = std::min<int64_t>(k.numel, group->rank() * chunk);
       const int64_t len = std::min<int64_t>(chunk, k.numel - begin);
-      if (len > 0) k.kept.narrow(0, 0, len).copy_(flat.narrow(0, begin, len), /*non_blocking=*/true);
+      if (len > 0) {
+        if (config.cpu_checkpointing) k.copied = to_host(k.kept.narrow(0, 0, len), flat.narrow(0, begin, len));
+        else k.kept.narrow(0, 0, len).copy_(flat.narrow(0, begin, len));
+      }
     } else if (config.cpu_checkpointing && floating) {
       k.where = KeptInput::Where::kHost;
       k.kept = allocate(k.numel, k.dtype, at::kCPU, host_tier(k.device), "activation checkpoint (host)");
-      k.kept.copy_(flat, /*non_blocking=*/true);
+      k.copied = to_host(k.kept, flat);
     } else if (config.contiguous_memory_optimization && floating) {
       k.where = KeptInput::Where::kHost;  // a copy in the device buffer, restored the same way
       k.kept = allocate(k.numel, k.dtype, k.device, Tier::kDevice, "activation checkpoint");
@@ -136,10 +148,12 @@ struct Checkpointer::Impl {
     switch (k.where) {
       case KeptInput::Where::kAsIs: return k.kept;
       case KeptInput::Where::kHost:
+        k.copied.block_current();  // the copy to the host has ended before the copy back starts
         full = k.kept.to(k.device, /*non_blocking=*/true);
         break;
       case KeptInput::Where::kPartition: {
         const int64_t m = group->world_size();
+        k.copied.block_current();
         at::Tensor chunk = k.kept.to(k.device, /*non_blocking=*/true);
         full = at::empty({chunk.numel() * m}, chunk.options());
         group->all_gather(full, chunk).wait();
@@ -234,8 +248,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 Checkpointer::Checkpointer(config::ActivationCheckpointingConfig config, MemoryLedger* ledger,
-                           Comm* partition_group)
+                           Comm* partition_group, CopyMode cpu_copy_mode)
     : config_(std::move(config)), partition_group_(nullptr), impl_(std::make_unique<Impl>()) {
+  impl_->copy_mode = cpu_copy_mode;
   if (config_.contiguous_memory_optimization && (!config_.number_checkpoints || *config_.number_checkpoints < 1)) {
     throw ConfigError({"activation_checkpointing.contiguous_memory_optimization: expected "
                        "activation_checkpointing.number_checkpoints (a positive integer) to size its buffer; "

@@ -110,8 +110,13 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("zero/pg", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   const bool loopback = is_loopback(env.master_addr);
+  const bool nccl = device.is_cuda() && env.backend != "gloo";
+  if (env.backend == "nccl" && !device.is_cuda()) {
+    throw ConfigError({"ZERO_DIST_BACKEND=nccl: NCCL communicates CUDA tensors, but this rank trains on " +
+                       device.str() + "; use gloo or auto"});
+  }
   try {
-    if (device.is_cuda()) {
+    if (nccl) {
 #ifdef USE_C10D_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = env.timeout;
@@ -120,13 +125,12 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
       throw UnsupportedError("this LibTorch has no NCCL; CUDA tensors cannot be communicated");
 #endif
     } else {
-      auto opts = c10d::ProcessGroupGloo::Options::create(env.timeout);
       backend = make_gloo(backend_store, env, loopback);
     }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommunicationError(std::string("creating the ") + (device.is_cuda() ? "NCCL" : "Gloo") +
+    throw CommunicationError(std::string("creating the ") + (nccl ? "NCCL" : "Gloo") +
                              " process group failed on rank " + std::to_string(env.rank) + ": " + e.what());
   }
   return std::unique_ptr<Comm>(new Comm(env, store, backend));

@@ -71,6 +71,12 @@ DistEnv DistEnv::from_environment() {
   d.master_port = env_int("MASTER_PORT", 29500, 1, problems);
   if (d.master_port > 65535) problems.push_back("environment variable MASTER_PORT: expected a port number <= 65535; got " + std::to_string(d.master_port));
   d.timeout = std::chrono::milliseconds(1000LL * env_int("ZERO_COMM_TIMEOUT_S", 300, 1, problems));
+  if (const char* b = env("ZERO_DIST_BACKEND")) {
+    d.backend = b;
+    if (d.backend != "auto" && d.backend != "nccl" && d.backend != "gloo")
+      problems.push_back("environment variable ZERO_DIST_BACKEND: expected one of auto, nccl, gloo; got \"" +
+                         d.backend + "\"");
+  }
   if (d.rank >= d.world_size) {
     problems.push_back("rank " + std::to_string(d.rank) + " from the " + d.launcher +
                        " environment is not below the world size " + std::to_string(d.world_size));

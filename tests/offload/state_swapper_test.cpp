@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include "zero/runtime/error.h"
+#include "zero/runtime/streams.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/param_swapper.h"
 #include "zero/zero/state_swapper.h"
@@ -439,3 +440,38 @@ TEST(ParamSwapper, FailedWriteBackStopsLaterReads) {
 }
 
 }  // namespace
+
+// NOTE [stage-3 gather stream]: a gather copies a shard out of its swap
+// buffer to the device asynchronously; release() takes that copy's event and
+// the buffer is written again (by a disk read) only after it. With the copies
+// held back (CopyMode::kDeferred), a buffer reused without that wait is
+// caught; with it, the copy reads the shard it was given.
+TEST(ParamSwapper, ABufferIsWrittenAgainOnlyAfterTheCopyOutOfItHasEnded) {
+  for (const bool give_event : {true, false}) {
+    const std::string dir = fresh_dir(give_event ? "fence" : "nofence");
+    zero::MemoryLedger ledger;
+    FlatParameters flat(layer_groups(), at::kFloat, at::kCPU, 1, 0, zero::Tier::kHost, ledger);
+    ParamSwapper sw(flat, param_options(dir), ledger);  // two buffers, three shards
+    sw.swap_out();
+    zero::CopyStream stream(at::kCPU, zero::CopyMode::kDeferred);
+    sw.wait_read(1);
+    at::Tensor device = at::empty({flat.part(1).numel()});
+    zero::StreamEvent copied = stream.copy(device, flat.part(1), /*host_source=*/true);
+    copied.block_current();  // the gather waits on the GPU side; the host goes on
+    sw.release(1, give_event ? copied : zero::StreamEvent());
+    // Groups 2 and 3 need both buffers: one of them is group 1's.
+    sw.wait_read(2);
+    sw.wait_read(3);
+    EXPECT_TRUE(at::equal(shard_of(flat, 3), expected_shard(3)));
+    if (give_event) {
+      EXPECT_NO_THROW(stream.copy(at::zeros({1}), at::ones({1})).synchronize());
+      EXPECT_TRUE(at::equal(device.narrow(0, 0, expected_shard(1).numel()), expected_shard(1)));
+    } else {
+      EXPECT_THROW(stream.copy(at::zeros({1}), at::ones({1})), zero::InternalError)
+          << "the buffer was read into while the copy out of it could still run";
+    }
+    sw.release(2);
+    sw.release(3);
+    ::rmdir(dir.c_str());
+  }
+}

@@ -31,6 +31,7 @@ struct RunSpec {
   bool offload = false;
   bool nvme = false;  // with offload: the optimizer states on NVMe (a folder under the build tree)
   bool tie = false;
+  bool deferred = false;  // --cpu_copy_mode deferred (NOTE [device streams])
   std::string zero_extra = "{}";  // JSON merged into zero_optimization
 };
 
@@ -40,7 +41,7 @@ std::string name_of(const RunSpec& r) {
   std::ostringstream s;
   s << getpid() << "_w" << r.world << "_s" << r.stage << "_gas" << r.gas << "_clip" << r.clip << "_p" << r.precision
     << "_c" << r.n_embd << "_n" << r.steps << (r.checkpoint ? "_ckpt" : "") << (r.offload ? "_offload" : "") << (r.nvme ? "_nvme" : "")
-    << (r.tie ? "_tie" : "") << "_x" << std::hash<std::string>{}(r.zero_extra);
+    << (r.tie ? "_tie" : "") << (r.deferred ? "_deferred" : "") << "_x" << std::hash<std::string>{}(r.zero_extra);
   return s.str();
 }
 
@@ -86,6 +87,7 @@ nlohmann::json run_mingpt(const RunSpec& r) {
   cmd << kBin << "mingpt --config " << write_config(r) << " --n_layer 2 --n_head 2 --n_embd " << r.n_embd
       << " --dropout 0 --max_epochs 1 --limit_train_batches " << r.steps * r.gas
       << " --precision " << r.precision << (r.checkpoint ? " --checkpoint" : "") << (r.tie ? " --tie_weights" : "")
+      << (r.deferred ? " --cpu_copy_mode deferred" : "")
       << " --summary-json " << summary
       << " > " << log << " 2>&1";
   const int rc = std::system(cmd.str().c_str());
@@ -433,6 +435,41 @@ TEST_P(Stage3NvmeParams, EqualCpuOffloadBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(MaxInCpu, Stage3NvmeParams, ::testing::Values(0, 30000),
                          [](const auto& info) { return "max_in_cpu" + std::to_string(info.param); });
+
+// NOTE [device streams] on two ranks: with every device-host transfer held
+// back until it is waited for (the shards copied from host memory that the
+// all-gathers send, reduced chunks on their way to the host over two
+// accumulated micro-batches, new values on their way to the device before
+// their all-gather), offloaded training gives the same bits as with the
+// copies done at once. A missing wait would send or add stale values, or
+// fail on a buffer written while a copy could still read it.
+class DeferredCopiesOnTwoRanks : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeferredCopiesOnTwoRanks, EqualImmediateCopiesBitForBit) {
+  const std::string v = GetParam();
+  RunSpec immediate{2, v[5] - '0', 2, 0.05};
+  immediate.steps = 6;
+  immediate.offload = true;
+  nlohmann::json extra = {{"sub_group_size", 4000}};
+  if (v == "stage3_nvme_params") {
+    extra["offload_param"] = {{"device", "nvme"}, {"nvme_path", kWork + "nvme"}, {"buffer_count", 2},
+                              {"buffer_size", 100000}, {"max_in_cpu", 0}};
+    std::system(("mkdir -p " + kWork + "nvme").c_str());
+  }
+  immediate.zero_extra = extra.dump();
+  RunSpec deferred = immediate;
+  deferred.deferred = true;
+  auto base = run_mingpt(immediate);
+  auto got = run_mingpt(deferred);
+  ASSERT_FALSE(base.empty());
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
+  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Offload, DeferredCopiesOnTwoRanks,
+                         ::testing::Values("stage1", "stage2", "stage3", "stage3_nvme_params"),
+                         [](const auto& info) { return info.param; });
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path);

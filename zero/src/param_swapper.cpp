@@ -22,6 +22,9 @@ struct ParamSwapper::Slot {
   // these for eviction (NOTE [parameter swapping]).
   int64_t cached = -1;
   int64_t stamp = 0;
+  // The last copy out of the buffer to the device (a gather's); the buffer
+  // is written again only once it has ended (NOTE [stage-3 gather stream]).
+  StreamEvent copied_out;
 };
 
 ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, MemoryLedger& ledger)
@@ -99,6 +102,7 @@ void ParamSwapper::swap_out() {
     gr.resident = false;
     const int slot = static_cast<int>(next++ % slots_.size());
     settle_write(slot);
+    settle_copy(slot);
     Slot& s = *slots_[static_cast<size_t>(slot)];
     const at::Tensor& part = params_.part(g);
     std::memcpy(s.buf, part.data_ptr(), part.nbytes());
@@ -169,8 +173,20 @@ void ParamSwapper::keep_cached(int slot, size_t g) {
 
 int ParamSwapper::take_slot(bool may_wait) {
   const int slot = find_slot(may_wait);
-  if (slot >= 0) slots_[static_cast<size_t>(slot)]->cached = -1;  // whatever it held is gone
+  if (slot >= 0) {
+    slots_[static_cast<size_t>(slot)]->cached = -1;  // whatever it held is gone
+    settle_copy(slot);
+  }
   return slot;
+}
+
+// The buffer is about to be written: its last copy to the device must be done.
+void ParamSwapper::settle_copy(int slot) {
+  Slot& s = *slots_[static_cast<size_t>(slot)];
+  const auto t0 = std::chrono::steady_clock::now();
+  s.copied_out.synchronize();
+  s.copied_out = StreamEvent();
+  stats_.read_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int ParamSwapper::find_slot(bool may_wait) {
@@ -265,11 +281,12 @@ void ParamSwapper::wait_read(size_t g) {
   gr.held = true;
 }
 
-void ParamSwapper::release(size_t g) {
+void ParamSwapper::release(size_t g, StreamEvent copied_out) {
   auto& gr = groups_[g];
   if (!gr.swapped || gr.state == State::kOnDisk || gr.updating) return;
   const int slot = gr.slot;
   Slot& s = *slots_[static_cast<size_t>(slot)];
+  s.copied_out = std::move(copied_out);
   bool whole = true;  // the buffer holds the shard as it is on disk
   if (gr.state == State::kReading) {
     try {
@@ -305,6 +322,7 @@ const at::Tensor& ParamSwapper::begin_update(size_t g) {
     slots_[static_cast<size_t>(gr.slot)]->owner = static_cast<int64_t>(g);
   }
   slots_[static_cast<size_t>(gr.slot)]->cached = -1;  // being rewritten
+  settle_copy(gr.slot);
   gr.state = State::kInMemory;
   gr.updating = true;
   point_part_at(g, gr.slot);

@@ -41,7 +41,9 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
       device_(device),
       comm_(comm),
       ledger_(ledger),
-      swapper_(swapper) {
+      swapper_(swapper),
+      stream_(device, options.copy_mode),
+      clock_(device) {
   ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
   if (comm_ != nullptr) world_size_ = comm_->world_size();
   groups_.resize(params_.groups().size());
@@ -112,6 +114,7 @@ void Stage3Coordinator::launch_queued(std::optional<size_t> until) {
   }
 }
 
+// NOTE [stage-3 gather stream].
 void Stage3Coordinator::launch(size_t g) {
   auto& grp = groups_[g];
   const at::Tensor& full = params_.full(g);
@@ -120,18 +123,28 @@ void Stage3Coordinator::launch(size_t g) {
   if (swapper_ != nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
     swapper_->wait_read(g);
-    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    read_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const at::Tensor& chunk = params_.part(g);
-  grp.send = chunk.device() == device_ ? chunk : chunk.to(device_, /*non_blocking=*/true);
+  const bool from_host = options_.shards_offloaded || chunk.device() != device_;
   if (world_size_ == 1 || comm_ == nullptr) {
-    full.copy_(grp.send);
+    grp.done = stream_.copy(full, chunk, /*host_source=*/from_host);  // the gather of one rank
+    if (from_host) grp.shard_copy = grp.done;
   } else {
-    at::Tensor out = full;
     // Paired with an exchange of the group's id (NOTE [stage-3 trace]).
     grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" +
                                                                    describe(g) + ")");
-    grp.work = comm_->all_gather(out, grp.send);
+    grp.done = stream_.run([&] {
+      if (from_host) {
+        grp.send = at::empty({chunk.numel()}, full.options());
+        grp.shard_copy = stream_.copy(grp.send, chunk, /*host_source=*/true);
+        grp.shard_copy.block_current();  // on the CPU (kDeferred), the copy happens here
+      } else {
+        grp.send = chunk;
+      }
+      at::Tensor out = full;
+      grp.work = comm_->all_gather(out, grp.send);
+    });
   }
   grp.launched = true;
 }
@@ -140,7 +153,23 @@ void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
   if (!grp.launched) launch_queued(g);
-  const auto t0 = std::chrono::steady_clock::now();
+  clock_.time([&] { finish(g); });
+  // The device buffer the all-gather sent from goes when the compute stream,
+  // which now waits for the all-gather, gets there (NOTE [device streams]).
+  if (grp.send.defined() && !grp.send.is_same(params_.part(g))) stream_.record_on_current(grp.send);
+  grp.send = at::Tensor();
+  // Sent: the shard's buffer is free once the copy out of it has ended.
+  if (swapper_ != nullptr) swapper_->release(g, grp.shard_copy);
+  if (swapper_ != nullptr && swapper_->on_disk(g)) grp.shard_copy = StreamEvent();
+  grp.state = State::kGathered;
+  bind(g);
+}
+
+// The host-side part of waiting for group g's gather: the id check, then the
+// collective (under NCCL this makes the current stream wait, not the host),
+// then the compute stream waits for the gather stream's part.
+void Stage3Coordinator::finish(size_t g) {
+  auto& grp = groups_[g];
   if (grp.check.work.pending()) {
     const auto ids = comm_->finish(grp.check);
     for (size_t r = 0; r < ids.size(); ++r) {
@@ -158,11 +187,8 @@ void Stage3Coordinator::wait(size_t g) {
     }
   }
   if (grp.work.pending()) grp.work.wait();
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  grp.send = at::Tensor();
-  if (swapper_ != nullptr) swapper_->release(g);  // sent: the shard's buffer is free
-  grp.state = State::kGathered;
-  bind(g);
+  grp.done.block_current();
+  grp.done = StreamEvent();
 }
 
 std::string Stage3Coordinator::describe(int64_t g) const {
@@ -366,6 +392,13 @@ void Stage3Coordinator::after_step() {
   release(0);
   issue(0, false);
   wait(0);
+}
+
+void Stage3Coordinator::wait_shard_copies(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state == State::kInFlight) wait(g);  // its copy may not even have started
+  grp.shard_copy.synchronize();
+  grp.shard_copy = StreamEvent();
 }
 
 void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {

@@ -13,6 +13,10 @@
 namespace zero::partition {
 namespace {
 
+// Pinned staging buffers for reduced gradient chunks on their way to the
+// host, and so the copies in flight (NOTE [offload transfers]).
+constexpr size_t kHostGradBuffers = 2;
+
 class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
  public:
   GradReadyHook(ZeroOptimizer* owner, size_t index) : owner_(owner), index_(index) {}
@@ -32,13 +36,6 @@ at::ScalarType dtype_from_name(const std::string& name) {
   if (name == "fp16" || name == "float16" || name == "half") return at::kHalf;
   if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
   return at::kFloat;
-}
-
-// Waits for `work`, adding the time spent to `total`.
-void timed_wait(CommWork& work, double& total) {
-  const auto t0 = std::chrono::steady_clock::now();
-  work.wait();
-  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -69,7 +66,13 @@ at::Tensor state_buffer(MemoryLedger& ledger, const ZeroOptimizerOptions& o, int
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                              std::unique_ptr<optim::FlatOptimizer> optimizer,
                              ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
-    : options_(options), optimizer_(std::move(optimizer)), comm_(comm), ledger_(ledger) {
+    : options_(options),
+      optimizer_(std::move(optimizer)),
+      comm_(comm),
+      ledger_(ledger),
+      copies_(options.device, options.copy_mode),
+      comm_clock_(options.device),
+      gather_clock_(options.device) {
   ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
   ZERO_CHECK(options_.stage >= 0 && options_.stage <= 2, "stage 0, 1 or 2 (stage 3 takes a Stage3Layout)");
   if (comm_ != nullptr) {
@@ -87,7 +90,13 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
 
 ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOptimizer> optimizer,
                              ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
-    : options_(options), optimizer_(std::move(optimizer)), comm_(comm), ledger_(ledger) {
+    : options_(options),
+      optimizer_(std::move(optimizer)),
+      comm_(comm),
+      ledger_(ledger),
+      copies_(options.device, options.copy_mode),
+      comm_clock_(options.device),
+      gather_clock_(options.device) {
   ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
   ZERO_CHECK(options_.stage == 3, "a Stage3Layout is for stage 3");
   if (comm_ != nullptr) {
@@ -116,6 +125,8 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     param_swapper_->swap_out();
     param_swapper_->clear_timings();
   }
+  layout.options.shards_offloaded = layout.offload_param;
+  layout.options.copy_mode = options_.copy_mode;
   stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
                                                 comm_, ledger, param_swapper_.get());
   if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };
@@ -123,6 +134,14 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
 
 void ZeroOptimizer::init_states() {
   auto& ledger = ledger_;
+  {  // The step's pieces: sub_group_size elements at most, never across two groups.
+    const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
+    for (size_t g = 0; g < flat_->groups().size(); ++g) {
+      const int64_t n = flat_->groups()[g].chunk_numel;
+      for (int64_t start = 0; start < n; start += size) sub_groups_.push_back({g, start, std::min(size, n - start)});
+    }
+  }
+
   const auto dev = options_.device;
   const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
   if (options_.stage >= 2) {
@@ -183,18 +202,16 @@ void ZeroOptimizer::init_swapped_states() {
   std::vector<int64_t> numels;
   for (const auto& g : flat_->groups()) numels.push_back(g.chunk_numel);
   const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
-  for (size_t g = 0; g < numels.size(); ++g)
-    for (int64_t start = 0; start < numels[g]; start += size) sub_groups_.emplace_back(g, start);
   std::vector<std::string> names{"fp32_master"};
   for (const auto& n : optimizer_->state_names()) names.push_back(n);
   swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), names, *options_.nvme, ledger_);
   const int64_t layout_rank = options_.stage == 0 || world_size_ == 1 ? 0 : rank_;
   swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
-    const auto [g, start] = sub_groups_[k];
+    const auto [g, start, len] = sub_groups_[k];
     const at::Tensor chunk = flat_->stage3() ? shard(g) : flat_->chunk_of(flat_->flat(), g, layout_rank);
     t[0].copy_(chunk.narrow(0, start, t[0].numel()));
     for (size_t i = 1; i < t.size(); ++i) t[i].zero_();
-    if (flat_->stage3() && (k + 1 == sub_groups_.size() || sub_groups_[k + 1].first != g)) shard_done(g);
+    if (flat_->stage3() && (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g)) shard_done(g);
   });
   swapper_->clear_timings();
 }
@@ -255,8 +272,13 @@ void ZeroOptimizer::launch_group(size_t g) {
     at::Tensor& st = staging_[g];
     if (!st.defined()) st = take_staging(g);  // no gradient of this group here; others may have
     if (!distributed) {
-      flat_->owned_chunk_of(owned_grads_, g).add_(st.to(owned_grads_.device()));
-      release_staging(g);
+      if (options_.offload_optimizer) {  // the bucket is the owned chunk: to the host as it is
+        grad_to_host(g, st, /*recycle=*/true);
+        st.reset();
+      } else {
+        flat_->owned_chunk_of(owned_grads_, g).add_(st);
+        release_staging(g);
+      }
       return;
     }
     at::Tensor out = ledger_.empty(group.chunk_numel, options_.grad_accum_dtype, options_.device,
@@ -274,12 +296,42 @@ void ZeroOptimizer::launch_group(size_t g) {
 void ZeroOptimizer::finish_reduce_scatter(bool all) {
   while (!scatters_.empty()) {
     auto& s = scatters_.front();
-    timed_wait(s.work, comm_wait_s_);
-    flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out.to(owned_grads_.device()));
+    comm_clock_.time([&] { s.work.wait(); });
+    if (options_.offload_optimizer) grad_to_host(s.group, s.out, /*recycle=*/false);
+    else flat_->owned_chunk_of(owned_grads_, s.group).add_(s.out);
     release_staging(s.group);
     scatters_.pop_front();
     if (!all) break;
   }
+}
+
+// NOTE [offload transfers]: the reduced chunk of group g goes to a pinned
+// staging buffer on the copy stream; the host adds it into the fp32
+// partition later (add_host_grad). `recycle`: `reduced` is a staging bucket,
+// reused once the copy out of it has ended.
+void ZeroOptimizer::grad_to_host(size_t g, const at::Tensor& reduced, bool recycle) {
+  if (!grad_ring_.defined()) {
+    int64_t largest = 0;
+    for (const auto& grp : flat_->groups()) largest = std::max(largest, grp.chunk_numel);
+    grad_ring_ = HostRing(ledger_, options_.pin_memory, kHostGradBuffers, largest, options_.grad_accum_dtype,
+                          "gradient staging for the host");
+  }
+  // As many copies pending as buffers: the oldest is added in, freeing its buffer.
+  while (host_grads_.size() >= kHostGradBuffers) add_host_grad();
+  at::Tensor host = grad_ring_.next(reduced.numel(), copy_wait_s_);
+  StreamEvent done = copies_.copy(host, reduced);
+  grad_ring_.used_by(done);
+  host_grads_.push_back({g, host, done, recycle ? reduced : at::Tensor()});
+}
+
+void ZeroOptimizer::add_host_grad() {
+  HostGrad h = std::move(host_grads_.front());
+  host_grads_.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
+  h.done.synchronize();
+  copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  flat_->owned_chunk_of(owned_grads_, h.group).add_(h.host);
+  if (h.recycle.defined() && spare_staging_.size() < 2) spare_staging_.push_back(h.recycle);
 }
 
 // Stage 2's bucket buffers: reused rather than allocated every micro-step. At
@@ -305,9 +357,10 @@ void ZeroOptimizer::release_staging(size_t g) {
 }
 
 void ZeroOptimizer::wait_all() {
-  for (auto& w : works_) timed_wait(w, comm_wait_s_);
+  for (auto& w : works_) comm_clock_.time([&] { w.wait(); });
   works_.clear();
   finish_reduce_scatter(true);
+  while (!host_grads_.empty()) add_host_grad();
 }
 
 void ZeroOptimizer::end_backward() {
@@ -378,6 +431,11 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   std::vector<at::Tensor> outs(n_groups);
   // A shard on disk gets its buffer when its first values are ready.
   auto on_disk = [&](size_t g) { return param_swapper_ != nullptr && param_swapper_->on_disk(g); };
+  if (stage3_) {
+    // Shards in host memory are written below: the copies out of them end first.
+    for (size_t g = 0; g < n_groups; ++g)
+      if (!on_disk(g)) stage3_->wait_shard_copies(g);
+  }
   for (size_t g = 0; g < n_groups && !master_is_param_; ++g) {
     if (flat_->stage3()) {
       if (!on_disk(g)) outs[g] = flat_->part(g);
@@ -387,14 +445,58 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
                               : flat_->chunk_of(flat_->flat(), g, 0);
     }
   }
-  // Elements [start, start + m.numel()) of group g's chunk.
-  auto update = [&](size_t g, int64_t start, at::Tensor m, std::vector<at::Tensor> s) {
+  // NOTE [offload transfers]. The new values of a device-side destination
+  // pass through pinned buffers (not when stage 3 keeps its shards in host
+  // memory: they are written in place). Stage 1's gradients come the other
+  // way, a sub-group ahead.
+  const bool values_to_device =
+      options_.offload_optimizer && !master_is_param_ && !(stage3_ && stage3_->shards_offloaded());
+  const bool grads_from_device = options_.offload_optimizer && options_.stage < 2;
+  int64_t piece = 0;
+  for (const auto& sg : sub_groups_) piece = std::max(piece, sg.numel);
+  if (values_to_device && !param_ring_.defined())
+    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.compute_dtype, "parameters for the device");
+  if (grads_from_device && !grad_ring_.defined())
+    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.grad_accum_dtype, "gradients for the host");
+  std::vector<StreamEvent> to_device(n_groups);  // per group: its last copy of new values
+  StreamEvent last_to_device;                     // of all groups (one stream: the others end before it)
+  std::deque<std::pair<at::Tensor, StreamEvent>> grads_ahead;  // stage 1: sub-groups k, k+1 on their way
+  size_t next_grad = 0;
+  auto fetch_grad = [&]() {
+    const auto& sg = sub_groups_[next_grad++];
+    at::Tensor host = grad_ring_.next(sg.numel, copy_wait_s_);
+    StreamEvent done = copies_.copy(host, owned_grad_chunk(sg.group).narrow(0, sg.start, sg.numel));
+    grad_ring_.used_by(done);
+    grads_ahead.emplace_back(host, done);
+  };
+  // Sub-group k: m, s its master and states.
+  auto update = [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
+    const auto [g, start, len] = sub_groups_[k];
     if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
-    // Offloaded at stage 1 this is the device-to-host copy of the owned chunk.
-    at::Tensor g32 = owned_grad_chunk(g).narrow(0, start, m.numel()).to(m.device(), at::kFloat);
+    at::Tensor g32;
+    if (grads_from_device) {
+      while (next_grad < sub_groups_.size() && next_grad <= k + 1) fetch_grad();
+      auto [host, done] = std::move(grads_ahead.front());
+      grads_ahead.pop_front();
+      const auto t0 = std::chrono::steady_clock::now();
+      done.synchronize();
+      copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      g32 = host.to(at::kFloat);
+    } else {
+      g32 = owned_grad_chunk(g).narrow(0, start, len).to(m.device(), at::kFloat);
+    }
     if (combined != 1.0) g32.mul_(1.0 / combined);
-    at::Tensor low = outs[g].defined() ? outs[g].narrow(0, start, m.numel()) : at::Tensor();
-    optimizer_->update(params, m, g32, s, outs[g].defined() ? &low : nullptr);
+    if (!outs[g].defined()) {
+      optimizer_->update(params, m, g32, s, nullptr);
+    } else if (values_to_device) {
+      at::Tensor low = param_ring_.next(len, copy_wait_s_);
+      optimizer_->update(params, m, g32, s, &low);
+      to_device[g] = last_to_device = copies_.copy(outs[g].narrow(0, start, len), low, /*host_source=*/true);
+      param_ring_.used_by(to_device[g]);
+    } else {
+      at::Tensor low = outs[g].narrow(0, start, len);
+      optimizer_->update(params, m, g32, s, &low);
+    }
   };
   std::vector<CommWork> gathers;
   auto group_done = [&](size_t g) {
@@ -403,29 +505,31 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       outs[g] = at::Tensor();
     }
     if (!partitioned() || flat_->stage3()) return;
+    to_device[g].block_current();  // the all-gather sends what the copies brought
     at::Tensor range = flat_->group_of(flat_->flat(), g);
     gathers.push_back(comm_->all_gather(range, outs[g]));
   };
+  auto visit = [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
+    update(k, std::move(m), std::move(s));
+    const size_t g = sub_groups_[k].group;
+    if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) group_done(g);
+  };
   if (swapper_) {
     swapper_->pass(/*read=*/true, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
-      const auto [g, start] = sub_groups_[k];
-      update(g, start, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
-      if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].first != g) group_done(g);
+      visit(k, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
     });
   } else {
-    const int64_t chunk = std::max<int64_t>(1, options_.sub_group_size);
-    for (size_t g = 0; g < n_groups; ++g) {
-      at::Tensor master = master_chunk(g);
-      for (int64_t start = 0; start < master.numel(); start += chunk) {
-        const int64_t len = std::min(chunk, master.numel() - start);
-        std::vector<at::Tensor> s;
-        for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
-        update(g, start, master.narrow(0, start, len), std::move(s));
-      }
-      group_done(g);
+    for (size_t k = 0; k < sub_groups_.size(); ++k) {
+      const auto [g, start, len] = sub_groups_[k];
+      std::vector<at::Tensor> s;
+      for (auto& st : states_) s.push_back(flat_->owned_chunk_of(st, g).narrow(0, start, len));
+      visit(k, master_chunk(g).narrow(0, start, len), std::move(s));
     }
   }
-  for (auto& w : gathers) timed_wait(w, gather_wait_s_);
+  for (auto& w : gathers) gather_clock_.time([&] { w.wait(); });
+  // What the next forward (and stage 3's regathering) reads must have arrived:
+  // the compute stream waits for the copies, in stream order the last of them.
+  last_to_device.block_current();
   if (stage3_) stage3_->after_step();
   zero_grad();
   out.applied = true;
@@ -456,7 +560,7 @@ void ZeroOptimizer::shard_done(size_t g) const {
 }
 
 double ZeroOptimizer::param_gather_wait_seconds() const {
-  return gather_wait_s_ + (stage3_ ? stage3_->gather_wait_seconds() : 0.0);
+  return gather_clock_.seconds() + (stage3_ ? stage3_->gather_wait_seconds() : 0.0);
 }
 
 }  // namespace zero::partition

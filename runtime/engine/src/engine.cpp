@@ -471,6 +471,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.ledger().set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
                      "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
+  zo.copy_mode = s.options.cpu_copy_mode;
   if (s.config.zero.stage == 3) {
     auto b = build_stage3_layout(s.model, s.config, s.options.layers, init);
     if (b.layout.nvme_param) b.layout.nvme_param->swap.tag = "rank" + std::to_string(s.dist.rank) + "-params";
@@ -514,7 +515,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                                              s.config.optimizer->betas[0]);
   }
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
-  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger());
+  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger(),
+                                                                 nullptr, s.options.cpu_copy_mode);
   if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
@@ -579,6 +581,7 @@ int Engine::world_size() const { return impl_->dist.world_size; }
 Comm* Engine::comm() { return impl_->comm.get(); }
 double Engine::grad_comm_wait_seconds() const { return impl_->optimizer->grad_comm_wait_seconds(); }
 double Engine::param_gather_wait_seconds() const { return impl_->optimizer->param_gather_wait_seconds(); }
+double Engine::transfer_wait_seconds() const { return impl_->optimizer->transfer_wait_seconds(); }
 torch::Device Engine::device() const { return impl_->device; }
 torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
 int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }

@@ -14,8 +14,9 @@
 //   partition_activations: split across the ranks of a partition group (the
 //     model-parallel group, whose ranks hold the same activations); each
 //     keeps 1/M and the group all-gathers them before the recompute;
-//   cpu_checkpointing: copied to host memory (pinned, asynchronously, on a
-//     GPU) and copied back before the recompute;
+//   cpu_checkpointing: copied to host memory (pinned; on a GPU on a side
+//     stream, NOTE [device streams]) and copied back before the recompute,
+//     once that copy has ended (the compute stream waits for it, not the host);
 //   contiguous_memory_optimization: placed in one preallocated buffer with
 //     number_checkpoints slots, reused every micro-step;
 //   synchronize_checkpoint_boundary: the device is synchronised at each
@@ -39,6 +40,7 @@
 #include "zero/config/config.h"
 #include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/streams.h"
 
 namespace zero::checkpointing {
 
@@ -49,10 +51,13 @@ class Checkpointer {
  public:
   /// `ledger` (may be null) counts kept inputs. `partition_group` (may be
   /// null) is the group partition_activations splits across; without one,
-  /// partitioning is off and this is logged once. Throws zero::ConfigError
-  /// for contiguous_memory_optimization without number_checkpoints.
+  /// partitioning is off and this is logged once. `cpu_copy_mode`: on a
+  /// machine without a GPU, CopyMode::kDeferred holds the copies to host
+  /// memory back until they are waited for (tests, NOTE [device streams]).
+  /// Throws zero::ConfigError for contiguous_memory_optimization without
+  /// number_checkpoints.
   Checkpointer(config::ActivationCheckpointingConfig config, MemoryLedger* ledger = nullptr,
-               Comm* partition_group = nullptr);
+               Comm* partition_group = nullptr, CopyMode cpu_copy_mode = CopyMode::kImmediate);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

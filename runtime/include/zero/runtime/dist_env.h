@@ -5,7 +5,8 @@
 //                           SLURM_NODELIST (first host is the master), MASTER_PORT or 29500
 //   Open MPI (mpirun):      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //                           OMPI_COMM_WORLD_LOCAL_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT
-// None set: one process. This and config/ are the only places that read the
+// None set: one process. ZERO_COMM_TIMEOUT_S and ZERO_DIST_BACKEND (below)
+// apply to every launcher. This and config/ are the only places that read the
 // environment.
 #pragma once
 
@@ -27,6 +28,10 @@ struct DistEnv {
   bool agent_store = false;
   /// Collective and rendezvous timeout: ZERO_COMM_TIMEOUT_S, default 300 s.
   std::chrono::milliseconds timeout{300000};
+  /// The c10d backend: ZERO_DIST_BACKEND, "auto" (default: NCCL for a CUDA
+  /// device, Gloo for the CPU), "nccl" or "gloo" (Gloo with CUDA tensors: it
+  /// stages them through host memory; several ranks can share one GPU).
+  std::string backend = "auto";
 
   /// Reads the variables above. Throws zero::ConfigError naming the variable
   /// when one is malformed (RANK=abc, RANK >= WORLD_SIZE, ...).

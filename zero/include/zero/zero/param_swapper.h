@@ -54,6 +54,7 @@
 
 #include "zero/offload/aio.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/streams.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/state_swapper.h"
 
@@ -100,7 +101,9 @@ class ParamSwapper {
   /// Waits for the read; part(g) then holds the shard until release(g).
   void wait_read(size_t g);
   /// The shard is not needed in memory any more (it is unchanged on disk).
-  void release(size_t g);
+  /// `copied_out`: the end of the copy of the shard to the device (a
+  /// gather's); its buffer is written again only after it (NOTE [stage-3 gather stream]).
+  void release(size_t g, StreamEvent copied_out = StreamEvent());
   /// The step: part(g) becomes a buffer for the new values (contents
   /// undefined: the caller writes all of it).
   const at::Tensor& begin_update(size_t g);
@@ -139,6 +142,7 @@ class ParamSwapper {
   int cached_slot(size_t g) const;
   void keep_cached(int slot, size_t g);
   void settle_write(int slot);
+  void settle_copy(int slot);
   void point_part_at(size_t g, int slot);
   void empty_part(size_t g);
 

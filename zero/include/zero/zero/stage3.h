@@ -36,6 +36,22 @@
 // check completes once the peers have issued the same gather, which a Gloo
 // gather needs anyway; with NCCL it adds a host-side wait per gather that the
 // gather itself would not (bounded by the prefetch window when prefetched).
+//
+// NOTE [stage-3 gather stream]
+// A gather runs on the coordinator's CopyStream (NOTE [device streams]),
+// after the work the compute stream has queued so far: with offload_param,
+// the shard goes host-to-device there (into the full tensor on one rank,
+// else into a device buffer the all-gather sends), and the all-gather is
+// launched with that stream current, so NCCL starts once the copy is done
+// and neither waits for compute queued later. Prefetched gathers thus run
+// beside the layers before them. Waiting for a gather makes the compute
+// stream wait for it (the host waits only where the backend blocks, Gloo),
+// and the time the training thread stands still there is measured on the
+// stream (WaitClock). The host memory a shard was copied out of (a
+// parameter swap buffer, or the offloaded partition) is written again only
+// after that copy has ended: the swapper gets the copy's event with
+// release(), and the optimizer step waits for it before writing a shard
+// (wait_shard_copies).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +65,7 @@
 
 #include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/streams.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/param_swapper.h"
 
@@ -58,6 +75,12 @@ struct Stage3Options {
   int64_t prefetch_bucket_numel = 50000000;  // stage3_prefetch_bucket_size
   int64_t max_live_numel = 1000000000;       // stage3_max_live_parameters
   int64_t max_reuse_distance = 1000000000;   // stage3_max_reuse_distance
+  /// offload_param: the shards live in host memory (or on disk); a gather
+  /// first copies the shard to the device (NOTE [stage-3 gather stream]).
+  bool shards_offloaded = false;
+  /// On the CPU: CopyMode::kDeferred makes the shard copies wait for their
+  /// events (tests, NOTE [device streams]).
+  CopyMode copy_mode = CopyMode::kImmediate;
 };
 
 /// One layer: a module whose forward runs through zero::layer_forward.
@@ -91,17 +114,23 @@ class Stage3Coordinator {
   bool finish_a_gather();
   /// Gathers group g (on every rank), runs fn, and releases it unless in use.
   void with_gathered(size_t g, const std::function<void()>& fn);
+  /// The host waits until no copy out of group g's shard (in host memory) is
+  /// in flight: the optimizer step is about to write it.
+  void wait_shard_copies(size_t g);
 
   const std::vector<Stage3Unit>& units() const { return units_; }
   /// Elements gathered now in layer groups (group 0 not counted), and the peak.
   int64_t live_numel() const { return live_; }
   int64_t peak_live_numel() const { return peak_live_; }
   void reset_peak_live() { peak_live_ = live_; }
-  /// Seconds the training thread waited for all-gathers.
-  double gather_wait_seconds() const { return wait_s_; }
+  /// Seconds the training thread waited for all-gathers (and for shards
+  /// coming from disk), measured on the stream on a GPU (NOTE [stage-3 gather stream]).
+  double gather_wait_seconds() const { return clock_.seconds() + read_wait_s_; }
   int64_t gathers() const { return gathers_; }
   int64_t prefetched_gathers() const { return prefetched_; }
   bool trace_valid() const { return trusted_; }
+  /// offload_param: the shards are in host memory (or on disk).
+  bool shards_offloaded() const { return options_.shards_offloaded; }
 
  private:
   enum class State { kReleased, kInFlight, kGathered };
@@ -114,6 +143,8 @@ class Stage3Coordinator {
     CommWork work;
     Comm::Exchange check;  // the group ids all ranks gather with it
     at::Tensor send;
+    StreamEvent done;        // the end of the gather's work on the gather stream
+    StreamEvent shard_copy;  // the end of the last copy out of the host shard
     MemoryLedger::Reservation bytes;
   };
   struct Event {
@@ -130,6 +161,7 @@ class Stage3Coordinator {
   void launch_queued(std::optional<size_t> until);
   void launch(size_t g);
   void wait(size_t g);
+  void finish(size_t g);
   void bind(size_t g);
   void guard(size_t g);
   void release(size_t g);
@@ -157,7 +189,9 @@ class Stage3Coordinator {
   bool trusted_ = false;
   bool in_backward_ = false;
   int64_t live_ = 0, peak_live_ = 0;
-  double wait_s_ = 0;
+  CopyStream stream_;      // NOTE [stage-3 gather stream]
+  WaitClock clock_;        // the compute stream's waits for gathers
+  double read_wait_s_ = 0;  // the host's waits for shards from disk
   int64_t gathers_ = 0, prefetched_ = 0;
 };
 

@@ -44,10 +44,12 @@
 #include "zero/optim/flat_optimizer.h"
 #include "zero/runtime/comm.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/streams.h"
 #include "zero/zero/flat_parameters.h"
 #include "zero/zero/stage3.h"
 #include "zero/zero/param_swapper.h"
 #include "zero/zero/state_swapper.h"
+#include "zero/zero/host_ring.h"
 
 namespace zero::partition {
 
@@ -79,6 +81,9 @@ struct ZeroOptimizerOptions {
   /// sub-group by sub-group (NOTE [optimizer swapping]); the gradient
   /// partition stays in host memory.
   std::optional<SwapOptions> nvme;
+  /// On the CPU: CopyMode::kDeferred makes every device-host transfer wait
+  /// for its event (tests, NOTE [device streams]).
+  CopyMode copy_mode = CopyMode::kImmediate;
 };
 
 // NOTE [optimizer offload]
@@ -91,6 +96,24 @@ struct ZeroOptimizerOptions {
 // path runs between distinct buffers, so the ledger shows the model states on
 // the host tiers. Pinned buffers that would pass the ledger's pinned-host
 // limit fall back to pageable host memory with a warning.
+//
+// NOTE [offload transfers]
+// Those copies run on the optimizer's CopyStream (NOTE [device streams]):
+//   - gradients: at stages 2-3 each reduced chunk goes device-to-host as
+//     its bucket's reduce-scatter ends, into one of two pinned staging
+//     buffers, and the host adds it into the fp32 partition when the buffer
+//     is needed again or when backward ends; at stage 1, whose gradients
+//     stay on the device until the step, the next sub-group's gradient is
+//     copied while CPU Adam steps the current one;
+//   - parameters: CPU Adam writes each sub-group's new values, in the
+//     compute dtype, into one of two pinned buffers, which goes
+//     host-to-device while it steps the next sub-group. A buffer is written
+//     again only after its copy has ended (the host waits for that copy,
+//     never for the compute stream); the group's all-gather, and the next
+//     forward, wait for the copies on the GPU.
+// Stage 3 with offload_param writes the new values straight into the host
+// shards, after the copies out of them have ended (NOTE [stage-3 gather
+// stream]). On the CPU the same buffers and copies run, as memcpy.
 
 /// Stage 3: the groups (group 0 first: the always-gathered parameters) and
 /// the layers that use them.
@@ -154,10 +177,13 @@ class ZeroOptimizer {
   int stage() const { return options_.stage; }
   /// Seconds this rank waited for gradient reductions after backward (the
   /// part not hidden behind it), since construction.
-  double grad_comm_wait_seconds() const { return comm_wait_s_; }
+  double grad_comm_wait_seconds() const { return comm_clock_.seconds(); }
   /// Seconds this rank waited for the all-gathers of parameters (stage 1-2:
   /// after the step; stage 3: also before each layer).
   double param_gather_wait_seconds() const;
+  /// Seconds the host waited for device-host copies of the offloaded
+  /// optimizer (NOTE [offload transfers]), since construction.
+  double transfer_wait_seconds() const { return copy_wait_s_; }
   /// Stage 3's coordinator (null below stage 3).
   Stage3Coordinator* stage3() { return stage3_.get(); }
   const Stage3Coordinator* stage3() const { return stage3_.get(); }
@@ -182,6 +208,8 @@ class ZeroOptimizer {
   void wait_all();
   at::Tensor take_staging(size_t g);
   void release_staging(size_t g);
+  void grad_to_host(size_t g, const at::Tensor& reduced, bool recycle);
+  void add_host_grad();
 
   ZeroOptimizerOptions options_;
   std::unique_ptr<optim::FlatOptimizer> optimizer_;
@@ -196,7 +224,11 @@ class ZeroOptimizer {
                             // NVMe: undefined (in swapper_)
   std::vector<at::Tensor> states_;  // NVMe: none (in swapper_)
   std::unique_ptr<StateSwapper> swapper_;
-  std::vector<std::pair<size_t, int64_t>> sub_groups_;  // NVMe: per sub-group, its group and start in the chunk
+  struct SubGroup {
+    size_t group;
+    int64_t start, numel;  // within the group's chunk
+  };
+  std::vector<SubGroup> sub_groups_;  // the step's pieces, in order (sub_group_size)
   bool master_is_param_ = false;
   bool params_on_disk_ = false;  // stage 3, offload_param nvme: the shards cannot be the master
 
@@ -215,8 +247,19 @@ class ZeroOptimizer {
     CommWork work;
   };
   std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
-  double comm_wait_s_ = 0;
-  double gather_wait_s_ = 0;
+  CopyStream copies_;        // NOTE [offload transfers]
+  WaitClock comm_clock_;     // waits for gradient reductions
+  WaitClock gather_clock_;   // waits for the all-gathers after the step
+  double copy_wait_s_ = 0;   // host waits for device-host copies
+  HostRing grad_ring_;       // offload: gradients on their way to the host
+  HostRing param_ring_;      // offload: new 16-bit values on their way to the device
+  struct HostGrad {          // stage 2-3 offload: a reduced chunk copied to the host
+    size_t group;
+    at::Tensor host;
+    StreamEvent done;
+    at::Tensor recycle;      // the device staging it came from, reusable once done
+  };
+  std::deque<HostGrad> host_grads_;
   std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
   std::unique_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it
 };

@@ -29,6 +29,7 @@
 #include "zero/runtime/comm.h"
 #include "zero/runtime/dist_env.h"
 #include "zero/runtime/memory_ledger.h"
+#include "zero/runtime/streams.h"
 
 namespace zero {
 
@@ -54,6 +55,13 @@ struct InitOptions {
   std::vector<std::shared_ptr<torch::nn::Module>> layers;
   /// The zero::Init the model was built under (set by initialize(model, init)).
   Init* init = nullptr;
+  /// Test seam, for a machine without a GPU: CopyMode::kDeferred holds every
+  /// device-host transfer (offload, stage-3 gathers, cpu_checkpointing)
+  /// back until it is waited for, and throws zero::InternalError when a host
+  /// buffer is written while a transfer may still read it, so a missing wait
+  /// fails on the CPU instead of racing on a GPU (NOTE [device streams]). No
+  /// effect on a CUDA device.
+  CopyMode cpu_copy_mode = CopyMode::kImmediate;
 };
 
 /// Stage 3's parameter gathering, since initialize (or the last reset).
@@ -135,8 +143,14 @@ class Engine {
   /// Seconds this rank waited for gradient reductions after backward (what
   /// overlap did not hide), since initialize.
   double grad_comm_wait_seconds() const;
-  /// Seconds this rank waited for the all-gathers of updated parameters.
+  /// Seconds this rank waited for parameter all-gathers (after the step, and
+  /// at stage 3 before each layer). On a GPU these waits are measured on the
+  /// stream (NOTE [device streams]), as are those of grad_comm_wait_seconds.
   double param_gather_wait_seconds() const;
+  /// Seconds the host waited for device-host copies of the offloaded
+  /// optimizer (NOTE [offload transfers]), since initialize; the NVMe waits
+  /// are in nvme_stats().
+  double transfer_wait_seconds() const;
   torch::Device device() const;
   torch::ScalarType compute_dtype() const;
   int64_t num_parameters() const;
