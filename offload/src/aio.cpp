@@ -130,10 +130,14 @@ struct Block {
   }
 };
 
+// Ends a block: its request learns the outcome. The block lets go of its
+// file first, so a request whose wait() returns holds the file no more.
 void finish(Block& b, const std::string& error) {
-  std::lock_guard<std::mutex> lock(b.state->mu);
-  if (!error.empty() && b.state->error.empty()) b.state->error = error;
-  if (--b.state->remaining == 0) b.state->cv.notify_all();
+  b.file.reset();
+  const std::shared_ptr<AioHandle::State> state = std::move(b.state);
+  std::lock_guard<std::mutex> lock(state->mu);
+  if (!error.empty() && state->error.empty()) state->error = error;
+  if (--state->remaining == 0) state->cv.notify_all();
 }
 
 std::string describe(const Block& b, const std::string& what) {
