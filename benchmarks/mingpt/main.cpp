@@ -335,9 +335,12 @@ int main(int argc, char** argv) {
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
     if (auto* comm = engine.comm()) {
-      comm->all_gather(all, mine).wait();
-      comm->all_reduce_sum(curve).wait();
-      curve.div_(static_cast<double>(ws));
+      // On the collectives' device (NCCL takes CUDA tensors only).
+      auto all_d = all.to(comm->device()), mine_d = mine.to(comm->device()), curve_d = curve.to(comm->device());
+      comm->all_gather(all_d, mine_d).wait();
+      comm->all_reduce_sum(curve_d).wait();
+      all = all_d.cpu();
+      curve = curve_d.cpu().div_(static_cast<double>(ws));
     }
     if (!loss_curve.empty()) final_loss = curve[-1].item<double>();
     const double param_l2 = engine.parameter_l2();  // a collective at stage 3

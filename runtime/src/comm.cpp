@@ -86,8 +86,9 @@ void CommWork::wait() {
   }
 }
 
-Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend)
-    : env_(std::move(env)), store_(std::move(store)), backend_(std::move(backend)) {}
+Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+           at::Device device)
+    : env_(std::move(env)), store_(std::move(store)), backend_(std::move(backend)), device_(device) {}
 
 Comm::~Comm() = default;
 
@@ -133,7 +134,7 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
     throw CommunicationError(std::string("creating the ") + (nccl ? "NCCL" : "Gloo") +
                              " process group failed on rank " + std::to_string(env.rank) + ": " + e.what());
   }
-  return std::unique_ptr<Comm>(new Comm(env, store, backend));
+  return std::unique_ptr<Comm>(new Comm(env, store, backend, device));
 }
 
 // A Gloo group over `store` (CPU tensors), on loopback when the job is local.
@@ -214,7 +215,7 @@ CommWork Comm::broadcast(at::Tensor& tensor, int root) {
 }
 
 void Comm::barrier() {
-  auto t = at::zeros({1});
+  auto t = at::zeros({1}, at::TensorOptions().device(device_));  // NCCL takes CUDA tensors only
   all_reduce_sum(t).wait();
 }
 

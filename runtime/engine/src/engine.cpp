@@ -429,7 +429,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                        std::to_string(s.config.world_size) + " but this job has " +
                        std::to_string(s.dist.world_size) + " ranks"});
   }
-  s.device = s.options.device ? *s.options.device : detail::default_device();
+  s.device = detail::resolve_device(s.options.device, s.dist);
   s.dtype = partition::compute_dtype(s.config);
   if (s.device.is_cpu()) install_counting_cpu_allocator();
   if (s.dist.distributed()) {

@@ -4,24 +4,38 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 
 #include "zero/config/config.h"
 #include "zero/offload/aio.h"
+#include "zero/runtime/error.h"
 #include "zero/runtime/engine.h"
 
 namespace zero::detail {
 
-inline torch::Device default_device() {
-  if (torch::cuda::is_available()) {
-    int local_rank = 0;
-    if (const char* v = std::getenv("LOCAL_RANK")) local_rank = std::atoi(v);
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+/// The device to train on: `asked` (InitOptions::device; "cuda" without an
+/// index is cuda:LOCAL_RANK), else cuda:LOCAL_RANK when CUDA is available,
+/// else the CPU. A CUDA device becomes the process's current device, as
+/// DeepSpeed sets it. Throws zero::ConfigError for a GPU this machine lacks.
+inline torch::Device resolve_device(const std::optional<torch::Device>& asked, const DistEnv& dist) {
+  if (asked && !asked->is_cuda()) return *asked;
+  if (!asked && !torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = asked && asked->has_index() ? asked->index() : dist.local_rank;
+  if (index >= count) {
+    throw ConfigError({"device cuda:" + std::to_string(index) + (asked && asked->has_index() ? " (InitOptions::device)" : " (from LOCAL_RANK " + std::to_string(dist.local_rank) + ")") +
+                       ": this machine has " + std::to_string(count) +
+                       " CUDA device(s); give each rank one of them (InitOptions::device, mingpt --device), or let "
+                       "ranks share one through Gloo (ZERO_DIST_BACKEND=gloo)"});
   }
-  return torch::Device(torch::kCPU);
+  const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  c10::cuda::set_device(device.index());
+  return device;
 }
 
 // Pinned memory is bounded by default to half of physical memory, so pinning

@@ -79,7 +79,7 @@ Init::Init(const std::string& config, InitOptions options) : state_(std::make_sh
     throw ConfigError({s.config.source + ": zero_optimization.stage: expected 3 for zero::Init (partitioned "
                        "construction); got " + std::to_string(s.config.zero.stage)});
   }
-  s.device = options.device ? *options.device : detail::default_device();
+  s.device = detail::resolve_device(options.device, s.dist);
   s.dtype = partition::compute_dtype(s.config);
   if (s.device.is_cpu()) install_counting_cpu_allocator();
   s.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),

@@ -63,6 +63,8 @@ class Comm {
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
+  /// The device whose tensors the data collectives take (connect's).
+  at::Device device() const { return device_; }
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
@@ -96,7 +98,8 @@ class Comm {
   void check_same(const std::string& what, const std::string& value);
 
  private:
-  Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend);
+  Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+       at::Device device);
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
@@ -106,6 +109,7 @@ class Comm {
   c10::intrusive_ptr<c10d::Backend> backend_;
   c10::intrusive_ptr<c10d::Backend> control_;  // made by exchange()
   int64_t check_counter_ = 0;
+  at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
 };
 
 }  // namespace zero

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The GPU machine's one command (see scripts/gpu/README.md). It has CMake,
+# ninja, nvcc, CUDA and python3 with torch, and no package registry: the
+# other build dependencies come from the folder scripts/gpu/bundle.sh made
+# here (carried with the call), nothing is installed.
+#
+#   scripts/gpu/run.sh test     configure, build everything, run the CTest suite
+#   scripts/gpu/run.sh bench    configure, build mingpt and zero, run scripts/gpu/bench.py
+#   scripts/gpu/run.sh all      both
+#
+# Environment: OUT (where results go; default ./gpu-out), ZERO_DEPS_PREFIX
+# (default ./.gpu-deps), ZERO_GPU_BUILD (default ./build-gpu), ZERO_COMMIT
+# (the commit tested, for the record; default: git's, if there is a .git),
+# ZERO_NVME_DIR (the NVMe benchmarks' folder; default /tmp/zero-nvme),
+# ZERO_BENCH_SCALE (full, or smoke: tiny models, to check the script itself).
+# Results, at most 8 files (what the device tool brings back): env.txt,
+# build.log, test.log, ctest-gpu.xml, ctest-cpu.xml, bench.log, bench.json,
+# summary.md. Exits non-zero when the build, a test or a benchmark fails.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+mode=${1:-all}
+case "$mode" in test|bench|all) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all" >&2; exit 2 ;; esac
+out=${OUT:-$root/gpu-out}
+deps=${ZERO_DEPS_PREFIX:-$root/.gpu-deps}
+build=${ZERO_GPU_BUILD:-$root/build-gpu}
+commit=${ZERO_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+jobs=$(nproc)
+mkdir -p "$out"
+summary=$out/summary.md
+status=0
+t_start=$(date +%s)
+
+say() { echo "run.sh: $*" | tee -a "$out/env.txt" >&2; }
+elapsed() { echo $(( $(date +%s) - t_start ))s; }
+
+# ---- the machine ------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $commit"
+  echo "mode: $mode"
+  echo "host: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(nproc) cores, $(free -g 2>/dev/null | awk '/Mem:/ {print $2 " GiB"}') RAM"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+  else
+    echo "gpu: none (no nvidia-smi)"
+  fi
+  echo "disk ($(dirname "${ZERO_NVME_DIR:-/tmp/zero-nvme}")): $(df -h "$(dirname "${ZERO_NVME_DIR:-/tmp/zero-nvme}")" 2>/dev/null | awk 'NR==2 {print $4 " free of " $2}')"
+  echo "python3: $(python3 -c 'import torch, sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>/dev/null || echo "cannot import torch")"
+  echo "cmake: $(cmake --version 2>&1 | head -1)"
+  echo "ninja: $(ninja --version 2>&1)"
+  echo "c++: $(c++ --version 2>&1 | head -1)"
+  echo "nvcc: $(nvcc --version 2>&1 | tail -1)"
+  echo "bundle: $(head -1 "$deps/MANIFEST" 2>&1)"
+} >"$out/env.txt"
+cat "$out/env.txt" >&2
+
+{
+  echo "# zero on the GPU machine"
+  echo
+  echo "$(grep -E '^(date|commit|gpu|host):' "$out/env.txt" | sed 's/^/- /')"
+  echo
+} >"$summary"
+
+if [ ! -f "$deps/MANIFEST" ]; then
+  say "error: no bundle at $deps (run scripts/gpu/bundle.sh where the registries are reachable, and carry .gpu-deps)"
+  exit 1
+fi
+export PATH="$deps/bin:$PATH"  # fio, for zero bench aio
+
+# ---- configure and build ----------------------------------------------------
+configure() {
+  [ -f "$build/build.ninja" ] && return 0
+  say "configuring $build ($(elapsed))"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DZERO_DEPS_PREFIX="$deps" -DTORCH_CUDA_ARCH_LIST=9.0 >>"$out/build.log" 2>&1
+}
+
+build() {  # targets...
+  local what=("$@")
+  say "building ${what[*]:-everything} on $jobs cores ($(elapsed))"
+  local args=()
+  for t in "${what[@]}"; do args+=(--target "$t"); done
+  if ! cmake --build "$build" -j "$jobs" "${args[@]}" >>"$out/build.log" 2>&1; then
+    say "error: the build failed; the end of build.log:"
+    tail -40 "$out/build.log" >&2
+    { echo "## Build: FAILED"; echo; echo '```'; tail -40 "$out/build.log"; echo '```'; } >>"$summary"
+    return 1
+  fi
+  say "built ($(elapsed))"
+}
+
+if ! configure; then
+  say "error: cmake could not configure; the end of build.log:"
+  tail -40 "$out/build.log" >&2
+  { echo "## Configure: FAILED"; echo; echo '```'; tail -40 "$out/build.log"; echo '```'; } >>"$summary"
+  exit 1
+fi
+grep -E "^-- zero:" "$out/build.log" | sed 's/^-- /  /' >>"$out/env.txt"
+
+# ---- tests ------------------------------------------------------------------
+# The tests labelled gpu run with the GPU, one at a time (they share it). The
+# rest is the CPU suite CI runs: it runs with the GPU hidden
+# (CUDA_VISIBLE_DEVICES=), as on CI's machines, on all cores.
+count() {  # ctest log -> "passed failed skipped total"
+  local log=$1
+  local total failed skipped
+  total=$(grep -oE "tests failed out of [0-9]+" "$log" | tail -1 | grep -oE "[0-9]+$")
+  failed=$(grep -oE "[0-9]+ tests failed out of" "$log" | tail -1 | grep -oE "^[0-9]+")
+  skipped=$(grep -cE "\*\*\*Skipped|Not Run|Disabled" "$log")
+  total=${total:-0}; failed=${failed:-0}
+  echo "$((total - failed - skipped)) $failed $skipped $total"
+}
+
+run_tests() {
+  build || return 1
+  local rc=0
+  say "GPU tests ($(elapsed))"
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 --output-junit "$out/ctest-gpu.xml") \
+    >"$out/test.log" 2>&1 || rc=1
+  local gpu_counts
+  gpu_counts=$(count "$out/test.log")
+  say "CPU suite with the GPU hidden, -j $jobs ($(elapsed))"
+  (cd "$build" && CUDA_VISIBLE_DEVICES= ctest -LE gpu -j "$jobs" --output-on-failure --timeout 600 \
+                    --output-junit "$out/ctest-cpu.xml") >"$out/test-cpu.log" 2>&1 || rc=1
+  local cpu_counts
+  cpu_counts=$(count "$out/test-cpu.log")
+  { echo; echo "==== CPU suite (CUDA_VISIBLE_DEVICES=) ===="; cat "$out/test-cpu.log"; } >>"$out/test.log"
+  rm -f "$out/test-cpu.log"
+  read -r gp gf gs gt <<<"$gpu_counts"
+  read -r cp cf cs ct <<<"$cpu_counts"
+  {
+    echo "## Tests ($(elapsed))"
+    echo
+    echo "| suite | passed | failed | skipped | total |"
+    echo "|---|---|---|---|---|"
+    echo "| gpu (\`ctest -L gpu\`) | $gp | $gf | $gs | $gt |"
+    echo "| cpu (\`CUDA_VISIBLE_DEVICES= ctest -LE gpu\`) | $cp | $cf | $cs | $ct |"
+    echo
+    if [ "$rc" -ne 0 ]; then
+      echo "Failed:"
+      echo '```'
+      grep -hE "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$out/test.log" | head -40
+      echo '```'
+    fi
+    echo "Skipped (with their reasons in test.log):"
+    echo '```'
+    grep -hE "\*\*\*Skipped" "$out/test.log" | head -20
+    echo '```'
+  } >>"$summary"
+  say "tests: gpu $gp passed, $gf failed, $gs skipped; cpu $cp passed, $cf failed, $cs skipped ($(elapsed))"
+  return $rc
+}
+
+run_bench() {
+  build mingpt zero_cli || return 1
+  say "benchmarks ($(elapsed))"
+  local rc=0
+  python3 "$root/scripts/gpu/bench.py" --build "$build" --out "$out" --commit "$commit" \
+    --nvme "${ZERO_NVME_DIR:-/tmp/zero-nvme}" --scale "${ZERO_BENCH_SCALE:-full}" >"$out/bench.log" 2>&1 || rc=1
+  if [ -f "$out/bench.md" ]; then
+    cat "$out/bench.md" >>"$summary"
+    rm -f "$out/bench.md"
+  fi
+  [ "$rc" -eq 0 ] || { say "error: a benchmark failed; the end of bench.log:"; tail -30 "$out/bench.log" >&2; }
+  say "benchmarks done ($(elapsed))"
+  return $rc
+}
+
+case "$mode" in
+  test) run_tests || status=1 ;;
+  bench) run_bench || status=1 ;;
+  all) run_tests || status=1; run_bench || status=1 ;;
+esac
+
+# Files over the size the device tool brings back keep their ends.
+for f in "$out"/*.log; do
+  [ -f "$f" ] || continue
+  if [ "$(stat -c %s "$f")" -gt 12000000 ]; then tail -c 12000000 "$f" >"$f.tmp" && mv "$f.tmp" "$f"; fi
+done
+echo >>"$summary"
+echo "run.sh $mode: $([ $status -eq 0 ] && echo passed || echo FAILED) in $(elapsed)" >>"$summary"
+cat "$summary"
+exit $status

@@ -1,0 +1,406 @@
+// The CUDA paths (CTest label "gpu"): every test skips, saying why, where no
+// CUDA device exists, and runs on the GPU machine (scripts/gpu/run.sh).
+//   - ZeRO stages 0-3 at world size 1 on CUDA against a plain LibTorch CUDA
+//     loop (fp32: parameter norm to 1e-5), bf16 and fp16 to the tolerances
+//     documented below;
+//   - CPU and NVMe offload against no offload;
+//   - activation checkpointing with dropout against no checkpointing (the
+//     CUDA RNG state is replayed);
+//   - save_16bit_model read by Python's torch;
+//   - NCCL at world size 1; CopyStream and WaitClock on a CUDA stream;
+//   - two ranks sharing the GPU through Gloo with CUDA tensors, against one.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <ATen/cuda/Sleep.h>
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include "data.h"
+#include "model.h"
+#include "zero/runtime/comm.h"
+#include "zero/runtime/streams.h"
+#include "zero/zero.h"
+
+#define REQUIRE_CUDA()                                                                                 \
+  do {                                                                                                 \
+    if (!torch::cuda::is_available())                                                                  \
+      GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false); this test runs on the " \
+                      "GPU machine: scripts/gpu/run.sh test";                                          \
+  } while (0)
+
+namespace {
+
+const torch::Device kCuda(torch::kCUDA, 0);
+const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
+
+mingpt::GPTConfig gpt(double dropout = 0.0) {
+  mingpt::GPTConfig c;
+  c.vocab_size = 10;
+  c.block_size = 6;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = dropout;
+  return c;
+}
+
+torch::Tensor loss_of(mingpt::GPT& model, const mingpt::Batch& b) {
+  auto logits = model->forward(b.x.to(kCuda));
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat).view({-1, logits.size(-1)}),
+                                              b.y.to(kCuda).view({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+mingpt::Batch batch(const mingpt::Task& task, int step, int64_t size = 32) {
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < size; ++i) idx.push_back((step * size + i) % task.train_size());
+  return task.train_batch(idx);
+}
+
+double norm_of(mingpt::GPT& model) {
+  double s = 0;
+  for (auto& p : model->parameters()) s += p.detach().to(torch::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(s);
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+constexpr int kSteps = 10;
+
+// The plain LibTorch loop: AdamW and clip_grad_norm_ on CUDA, in fp32.
+double plain_loop(double dropout = 0.0) {
+  torch::manual_seed(3);
+  mingpt::GPT model(gpt(dropout));
+  model->to(kCuda);
+  torch::optim::AdamW opt(model->parameters(),
+                          torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.01));
+  auto task = mingpt::make_addition_task(2);
+  torch::manual_seed(9);
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    loss_of(model, batch(*task, s)).backward();
+    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    opt.step();
+  }
+  return norm_of(model);
+}
+
+struct RunResult {
+  double l2 = 0;
+  std::vector<double> losses;
+  int64_t device_state_bytes = -1;  // model states on the device tier after the last step
+};
+
+// The same through zero with `zero` (the zero_optimization section) and `extra` top-level keys.
+RunResult engine_loop(const std::string& zero, const std::string& extra = "", bool checkpoint = false,
+                      double dropout = 0.0) {
+  torch::manual_seed(3);
+  mingpt::GPT model(gpt(dropout));
+  zero::InitOptions o;
+  o.print_progress = false;
+  o.device = kCuda;
+  const std::string config = R"({"train_micro_batch_size_per_gpu": 32, "gradient_clipping": 1.0, )"
+                             R"("optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], )"
+                             R"("eps": 1e-8, "weight_decay": 0.01}}, )" +
+                             extra + R"("zero_optimization": {)" + zero + "}}";
+  auto engine = zero::initialize(model.ptr(), config, o);
+  if (checkpoint) model->set_checkpointer(&engine.checkpointer());
+  auto task = mingpt::make_addition_task(2);
+  torch::manual_seed(9);
+  RunResult r;
+  for (int s = 0; s < kSteps; ++s) {
+    auto loss = loss_of(model, batch(*task, s));
+    r.losses.push_back(loss.item<double>());
+    engine.backward(loss);
+    engine.step();
+  }
+  r.l2 = engine.parameter_l2();
+  r.device_state_bytes = engine.model_state_bytes(zero::Tier::kDevice).total();
+  return r;
+}
+
+std::string nvme_dir(const std::string& name) {
+  const std::string d = std::string(ZERO_BINARY_DIR) + "/tests/gpu_" + std::to_string(getpid()) + "_" + name;
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// ---- stages against plain LibTorch ------------------------------------------
+
+class GpuStages : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuStages, Fp32MatchesAPlainLibTorchCudaLoop) {
+  REQUIRE_CUDA();
+  const int stage = GetParam();
+  const double ref = plain_loop();
+  const auto got = engine_loop(R"("stage": )" + std::to_string(stage));
+  EXPECT_LT(rel(got.l2, ref), 1e-5) << "stage " << stage << ": " << got.l2 << " vs " << ref;
+}
+
+// bf16 and fp16 keep fp32 master weights, so every stage follows the fp32
+// loop loosely: the forward and backward run in 16 bits. Documented
+// tolerance: the parameter norm within 2% of the fp32 loop after 10 steps,
+// and stages 1-3 within 1e-5 of stage 0 at the same precision (the same
+// arithmetic; only where the states live differs).
+TEST_P(GpuStages, Bf16AndFp16FollowStage0AndTheFp32Loop) {
+  REQUIRE_CUDA();
+  const int stage = GetParam();
+  const double fp32 = plain_loop();
+  for (const std::string precision : {R"("bf16": {"enabled": true}, )",
+                                      R"("fp16": {"enabled": true, "initial_scale_power": 12}, )"}) {
+    const auto base = engine_loop(R"("stage": 0)", precision);
+    const auto got = engine_loop(R"("stage": )" + std::to_string(stage), precision);
+    EXPECT_LT(rel(got.l2, base.l2), 1e-5) << precision << " stage " << stage;
+    EXPECT_LT(rel(got.l2, fp32), 2e-2) << precision << " stage " << stage;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, GpuStages, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+// ---- offload ------------------------------------------------------------------
+
+// CPU offload runs Adam on the CPU (the fused kernel) instead of the GPU
+// (ATen): the same math, rounded differently, so the norms agree to 1e-5.
+// NVMe moves the same CPU arithmetic through swap files: equal bit for bit.
+// offload_param only changes where shards live: equal bit for bit too.
+TEST(GpuOffload, CpuAndNvmeOptimizerOffloadEqualNoOffload) {
+  REQUIRE_CUDA();
+  for (const int stage : {2, 3}) {
+    const std::string s = R"("stage": )" + std::to_string(stage) + R"(, "sub_group_size": 20000)";
+    const auto none = engine_loop(s, R"("bf16": {"enabled": true}, )");
+    const auto cpu = engine_loop(s + R"(, "offload_optimizer": {"device": "cpu"})", R"("bf16": {"enabled": true}, )");
+    const std::string dir = nvme_dir("opt" + std::to_string(stage));
+    const auto nvme = engine_loop(s + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
+                                      R"(", "pipeline_read": true, "pipeline_write": true})",
+                                  R"("bf16": {"enabled": true}, )");
+    EXPECT_LT(rel(cpu.l2, none.l2), 1e-5) << "stage " << stage;
+    EXPECT_EQ(nvme.l2, cpu.l2) << "stage " << stage;
+    EXPECT_EQ(nvme.losses, cpu.losses) << "stage " << stage;
+    // Master, moments (and the gradient partition) left the device: 2 of 18 bytes per parameter stay.
+    EXPECT_LT(cpu.device_state_bytes, none.device_state_bytes / 4) << "stage " << stage;
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(GpuOffload, Stage3ParametersOnTheHostAndOnNvmeEqualOnTheDevice) {
+  REQUIRE_CUDA();
+  const std::string s = R"("stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"})";
+  const auto device = engine_loop(s, R"("bf16": {"enabled": true}, )");
+  const auto host = engine_loop(s + R"(, "offload_param": {"device": "cpu"})", R"("bf16": {"enabled": true}, )");
+  const std::string dir = nvme_dir("params");
+  // One buffer for three layers: shards are read again and evicted while
+  // copies to the device may still run (NOTE [stage-3 gather stream]).
+  const auto nvme = engine_loop(s + R"(, "offload_param": {"device": "nvme", "nvme_path": ")" + dir +
+                                    R"(", "max_in_cpu": 0, "buffer_count": 1})",
+                                R"("bf16": {"enabled": true}, )");
+  EXPECT_EQ(host.l2, device.l2);
+  EXPECT_EQ(nvme.l2, device.l2);
+  EXPECT_EQ(nvme.losses, device.losses);
+  EXPECT_EQ(host.device_state_bytes, 0) << "offload_param and offload_optimizer: no model state on the GPU";
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// ---- activation checkpointing -----------------------------------------------
+
+// With dropout, the recompute must draw the forward's masks: the CUDA RNG
+// state is saved and restored around it. Otherwise the gradients belong to
+// other masks and the runs part at the first step.
+TEST(GpuCheckpointing, DropoutRecomputesTheSameMasks) {
+  REQUIRE_CUDA();
+  const std::string s = R"("stage": 2)";
+  const auto plain = engine_loop(s, "", false, 0.1);
+  const auto ckpt = engine_loop(s, "", true, 0.1);
+  const auto cpu = engine_loop(s, R"("activation_checkpointing": {"cpu_checkpointing": true}, )", true, 0.1);
+  EXPECT_LT(rel(ckpt.l2, plain.l2), 1e-6);
+  EXPECT_LT(rel(cpu.l2, plain.l2), 1e-6);
+  ASSERT_EQ(ckpt.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) {
+    EXPECT_NEAR(ckpt.losses[i], plain.losses[i], 1e-5 * std::abs(plain.losses[i])) << "step " << i;
+    EXPECT_NEAR(cpu.losses[i], plain.losses[i], 1e-5 * std::abs(plain.losses[i])) << "step " << i;
+  }
+}
+
+// ---- save_16bit_model ---------------------------------------------------------
+
+std::string run_output(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    if (pclose(p) != 0) out = "FAILED: " + out;
+  }
+  return out;
+}
+
+TEST(GpuSave, Save16BitModelLoadsInPythonTorch) {
+  REQUIRE_CUDA();
+  if (run_output("python3 -c 'import torch' 2>&1").rfind("FAILED", 0) == 0)
+    GTEST_SKIP() << "python3 cannot import torch here";
+  torch::manual_seed(3);
+  mingpt::GPT model(gpt());
+  zero::InitOptions o;
+  o.print_progress = false;
+  o.device = kCuda;
+  auto engine = zero::initialize(
+      model.ptr(),
+      R"({"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", )"
+      R"("params": {"lr": 0.003}}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )"
+      R"("stage3_gather_16bit_weights_on_model_save": true}})",
+      o);
+  auto task = mingpt::make_addition_task(2);
+  for (int s = 0; s < 3; ++s) {
+    engine.backward(loss_of(model, batch(*task, s, 8)));
+    engine.step();
+  }
+  const std::string path = nvme_dir("save") + "/model.pt";
+  engine.save_16bit_model(path);
+  std::ostringstream names;
+  for (const auto& item : model->named_parameters(true)) names << item.key() << ",";
+  const std::string script =
+      "import torch, math, sys\n"
+      "sd = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
+      "names = [n for n in sys.argv[2].split(',') if n]\n"
+      "missing = [n for n in names if n not in sd]\n"
+      "assert not missing, missing\n"
+      "assert all(sd[n].dtype == torch.bfloat16 for n in names), [sd[n].dtype for n in names]\n"
+      "print(repr(math.sqrt(sum(float(sd[n].double().pow(2).sum()) for n in names))))\n";
+  std::ofstream(path + ".py") << script;
+  const std::string out = run_output("python3 " + path + ".py " + path + " '" + names.str() + "' 2>&1");
+  ASSERT_EQ(out.rfind("FAILED", 0), std::string::npos) << out;
+  EXPECT_LT(rel(std::stod(out), engine.parameter_l2()), 1e-9) << out;
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+}
+
+// ---- collectives and streams ----------------------------------------------------
+
+int free_port() { return 20000 + static_cast<int>(getpid() % 20000); }
+
+TEST(GpuComm, NcclAtWorldSizeOne) {
+  REQUIRE_CUDA();
+  zero::DistEnv env;
+  env.master_port = free_port();
+  auto comm = zero::Comm::connect(env, kCuda);
+  ASSERT_EQ(comm->device(), kCuda);
+  auto t = torch::arange(8, torch::TensorOptions().dtype(torch::kFloat).device(kCuda));
+  comm->all_reduce_sum(t).wait();
+  EXPECT_TRUE(torch::equal(t.cpu(), torch::arange(8, torch::kFloat)));
+  auto out = torch::empty({8}, t.options());
+  comm->all_gather(out, t).wait();
+  EXPECT_TRUE(torch::equal(out.cpu(), torch::arange(8, torch::kFloat)));
+  auto rs = torch::empty({8}, t.options());
+  comm->reduce_scatter_sum(rs, t).wait();
+  EXPECT_TRUE(torch::equal(rs.cpu(), torch::arange(8, torch::kFloat)));
+  auto b = torch::full({4}, 3.0f, t.options().dtype(torch::kBFloat16));
+  comm->broadcast(b, 0).wait();
+  comm->barrier();
+  EXPECT_EQ(comm->exchange(7, "test")[0], 7);
+}
+
+TEST(GpuStreams, ACopyStreamCopyIsOrderedAndItsHostBufferReusable) {
+  REQUIRE_CUDA();
+  zero::CopyStream stream(kCuda);
+  const int64_t n = 1 << 24;
+  auto host = torch::arange(n, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).device(kCuda));
+  at::cuda::sleep(20'000'000);  // the compute stream is busy: the copy waits for it
+  zero::StreamEvent done = stream.copy(dev, host, /*host_source=*/true);
+  done.block_current();
+  auto sum = dev.sum();  // on the compute stream, after the copy
+  done.synchronize();
+  host.fill_(-1);  // the host may write its buffer again
+  EXPECT_EQ(sum.item<double>(), static_cast<double>(n) * (n - 1) / 2);
+  // Device to host, read by the host after synchronize().
+  auto back = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+  stream.copy(back, dev).synchronize();
+  EXPECT_EQ(back[n - 1].item<float>(), static_cast<float>(n - 1));
+}
+
+TEST(GpuStreams, WaitClockMeasuresAStallOfTheStreamNotOfTheHost) {
+  REQUIRE_CUDA();
+  zero::CopyStream stream(kCuda);
+  zero::WaitClock clock(kCuda);
+  zero::StreamEvent slow = stream.run([] { at::cuda::sleep(200'000'000); });  // ~0.1 s on the side stream
+  const auto t0 = std::chrono::steady_clock::now();
+  clock.time([&] { slow.block_current(); });  // the compute stream waits; the host does not
+  const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(host_s, 0.02);
+  EXPECT_GT(clock.seconds(), 0.03) << "the stall measured by events";
+}
+
+// ---- two ranks on one GPU through Gloo --------------------------------------------
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// mingpt on `world` ranks on cuda:0 with Gloo; returns its summary, or the
+// line of the log where Gloo refused a CUDA collective (then `refused` is set).
+nlohmann::json mingpt_on_gpu(int world, int stage, std::string* refused) {
+  const std::string work = nvme_dir("ranks_w" + std::to_string(world) + "_s" + std::to_string(stage));
+  const std::string cfg = work + "/config.json";
+  std::ofstream(cfg) << R"({"train_batch_size": 32, "gradient_clipping": 0.05, "optimizer": {"type": "AdamW", )"
+                     << R"("params": {"lr": 0.003, "betas": [0.9, 0.95], "weight_decay": 0.01}}, )"
+                     << R"("zero_optimization": {"stage": )" << stage
+                     << R"(, "reduce_bucket_size": 20000, "allgather_bucket_size": 20000}})";
+  std::ostringstream cmd;
+  cmd << "ZERO_DIST_BACKEND=gloo OMP_NUM_THREADS=1 ";
+  if (world > 1) cmd << kBin << "zero launch --nproc_per_node " << world << " -- ";
+  cmd << kBin << "mingpt --config " << cfg << " --device cuda:0 --n_layer 2 --n_head 2 --n_embd 64 --dropout 0 "
+      << "--max_epochs 1 --limit_train_batches 10 --summary-json " << work << "/summary.json > " << work
+      << "/log 2>&1";
+  const int rc = std::system(cmd.str().c_str());
+  const std::string log = slurp(work + "/log");
+  nlohmann::json j;
+  if (rc == 0) {
+    j = nlohmann::json::parse(slurp(work + "/summary.json"));
+  } else {
+    for (const char* marker : {"not supported", "unsupported", "Unsupported"}) {
+      const auto at = log.find(marker);
+      if (at != std::string::npos && refused != nullptr) {
+        const auto begin = log.rfind('\n', at), end = log.find('\n', at);
+        *refused = log.substr(begin == std::string::npos ? 0 : begin + 1, end - begin);
+      }
+    }
+    if (refused == nullptr || refused->empty()) ADD_FAILURE() << cmd.str() << "\n" << log;
+  }
+  std::filesystem::remove_all(work);
+  return j;
+}
+
+class GpuTwoRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuTwoRanks, GlooWithCudaTensorsMatchesOneProcess) {
+  REQUIRE_CUDA();
+  const int stage = GetParam();
+  std::string refused;
+  const auto one = mingpt_on_gpu(1, 0, nullptr);
+  const auto two = mingpt_on_gpu(2, stage, &refused);
+  if (!refused.empty()) GTEST_SKIP() << "c10d's Gloo refused a collective of stage " << stage << " on CUDA tensors: " << refused;
+  ASSERT_FALSE(one.empty());
+  ASSERT_FALSE(two.empty());
+  EXPECT_EQ(two["world_size"].get<int>(), 2);
+  EXPECT_EQ(two["device"].get<std::string>(), "cuda:0");
+  EXPECT_LT(rel(two["param_l2"].get<double>(), one["param_l2"].get<double>()), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, GpuTwoRanks, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+}  // namespace
