@@ -17,10 +17,10 @@
 
 #include "bench.h"
 #include "zero/offload/aio.h"
-#include "zero/runtime/error.h"
-#include "zero/runtime/memory_ledger.h"
-#include "zero/runtime/progress.h"
-#include "zero/runtime/text.h"
+#include "zero/core/error.h"
+#include "zero/core/memory_ledger.h"
+#include "zero/core/progress.h"
+#include "zero/core/text.h"
 
 namespace zero::tools {
 namespace {

@@ -13,8 +13,9 @@
 
 #include "bench.h"
 #include "model.h"
+#include "zero/core/ledger_alloc.h"
 #include "zero/checkpointing/checkpoint.h"
-#include "zero/runtime/memory_ledger.h"
+#include "zero/core/memory_ledger.h"
 
 namespace zero::tools {
 

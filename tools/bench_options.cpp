@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "bench.h"
-#include "zero/runtime/text.h"
+#include "zero/core/text.h"
 
 namespace zero::tools {
 

@@ -57,8 +57,8 @@
 #include <utility>
 #include <vector>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/text.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
 
 extern char** environ;
 

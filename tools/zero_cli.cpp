@@ -10,8 +10,8 @@
 #include "bench.h"
 #include "launch.h"
 #include "zero/config/config.h"
-#include "zero/runtime/error.h"
-#include "zero/runtime/text.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
 
 namespace {
 

@@ -16,8 +16,9 @@
 
 #include "data.h"
 #include "model.h"
-#include "zero/runtime/progress.h"
-#include "zero/runtime/text.h"
+#include "zero/core/progress.h"
+#include "zero/core/text.h"
+#include "zero/runtime/engine_internal.h"
 #include "zero/zero.h"
 
 namespace {
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
-    if (auto* comm = engine.comm()) {
+    if (auto* comm = zero::detail::comm_of(engine)) {
       // On the collectives' device (NCCL takes CUDA tensors only).
       auto all_d = all.to(comm->device()), mine_d = mine.to(comm->device()), curve_d = curve.to(comm->device());
       comm->all_gather(all_d, mine_d).wait();

@@ -5,7 +5,7 @@
 #include <torch/nn/functional/linear.h>
 
 #include "zero/runtime/init.h"
-#include "zero/zero/layer.h"
+#include "zero/partition/layer.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/activation.h>

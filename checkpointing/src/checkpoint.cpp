@@ -10,8 +10,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/cuda.h>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/log.h"
+#include "zero/core/error.h"
+#include "zero/core/comm.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/core/log.h"
+#include "zero/core/streams.h"
 
 namespace zero::checkpointing {
 namespace {
@@ -29,7 +32,7 @@ struct KeptInput {
   at::Device device = at::kCPU;
   int64_t numel = 0;
   bool requires_grad = false;
-  MemoryLedger::Reservation reservation;  // kAsIs: the input's own bytes
+  LedgerReservation reservation;  // kAsIs: the input's own bytes
   StreamEvent copied;                     // the end of the copy into `kept` (a host copy)
 };
 
@@ -83,7 +86,7 @@ struct Checkpointer::Impl {
         // Sized from the first checkpoint: every checkpoint of a stack of
         // identical blocks keeps the same bytes.
         slot_numel = numel;
-        slots = ledger ? ledger->empty(n * numel, dtype, device, tier, Kind::kActivations,
+        slots = ledger ? LedgerAlloc::empty(*ledger, n * numel, dtype, device, tier, Kind::kActivations,
                                        "contiguous activation checkpoint buffer")
                        : at::empty({n * numel}, at::TensorOptions().dtype(dtype).device(device));
       }
@@ -100,7 +103,7 @@ struct Checkpointer::Impl {
       }
       return slots.narrow(0, (next_slot++) * slot_numel, numel);
     }
-    if (ledger) return ledger->empty(numel, dtype, device, tier, Kind::kActivations, what);
+    if (ledger) return LedgerAlloc::empty(*ledger, numel, dtype, device, tier, Kind::kActivations, what);
     return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   }
 
@@ -138,7 +141,7 @@ struct Checkpointer::Impl {
     } else {
       k.kept = input.detach();
       if (ledger && k.kept.is_floating_point())
-        k.reservation = ledger->reserve(Tier::kDevice, Kind::kActivations, k.kept.nbytes(), "activation checkpoint");
+        k.reservation = LedgerAlloc::reserve(*ledger, Tier::kDevice, Kind::kActivations, k.kept.nbytes(), "activation checkpoint");
     }
     return k;
   }

@@ -10,7 +10,7 @@
 
 #include "json_text.h"
 #include "sections.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::config {
 namespace {

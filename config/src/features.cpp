@@ -1,7 +1,7 @@
 // DeepSpeed features zero does not implement, in one table, and the list of
 // DeepSpeed's top-level keys (for typo warnings).
 #include "sections.h"
-#include "zero/runtime/text.h"
+#include "zero/core/text.h"
 
 namespace zero::config::detail {
 namespace {

@@ -5,7 +5,7 @@
 #include <set>
 #include <string_view>
 
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::config::detail {
 namespace {

@@ -1,6 +1,6 @@
 #include "reader.h"
 
-#include "zero/runtime/text.h"
+#include "zero/core/text.h"
 
 #include <algorithm>
 #include <charconv>

@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/log.h"
+#include "zero/core/error.h"
+#include "zero/core/log.h"
 
 namespace zero::offload {
 namespace {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <random>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/text.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
 
 namespace zero::offload {
 namespace {

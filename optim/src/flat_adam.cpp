@@ -8,7 +8,7 @@
 
 #include "adam_kernel.h"
 #include "zero/optim/flat_optimizer.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::optim {
 namespace {

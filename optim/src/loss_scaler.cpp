@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::optim {
 namespace {
@@ -68,7 +68,7 @@ void LossScaler::update(bool overflow) {
     if (delayed_shift_ == 1 || cur_hysteresis_ == 1) {
       // Thrown before any state changes, as DeepSpeed raises before updating.
       if (cur_scale_ == min_scale_) {
-        throw Error(ErrorKind::kConfig,
+        throw DivergedError(
                     "fp16 dynamic loss scaling: gradients overflowed again with the loss scale "
                     "already at fp16.min_loss_scale=" +
                         number(min_scale_) +

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/log.h"
+#include "zero/core/error.h"
+#include "zero/core/log.h"
 
 namespace zero::optim {
 namespace {

@@ -12,8 +12,8 @@
 #include "data.h"
 #include "model.h"
 #include "zero/checkpointing/checkpoint.h"
-#include "zero/runtime/comm.h"
-#include "zero/runtime/error.h"
+#include "zero/core/comm.h"
+#include "zero/core/error.h"
 
 namespace {
 

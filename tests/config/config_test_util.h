@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "zero/config/config.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::config::test {
 

@@ -9,7 +9,7 @@
 
 #include "config_test_util.h"
 #include "zero/config/config.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::config {
 namespace {

@@ -30,8 +30,8 @@
 
 #include "data.h"
 #include "model.h"
-#include "zero/runtime/comm.h"
-#include "zero/runtime/streams.h"
+#include "zero/core/comm.h"
+#include "zero/core/streams.h"
 #include "zero/zero.h"
 
 #define REQUIRE_CUDA()                                                                                 \

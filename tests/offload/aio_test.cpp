@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "zero/offload/aio.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace {
 

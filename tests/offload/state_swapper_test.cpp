@@ -15,11 +15,11 @@
 
 #include <ATen/ATen.h>
 
-#include "zero/runtime/error.h"
-#include "zero/runtime/streams.h"
-#include "zero/zero/flat_parameters.h"
-#include "zero/zero/param_swapper.h"
-#include "zero/zero/state_swapper.h"
+#include "zero/core/error.h"
+#include "zero/core/streams.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/partition/param_swapper.h"
+#include "zero/partition/state_swapper.h"
 
 namespace {
 

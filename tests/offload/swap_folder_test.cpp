@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zero/offload/swap_folder.h"
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace {
 

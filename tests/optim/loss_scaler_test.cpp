@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::optim {
 namespace {
@@ -98,8 +98,8 @@ TEST(DynamicLossScaler, InitialScaleIsTwoToThePower) {
 std::string overflow_at_min_message(LossScaler& s) {
   try {
     s.update(true);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+  } catch (const DivergedError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kDiverged);
     return e.what();
   }
   return "";

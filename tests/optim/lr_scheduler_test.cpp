@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/error.h"
+#include "zero/core/error.h"
 
 namespace zero::optim {
 namespace {

@@ -461,8 +461,8 @@ TEST(Engine, PlainLossBackwardIsRefusedAtStep) {
   loss_of(model, task->train_batch({0, 1})).backward();  // not engine.backward
   try {
     engine.step();
-    FAIL() << "expected an error";
-  } catch (const zero::Error& e) {
+    FAIL() << "expected a UsageError";
+  } catch (const zero::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("engine.backward(loss)"), std::string::npos) << e.what();
   }
   EXPECT_EQ(max_abs_diff(before, flat_params(model)), 0.0);
@@ -475,8 +475,8 @@ TEST(Engine, NonScalarLossIsRefusedWithItsShape) {
   auto logits = model->forward(task->train_batch({0, 1}).x);
   try {
     engine.backward(logits);
-    FAIL() << "expected an error";
-  } catch (const zero::Error& e) {
+    FAIL() << "expected a UsageError";
+  } catch (const zero::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("scalar"), std::string::npos) << e.what();
   }
 }
@@ -493,8 +493,8 @@ TEST(Engine, Stage3LayerOutsideTheModelIsNamed) {
   opts.layers.push_back(torch::nn::Linear(4, 4).ptr());
   try {
     zero::initialize(model.ptr(), config_json(R"(, "zero_optimization": {"stage": 3})", 4, 1, 0.0), opts);
-    FAIL() << "expected an error";
-  } catch (const zero::Error& e) {
+    FAIL() << "expected a ConfigError";
+  } catch (const zero::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("InitOptions::layers[0]: expected a submodule of the model"),
               std::string::npos)
         << e.what();

@@ -38,9 +38,12 @@
 #include <ATen/core/Tensor.h>
 
 #include "zero/config/config.h"
-#include "zero/runtime/comm.h"
-#include "zero/runtime/memory_ledger.h"
-#include "zero/runtime/streams.h"
+#include "zero/core/copy_mode.h"
+#include "zero/core/memory_ledger.h"
+
+namespace zero {
+class Comm;  // zero/core/comm.h (internal)
+}  // namespace zero
 
 namespace zero::checkpointing {
 

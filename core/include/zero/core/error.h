@@ -1,0 +1,104 @@
+// Error types thrown by every part of zero.
+//
+// LibTorch reports failures by throwing, and so does zero. One base class,
+// zero::Error, with a kind per failure domain so callers can catch broadly or
+// narrowly. Every message a user can trigger names the thing (config key, file,
+// collective) and what was expected; see STYLE.md "Errors".
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+enum class ErrorKind { kConfig, kUsage, kIo, kOutOfMemory, kCommunication, kDiverged, kUnsupported, kInternal };
+
+/// Base of all zero exceptions. what() is the full, user-facing message.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+/// A DeepSpeed config that cannot be used. Holds every problem found in the
+/// file (one line each, "file: json.path: expected ...; got ..."), so a user
+/// fixes them all in one pass; what() joins them.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(std::vector<std::string> problems);
+  const std::vector<std::string>& problems() const noexcept { return problems_; }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+/// The program used the API in a way it cannot work: a loss that is not a
+/// scalar, gradients made by a plain loss.backward(), a layer that another
+/// engine holds. The message says what to call instead.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(ErrorKind::kUsage, message) {}
+};
+
+/// Training cannot go on: fp16's dynamic loss scale is at its minimum and the
+/// gradients still overflow. The message names the scale and the keys that help.
+class DivergedError : public Error {
+ public:
+  explicit DivergedError(const std::string& message) : Error(ErrorKind::kDiverged, message) {}
+};
+
+/// A failed file or device operation: message names operation, path, offset,
+/// byte count and strerror(errno).
+class IoError : public Error {
+ public:
+  explicit IoError(const std::string& message) : Error(ErrorKind::kIo, message) {}
+};
+
+/// An allocation that would exceed a tier's limit: message names what was
+/// needed, what is in use, the limit, and the config key that would help.
+class OutOfMemoryError : public Error {
+ public:
+  explicit OutOfMemoryError(const std::string& message)
+      : Error(ErrorKind::kOutOfMemory, message) {}
+};
+
+/// A collective or rendezvous that failed or timed out; names the operation
+/// and the rank.
+class CommunicationError : public Error {
+ public:
+  explicit CommunicationError(const std::string& message)
+      : Error(ErrorKind::kCommunication, message) {}
+};
+
+/// A DeepSpeed feature this runtime does not implement, used where ignoring it
+/// would change training.
+class UnsupportedError : public Error {
+ public:
+  explicit UnsupportedError(const std::string& message)
+      : Error(ErrorKind::kUnsupported, message) {}
+};
+
+/// A broken invariant inside zero (a bug, not a user error). Thrown by
+/// ZERO_CHECK with file and line.
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& message) : Error(ErrorKind::kInternal, message) {}
+};
+
+namespace detail {
+[[noreturn]] void throw_internal(const char* file, int line, const char* condition,
+                                 const std::string& message);
+}  // namespace detail
+
+}  // namespace zero
+
+/// Always-on invariant check (also in release builds). Never use it on user
+/// input or on a system call's result: those get their own error kinds.
+#define ZERO_CHECK(cond, msg)                                                 \
+  do {                                                                        \
+    if (!(cond)) ::zero::detail::throw_internal(__FILE__, __LINE__, #cond, (msg)); \
+  } while (0)

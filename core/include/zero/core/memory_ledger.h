@@ -1,0 +1,64 @@
+// The memory ledger: every buffer the engine allocates, by tier and kind,
+// with current and peak bytes, and optional per-tier limits. This is its
+// read side and its limits; the engine allocates through it with LedgerAlloc
+// (NOTE [memory ledger], zero/core/ledger_alloc.h, internal). All methods are
+// thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+
+namespace zero {
+
+enum class Tier { kDevice = 0, kPinnedHost, kHost, kNvme };
+enum class Kind { kParameters = 0, kGradients, kOptimizerStates, kActivations, kCommBuffers };
+inline constexpr int kNumTiers = 4;
+inline constexpr int kNumKinds = 5;
+
+const char* to_string(Tier tier);  // "device", "pinned_host", "host", "nvme"
+const char* to_string(Kind kind);  // "parameters", "gradients", ...
+
+struct LedgerCounter {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+class MemoryLedger {
+ public:
+  MemoryLedger();
+  ~MemoryLedger();
+  MemoryLedger(const MemoryLedger&) = delete;
+  MemoryLedger& operator=(const MemoryLedger&) = delete;
+
+  /// Caps a tier at `nbytes` (<= 0 removes the cap): an allocation that would
+  /// pass it throws zero::OutOfMemoryError naming what was needed, what is in
+  /// use, the limit and `config_key` (the setting that would help).
+  void set_limit(Tier tier, int64_t nbytes, const std::string& config_key = "");
+
+  LedgerCounter get(Tier tier, Kind kind) const;
+  /// Tier totals: current sum over kinds, and the peak of that sum.
+  LedgerCounter get(Tier tier) const;
+  /// Sum over tiers of the current bytes of one kind.
+  int64_t current_bytes(Kind kind) const;
+
+  /// Starts new peaks from the current values.
+  void reset_peaks();
+
+  /// The end-of-run table: one row per tier and kind with current and peak,
+  /// plus the measured process peak of CPU tensor memory when the counting
+  /// allocator is installed.
+  std::string summary() const;
+
+  struct Shared;  // the counters, shared with the buffers counted (opaque)
+
+ private:
+  friend class LedgerAlloc;
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace zero

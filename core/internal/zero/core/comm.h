@@ -1,0 +1,115 @@
+// The collectives zero uses, over c10d: a TCPStore for rendezvous, and
+// ProcessGroupGloo for CPU tensors or ProcessGroupNCCL for CUDA tensors. The
+// rest of the code uses only this interface; nothing here is hand-written
+// communication.
+//
+// Every operation is asynchronous and returns a CommWork; wait() on it
+// rethrows a failure (a peer that died, a timeout) as zero::CommunicationError
+// naming the collective, the tensor size, this rank and the timeout. Calls
+// must be made in the same order on every rank (collectives match by order).
+// A Comm is used from one thread at a time; its works may complete on
+// background threads.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/core/dist_env.h"
+
+namespace c10d {
+class Backend;
+class Store;
+class Work;
+}  // namespace c10d
+
+namespace zero {
+
+/// A collective in flight. Move-only; destroying an unwaited work waits for it
+/// (errors are then logged, not thrown).
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
+           std::chrono::milliseconds timeout);
+  CommWork(CommWork&&) noexcept;
+  CommWork& operator=(CommWork&&) noexcept;
+  ~CommWork();
+
+  /// Blocks until done; throws zero::CommunicationError on failure or timeout.
+  void wait();
+  bool pending() const { return static_cast<bool>(work_); }
+  /// Gives up on the collective without waiting (after an error that makes
+  /// it meaningless): it is never waited for, also not on destruction.
+  void abandon();
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+  int rank_ = 0;
+  std::chrono::milliseconds timeout_{0};
+};
+
+class Comm {
+ public:
+  /// Joins the job described by `env`: TCPStore at master_addr:master_port
+  /// (rank 0 serves it), then the backend for `device` (Gloo for CPU, NCCL for
+  /// CUDA). Throws zero::CommunicationError when the rendezvous fails or times out.
+  static std::unique_ptr<Comm> connect(const DistEnv& env, at::Device device);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  /// The device whose tensors the data collectives take (connect's).
+  at::Device device() const { return device_; }
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  const DistEnv& env() const { return env_; }
+
+  /// In-place sum over ranks.
+  CommWork all_reduce_sum(at::Tensor& tensor);
+  /// In-place max over ranks.
+  CommWork all_reduce_max(at::Tensor& tensor);
+  /// input: world_size * output.numel() elements; rank r receives the sum of
+  /// every rank's r-th chunk in `output`.
+  CommWork reduce_scatter_sum(at::Tensor& output, const at::Tensor& input);
+  /// output: world_size * input.numel() elements, rank r's input at chunk r.
+  CommWork all_gather(at::Tensor& output, const at::Tensor& input);
+  CommWork broadcast(at::Tensor& tensor, int root);
+  void barrier();
+  /// Every rank's `value`, by rank, through a separate small-message group
+  /// that data collectives in flight do not delay. Blocking. `what` names the
+  /// exchange in timeout errors.
+  std::vector<int64_t> exchange(int64_t value, const std::string& what);
+  /// The same, started now and finished later; exchanges pair up in the order
+  /// they are started.
+  struct Exchange {
+    CommWork work;
+    at::Tensor out;
+  };
+  Exchange start_exchange(int64_t value, const std::string& what);
+  std::vector<int64_t> finish(Exchange& exchange);
+
+  /// Fails on every rank, with a message naming `what` and the ranks that
+  /// differ, unless all ranks pass the same `value` (compared through the store).
+  void check_same(const std::string& what, const std::string& value);
+
+ private:
+  Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+       at::Device device);
+  CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
+  static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const DistEnv& env, bool loopback);
+
+  DistEnv env_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  c10::intrusive_ptr<c10d::Backend> control_;  // made by exchange()
+  int64_t check_counter_ = 0;
+  at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
+};
+
+}  // namespace zero

@@ -1,0 +1,273 @@
+#include "zero/core/memory_ledger.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/core/text.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include "zero/core/error.h"
+#include "zero/core/log.h"
+
+namespace zero {
+
+const char* to_string(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kPinnedHost: return "pinned_host";
+    case Tier::kHost: return "host";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* to_string(Kind kind) {
+  switch (kind) {
+    case Kind::kParameters: return "parameters";
+    case Kind::kGradients: return "gradients";
+    case Kind::kOptimizerStates: return "optimizer_states";
+    case Kind::kActivations: return "activations";
+    case Kind::kCommBuffers: return "comm_buffers";
+  }
+  return "?";
+}
+
+
+struct MemoryLedger::Shared {
+  mutable std::mutex mu;
+  std::array<std::array<LedgerCounter, kNumKinds>, kNumTiers> cells{};
+  std::array<LedgerCounter, kNumTiers> tiers{};
+  std::array<int64_t, kNumTiers> limits{};
+  std::array<std::string, kNumTiers> limit_keys;
+
+  void add(Tier t, Kind k, int64_t n, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto& tier = tiers[static_cast<int>(t)];
+    int64_t limit = limits[static_cast<int>(t)];
+    if (limit > 0 && tier.current_bytes + n > limit) {
+      std::ostringstream m;
+      m << "out of memory on the " << to_string(t) << " tier: " << what << " needs "
+        << format_bytes(n) << ", " << format_bytes(tier.current_bytes) << " already in use, limit "
+        << format_bytes(limit);
+      const auto& key = limit_keys[static_cast<int>(t)];
+      if (!key.empty()) m << " (set by " << key << ")";
+      throw OutOfMemoryError(m.str());
+    }
+    auto& cell = cells[static_cast<int>(t)][static_cast<int>(k)];
+    cell.current_bytes += n;
+    cell.peak_bytes = std::max(cell.peak_bytes, cell.current_bytes);
+    tier.current_bytes += n;
+    tier.peak_bytes = std::max(tier.peak_bytes, tier.current_bytes);
+  }
+  void sub(Tier t, Kind k, int64_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    cells[static_cast<int>(t)][static_cast<int>(k)].current_bytes -= n;
+    tiers[static_cast<int>(t)].current_bytes -= n;
+  }
+};
+
+MemoryLedger::MemoryLedger() : shared_(std::make_shared<Shared>()) {}
+MemoryLedger::~MemoryLedger() = default;
+
+at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarType dtype, at::Device device, Tier tier,
+                               Kind kind, const std::string& what) {
+  ZERO_CHECK(numel >= 0, what);
+  const int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  ledger.shared_->add(tier, kind, nbytes, what);
+  at::Tensor raw;
+  try {
+    auto options = at::TensorOptions().dtype(dtype).device(device);
+    // The pinned tier is page-locked host memory where CUDA can pin it; on a
+    // machine without CUDA it is ordinary host memory, counted as pinned_host.
+    if (tier == Tier::kPinnedHost && device.is_cpu() && at::globalContext().hasCUDA())
+      options = options.pinned_memory(true);
+    raw = at::empty({numel}, options);
+  } catch (...) {
+    ledger.shared_->sub(tier, kind, nbytes);
+    throw;
+  }
+  // The returned tensor shares raw's memory; its deleter keeps raw alive and
+  // takes the bytes off the ledger when the last user lets go.
+  auto state = ledger.shared_;
+  void* data = raw.data_ptr();
+  return at::from_blob(
+      data, {numel},
+      [raw, state, tier, kind, nbytes](void*) mutable {
+        state->sub(tier, kind, nbytes);
+        raw.reset();
+      },
+      raw.options());
+}
+
+at::Tensor LedgerAlloc::host_empty(MemoryLedger& ledger, int64_t numel, at::ScalarType dtype, bool pin, Kind kind, const std::string& what) {
+  if (pin) {
+    try {
+      return empty(ledger, numel, dtype, at::kCPU, Tier::kPinnedHost, kind, what);
+    } catch (const OutOfMemoryError& e) {
+      log::warning_once("offload.pinned", std::string(e.what()) +
+                                              "; using pageable host memory for the rest (slower copies)");
+    }
+  }
+  return empty(ledger, numel, dtype, at::kCPU, Tier::kHost, kind, what);
+}
+
+LedgerReservation::LedgerReservation(LedgerReservation&& o) noexcept { *this = std::move(o); }
+LedgerReservation& LedgerReservation::operator=(LedgerReservation&& o) noexcept {
+  if (this != &o) {
+    if (state_) state_->sub(tier_, kind_, nbytes_);
+    state_ = std::move(o.state_);
+    tier_ = o.tier_;
+    kind_ = o.kind_;
+    nbytes_ = o.nbytes_;
+    o.nbytes_ = 0;
+  }
+  return *this;
+}
+LedgerReservation::~LedgerReservation() {
+  if (state_) state_->sub(tier_, kind_, nbytes_);
+}
+
+LedgerReservation LedgerAlloc::reserve(MemoryLedger& ledger, Tier tier, Kind kind, int64_t nbytes,
+                                       const std::string& what) {
+  ledger.shared_->add(tier, kind, nbytes, what);
+  LedgerReservation r;
+  r.state_ = ledger.shared_;
+  r.tier_ = tier;
+  r.kind_ = kind;
+  r.nbytes_ = nbytes;
+  return r;
+}
+
+void MemoryLedger::set_limit(Tier tier, int64_t nbytes, const std::string& config_key) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->limits[static_cast<int>(tier)] = nbytes > 0 ? nbytes : 0;
+  shared_->limit_keys[static_cast<int>(tier)] = config_key;
+}
+
+LedgerCounter MemoryLedger::get(Tier tier, Kind kind) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->cells[static_cast<int>(tier)][static_cast<int>(kind)];
+}
+
+LedgerCounter MemoryLedger::get(Tier tier) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->tiers[static_cast<int>(tier)];
+}
+
+int64_t MemoryLedger::current_bytes(Kind kind) const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  int64_t sum = 0;
+  for (int t = 0; t < kNumTiers; ++t) sum += shared_->cells[t][static_cast<int>(kind)].current_bytes;
+  return sum;
+}
+
+void MemoryLedger::reset_peaks() {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (auto& row : shared_->cells)
+    for (auto& c : row) c.peak_bytes = c.current_bytes;
+  for (auto& t : shared_->tiers) t.peak_bytes = t.current_bytes;
+}
+
+std::string MemoryLedger::summary() const {
+  std::ostringstream out;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", "tier", "kind", "current", "peak");
+  out << line;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  for (int t = 0; t < kNumTiers; ++t) {
+    for (int k = 0; k < kNumKinds; ++k) {
+      const auto& c = shared_->cells[t][k];
+      if (c.peak_bytes == 0) continue;
+      std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", to_string(static_cast<Tier>(t)),
+                    to_string(static_cast<Kind>(k)), format_bytes(c.current_bytes).c_str(),
+                    format_bytes(c.peak_bytes).c_str());
+      out << line;
+    }
+    const auto& tt = shared_->tiers[t];
+    std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", to_string(static_cast<Tier>(t)),
+                  "(tier total)", format_bytes(tt.current_bytes).c_str(),
+                  format_bytes(tt.peak_bytes).c_str());
+    out << line;
+  }
+  auto cpu = cpu_allocator_stats();
+  if (cpu.installed) {
+    std::snprintf(line, sizeof line, "%-12s %-17s %12s %12s\n", "cpu", "(all tensors)",
+                  format_bytes(cpu.current_bytes).c_str(), format_bytes(cpu.peak_bytes).c_str());
+    out << line;
+  }
+  return out.str();
+}
+
+// ---------------------------------------------------------------------------
+// Counting CPU allocator.
+
+namespace {
+
+std::atomic<int64_t> g_cpu_current{0};
+std::atomic<int64_t> g_cpu_peak{0};
+std::atomic<int64_t> g_cpu_allocs{0};
+std::atomic<bool> g_installed{false};
+
+// Each allocation carries a header of kHeader bytes before the data, holding
+// its size, so the data pointer can be its own context (LibTorch's
+// raw_allocate requires that of CPU allocations) and the free knows how many
+// bytes to take off. kHeader keeps the data 64-byte aligned, as c10's own.
+constexpr size_t kHeader = 64;
+
+void update_peak(int64_t now) {
+  int64_t peak = g_cpu_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void counted_free(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  int64_t nbytes = 0;
+  std::memcpy(&nbytes, base, sizeof nbytes);
+  g_cpu_current.fetch_sub(nbytes, std::memory_order_relaxed);
+  c10::free_cpu(base);
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    char* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+    const auto n = static_cast<int64_t>(nbytes);
+    std::memcpy(base, &n, sizeof n);
+    void* data = base + kHeader;
+    update_peak(g_cpu_current.fetch_add(n, std::memory_order_relaxed) + n);
+    g_cpu_allocs.fetch_add(1, std::memory_order_relaxed);
+    return {data, data, &counted_free, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+}  // namespace
+
+void install_counting_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Leaked on purpose: tensors may be freed during static destruction.
+    static auto* alloc = new CountingCpuAllocator();
+    c10::SetCPUAllocator(alloc, /*priority=*/100);
+    g_installed = true;
+  });
+}
+
+CpuAllocatorStats cpu_allocator_stats() {
+  return {g_installed.load(), g_cpu_current.load(), g_cpu_peak.load(), g_cpu_allocs.load()};
+}
+
+void reset_cpu_allocator_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+
+}  // namespace zero

@@ -1,0 +1,296 @@
+// NOTE [device streams] (zero/core/streams.h).
+#include "zero/core/streams.h"
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "zero/core/error.h"
+
+namespace zero {
+namespace {
+
+// kDeferred's copies: held until their event is waited for, in issue order.
+struct DeferredQueue {
+  struct Pending {
+    at::Tensor dst, src;
+    bool host_source = false;
+    uint64_t seq = 0;
+  };
+  struct Unconfirmed {  // a host source copied, its event not yet synchronized
+    at::Tensor src, snapshot;
+    uint64_t seq = 0;
+  };
+  std::mutex mu;
+  std::deque<Pending> pending;
+  std::deque<Unconfirmed> unconfirmed;
+  uint64_t issued = 0;     // seq of the last copy issued
+  uint64_t performed = 0;  // copies up to this seq are done
+  uint64_t confirmed = 0;  // ... and the host has waited for them
+
+  uint64_t push(const at::Tensor& dst, const at::Tensor& src, bool host_source) {
+    std::lock_guard<std::mutex> lock(mu);
+    verify_locked();
+    // Aliases: a caller that later points its tensor elsewhere (set_) does not
+    // change what this copy reads or writes.
+    pending.push_back({dst.detach(), src.detach(), host_source, ++issued});
+    return issued;
+  }
+  void perform_locked(uint64_t upto) {
+    at::NoGradGuard no_grad;
+    while (!pending.empty() && pending.front().seq <= upto) {
+      auto p = std::move(pending.front());
+      pending.pop_front();
+      p.dst.copy_(p.src);
+      if (p.host_source) unconfirmed.push_back({p.src, p.src.clone(), p.seq});
+      performed = p.seq;
+    }
+  }
+  // A host source that changed before the host waited for its copy.
+  void verify_locked() {
+    for (const auto& u : unconfirmed) {
+      if (!at::equal(u.src, u.snapshot)) {
+        const uint64_t seq = u.seq;
+        unconfirmed.clear();
+        throw InternalError("copy #" + std::to_string(seq) + " (CopyMode::kDeferred): its host source of " +
+                            std::to_string(u.src.numel()) +
+                            " elements was written before the host synchronize()d the copy's event; on a GPU "
+                            "that overwrites a buffer an asynchronous copy may still be reading "
+                            "(NOTE [device streams])");
+      }
+    }
+  }
+  void block(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu);
+    verify_locked();
+    perform_locked(seq);
+  }
+  void synchronize(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu);
+    verify_locked();
+    perform_locked(seq);
+    while (!unconfirmed.empty() && unconfirmed.front().seq <= seq) unconfirmed.pop_front();
+    confirmed = std::max(confirmed, seq);
+  }
+  bool done(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mu);
+    return confirmed >= seq;
+  }
+};
+
+}  // namespace
+
+struct StreamEvent::State {
+  std::optional<at::cuda::CUDAEvent> cuda;  // recorded on a CopyStream
+  c10::DeviceIndex device = 0;
+  std::shared_ptr<DeferredQueue> queue;  // kDeferred
+  uint64_t seq = 0;
+};
+
+void StreamEvent::synchronize() const {
+  if (!state_) return;
+  if (state_->cuda) state_->cuda->synchronize();
+  else if (state_->queue) state_->queue->synchronize(state_->seq);
+}
+
+void StreamEvent::block_current() const {
+  if (!state_) return;
+  if (state_->cuda) state_->cuda->block(c10::cuda::getCurrentCUDAStream(state_->device));
+  else if (state_->queue) state_->queue->block(state_->seq);
+}
+
+bool StreamEvent::query() const {
+  if (!state_) return true;
+  if (state_->cuda) return state_->cuda->query();
+  if (state_->queue) return state_->queue->done(state_->seq);
+  return true;
+}
+
+struct CopyStream::Impl {
+  std::optional<c10::cuda::CUDAStream> stream;  // CUDA
+  std::shared_ptr<DeferredQueue> queue;          // CPU, kDeferred
+  // CUDA: the tensors of copies in flight, kept until their end. recordStream
+  // alone would not do: it skips memory the caching allocator did not hand
+  // out itself, such as the memory ledger's tensors (which wrap it).
+  std::deque<std::pair<StreamEvent, std::pair<at::Tensor, at::Tensor>>> in_flight;
+
+  void prune() {
+    while (!in_flight.empty() && in_flight.front().first.query()) in_flight.pop_front();
+  }
+
+  // The side stream waits for what the current stream has queued so far
+  // (unless it is the current stream: inside run()).
+  void follow_current(c10::DeviceIndex device) {
+    auto current = c10::cuda::getCurrentCUDAStream(device);
+    if (current == *stream) return;
+    at::cuda::CUDAEvent ready;
+    ready.record(current);
+    ready.block(*stream);
+  }
+  StreamEvent record_end(c10::DeviceIndex device) {
+    auto st = std::make_shared<StreamEvent::State>();
+    st->cuda.emplace();
+    st->cuda->record(*stream);
+    st->device = device;
+    return StreamEvent(std::move(st));
+  }
+};
+
+CopyStream::CopyStream(at::Device device, CopyMode cpu_mode) : device_(device), impl_(std::make_unique<Impl>()) {
+  if (device.is_cuda()) {
+    const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+    device_ = at::Device(at::kCUDA, index);
+    impl_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  } else if (cpu_mode == CopyMode::kDeferred) {
+    impl_->queue = std::make_shared<DeferredQueue>();
+  }
+}
+
+CopyStream::~CopyStream() {
+  if (!impl_) return;
+  if (impl_->stream) {
+    try {
+      impl_->stream->synchronize();  // the copies in flight end before their tensors go
+    } catch (const std::exception&) {
+    }
+  }
+  if (impl_->queue) {
+    std::lock_guard<std::mutex> lock(impl_->queue->mu);
+    impl_->queue->perform_locked(impl_->queue->issued);
+  }
+}
+CopyStream::CopyStream(CopyStream&&) noexcept = default;
+CopyStream& CopyStream::operator=(CopyStream&&) noexcept = default;
+
+void CopyStream::record(const at::Tensor& t) const {
+  if (!impl_->stream || !t.defined() || !t.is_cuda() || !t.has_storage()) return;
+  c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *impl_->stream);
+}
+
+void CopyStream::record_on_current(const at::Tensor& t) const {
+  if (!impl_->stream || !t.defined() || !t.is_cuda() || !t.has_storage()) return;
+  c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
+                                                c10::cuda::getCurrentCUDAStream(device_.index()));
+}
+
+StreamEvent CopyStream::copy(const at::Tensor& dst, const at::Tensor& src, bool host_source) {
+  if (impl_->stream) {
+    const c10::DeviceIndex index = device_.index();
+    impl_->follow_current(index);
+    {
+      const c10::cuda::CUDAStreamGuard guard(*impl_->stream);
+      at::NoGradGuard no_grad;
+      dst.copy_(src, /*non_blocking=*/true);
+    }
+    record(dst);
+    record(src);
+    StreamEvent end = impl_->record_end(index);
+    impl_->prune();
+    impl_->in_flight.emplace_back(end, std::make_pair(dst.detach(), src.detach()));
+    return end;
+  }
+  if (impl_->queue) {
+    auto st = std::make_shared<StreamEvent::State>();
+    st->queue = impl_->queue;
+    st->seq = impl_->queue->push(dst, src, host_source);
+    return StreamEvent(std::move(st));
+  }
+  at::NoGradGuard no_grad;
+  dst.copy_(src);
+  return {};
+}
+
+StreamEvent CopyStream::run(const std::function<void()>& fn) {
+  if (impl_->stream) {
+    const c10::DeviceIndex index = device_.index();
+    impl_->follow_current(index);
+    {
+      const c10::cuda::CUDAStreamGuard guard(*impl_->stream);
+      fn();
+    }
+    return impl_->record_end(index);
+  }
+  fn();
+  if (impl_->queue) {  // the end of the copies fn issued here
+    auto st = std::make_shared<StreamEvent::State>();
+    st->queue = impl_->queue;
+    std::lock_guard<std::mutex> lock(impl_->queue->mu);
+    st->seq = impl_->queue->issued;
+    return StreamEvent(std::move(st));
+  }
+  return {};
+}
+
+struct WaitClock::Impl {
+  bool cuda = false;
+  c10::DeviceIndex device = 0;
+  double host_s = 0;
+  mutable double stall_s = 0;
+  // Events either side of a stream-side wait, read once the second is done.
+  mutable std::deque<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> pending;
+
+  void resolve(bool wait_all) const {
+    while (!pending.empty()) {
+      auto& [before, after] = pending.front();
+      if (!after.query()) {
+        if (!wait_all) return;
+        after.synchronize();
+      }
+      stall_s += static_cast<double>(before.elapsed_time(after)) / 1e3;
+      pending.pop_front();
+    }
+  }
+};
+
+WaitClock::WaitClock(at::Device device) : impl_(std::make_unique<Impl>()) {
+  impl_->cuda = device.is_cuda();
+  if (impl_->cuda) impl_->device = device.has_index() ? device.index() : c10::cuda::current_device();
+}
+WaitClock::~WaitClock() = default;
+WaitClock::WaitClock(WaitClock&&) noexcept = default;
+WaitClock& WaitClock::operator=(WaitClock&&) noexcept = default;
+
+void WaitClock::time(const std::function<void()>& wait) {
+  auto& s = *impl_;
+  std::optional<at::cuda::CUDAEvent> before;
+  if (s.cuda) {
+    before.emplace(cudaEventDefault);  // timing on
+    before->record(c10::cuda::getCurrentCUDAStream(s.device));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();
+  s.host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (s.cuda) {
+    at::cuda::CUDAEvent after(cudaEventDefault);
+    after.record(c10::cuda::getCurrentCUDAStream(s.device));
+    s.pending.emplace_back(std::move(*before), std::move(after));
+    // Bounded: past 256, wait for the oldest (long done, as a rule).
+    while (s.pending.size() > 256) {
+      auto& [b, a] = s.pending.front();
+      a.synchronize();
+      s.stall_s += static_cast<double>(b.elapsed_time(a)) / 1e3;
+      s.pending.pop_front();
+    }
+    s.resolve(/*wait_all=*/false);
+  }
+}
+
+double WaitClock::seconds() const {
+  impl_->resolve(/*wait_all=*/true);
+  return impl_->host_s + impl_->stall_s;
+}
+
+void WaitClock::reset() {
+  impl_->resolve(/*wait_all=*/true);
+  impl_->host_s = impl_->stall_s = 0;
+}
+
+}  // namespace zero

@@ -1,0 +1,205 @@
+// Stage 3's parameter coordinator: gathers each layer's parameters before it
+// runs (forward and backward) and releases them after, with prefetch.
+//
+// NOTE [stage-3 layers]
+// LibTorch modules have no forward hooks, so stage 3 works on layers: modules
+// whose forward runs through zero::layer_forward (zero/partition/layer.h); the
+// engine routes the entries of a Sequential there itself. Parameters are in
+// groups (NOTE [flat layout], one group per layer, NOTE [stage-3 storage]);
+// a layer needs its own group and the groups of any tied parameter it shares
+// with another layer. Group 0 holds the parameters outside every layer and
+// those under stage3_param_persistence_threshold: it is always gathered.
+//
+// Events: pre_forward / post_forward around the layer's forward; pre_backward
+// when the gradient reaches the layer's outputs (an identity autograd Function
+// on them) and post_backward when it has gone through to its inputs (the same
+// on its inputs). A layer whose inputs need no gradient (the first) is
+// released by end_backward().
+//
+// NOTE [stage-3 trace]
+// The events of one micro-step (forward then backward) form the trace. The
+// first micro-step records it; later ones follow it and, at each event, issue
+// the all-gathers of the next layers in the trace ahead of time while fewer
+// than stage3_prefetch_bucket_size elements are in flight (the last one may
+// pass it by up to a layer), never past
+// stage3_max_live_parameters gathered. After a layer runs, its groups stay
+// gathered when the trace uses them again within stage3_max_reuse_distance
+// elements of other gathers; otherwise they are released. An event that does
+// not match the trace invalidates it: no prefetch or reuse until the
+// micro-step ends, and that micro-step's events become the new trace. Every
+// decision depends on the events only, never on timing, so ranks that run the
+// same layers issue the same collectives in the same order. Each all-gather
+// is paired with an exchange of the group's id on a separate small-message
+// group (Comm::start_exchange), checked before the gathered values are used:
+// ranks whose gathers no longer pair up (they run different layers) fail
+// naming both layers, instead of using the wrong shards or hanging. The
+// check completes once the peers have issued the same gather, which a Gloo
+// gather needs anyway; with NCCL it adds a host-side wait per gather that the
+// gather itself would not (bounded by the prefetch window when prefetched).
+//
+// NOTE [stage-3 gather stream]
+// A gather runs on the coordinator's CopyStream (NOTE [device streams]),
+// after the work the compute stream has queued so far: with offload_param,
+// the shard goes host-to-device there (into the full tensor on one rank,
+// else into a device buffer the all-gather sends), and the all-gather is
+// launched with that stream current, so NCCL starts once the copy is done
+// and neither waits for compute queued later. Prefetched gathers thus run
+// beside the layers before them. Waiting for a gather makes the compute
+// stream wait for it (the host waits only where the backend blocks, Gloo),
+// and the time the training thread stands still there is measured on the
+// stream (WaitClock). The host memory a shard was copied out of (a
+// parameter swap buffer, or the offloaded partition) is written again only
+// after that copy has ended: the swapper gets the copy's event with
+// release(), and the optimizer step waits for it before writing a shard
+// (wait_shard_copies).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/core/comm.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/core/streams.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/partition/param_swapper.h"
+
+namespace zero::partition {
+
+struct Stage3Options {
+  int64_t prefetch_bucket_numel = 50000000;  // stage3_prefetch_bucket_size
+  int64_t max_live_numel = 1000000000;       // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1000000000;   // stage3_max_reuse_distance
+  /// offload_param: the shards live in host memory (or on disk); a gather
+  /// first copies the shard to the device (NOTE [stage-3 gather stream]).
+  bool shards_offloaded = false;
+  /// On the CPU: CopyMode::kDeferred makes the shard copies wait for their
+  /// events (tests, NOTE [device streams]).
+  CopyMode copy_mode = CopyMode::kImmediate;
+};
+
+/// One layer: a module whose forward runs through zero::layer_forward.
+struct Stage3Unit {
+  std::string name;            // its name in the model ("blocks.3")
+  const void* module = nullptr;  // the torch::nn::Module, as the registry key
+  std::vector<size_t> groups;  // groups its parameters live in (never group 0)
+};
+
+class Stage3Coordinator {
+ public:
+  /// Registers every unit's module (see find_layer). Gathers group 0.
+  /// `swapper` (may be null, else outlives this): offload_param nvme, NOTE
+  /// [parameter swapping]; shards on disk are read for their gathers.
+  Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units, Stage3Options options,
+                    at::Device device, Comm* comm, MemoryLedger& ledger, ParamSwapper* swapper = nullptr);
+  ~Stage3Coordinator();
+  Stage3Coordinator(const Stage3Coordinator&) = delete;
+  Stage3Coordinator& operator=(const Stage3Coordinator&) = delete;
+
+  void pre_forward(size_t unit);
+  void post_forward(size_t unit);
+  void pre_backward(size_t unit);
+  void post_backward(size_t unit);
+  /// After autograd's backward: releases every layer and closes the micro-step's trace.
+  void end_backward();
+  /// After an optimizer step changed the partitions: refreshes group 0.
+  void after_step();
+  /// Waits for one all-gather in flight (the swapper needs its buffer);
+  /// false when none is in flight.
+  bool finish_a_gather();
+  /// Gathers group g (on every rank), runs fn, and releases it unless in use.
+  void with_gathered(size_t g, const std::function<void()>& fn);
+  /// The host waits until no copy out of group g's shard (in host memory) is
+  /// in flight: the optimizer step is about to write it.
+  void wait_shard_copies(size_t g);
+
+  const std::vector<Stage3Unit>& units() const { return units_; }
+  /// Elements gathered now in layer groups (group 0 not counted), and the peak.
+  int64_t live_numel() const { return live_; }
+  int64_t peak_live_numel() const { return peak_live_; }
+  void reset_peak_live() { peak_live_ = live_; }
+  /// Seconds the training thread waited for all-gathers (and for shards
+  /// coming from disk), measured on the stream on a GPU (NOTE [stage-3 gather stream]).
+  double gather_wait_seconds() const { return clock_.seconds() + read_wait_s_; }
+  int64_t gathers() const { return gathers_; }
+  int64_t prefetched_gathers() const { return prefetched_; }
+  bool trace_valid() const { return trusted_; }
+  /// offload_param: the shards are in host memory (or on disk).
+  bool shards_offloaded() const { return options_.shards_offloaded; }
+
+ private:
+  enum class State { kReleased, kInFlight, kGathered };
+  struct Group {
+    State state = State::kReleased;
+    int users = 0;          // layers running now that need it
+    bool guarded = true;    // parameters rebound to empty tensors
+    bool prefetched = false;
+    bool launched = false;  // in flight: its collective started (else queued, NOTE [parameter swapping])
+    CommWork work;
+    Comm::Exchange check;  // the group ids all ranks gather with it
+    at::Tensor send;
+    StreamEvent done;        // the end of the gather's work on the gather stream
+    StreamEvent shard_copy;  // the end of the last copy out of the host shard
+    LedgerReservation bytes;
+  };
+  struct Event {
+    size_t unit;
+    bool backward;
+    bool operator==(const Event& o) const { return unit == o.unit && backward == o.backward; }
+  };
+
+  bool traced(const Event& e) const;
+  std::string describe(int64_t g) const;
+  void on_event(Event e);
+  void acquire(size_t unit, bool traced);
+  void issue(size_t g, bool prefetch);
+  void launch_queued(std::optional<size_t> until);
+  void launch(size_t g);
+  void wait(size_t g);
+  void finish(size_t g);
+  void bind(size_t g);
+  void guard(size_t g);
+  void release(size_t g);
+  void maybe_release(size_t g, bool traced);
+  void make_room(int64_t numel);
+  void prefetch();
+  void read_ahead();
+  /// Elements gathered by the trace after the cursor before group g is used
+  /// again; -1 when it is not.
+  int64_t next_use_distance(size_t g) const;
+  int64_t numel(size_t g) const { return params_.groups()[g].padded_numel; }
+
+  FlatParameters& params_;
+  std::vector<Stage3Unit> units_;
+  Stage3Options options_;
+  at::Device device_;
+  Comm* comm_;
+  MemoryLedger& ledger_;
+  ParamSwapper* swapper_;
+  int64_t world_size_ = 1;
+  std::vector<Group> groups_;
+  std::deque<size_t> unlaunched_;  // issued gathers not yet launched, in issue order
+  std::vector<Event> trace_, current_;
+  size_t cursor_ = 0;
+  bool trusted_ = false;
+  bool in_backward_ = false;
+  int64_t live_ = 0, peak_live_ = 0;
+  CopyStream stream_;      // NOTE [stage-3 gather stream]
+  WaitClock clock_;        // the compute stream's waits for gathers
+  double read_wait_s_ = 0;  // the host's waits for shards from disk
+  int64_t gathers_ = 0, prefetched_ = 0;
+};
+
+/// The coordinator and unit that handle `module`, if it is a stage-3 layer.
+struct LayerHandle {
+  Stage3Coordinator* coordinator = nullptr;
+  size_t unit = 0;
+};
+LayerHandle find_layer(const void* module);
+
+}  // namespace zero::partition

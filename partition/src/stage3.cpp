@@ -1,0 +1,421 @@
+#include "zero/core/ledger_alloc.h"
+#include "zero/partition/stage3.h"
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "zero/core/error.h"
+#include "zero/core/log.h"
+
+namespace zero::partition {
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const void*, LayerHandle>& registry() {
+  static std::unordered_map<const void*, LayerHandle> r;
+  return r;
+}
+
+}  // namespace
+
+LayerHandle find_layer(const void* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(module);
+  return it == registry().end() ? LayerHandle{} : it->second;
+}
+
+Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units,
+                                     Stage3Options options, at::Device device, Comm* comm, MemoryLedger& ledger,
+                                     ParamSwapper* swapper)
+    : params_(params),
+      units_(std::move(units)),
+      options_(options),
+      device_(device),
+      comm_(comm),
+      ledger_(ledger),
+      swapper_(swapper),
+      stream_(device, options.copy_mode),
+      clock_(device) {
+  ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
+  if (comm_ != nullptr) world_size_ = comm_->world_size();
+  groups_.resize(params_.groups().size());
+  issue(0, false);
+  wait(0);
+  {  // last: a constructor that throws leaves nothing registered
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (const auto& u : units_)
+      if (registry().count(u.module) > 0)
+        throw UsageError("stage 3: layer " + u.name +
+                                            " is already handled by another engine; one engine per model");
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
+      registry().emplace(units_[u].module, LayerHandle{this, u});
+    }
+  }
+}
+
+Stage3Coordinator::~Stage3Coordinator() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const auto& u : units_) {
+    auto it = registry().find(u.module);
+    if (it != registry().end() && it->second.coordinator == this) registry().erase(it);
+  }
+}
+
+// Issues group g's all-gather into its full tensor (NOTE [stage-3 storage]).
+// With a parameter swapper the gather is queued and its shard's read starts
+// now; queued gathers are launched in issue order when one of them is waited
+// for, or at the next layer event, whichever comes first, so a prefetched
+// shard has a layer's time to arrive. Launch points depend on the events
+// only, never on when a read finishes: every rank launches its collectives
+// in the same order (NOTE [parameter swapping]).
+void Stage3Coordinator::issue(size_t g, bool prefetch) {
+  auto& grp = groups_[g];
+  ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
+  const auto& info = params_.groups()[g];
+  const at::Tensor& full = params_.full(g);
+  const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
+  grp.bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters, nbytes,
+                              "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
+  set_storage_bytes(full, static_cast<size_t>(nbytes));
+  grp.state = State::kInFlight;
+  grp.launched = false;
+  grp.prefetched = prefetch;
+  if (g != 0) {
+    live_ += numel(g);
+    peak_live_ = std::max(peak_live_, live_);
+  }
+  ++gathers_;
+  if (prefetch) ++prefetched_;
+  if (swapper_ != nullptr) {
+    swapper_->start_read(g, /*may_wait=*/true);
+    swapper_->hold(g);  // a queued gather's shard is not dropped for another read
+  }
+  unlaunched_.push_back(g);
+  if (swapper_ == nullptr) launch_queued(g);  // nothing to read: at once, as ever
+}
+
+// Launches queued gathers in issue order, waiting for their shards: all of
+// them, or up to and including `until`.
+void Stage3Coordinator::launch_queued(std::optional<size_t> until) {
+  while (!unlaunched_.empty()) {
+    const size_t g = unlaunched_.front();
+    unlaunched_.pop_front();
+    launch(g);
+    if (until && *until == g) return;
+  }
+}
+
+// NOTE [stage-3 gather stream].
+void Stage3Coordinator::launch(size_t g) {
+  auto& grp = groups_[g];
+  const at::Tensor& full = params_.full(g);
+  // offload_param: the partition lives in host memory (or on disk, read by
+  // now); the copy to the device is part of the gather.
+  if (swapper_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    swapper_->wait_read(g);
+    read_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const at::Tensor& chunk = params_.part(g);
+  const bool from_host = options_.shards_offloaded || chunk.device() != device_;
+  if (world_size_ == 1 || comm_ == nullptr) {
+    grp.done = stream_.copy(full, chunk, /*host_source=*/from_host);  // the gather of one rank
+    if (from_host) grp.shard_copy = grp.done;
+  } else {
+    // Paired with an exchange of the group's id (NOTE [stage-3 trace]).
+    grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" +
+                                                                   describe(g) + ")");
+    grp.done = stream_.run([&] {
+      if (from_host) {
+        grp.send = at::empty({chunk.numel()}, full.options());
+        grp.shard_copy = stream_.copy(grp.send, chunk, /*host_source=*/true);
+        grp.shard_copy.block_current();  // on the CPU (kDeferred), the copy happens here
+      } else {
+        grp.send = chunk;
+      }
+      at::Tensor out = full;
+      grp.work = comm_->all_gather(out, grp.send);
+    });
+  }
+  grp.launched = true;
+}
+
+void Stage3Coordinator::wait(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state != State::kInFlight) return;
+  if (!grp.launched) launch_queued(g);
+  clock_.time([&] { finish(g); });
+  // The device buffer the all-gather sent from goes when the compute stream,
+  // which now waits for the all-gather, gets there (NOTE [device streams]).
+  if (grp.send.defined() && !grp.send.is_same(params_.part(g))) stream_.record_on_current(grp.send);
+  grp.send = at::Tensor();
+  // Sent: the shard's buffer is free once the copy out of it has ended.
+  if (swapper_ != nullptr) swapper_->release(g, grp.shard_copy);
+  if (swapper_ != nullptr && swapper_->on_disk(g)) grp.shard_copy = StreamEvent();
+  grp.state = State::kGathered;
+  bind(g);
+}
+
+// The host-side part of waiting for group g's gather: the id check, then the
+// collective (under NCCL this makes the current stream wait, not the host),
+// then the compute stream waits for the gather stream's part.
+void Stage3Coordinator::finish(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.check.work.pending()) {
+    const auto ids = comm_->finish(grp.check);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      if (ids[r] == static_cast<int64_t>(g)) continue;
+      // This rank's gathers no longer pair with the others': give them all up.
+      for (auto& other : groups_) {
+        other.work.abandon();
+        other.check.work.abandon();
+      }
+      throw Error(ErrorKind::kCommunication,
+                  "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
+                      describe(g) + " while rank " + std::to_string(r) + " gathers " + describe(ids[r]) +
+                      "; every rank must run the same layers in the same order (a branch that depends on each "
+                      "rank's data?)");
+    }
+  }
+  if (grp.work.pending()) grp.work.wait();
+  grp.done.block_current();
+  grp.done = StreamEvent();
+}
+
+std::string Stage3Coordinator::describe(int64_t g) const {
+  if (g < 0 || g >= static_cast<int64_t>(groups_.size())) return "an unknown layer";
+  if (g == 0) return "the always-gathered parameters";
+  return "layer " + params_.groups()[static_cast<size_t>(g)].name;
+}
+
+// Points every parameter of group g at its place in the gathered tensor.
+void Stage3Coordinator::bind(size_t g) {
+  const auto& info = params_.groups()[g];
+  const at::Tensor& full = params_.full(g);
+  const auto& slots = params_.slots();
+  for (size_t s : info.slots) {
+    const auto& slot = slots[s];
+    slot.param.set_data(full.narrow(0, slot.offset - info.begin, slot.numel).view(slot.shape));
+  }
+  groups_[g].guarded = false;
+}
+
+// Rebinds the parameters of a released group to empty tensors.
+void Stage3Coordinator::guard(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.guarded || grp.state != State::kReleased) return;
+  const auto& slots = params_.slots();
+  for (size_t s : params_.groups()[g].slots) slots[s].param.set_data(at::empty({0}, params_.full(g).options()));
+  grp.guarded = true;
+}
+
+void Stage3Coordinator::release(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state == State::kReleased) return;
+  if (grp.state == State::kInFlight) wait(g);  // the collective still writes into it
+  set_storage_bytes(params_.full(g), 0);
+  grp.bytes = LedgerReservation();
+  grp.state = State::kReleased;
+  if (g != 0) live_ -= numel(g);
+  // During backward, autograd still checks gradients against the parameters'
+  // shapes: keep them until end_backward.
+  if (!in_backward_) guard(g);
+}
+
+int64_t Stage3Coordinator::next_use_distance(size_t g) const {
+  int64_t dist = 0;
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    const auto& gs = units_[trace_[i].unit].groups;
+    if (std::find(gs.begin(), gs.end(), g) != gs.end()) return dist;
+    for (size_t h : gs) dist += numel(h);
+  }
+  return -1;
+}
+
+void Stage3Coordinator::maybe_release(size_t g, bool traced) {
+  const auto& grp = groups_[g];
+  if (g == 0 || grp.users > 0 || grp.state == State::kReleased) return;
+  if (trusted_ && traced) {
+    const int64_t d = next_use_distance(g);
+    if (d >= 0 && d <= options_.max_reuse_distance) return;  // used again soon: keep
+  }
+  release(g);
+}
+
+// Frees gathered groups that no running layer needs, the furthest next use
+// first, until `numel` more elements fit under max_live_parameters.
+void Stage3Coordinator::make_room(int64_t n) {
+  while (live_ + n > options_.max_live_numel) {
+    size_t victim = 0;
+    int64_t furthest = -2;
+    for (size_t g = 1; g < groups_.size(); ++g) {
+      if (groups_[g].state != State::kGathered || groups_[g].users > 0) continue;
+      int64_t d = trusted_ ? next_use_distance(g) : -1;
+      if (d < 0) d = std::numeric_limits<int64_t>::max();
+      if (d > furthest) {
+        furthest = d;
+        victim = g;
+      }
+    }
+    if (victim == 0) return;  // nothing to free: this layer goes over the limit
+    release(victim);
+  }
+}
+
+// Forward under no_grad (evaluation) is not traced: no backward follows. (Our
+// backward events run with grad mode off, inside autograd's backward.)
+bool Stage3Coordinator::traced(const Event& e) const { return e.backward || at::GradMode::is_enabled(); }
+
+void Stage3Coordinator::on_event(Event e) {
+  if (current_.size() < (1u << 20)) current_.push_back(e);
+  if (!trusted_) return;
+  if (cursor_ < trace_.size() && trace_[cursor_] == e) {
+    ++cursor_;
+    return;
+  }
+  trusted_ = false;
+  log::warning_once("stage3.trace",
+                    "stage 3: the layers ran in a different order than the recorded trace (at " +
+                        std::string(e.backward ? "backward of " : "forward of ") + units_[e.unit].name +
+                        "); prefetch is off until this micro-step's order is recorded");
+}
+
+void Stage3Coordinator::acquire(size_t unit, bool traced) {
+  launch_queued(std::nullopt);  // what the last event prefetched goes out now
+  for (size_t g : units_[unit].groups) {
+    if (groups_[g].state == State::kReleased) {
+      make_room(numel(g));
+      issue(g, false);
+    }
+    ++groups_[g].users;
+  }
+  if (traced) {
+    prefetch();  // the next layers' gathers go out before this one's is waited on
+    read_ahead();
+  }
+  for (size_t g : units_[unit].groups) wait(g);
+}
+
+void Stage3Coordinator::prefetch() {
+  if (!trusted_) return;
+  int64_t in_flight = 0;
+  for (size_t g = 1; g < groups_.size(); ++g)
+    if (groups_[g].state == State::kInFlight && groups_[g].prefetched) in_flight += numel(g);
+  for (size_t i = cursor_; i < trace_.size() && in_flight < options_.prefetch_bucket_numel; ++i) {
+    for (size_t g : units_[trace_[i].unit].groups) {
+      if (groups_[g].state != State::kReleased) continue;
+      if (live_ + numel(g) > options_.max_live_numel) return;
+      issue(g, true);
+      in_flight += numel(g);
+    }
+  }
+}
+
+// Shards on disk of the layers after the prefetch window start reading, in
+// trace order, while buffers are free (NOTE [parameter swapping]).
+void Stage3Coordinator::read_ahead() {
+  if (!trusted_ || swapper_ == nullptr || options_.prefetch_bucket_numel <= 0) return;  // prefetch off: none
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    for (size_t g : units_[trace_[i].unit].groups) {
+      if (groups_[g].state != State::kReleased || !swapper_->on_disk(g)) continue;
+      if (!swapper_->start_read(g, /*may_wait=*/false)) return;
+    }
+  }
+}
+
+// The first launched gather in flight, else the first queued one (which is
+// launched, in order): a choice made from the events only.
+bool Stage3Coordinator::finish_a_gather() {
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    if (groups_[g].state == State::kInFlight && groups_[g].launched) {
+      wait(g);
+      return true;
+    }
+  }
+  if (unlaunched_.empty()) return false;
+  wait(unlaunched_.front());
+  return true;
+}
+
+void Stage3Coordinator::pre_forward(size_t unit) {
+  const Event e{unit, false};
+  if (traced(e)) on_event(e);
+  acquire(unit, traced(e));
+}
+
+void Stage3Coordinator::post_forward(size_t unit) {
+  const bool t = traced({unit, false});
+  for (size_t g : units_[unit].groups) {
+    --groups_[g].users;
+    maybe_release(g, t);
+  }
+}
+
+void Stage3Coordinator::pre_backward(size_t unit) {
+  in_backward_ = true;
+  on_event({unit, true});
+  acquire(unit, true);
+}
+
+void Stage3Coordinator::post_backward(size_t unit) {
+  for (size_t g : units_[unit].groups) {
+    --groups_[g].users;
+    maybe_release(g, true);
+  }
+}
+
+void Stage3Coordinator::end_backward() {
+  in_backward_ = false;
+  for (size_t g = 1; g < groups_.size(); ++g) {
+    groups_[g].users = 0;
+    release(g);
+    guard(g);
+  }
+  if (!trusted_ && !current_.empty()) {
+    trace_ = std::move(current_);
+    trusted_ = true;
+  }
+  current_.clear();
+  cursor_ = 0;
+}
+
+void Stage3Coordinator::after_step() {
+  release(0);
+  issue(0, false);
+  wait(0);
+}
+
+void Stage3Coordinator::wait_shard_copies(size_t g) {
+  auto& grp = groups_[g];
+  if (grp.state == State::kInFlight) wait(g);  // its copy may not even have started
+  grp.shard_copy.synchronize();
+  grp.shard_copy = StreamEvent();
+}
+
+void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {
+  const bool was_released = groups_[g].state == State::kReleased;
+  if (was_released) issue(g, false);
+  wait(g);
+  ++groups_[g].users;
+  try {
+    fn();
+  } catch (...) {
+    --groups_[g].users;
+    if (was_released) release(g);
+    throw;
+  }
+  --groups_[g].users;
+  if (was_released) release(g);
+}
+
+}  // namespace zero::partition

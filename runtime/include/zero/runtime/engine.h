@@ -1,0 +1,247 @@
+// The training engine: what zero::initialize returns.
+//
+//   auto engine = zero::initialize(model, "ds_config.json");
+//   for (...) {
+//     auto loss = loss_fn(model->forward(x), y);
+//     engine.backward(loss);  // scales (fp16, accumulation) and runs backward
+//     engine.step();          // every micro-step; acts at the accumulation boundary
+//   }
+//
+// The user keeps calling model->forward; the engine owns the parameters' memory
+// (see NOTE [flat layout]) and the optimizer. At ZeRO stage 3 the parameters
+// are gathered only while their layer runs (zero/partition/layer.h), and they stay
+// empty once the engine is destroyed: save_16bit_model first. Move-only. Not thread-safe: one
+// training thread drives it.
+//
+// Errors (zero/core/error.h): ConfigError (the config or InitOptions cannot
+// work), UsageError (the program called the API in a way it cannot work),
+// CommunicationError (a rank died or hung; every collective fails within
+// ZERO_COMM_TIMEOUT_S), IoError (NVMe offload, saving), OutOfMemoryError (a
+// tier's limit), DivergedError (fp16's loss scale at its minimum), and
+// InternalError for a bug in zero.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include "zero/checkpointing/checkpoint.h"
+#include "zero/config/config.h"
+#include "zero/core/copy_mode.h"
+#include "zero/core/dist_env.h"
+#include "zero/core/memory_ledger.h"
+
+namespace zero {
+
+class Init;
+struct InitState;
+
+struct InitOptions {
+  /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
+  config::AutoValues auto_values;
+  /// Tokens per sample, for tokens/s in progress lines (none: not printed).
+  std::optional<int64_t> tokens_per_sample;
+  /// The device to train on; default: cuda:LOCAL_RANK when CUDA is available, else CPU.
+  std::optional<torch::Device> device;
+  /// Print progress lines every steps_per_print steps (rank 0 only).
+  bool print_progress = true;
+  /// Where this process sits in the job; default: DistEnv::from_environment().
+  std::optional<DistEnv> dist;
+  /// Cap on page-locked host memory for offloaded states; past it, buffers
+  /// fall back to pageable memory with a warning. Default: half of physical memory.
+  std::optional<int64_t> pinned_memory_limit_bytes;
+  /// ZeRO stage 3: modules to gather layer by layer besides the children of
+  /// ModuleList and Sequential containers; their forward must run through
+  /// zero::forward / zero::layer_forward (zero/partition/layer.h).
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  /// Test seam, for a machine without a GPU: CopyMode::kDeferred holds every
+  /// device-host transfer (offload, stage-3 gathers, cpu_checkpointing)
+  /// back until it is waited for, and throws zero::InternalError when a host
+  /// buffer is written while a transfer may still read it, so a missing wait
+  /// fails on the CPU instead of racing on a GPU (NOTE [device streams]). No
+  /// effect on a CUDA device.
+  CopyMode cpu_copy_mode = CopyMode::kImmediate;
+};
+
+/// Stage 3's parameter gathering, since initialize (or the last reset).
+struct Stage3Stats {
+  int64_t layers = 0;
+  int64_t live_parameters = 0;       // elements gathered in layers now
+  int64_t peak_live_parameters = 0;  // and at most
+  int64_t gathers = 0;               // all-gathers issued
+  int64_t prefetched_gathers = 0;    // of those, issued ahead of use
+  double gather_wait_s = 0;          // time the training thread waited for them
+  bool trace_valid = false;
+};
+
+/// The NVMe swapping of optimizer states (NOTE [optimizer swapping]) and of
+/// stage 3's parameters (NOTE [parameter swapping]), this rank, since the
+/// engine was made.
+struct NvmeStats {
+  int64_t file_bytes = 0;     // the swap files
+  int64_t buffer_bytes = 0;   // the host buffers they are stepped through
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;  // the initial write included
+  double read_wait_s = 0;     // the optimizer waited for reads...
+  double write_wait_s = 0;    // ...and for writes: the part not hidden
+  double step_s = 0;          // in the swapped optimizer passes, all told
+  // Stage 3's parameter shards (offload_param nvme): zero when not swapped.
+  int64_t param_file_bytes = 0;
+  int64_t param_bytes_read = 0;     // the start-up's reads (for the fp32 master) included
+  int64_t param_bytes_cached = 0;   // reads saved: the shard was still in a swap buffer
+  int64_t param_bytes_written = 0;  // the initial write included
+  double param_read_wait_s = 0;     // gathers waited for shards coming from disk
+};
+
+/// Bytes of model states this rank holds, from the memory ledger.
+struct ModelStateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_states = 0;
+  int64_t total() const { return parameters + gradients + optimizer_states; }
+};
+
+class Engine {
+ public:
+  /// Takes over `model`'s trainable parameters: moves them to the device and
+  /// the compute dtype and rebinds them into the engine's flat buffers (at
+  /// stage 3 this rank keeps its shards only, and the entries of every
+  /// Sequential become stage-3 layers, NOTE [stage-3 layers]). Joins the job
+  /// of `options.dist` when it has more than one rank, and checks that every
+  /// rank has the same config. On a CPU device it installs the process-wide
+  /// counting CPU allocator. Throws ConfigError (no optimizer section, a
+  /// world size other than the config's, a bad InitOptions::layers entry, a
+  /// bad nvme_path), UsageError (a layer another engine holds),
+  /// CommunicationError, OutOfMemoryError, IoError.
+  Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options = {});
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  /// Backward of `loss` (a scalar), multiplied by the loss scale (fp16) and
+  /// divided by gradient_accumulation_steps; gradients accumulate in the
+  /// engine's buffers and are reduced across ranks as they are produced.
+  /// Throws UsageError for a loss that is not a scalar, CommunicationError.
+  void backward(const torch::Tensor& loss);
+  /// Ends a micro-step. At the accumulation boundary: unscale, overflow check,
+  /// clip, optimizer step, lr schedule, loss-scale update. Throws UsageError
+  /// when gradients came from a plain loss.backward() (they are discarded),
+  /// DivergedError (fp16 at fp16.min_loss_scale still overflowing),
+  /// CommunicationError, IoError (NVMe offload).
+  void step();
+  /// Discards gradients accumulated since the last boundary. Throws
+  /// CommunicationError (it waits for reductions in flight).
+  void zero_grad();
+
+  /// The lr of the next optimizer step.
+  double get_lr() const;
+  /// Optimizer steps taken (skipped fp16 steps included, as DeepSpeed counts).
+  int64_t global_steps() const;
+  int64_t micro_steps() const;
+  int64_t skipped_steps() const;
+  /// True when the next step() is an optimizer step.
+  bool is_gradient_accumulation_boundary() const;
+  double loss_scale() const;
+  /// Global gradient norm of the last boundary step (unscaled, before clipping).
+  double last_grad_norm() const;
+
+  const config::Config& config() const;
+  int rank() const;
+  int world_size() const;
+  /// Seconds this rank waited for gradient reductions after backward (what
+  /// overlap did not hide), since initialize.
+  double grad_comm_wait_seconds() const;
+  /// Seconds this rank waited for parameter all-gathers (after the step, and
+  /// at stage 3 before each layer). On a GPU these waits are measured on the
+  /// stream (NOTE [device streams]), as are those of grad_comm_wait_seconds.
+  double param_gather_wait_seconds() const;
+  /// Seconds the host waited for device-host copies of the offloaded
+  /// optimizer (NOTE [offload transfers]), since initialize; the NVMe waits
+  /// are in nvme_stats().
+  double transfer_wait_seconds() const;
+  torch::Device device() const;
+  torch::ScalarType compute_dtype() const;
+  int64_t num_parameters() const;
+  /// L2 norm of all parameters (summed in double). At stage 3 every rank
+  /// holds a shard: this is a collective, to call on every rank. Throws
+  /// CommunicationError, IoError (shards on NVMe).
+  double parameter_l2() const;
+
+  /// The memory ledger: bytes per tier and kind, and per-tier limits.
+  MemoryLedger& ledger();
+  /// Activation checkpointing configured by the config's
+  /// activation_checkpointing section, counted in this engine's ledger. The
+  /// engine has no model-parallel group, so partition_activations has nothing
+  /// to split across here (logged once).
+  checkpointing::Checkpointer& checkpointer();
+  ModelStateBytes model_state_bytes() const;
+  /// The same, only what lives on `tier`.
+  ModelStateBytes model_state_bytes(Tier tier) const;
+  /// Peak bytes per tier: the device peak is measured (CUDA caching allocator,
+  /// or the counting CPU allocator when the device is the CPU); the host tiers
+  /// and NVMe are the ledger's peaks.
+  int64_t peak_bytes(Tier tier) const;
+  /// Starts new peaks (ledger, and the measured device peak) from current usage.
+  void reset_peak_bytes();
+  /// Writes the model's parameters and buffers, in the compute dtype, as a
+  /// state dict that Python's torch.load reads (DeepSpeed's save_16bit_model),
+  /// to `path` on rank 0, atomically (a temporary file, then rename). At stage 3
+  /// this needs zero_optimization.stage3_gather_16bit_weights_on_model_save:
+  /// every rank takes part, the layers are gathered one at a time and only
+  /// rank 0 keeps them. Throws ConfigError without it, IoError when the file
+  /// cannot be written, CommunicationError.
+  void save_16bit_model(const std::string& path);
+
+  /// Stage 3's figures; nullopt below stage 3.
+  std::optional<Stage3Stats> stage3_stats() const;
+  /// The NVMe swaps' figures; nullopt unless offload_optimizer or offload_param is on nvme.
+  std::optional<NvmeStats> nvme_stats() const;
+  /// Starts the live-parameter peak anew.
+  void reset_stage3_peak();
+  /// The end-of-run table of memory per tier and kind.
+  std::string memory_summary() const;
+
+  /// The engine's state: an incomplete type outside zero's own code.
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  friend Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
+                           const std::vector<std::shared_ptr<torch::nn::Module>>& layers);
+  // A model built under zero::Init: its shards and ledger are taken over.
+  Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options,
+         std::shared_ptr<InitState> init);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Reads a DeepSpeed config (a file path, or JSON text starting with '{'),
+/// logs its warnings (rank 0), and builds the engine (see Engine's
+/// constructor for what it does and throws). Throws ConfigError listing every
+/// problem of the config, IoError when the file cannot be read.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
+                  InitOptions options = {});
+Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
+                  InitOptions options = {});
+/// A model built under zero::Init (zero/runtime/init.h): its layers' shards
+/// are adopted as they are (no rank ever holds the whole model). `layers`:
+/// stage-3 layers outside ModuleList and Sequential containers, as
+/// InitOptions::layers. Throws as the constructor, and UsageError when the
+/// Init was already given to an engine or a module it partitioned is not a
+/// layer of `model`.
+Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
+                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers = {});
+
+/// For modules declared with TORCH_MODULE (a ModuleHolder).
+template <typename M>
+Engine initialize(torch::nn::ModuleHolder<M>& model, const std::string& config,
+                  InitOptions options = {}) {
+  return initialize(model.ptr(), config, std::move(options));
+}
+
+}  // namespace zero

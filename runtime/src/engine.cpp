@@ -1,0 +1,734 @@
+#include "zero/core/text.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/runtime/engine.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "zero/optim/flat_optimizer.h"
+#include "zero/optim/loss_scaler.h"
+#include "zero/optim/lr_scheduler.h"
+#include "zero/core/error.h"
+#include "zero/core/log.h"
+#include "engine_util.h"
+#include "zero/runtime/engine_internal.h"
+#include "init_state.h"
+#include "zero/partition/layer.h"
+#include <c10/util/accumulate.h>
+#include "zero/partition/zero_optimizer.h"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Moves every parameter and buffer to `device`, floating ones to `dtype`
+// (integer buffers such as token ids keep their type).
+void cast_module(torch::nn::Module& module, torch::Device device, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  auto cast = [&](torch::Tensor& t) {
+    if (!t.defined()) return;
+    auto target = t.is_floating_point() ? dtype : t.scalar_type();
+    if (t.device() != device || t.scalar_type() != target) t.set_data(t.to(device, target));
+  };
+  for (auto& p : module.parameters()) cast(p);
+  for (auto& b : module.buffers()) cast(b);
+}
+
+void check_trainable(const config::Config& c) {
+  if (!c.optimizer) {
+    throw ConfigError({c.source + ": optimizer: expected an optimizer section, e.g. "
+                       "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
+                       "optimizer from the config (client optimizers are not supported)"});
+  }
+}
+
+// Writes `path` through a temporary file in the same folder, flushed to disk,
+// then renamed over it: a reader sees the old file or the new one, never half.
+void write_file_atomically(const std::string& path, const char* data, size_t size) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw IoError("open " + tmp + " for writing: " + std::strerror(errno) + " (errno " + std::to_string(errno) + ")");
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw IoError("write " + tmp + " at offset " + std::to_string(done) + ": " + std::strerror(err) + " (errno " +
+                    std::to_string(err) + ")");
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;
+  if (synced != 0 || closed != 0) {
+    const int err = synced != 0 ? synced : closed;
+    ::unlink(tmp.c_str());
+    throw IoError("flush " + tmp + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError("rename " + tmp + " -> " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  // The rename itself is durable once the folder is flushed.
+  const auto slash = path.rfind('/');
+  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (const int dfd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// A Sequential entry that runs its module as a stage-3 layer.
+class Stage3EntryImpl : public torch::nn::Module {
+ public:
+  Stage3EntryImpl(torch::nn::AnyModule inner, std::shared_ptr<torch::nn::Module> layer)
+      : inner_(std::move(inner)), layer_(std::move(layer)) {}
+  torch::Tensor forward(torch::Tensor x) {
+    return layer_forward(*layer_, x, [this](const torch::Tensor& t) { return inner_.forward(t); });
+  }
+
+ private:
+  torch::nn::AnyModule inner_;
+  std::shared_ptr<torch::nn::Module> layer_;
+};
+
+bool is_container(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::SequentialImpl*>(&m) != nullptr ||
+         dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
+}
+
+std::string join_name(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+// Stage 3's layers (NOTE [stage-3 layers]): the children of the outermost
+// ModuleList and Sequential containers, and the modules named in `extra`,
+// in the model's order, none inside another.
+struct LayerScan {
+  std::unordered_set<const torch::nn::Module*> extra;
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> layers;
+  // Sequential entries to route through layer_forward: (container, index).
+  std::vector<std::pair<torch::nn::SequentialImpl*, size_t>> entries;
+
+  void visit(const std::shared_ptr<torch::nn::Module>& m, const std::string& name, torch::nn::Module* parent,
+             size_t index) {
+    const bool parent_container = parent != nullptr && is_container(*parent);
+    if (parent_container || extra.count(m.get()) > 0) {
+      layers.emplace_back(name, m);
+      if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) entries.emplace_back(seq, index);
+      return;
+    }
+    size_t i = 0;
+    for (const auto& item : m->named_children()) visit(item.value(), join_name(name, item.key()), m.get(), i++);
+  }
+};
+
+struct Stage3Build {
+  partition::Stage3Layout layout;
+  int64_t layer_params = 0;
+  int64_t always_params = 0;
+};
+
+Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model, const config::Config& c,
+                                const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers,
+                                InitState* init) {
+  LayerScan scan;
+  for (const auto& m : extra_layers) scan.extra.insert(m.get());
+  if (init != nullptr)
+    for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
+  scan.visit(model, "", nullptr, 0);
+  {  // A listed layer that is not part of the model is a mistake worth naming.
+    std::unordered_set<const torch::nn::Module*> in_model;
+    for (const auto& m : model->modules(/*include_self=*/true)) in_model.insert(m.get());
+    for (size_t i = 0; i < extra_layers.size(); ++i) {
+      if (extra_layers[i] == nullptr || in_model.count(extra_layers[i].get()) == 0) {
+        throw ConfigError({"InitOptions::layers[" + std::to_string(i) +
+                           "]: expected a submodule of the model given to initialize; got " +
+                           (extra_layers[i] == nullptr ? std::string("a null module")
+                                                       : "a " + extra_layers[i]->name() + " outside it")});
+      }
+    }
+  }
+  // Before anything of the model changes: a live engine's layers are its own.
+  for (const auto& [name, m] : scan.layers) {
+    if (partition::find_layer(static_cast<const void*>(m.get())).coordinator != nullptr) {
+      throw UsageError("stage 3: layer " + name +
+                                          " belongs to another live engine; one engine per model");
+    }
+  }
+  Stage3Build b;
+  auto built_partitioned = [&](const at::Tensor& p) {
+    return init != nullptr && init->partitioned.count(p.unsafeGetTensorImpl()) > 0;
+  };
+  if (init != nullptr) {
+    std::unordered_set<const void*> found;
+    for (const auto& [name, m] : scan.layers) found.insert(m.get());
+    for (const auto& [m, layer] : init->layers) {
+      if (found.count(m) > 0) continue;
+      throw UsageError(
+                  "a module partitioned by zero::Init (" + std::to_string(layer.params.size()) +
+                      " parameters) is not a layer of the model given to initialize: it must be a child of a "
+                      "ModuleList or Sequential, or be listed in InitOptions::layers");
+    }
+  }
+  // Persistent: parameters under the threshold, as long as their sum stays
+  // under model_persistence_threshold.
+  std::unordered_set<const void*> persistent;
+  int64_t persistent_numel = 0;
+  for (const auto& item : model->named_parameters(true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0 || built_partitioned(p)) continue;
+    if (p.numel() < c.zero.param_persistence_threshold &&
+        persistent_numel + p.numel() <= c.zero.model_persistence_threshold) {
+      persistent.insert(p.unsafeGetTensorImpl());
+      persistent_numel += p.numel();
+    }
+  }
+  std::unordered_map<const void*, size_t> group_of;  // parameter -> group
+  std::vector<partition::GroupSpec> layer_groups;
+  std::vector<int64_t> disk_offsets;  // per layer group: where zero::Init wrote its shard, or -1
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(scan.layers.size());
+  for (size_t u = 0; u < scan.layers.size(); ++u) {
+    const auto& [name, m] = scan.layers[u];
+    partition::GroupSpec spec;
+    spec.name = name;
+    if (init != nullptr) {
+      if (auto it = init->layers.find(m.get()); it != init->layers.end()) {
+        // Built under zero::Init: its shard is made; take the parameters in Init's order.
+        auto named = m->named_parameters(true);
+        for (size_t k = 0; k < it->second.params.size(); ++k) {
+          const auto& p = it->second.params[k];
+          std::string pname = name;
+          for (const auto& item : named)
+            if (item.value().unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) pname = join_name(name, item.key());
+          spec.params.emplace_back(pname, p);
+          group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
+          b.layer_params += c10::multiply_integers(it->second.shapes[k]);
+        }
+        spec.chunk = it->second.chunk;
+        spec.chunk_on_disk = it->second.disk_offset >= 0;
+        spec.shapes = it->second.shapes;
+      }
+    }
+    for (const auto& item : m->named_parameters(true)) {
+      const auto& p = item.value();
+      layer_params[u].emplace_back(join_name(name, item.key()), p);
+      if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
+      if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer, or built partitioned
+      ZERO_CHECK(!spec.chunk.defined() && !spec.chunk_on_disk, "layer " + name + " mixes partitioned and whole parameters");
+      group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
+      spec.params.emplace_back(join_name(name, item.key()), p);
+      b.layer_params += p.numel();
+    }
+    if (spec.params.empty()) continue;
+    int64_t disk_offset = -1;
+    if (init != nullptr && spec.chunk_on_disk) disk_offset = init->layers.at(m.get()).disk_offset;
+    disk_offsets.push_back(disk_offset);
+    layer_groups.push_back(std::move(spec));
+  }
+  partition::GroupSpec always;
+  always.name = "(always gathered)";
+  for (const auto& item : model->named_parameters(true)) {
+    const auto& p = item.value();
+    if (!p.requires_grad() || group_of.count(p.unsafeGetTensorImpl()) > 0) continue;
+    always.params.emplace_back(item.key(), p);  // FlatParameters drops tied repeats
+  }
+  b.layout.groups.push_back(std::move(always));
+  for (auto& g : layer_groups) b.layout.groups.push_back(std::move(g));
+  for (const auto& p : b.layout.groups[0].params) b.always_params += p.second.numel();
+  for (size_t u = 0; u < scan.layers.size(); ++u) {
+    partition::Stage3Unit unit;
+    unit.name = scan.layers[u].first;
+    unit.module = static_cast<const void*>(scan.layers[u].second.get());
+    for (const auto& [n, p] : layer_params[u]) {
+      auto it = group_of.find(p.unsafeGetTensorImpl());
+      if (it != group_of.end() && std::find(unit.groups.begin(), unit.groups.end(), it->second) == unit.groups.end())
+        unit.groups.push_back(it->second);
+    }
+    if (!unit.groups.empty()) b.layout.units.push_back(std::move(unit));
+  }
+  for (const auto& [seq, index] : scan.entries) {
+    auto it = seq->begin() + static_cast<std::ptrdiff_t>(index);
+    auto layer = it->ptr();
+    *it = torch::nn::AnyModule(std::make_shared<Stage3EntryImpl>(std::move(*it), layer));
+  }
+  b.layout.options.prefetch_bucket_numel = c.zero.prefetch_bucket_size;
+  b.layout.options.max_live_numel = c.zero.max_live_parameters;
+  b.layout.options.max_reuse_distance = c.zero.max_reuse_distance;
+  const auto& op = c.zero.offload_param;
+  b.layout.offload_param = op.device != config::OffloadDevice::kNone;
+  b.layout.pin_param = op.pin_memory;
+  if (op.device == config::OffloadDevice::kNvme) {
+    partition::ParamSwapOptions p;
+    p.swap.nvme_path = op.nvme_path;
+    p.swap.config_key = "zero_optimization.offload_param";
+    p.swap.buffer_count = op.buffer_count;
+    p.swap.pin_memory = op.pin_memory;
+    p.swap.aio = detail::aio_options(c.aio);
+    p.buffer_size = op.buffer_size;
+    p.max_in_cpu = op.max_in_cpu;
+    if (init != nullptr && init->swap_file != nullptr) {  // shards zero::Init already wrote
+      init->finish_swap_out();
+      p.adopted_file = init->swap_file;
+      p.adopted_bytes = init->swap_bytes;
+      p.adopted_offsets.assign(1, -1);  // group 0: always gathered, never on disk
+      p.adopted_offsets.insert(p.adopted_offsets.end(), disk_offsets.begin(), disk_offsets.end());
+    }
+    b.layout.nvme_param = p;
+  }
+  return b;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  std::unique_ptr<Comm> comm;  // first member: destroyed after everything that uses it
+  std::shared_ptr<torch::nn::Module> model;
+  config::Config config;
+  InitOptions options;
+  DistEnv dist;
+  torch::Device device{torch::kCPU};
+  torch::ScalarType dtype = torch::kFloat;
+  std::shared_ptr<MemoryLedger> ledger_ptr = std::make_shared<MemoryLedger>();
+  MemoryLedger& ledger() const { return *ledger_ptr; }
+  std::unique_ptr<partition::ZeroOptimizer> optimizer;
+  std::unique_ptr<optim::LrScheduler> scheduler;
+  optim::LossScaler scaler;
+  std::unique_ptr<checkpointing::Checkpointer> checkpointer;
+
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t applied_steps = 0;
+  double last_grad_norm = 0;
+
+  // Progress: losses and time since the last printed line.
+  torch::Tensor loss_sum;
+  int64_t loss_count = 0;
+  Clock::time_point window_start = Clock::now();
+  int64_t window_steps = 0;
+  // wall_clock_breakdown: time before backward (forward and data), in backward, in step.
+  Clock::time_point phase_start = Clock::now();
+  double t_forward = 0, t_backward = 0, t_step = 0;
+
+  int64_t gas() const { return config.batch.gradient_accumulation_steps; }
+
+  void print_progress() {
+    const double elapsed = seconds_since(window_start);
+    const double loss = loss_count ? loss_sum.item<double>() / loss_count : NAN;
+    const double samples = static_cast<double>(window_steps * config.batch.train_batch_size);
+    std::ostringstream line;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "step %lld | loss %.4f | lr %.3e | loss scale %g | %.1f samples/s",
+                  static_cast<long long>(global_steps), loss, current_lr(), scaler.scale(),
+                  elapsed > 0 ? samples / elapsed : 0.0);
+    line << buf;
+    if (options.tokens_per_sample) {
+      std::snprintf(buf, sizeof buf, " | %.0f tokens/s",
+                    elapsed > 0 ? samples * *options.tokens_per_sample / elapsed : 0.0);
+      line << buf;
+    }
+    if (config.wall_clock_breakdown) {
+      const double n = std::max<int64_t>(1, window_steps);
+      std::snprintf(buf, sizeof buf, " | per step: forward %.1f ms, backward %.1f ms, step %.1f ms",
+                    1e3 * t_forward / n, 1e3 * t_backward / n, 1e3 * t_step / n);
+      line << buf;
+    }
+    log::info(line.str());
+    loss_sum = torch::Tensor();
+    loss_count = 0;
+    window_steps = 0;
+    t_forward = t_backward = t_step = 0;
+    window_start = Clock::now();
+  }
+
+  double current_lr() const {
+    return scheduler ? scheduler->lr() : config.optimizer->lr;
+  }
+
+  void take_model_step() {
+    optim::StepParams p;
+    p.step = applied_steps + 1;
+    p.lr = current_lr();
+    p.beta1 = config.optimizer->betas[0];
+    p.beta2 = config.optimizer->betas[1];
+    // OneCycle's momentum cycle, as DeepSpeed applies it: only to optimizers
+    // with betas, and it pins beta2 to 0.99 for the whole run.
+    const bool has_betas = config.optimizer->type != config::OptimizerType::kAdagrad;
+    if (scheduler && scheduler->beta1() && has_betas) {
+      p.beta1 = *scheduler->beta1();
+      p.beta2 = 0.99;
+    }
+    auto outcome = optimizer->step(p, scaler.scale(), config.gradient_clipping);
+    last_grad_norm = outcome.grad_norm;
+    const double old_scale = scaler.scale();
+    if (config.fp16.enabled) scaler.update(!outcome.applied);
+    if (outcome.applied) {
+      ++applied_steps;
+      if (scheduler) scheduler->step();
+    } else {
+      ++skipped_steps;
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "step %lld: gradients not finite, step skipped; loss scale %g -> %g",
+                    static_cast<long long>(global_steps + 1), old_scale, scaler.scale());
+      log::info(buf);
+    }
+    ++global_steps;
+    ++window_steps;
+    if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&
+        global_steps % *config.steps_per_print == 0) {
+      print_progress();
+    }
+  }
+};
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options)
+    : Engine(std::move(model), std::move(config), std::move(options), nullptr) {}
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options,
+               std::shared_ptr<InitState> init_state)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  ZERO_CHECK(model != nullptr, "initialize needs a model");
+  check_trainable(config);
+  InitState* init = init_state.get();
+  if (init != nullptr) {
+    ZERO_CHECK(!init->adopted, "this zero::Init was already given to an engine");
+    init->adopted = true;
+    s.ledger_ptr = init->ledger;  // the shards built under Init are counted there
+  }
+  s.model = std::move(model);
+  s.config = std::move(config);
+  s.options = std::move(options);
+  s.dist = s.options.dist ? *s.options.dist : DistEnv::from_environment();
+  if (s.config.world_size != s.dist.world_size) {
+    throw ConfigError({s.config.source + ": the batch sizes were resolved for world size " +
+                       std::to_string(s.config.world_size) + " but this job has " +
+                       std::to_string(s.dist.world_size) + " ranks"});
+  }
+  s.device = detail::resolve_device(s.options.device, s.dist);
+  s.dtype = partition::compute_dtype(s.config);
+  if (s.device.is_cpu()) install_counting_cpu_allocator();
+  if (s.dist.distributed()) {
+    s.comm = Comm::connect(s.dist, s.device);
+    s.comm->check_same("DeepSpeed config (" + s.config.source + " as resolved)",
+                       std::to_string(std::hash<std::string>{}(s.config.canonical_json)));
+  }
+
+  cast_module(*s.model, s.device, s.dtype);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& item : s.model->named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+
+  partition::ZeroOptimizerOptions zo;
+  zo.stage = s.config.zero.stage;
+  zo.bucket_numel = s.config.zero.stage == 0
+                        ? s.config.zero.reduce_bucket_size
+                        : std::min(s.config.zero.reduce_bucket_size, s.config.zero.allgather_bucket_size);
+  zo.overlap_comm = s.config.zero.overlap_comm || s.config.zero.stage == 0;
+  zo.compute_dtype = s.dtype;
+  zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
+  zo.device = s.device;
+  zo.sub_group_size = s.config.zero.sub_group_size;
+  // DeepSpeed offloads the optimizer at stages 1-3 only (the config warns at stage 0).
+  const auto& oo = s.config.zero.offload_optimizer;
+  zo.offload_optimizer = oo.device != config::OffloadDevice::kNone && s.config.zero.stage >= 1;
+  zo.pin_memory = oo.pin_memory;
+  if (zo.offload_optimizer && oo.device == config::OffloadDevice::kNvme) {
+    partition::SwapOptions so;
+    so.nvme_path = oo.nvme_path;
+    so.buffer_count = oo.buffer_count;
+    so.pin_memory = oo.pin_memory;
+    so.pipeline_read = oo.pipeline_read;
+    so.pipeline_write = oo.pipeline_write;
+    so.aio = detail::aio_options(s.config.aio);
+    so.tag = "rank" + std::to_string(s.dist.rank);
+    zo.nvme = so;
+  }
+  s.ledger().set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
+                     "InitOptions::pinned_memory_limit_bytes");
+  zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
+  zo.copy_mode = s.options.cpu_copy_mode;
+  if (s.config.zero.stage == 3) {
+    auto b = build_stage3_layout(s.model, s.config, s.options.layers, init);
+    if (b.layout.nvme_param) b.layout.nvme_param->swap.tag = "rank" + std::to_string(s.dist.rank) + "-params";
+    if (s.dist.rank == 0) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "ZeRO stage 3: %zu layers gathered layer by layer (%lld parameters); %lld parameters always "
+                    "gathered (outside every layer, or under stage3_param_persistence_threshold)",
+                    b.layout.units.size(), static_cast<long long>(b.layer_params),
+                    static_cast<long long>(b.always_params));
+      log::info(buf);
+    }
+    s.optimizer = std::make_unique<partition::ZeroOptimizer>(
+        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
+    if (init != nullptr) {  // the shards now live in the partition (or its swap file)
+      init->layers.clear();
+      init->swap_file.reset();
+      init->aio.reset();
+      init->swap_disk = {};  // counted by the parameter swapper now
+    }
+  } else {
+    s.optimizer = std::make_unique<partition::ZeroOptimizer>(
+        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
+  }
+  if (const auto* sw = s.optimizer->swapper(); sw != nullptr && s.dist.rank == 0) {
+    log::info("optimizer states on NVMe under " + sw->options().nvme_path + ": " + format_bytes(sw->file_bytes()) +
+              " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
+              std::to_string(sw->num_sub_groups()) + " sub-groups through " + format_bytes(sw->buffer_bytes()) +
+              " of host buffers");
+  }
+  if (const auto* ps = s.optimizer->param_swapper(); ps != nullptr && s.dist.rank == 0 && ps->swapped_numel() == 0) {
+    log::info("offload_param nvme: every layer shard of rank 0 fits within offload_param.max_in_cpu (" +
+              std::to_string(s.config.zero.offload_param.max_in_cpu) + " elements); nothing is swapped to disk");
+  } else if (ps != nullptr && s.dist.rank == 0) {
+    log::info("stage-3 parameters on NVMe under " + s.config.zero.offload_param.nvme_path + ": " +
+              std::to_string(ps->swapped_numel()) + " elements of rank 0's shards (" + format_bytes(ps->file_bytes()) +
+              "), read for their gathers; the rest within offload_param.max_in_cpu stay in host memory");
+  }
+  if (s.config.scheduler) {
+    s.scheduler = optim::LrScheduler::create(*s.config.scheduler, s.config.optimizer->lr,
+                                             s.config.optimizer->betas[0]);
+  }
+  if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
+  s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger(),
+                                                                 nullptr, s.options.cpu_copy_mode);
+  if (s.config.zero.stage > 0 && !s.dist.distributed()) {
+    log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
+              " on one process: the single partition holds all model states");
+  }
+  s.phase_start = Clock::now();
+  s.window_start = Clock::now();
+}
+
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+void Engine::backward(const torch::Tensor& loss) {
+  auto& s = *impl_;
+  if (!loss.defined() || loss.numel() != 1) {
+    throw UsageError("Engine::backward: expected a scalar loss; got a tensor of shape " +
+                                        (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
+  }
+  const auto t0 = Clock::now();
+  s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
+  {
+    torch::NoGradGuard no_grad;
+    auto l = loss.detach().to(torch::kFloat).reshape({});
+    s.loss_sum = s.loss_sum.defined() ? s.loss_sum + l : l;
+    ++s.loss_count;
+  }
+  double factor = 1.0 / static_cast<double>(s.gas());
+  if (s.config.fp16.enabled) factor *= s.scaler.scale();
+  auto scaled = factor == 1.0 ? loss : loss * factor;
+  s.optimizer->begin_backward(is_gradient_accumulation_boundary());
+  scaled.backward();
+  s.optimizer->end_backward();
+  s.checkpointer->end_micro_step();
+  s.phase_start = Clock::now();
+  s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+void Engine::step() {
+  auto& s = *impl_;
+  const auto t0 = Clock::now();
+  const bool boundary = is_gradient_accumulation_boundary();
+  if (boundary) s.take_model_step();
+  ++s.micro_steps;
+  s.phase_start = Clock::now();
+  s.t_step += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+void Engine::zero_grad() { impl_->optimizer->zero_grad(); }
+
+double Engine::get_lr() const { return impl_->current_lr(); }
+int64_t Engine::global_steps() const { return impl_->global_steps; }
+int64_t Engine::micro_steps() const { return impl_->micro_steps; }
+int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
+bool Engine::is_gradient_accumulation_boundary() const {
+  return (impl_->micro_steps + 1) % impl_->gas() == 0;
+}
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
+double Engine::last_grad_norm() const { return impl_->last_grad_norm; }
+const config::Config& Engine::config() const { return impl_->config; }
+int Engine::rank() const { return impl_->dist.rank; }
+int Engine::world_size() const { return impl_->dist.world_size; }
+Comm* detail::comm_of(Engine& engine) { return engine.impl().comm.get(); }
+double Engine::grad_comm_wait_seconds() const { return impl_->optimizer->grad_comm_wait_seconds(); }
+double Engine::param_gather_wait_seconds() const { return impl_->optimizer->param_gather_wait_seconds(); }
+double Engine::transfer_wait_seconds() const { return impl_->optimizer->transfer_wait_seconds(); }
+torch::Device Engine::device() const { return impl_->device; }
+torch::ScalarType Engine::compute_dtype() const { return impl_->dtype; }
+int64_t Engine::num_parameters() const { return impl_->optimizer->num_parameters(); }
+double Engine::parameter_l2() const { return impl_->optimizer->parameter_l2(); }
+MemoryLedger& Engine::ledger() { return impl_->ledger(); }
+checkpointing::Checkpointer& Engine::checkpointer() { return *impl_->checkpointer; }
+
+ModelStateBytes Engine::model_state_bytes() const {
+  const auto& l = impl_->ledger();
+  return {l.current_bytes(Kind::kParameters), l.current_bytes(Kind::kGradients),
+          l.current_bytes(Kind::kOptimizerStates)};
+}
+
+ModelStateBytes Engine::model_state_bytes(Tier tier) const {
+  const auto& l = impl_->ledger();
+  return {l.get(tier, Kind::kParameters).current_bytes, l.get(tier, Kind::kGradients).current_bytes,
+          l.get(tier, Kind::kOptimizerStates).current_bytes};
+}
+
+int64_t Engine::peak_bytes(Tier tier) const {
+  const auto& s = *impl_;
+  const int64_t ledger_peak = s.ledger().get(tier).peak_bytes;
+  if (tier != Tier::kDevice) return ledger_peak;
+  if (s.device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
+    return std::max<int64_t>(ledger_peak, stats.allocated_bytes[0].peak);
+  }
+  // The device is the CPU: every CPU tensor counts, less what the ledger put
+  // on the host tiers (which also live in CPU memory).
+  auto cpu = cpu_allocator_stats();
+  if (!cpu.installed) return ledger_peak;
+  const int64_t host = s.ledger().get(Tier::kHost).peak_bytes + s.ledger().get(Tier::kPinnedHost).peak_bytes;
+  return std::max<int64_t>(ledger_peak, cpu.peak_bytes - host);
+}
+
+void Engine::reset_peak_bytes() {
+  impl_->ledger().reset_peaks();
+  if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
+  else reset_cpu_allocator_peak();
+}
+
+void Engine::save_16bit_model(const std::string& path) {
+  auto& s = *impl_;
+  auto* coordinator = s.optimizer->stage3();
+  if (coordinator != nullptr && !s.config.zero.gather_16bit_weights_on_model_save) {
+    throw ConfigError({s.config.source + ": zero_optimization.stage3_gather_16bit_weights_on_model_save: expected "
+                       "true to save whole 16-bit weights at stage 3 (each rank holds only its shards); got false"});
+  }
+  torch::NoGradGuard no_grad;
+  const bool writer = s.dist.rank == 0;
+  // The engine's parameters, a group at a time (gathered at stage 3), by identity.
+  std::unordered_map<const void*, at::Tensor> values;
+  const auto& params = s.optimizer->parameters();
+  auto take = [&](size_t g) {
+    if (!writer) return;
+    for (size_t i : params.groups()[g].slots) {
+      const auto& p = params.slots()[i].param;
+      values[p.unsafeGetTensorImpl()] = p.detach().clone().cpu();
+    }
+  };
+  for (size_t g = 0; g < params.groups().size(); ++g) {
+    if (coordinator != nullptr) coordinator->with_gathered(g, [&] { take(g); });
+    else take(g);
+  }
+  if (!writer) return;
+  // Every name the model has, as its state dict: a tied parameter under each of
+  // its names, frozen parameters (never partitioned) as they are, buffers.
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : s.model->named_parameters(true)) {
+    auto it = values.find(item.value().unsafeGetTensorImpl());
+    dict.insert(item.key(), it != values.end() ? it->second : item.value().detach().clone().cpu());
+  }
+  for (const auto& item : s.model->named_buffers(true)) dict.insert(item.key(), item.value().detach().clone().cpu());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_file_atomically(path, bytes.data(), bytes.size());
+}
+
+std::optional<Stage3Stats> Engine::stage3_stats() const {
+  const auto* c = impl_->optimizer->stage3();
+  if (c == nullptr) return std::nullopt;
+  Stage3Stats st;
+  st.layers = static_cast<int64_t>(c->units().size());
+  st.live_parameters = c->live_numel();
+  st.peak_live_parameters = c->peak_live_numel();
+  st.gathers = c->gathers();
+  st.prefetched_gathers = c->prefetched_gathers();
+  st.gather_wait_s = c->gather_wait_seconds();
+  st.trace_valid = c->trace_valid();
+  return st;
+}
+
+std::optional<NvmeStats> Engine::nvme_stats() const {
+  const auto* sw = impl_->optimizer->swapper();
+  const auto* ps = impl_->optimizer->param_swapper();
+  if (sw == nullptr && ps == nullptr) return std::nullopt;
+  NvmeStats out;
+  if (sw != nullptr) {
+    const auto& x = sw->stats();
+    out.file_bytes = sw->file_bytes();
+    out.buffer_bytes = sw->buffer_bytes();
+    out.bytes_read = x.bytes_read;
+    out.bytes_written = x.bytes_written;
+    out.read_wait_s = x.read_wait_s;
+    out.write_wait_s = x.write_wait_s;
+    out.step_s = x.pass_s;
+  }
+  if (ps != nullptr) {
+    out.param_file_bytes = ps->file_bytes();
+    out.param_bytes_read = ps->stats().bytes_read;
+    out.param_bytes_cached = ps->stats().bytes_cached;
+    out.param_bytes_written = ps->stats().bytes_written;
+    out.param_read_wait_s = ps->stats().read_wait_s;
+  }
+  return out;
+}
+
+void Engine::reset_stage3_peak() {
+  if (auto* c = impl_->optimizer->stage3()) c->reset_peak_live();
+}
+
+std::string Engine::memory_summary() const {
+  std::ostringstream out;
+  out << "memory by tier and kind (ledger):\n" << impl_->ledger().summary();
+  out << "measured device peak (" << impl_->device.str() << "): "
+      << format_bytes(peak_bytes(Tier::kDevice)) << "\n";
+  return out.str();
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
+                  InitOptions options) {
+  const DistEnv dist = options.dist ? *options.dist : DistEnv::from_environment();
+  options.dist = dist;
+  if (dist.rank == 0)
+    for (const auto& w : config.warnings) log::warning(config.source + ": " + w);
+  return Engine(std::move(model), std::move(config), std::move(options));
+}
+
+Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
+                  InitOptions options) {
+  if (!options.dist) options.dist = DistEnv::from_environment();
+  auto cfg = detail::load_config(config, options);
+  return initialize(std::move(model), std::move(cfg), std::move(options));
+}
+
+}  // namespace zero

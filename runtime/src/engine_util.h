@@ -1,0 +1,69 @@
+// Helpers the engine and zero::Init share.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+
+#include "zero/config/config.h"
+#include "zero/offload/aio.h"
+#include "zero/core/error.h"
+#include "zero/runtime/engine.h"
+
+namespace zero::detail {
+
+/// The device to train on: `asked` (InitOptions::device; "cuda" without an
+/// index is cuda:LOCAL_RANK), else cuda:LOCAL_RANK when CUDA is available,
+/// else the CPU. A CUDA device becomes the process's current device, as
+/// DeepSpeed sets it. Throws zero::ConfigError for a GPU this machine lacks.
+inline torch::Device resolve_device(const std::optional<torch::Device>& asked, const DistEnv& dist) {
+  if (asked && !asked->is_cuda()) return *asked;
+  if (!asked && !torch::cuda::is_available()) return torch::Device(torch::kCPU);
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = asked && asked->has_index() ? asked->index() : dist.local_rank;
+  if (index >= count) {
+    throw ConfigError({"device cuda:" + std::to_string(index) + (asked && asked->has_index() ? " (InitOptions::device)" : " (from LOCAL_RANK " + std::to_string(dist.local_rank) + ")") +
+                       ": this machine has " + std::to_string(count) +
+                       " CUDA device(s); give each rank one of them (InitOptions::device, mingpt --device), or let "
+                       "ranks share one through Gloo (ZERO_DIST_BACKEND=gloo)"});
+  }
+  const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  c10::cuda::set_device(device.index());
+  return device;
+}
+
+// Pinned memory is bounded by default to half of physical memory, so pinning
+// never starves the host.
+inline int64_t default_pinned_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
+}
+
+/// The config's aio section as the engine's options.
+inline offload::AioOptions aio_options(const config::AioConfig& a) {
+  offload::AioOptions o;
+  o.block_size = a.block_size;
+  o.queue_depth = a.queue_depth;
+  o.threads = a.intra_op_parallelism;
+  o.single_submit = a.single_submit;
+  o.overlap_events = a.overlap_events;
+  return o;
+}
+
+/// Loads `config` (a path, or JSON text starting with '{') for the job in `options.dist`.
+inline config::Config load_config(const std::string& config, const InitOptions& options) {
+  config::LoadOptions lo;
+  lo.world_size = options.dist->world_size;
+  lo.auto_values = options.auto_values;
+  const auto first = config.find_first_not_of(" \t\r\n");
+  const bool is_json = first != std::string::npos && config[first] == '{';
+  return is_json ? config::load_string(config, lo) : config::load_file(config, lo);
+}
+
+}  // namespace zero::detail

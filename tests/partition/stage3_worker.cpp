@@ -1,0 +1,168 @@
+// A small training program for the stage-3 tests (run by stage3_test.cpp
+// through `zero launch`): an MLP of Linear layers (each followed by an
+// in-place ReLU), trained on a fixed random regression task, in one of these
+// modes:
+//   plain    the model built whole; the stage comes from the config
+//   init     built under zero::Init (each layer partitioned as it is made),
+//            with a cap on the host tier that the whole model would pass
+//   branch   layers held in a ModuleList and run through zero::forward; from
+//            step 3 on, every rank runs two of them in the other order
+//   diverge  like branch, but only rank 1 switches the order at step 3
+//   save16   trains, then saves the 16-bit weights (gathered layer by layer)
+//   load16   trains whole, then compares its parameters with a saved file
+// Rank 0 writes a JSON summary to --out.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "zero/core/ledger_alloc.h"
+#include "zero/runtime/engine_internal.h"
+#include "zero/zero.h"
+
+namespace {
+
+struct Args {
+  std::string mode = "plain", config, out, save;
+  int64_t layers = 4, dim = 64, steps = 5, batch = 16;
+  int64_t cap_bytes = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i], v = argv[i + 1];
+    if (f == "--mode") a.mode = v;
+    else if (f == "--config") a.config = v;
+    else if (f == "--out") a.out = v;
+    else if (f == "--save") a.save = v;
+    else if (f == "--layers") a.layers = std::stoll(v);
+    else if (f == "--dim") a.dim = std::stoll(v);
+    else if (f == "--steps") a.steps = std::stoll(v);
+    else if (f == "--cap_bytes") a.cap_bytes = std::stoll(v);
+    else throw std::runtime_error("unknown option " + f);
+  }
+  return a;
+}
+
+// Layers in a ModuleList, run in an order that may change with the step.
+struct ListNetImpl : torch::nn::Module {
+  torch::nn::ModuleList layers;
+  ListNetImpl(int64_t n, int64_t d) : layers(register_module("layers", torch::nn::ModuleList())) {
+    for (int64_t i = 0; i < n; ++i) layers->push_back(torch::nn::Linear(d, d));
+  }
+  torch::Tensor forward(torch::Tensor x, bool swap) {
+    const int64_t n = static_cast<int64_t>(layers->size());
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t k = i;
+      if (swap && n >= 3 && (i == 1 || i == 2)) k = 3 - i;  // layers 1 and 2 change places
+      x = torch::tanh(zero::forward(layers[k]->as<torch::nn::Linear>(), x));
+    }
+    return x;
+  }
+};
+TORCH_MODULE(ListNet);
+
+torch::nn::Sequential build_mlp(const Args& a, zero::Init* init) {
+  torch::nn::Sequential net;
+  for (int64_t i = 0; i < a.layers; ++i) {
+    torch::nn::Linear lin(a.dim, a.dim);
+    net->push_back(init != nullptr ? init->partition(lin) : lin);
+    // In place on a layer's output: stage 3's wrappers must allow it.
+    net->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+  }
+  return net;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    const auto dist = zero::DistEnv::from_environment();
+    nlohmann::json out;
+    torch::manual_seed(7);
+    std::unique_ptr<zero::Init> init;
+    torch::nn::Sequential mlp{nullptr};
+    ListNet list{nullptr};
+    std::shared_ptr<torch::nn::Module> model;
+    const int64_t full_bytes = a.layers * (a.dim * a.dim + a.dim) * 4;  // the whole model in fp32
+    if (a.mode == "init") {
+      init = std::make_unique<zero::Init>(a.config);
+      if (a.cap_bytes > 0) {
+        init->ledger().set_limit(zero::Tier::kHost, a.cap_bytes, "the test's host cap");
+        init->ledger().set_limit(zero::Tier::kPinnedHost, a.cap_bytes, "the test's host cap");
+      }
+      zero::reset_cpu_allocator_peak();
+      const int64_t before = zero::cpu_allocator_stats().current_bytes;
+      mlp = build_mlp(a, init.get());
+      out["construction_peak_bytes"] = zero::cpu_allocator_stats().peak_bytes - before;
+      out["full_fp32_bytes"] = full_bytes;
+      model = mlp.ptr();
+    } else if (a.mode == "branch" || a.mode == "diverge") {
+      list = ListNet(a.layers, a.dim);
+      model = list.ptr();
+    } else {
+      mlp = build_mlp(a, nullptr);
+      model = mlp.ptr();
+    }
+    zero::InitOptions opts;
+    opts.print_progress = false;
+    auto engine = init ? zero::initialize(model, *init) : zero::initialize(model, a.config, opts);
+    out["param_l2_initial"] = engine.parameter_l2();
+    const int64_t ws = engine.world_size(), rank = engine.rank();
+    std::vector<double> losses;
+    for (int64_t step = 0; step < a.steps; ++step) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+      auto x = torch::randn({a.batch, a.dim}, gen);
+      auto y = torch::randn({a.batch, a.dim}, gen);
+      const int64_t per = a.batch / ws;
+      x = x.narrow(0, rank * per, per);
+      y = y.narrow(0, rank * per, per);
+      bool swap = step >= 3 && (a.mode == "branch" || (a.mode == "diverge" && rank == 1));
+      auto pred = list ? list->forward(x, swap) : mlp->forward(x);
+      auto loss = torch::mse_loss(pred, y);
+      engine.backward(loss);
+      engine.step();
+      auto l = loss.detach().reshape({1});
+      if (auto* c = zero::detail::comm_of(engine)) c->all_reduce_sum(l).wait();
+      losses.push_back(l.item<double>() / static_cast<double>(ws));
+    }
+    out["losses"] = losses;
+    out["param_l2"] = engine.parameter_l2();
+    if (auto st = engine.stage3_stats()) {
+      out["trace_valid"] = st->trace_valid;
+      out["gathers"] = st->gathers;
+      out["prefetched_gathers"] = st->prefetched_gathers;
+    }
+    out["host_peak_bytes"] = engine.ledger().get(zero::Tier::kHost).peak_bytes;
+    out["model_state_bytes"] = engine.model_state_bytes().total();
+    if (a.mode == "save16") {
+      engine.save_16bit_model(a.save);
+      out["saved"] = a.save;
+    }
+    if (a.mode == "load16") {  // compare a saved file with this run's parameters
+      std::ifstream in(a.save, std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto dict = torch::pickle_load(bytes).toGenericDict();
+      double diff = 0;
+      int64_t n = 0;
+      for (const auto& item : model->named_parameters(true)) {
+        auto t = dict.at(item.key()).toTensor();
+        diff = std::max(diff, (t - item.value().detach()).abs().max().item<double>());
+        ++n;
+      }
+      out["loaded_tensors"] = n;
+      out["max_abs_diff"] = diff;
+    }
+    if (rank == 0 && !a.out.empty()) std::ofstream(a.out) << out.dump(2) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "stage3_worker: " << e.what() << "\n";
+    return 1;
+  }
+}
