@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 
+#include "zero/core/error.h"
 #include "zero/partition/stage3.h"
 
 namespace zero {
@@ -12,14 +13,28 @@ using partition::LayerHandle;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// What a boundary node keeps of its layer: the coordinator, weakly (NOTE
+// [stage-3 layers]), and the unit.
+struct LayerRef : torch::CustomClassHolder {
+  std::weak_ptr<partition::Stage3Coordinator> coordinator;
+  size_t unit = 0;
+};
+
 void save_handle(AutogradContext* ctx, const LayerHandle& h) {
-  ctx->saved_data["coordinator"] = reinterpret_cast<int64_t>(h.coordinator);
-  ctx->saved_data["unit"] = static_cast<int64_t>(h.unit);
+  auto ref = c10::make_intrusive<LayerRef>();
+  ref->coordinator = h.coordinator;
+  ref->unit = h.unit;
+  ctx->saved_data["layer"] = c10::IValue::make_capsule(std::move(ref));
 }
 
 LayerHandle load_handle(AutogradContext* ctx) {
-  return {reinterpret_cast<partition::Stage3Coordinator*>(ctx->saved_data["coordinator"].toInt()),
-          static_cast<size_t>(ctx->saved_data["unit"].toInt())};
+  auto ref = c10::static_intrusive_pointer_cast<LayerRef>(ctx->saved_data["layer"].toCapsule());
+  LayerHandle h{ref->coordinator.lock(), ref->unit};
+  if (h.coordinator == nullptr) {
+    throw UsageError("backward through a ZeRO stage-3 layer whose engine is gone: the engine must outlive the "
+                     "graphs built through its layers");
+  }
+  return h;
 }
 
 // New tensors on the same memory: returned as they are, autograd would make
@@ -72,14 +87,12 @@ void wrap(std::vector<at::Tensor>& ts, const LayerHandle& h) {
 
 }  // namespace
 
-bool is_layer(const torch::nn::Module& module) {
-  return partition::find_layer(static_cast<const void*>(&module)).coordinator != nullptr;
-}
+bool is_layer(const torch::nn::Module& module) { return partition::find_layer(module).coordinator != nullptr; }
 
 std::vector<at::Tensor> layer_forward(
     const torch::nn::Module& module, const std::vector<at::Tensor>& inputs,
     const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn) {
-  const LayerHandle h = partition::find_layer(static_cast<const void*>(&module));
+  const LayerHandle h = partition::find_layer(module);
   if (h.coordinator == nullptr) return fn(inputs);
   const bool grad = at::GradMode::is_enabled();
   std::vector<at::Tensor> in = inputs;

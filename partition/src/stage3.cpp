@@ -2,9 +2,7 @@
 #include "zero/partition/stage3.h"
 
 #include <chrono>
-#include <mutex>
 #include <optional>
-#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>
@@ -16,21 +14,41 @@
 namespace zero::partition {
 namespace {
 
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-std::unordered_map<const void*, LayerHandle>& registry() {
-  static std::unordered_map<const void*, LayerHandle> r;
-  return r;
-}
+constexpr const char* kLayerTag = "_zero_stage3_layer";
+
+// The mark a coordinator leaves on each of its layers (NOTE [stage-3 layers]).
+class LayerTagImpl : public torch::nn::Module {
+ public:
+  LayerTagImpl(std::weak_ptr<Stage3Coordinator> coordinator, size_t unit)
+      : coordinator_(std::move(coordinator)), unit_(unit) {}
+  LayerHandle handle() const { return {coordinator_.lock(), unit_}; }
+
+ private:
+  std::weak_ptr<Stage3Coordinator> coordinator_;
+  size_t unit_;
+};
 
 }  // namespace
 
-LayerHandle find_layer(const void* module) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(module);
-  return it == registry().end() ? LayerHandle{} : it->second;
+LayerHandle find_layer(const torch::nn::Module& module) {
+  const auto children = module.named_children();
+  const auto* tag = children.find(kLayerTag);
+  if (tag == nullptr) return {};
+  const auto* t = dynamic_cast<const LayerTagImpl*>(tag->get());
+  return t == nullptr ? LayerHandle{} : t->handle();
+}
+
+std::shared_ptr<Stage3Coordinator> Stage3Coordinator::create(FlatParameters& params, std::vector<Stage3Unit> units,
+                                                              Stage3Options options, at::Device device, Comm* comm,
+                                                              MemoryLedger& ledger, ParamSwapper* swapper) {
+  auto c = std::make_shared<Stage3Coordinator>(params, std::move(units), options, device, comm, ledger, swapper);
+  for (const auto& u : c->units_) {
+    if (find_layer(*u.module).coordinator != nullptr || u.module->named_children().find(kLayerTag) != nullptr)
+      throw UsageError("stage 3: layer " + u.name + " is already a layer of another live engine; one engine per model");
+  }
+  for (size_t i = 0; i < c->units_.size(); ++i)
+    c->units_[i].module->register_module(kLayerTag, std::make_shared<LayerTagImpl>(c, i));
+  return c;
 }
 
 Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units,
@@ -48,26 +66,20 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
   ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
   if (comm_ != nullptr) world_size_ = comm_->world_size();
   groups_.resize(params_.groups().size());
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
   issue(0, false);
   wait(0);
-  {  // last: a constructor that throws leaves nothing registered
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    for (const auto& u : units_)
-      if (registry().count(u.module) > 0)
-        throw UsageError("stage 3: layer " + u.name +
-                                            " is already handled by another engine; one engine per model");
-    for (size_t u = 0; u < units_.size(); ++u) {
-      for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
-      registry().emplace(units_[u].module, LayerHandle{this, u});
-    }
-  }
 }
 
 Stage3Coordinator::~Stage3Coordinator() {
-  std::lock_guard<std::mutex> lock(registry_mutex());
   for (const auto& u : units_) {
-    auto it = registry().find(u.module);
-    if (it != registry().end() && it->second.coordinator == this) registry().erase(it);
+    const auto children = u.module->named_children();
+    const auto* tag = children.find(kLayerTag);
+    if (tag == nullptr) continue;
+    const auto* t = dynamic_cast<const LayerTagImpl*>(tag->get());
+    // Only its own marks (a throwing create() leaves others' alone).
+    if (t != nullptr && t->handle().coordinator == nullptr) u.module->unregister_module(kLayerTag);
   }
 }
 

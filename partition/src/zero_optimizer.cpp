@@ -128,8 +128,8 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
   }
   layout.options.shards_offloaded = layout.offload_param;
   layout.options.copy_mode = options_.copy_mode;
-  stage3_ = std::make_unique<Stage3Coordinator>(*flat_, std::move(layout.units), layout.options, options_.device,
-                                                comm_, ledger, param_swapper_.get());
+  stage3_ = Stage3Coordinator::create(*flat_, std::move(layout.units), layout.options, options_.device, comm_, ledger,
+                                      param_swapper_.get());
   if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };
 }
 

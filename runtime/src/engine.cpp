@@ -178,7 +178,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   }
   // Before anything of the model changes: a live engine's layers are its own.
   for (const auto& [name, m] : scan.layers) {
-    if (partition::find_layer(static_cast<const void*>(m.get())).coordinator != nullptr) {
+    if (partition::find_layer(*m).coordinator != nullptr) {
       throw UsageError("stage 3: layer " + name +
                                           " belongs to another live engine; one engine per model");
     }
@@ -266,7 +266,7 @@ Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model,
   for (size_t u = 0; u < scan.layers.size(); ++u) {
     partition::Stage3Unit unit;
     unit.name = scan.layers[u].first;
-    unit.module = static_cast<const void*>(scan.layers[u].second.get());
+    unit.module = scan.layers[u].second;
     for (const auto& [n, p] : layer_params[u]) {
       auto it = group_of.find(p.unsafeGetTensorImpl());
       if (it != group_of.end() && std::find(unit.groups.begin(), unit.groups.end(), it->second) == unit.groups.end())

@@ -4,7 +4,13 @@
 // NOTE [stage-3 layers]
 // LibTorch modules have no forward hooks, so stage 3 works on layers: modules
 // whose forward runs through zero::layer_forward (zero/partition/layer.h); the
-// engine routes the entries of a Sequential there itself. Parameters are in
+// engine routes the entries of a Sequential there itself. A layer knows its
+// coordinator through a child module the coordinator adds to it, named
+// `_zero_stage3_layer` (no parameters, no buffers), and takes away when it
+// goes: there is no process-wide table, and a module that is a layer of one
+// live engine cannot become one of another. The autograd nodes on a layer's
+// boundary hold the coordinator weakly: backward through a graph whose engine
+// is gone fails with a UsageError instead of reaching freed memory. Parameters are in
 // groups (NOTE [flat layout], one group per layer, NOTE [stage-3 storage]);
 // a layer needs its own group and the groups of any tied parameter it shares
 // with another layer. Group 0 holds the parameters outside every layer and
@@ -57,11 +63,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 
 #include "zero/core/comm.h"
 #include "zero/core/ledger_alloc.h"
@@ -85,21 +93,27 @@ struct Stage3Options {
 
 /// One layer: a module whose forward runs through zero::layer_forward.
 struct Stage3Unit {
-  std::string name;            // its name in the model ("blocks.3")
-  const void* module = nullptr;  // the torch::nn::Module, as the registry key
+  std::string name;  // its name in the model ("blocks.3")
+  std::shared_ptr<torch::nn::Module> module;
   std::vector<size_t> groups;  // groups its parameters live in (never group 0)
 };
 
-class Stage3Coordinator {
+class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator> {
  public:
-  /// Registers every unit's module (see find_layer). Gathers group 0.
-  /// `swapper` (may be null, else outlives this): offload_param nvme, NOTE
-  /// [parameter swapping]; shards on disk are read for their gathers.
-  Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units, Stage3Options options,
-                    at::Device device, Comm* comm, MemoryLedger& ledger, ParamSwapper* swapper = nullptr);
+  /// Gathers group 0 and marks every unit's module as a layer of this
+  /// coordinator (NOTE [stage-3 layers]) until it is destroyed. `swapper`
+  /// (may be null, else outlives this): offload_param nvme, NOTE [parameter
+  /// swapping]; shards on disk are read for their gathers. Throws UsageError
+  /// when a module is already a layer of another live engine.
+  static std::shared_ptr<Stage3Coordinator> create(FlatParameters& params, std::vector<Stage3Unit> units,
+                                                   Stage3Options options, at::Device device, Comm* comm,
+                                                   MemoryLedger& ledger, ParamSwapper* swapper = nullptr);
+  /// Takes the marks off the modules.
   ~Stage3Coordinator();
   Stage3Coordinator(const Stage3Coordinator&) = delete;
   Stage3Coordinator& operator=(const Stage3Coordinator&) = delete;
+  Stage3Coordinator(FlatParameters& params, std::vector<Stage3Unit> units, Stage3Options options,
+                    at::Device device, Comm* comm, MemoryLedger& ledger, ParamSwapper* swapper);
 
   void pre_forward(size_t unit);
   void post_forward(size_t unit);
@@ -195,11 +209,12 @@ class Stage3Coordinator {
   int64_t gathers_ = 0, prefetched_ = 0;
 };
 
-/// The coordinator and unit that handle `module`, if it is a stage-3 layer.
+/// The coordinator and unit that handle `module`, if it is a stage-3 layer
+/// of a live engine (NOTE [stage-3 layers]); a null coordinator otherwise.
 struct LayerHandle {
-  Stage3Coordinator* coordinator = nullptr;
+  std::shared_ptr<Stage3Coordinator> coordinator;
   size_t unit = 0;
 };
-LayerHandle find_layer(const void* module);
+LayerHandle find_layer(const torch::nn::Module& module);
 
 }  // namespace zero::partition

@@ -261,7 +261,7 @@ class ZeroOptimizer {
   };
   std::deque<HostGrad> host_grads_;
   std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
-  std::unique_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it
+  std::shared_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it (autograd holds it weakly)
 };
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.

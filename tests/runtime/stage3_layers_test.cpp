@@ -1,0 +1,100 @@
+// Stage-3 layers know their engine through a mark on the module, not a
+// process-wide table (NOTE [stage-3 layers]): one live engine per model, the
+// mark gone with its engine, and a graph that outlives its engine fails its
+// backward with a UsageError instead of calling into freed memory.
+#include <gtest/gtest.h>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/utils.h>
+
+#include "data.h"
+#include "model.h"
+#include "zero/zero.h"
+
+namespace {
+
+mingpt::GPT tiny(uint64_t seed) {
+  mingpt::GPTConfig c;
+  c.vocab_size = 10;
+  c.block_size = 6;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0;
+  torch::manual_seed(seed);
+  return mingpt::GPT(c);
+}
+
+zero::InitOptions quiet(mingpt::GPT* layers_of = nullptr) {
+  zero::InitOptions o;
+  o.print_progress = false;
+  o.device = torch::Device(torch::kCPU);
+  if (layers_of != nullptr) o.layers = (*layers_of)->stage3_layers();  // the layers outside the ModuleList
+  return o;
+}
+
+const char* kStage3 = R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})";
+
+torch::Tensor loss_of(mingpt::GPT& model) {
+  auto task = mingpt::make_addition_task(2);
+  auto b = task->train_batch({0, 1, 2, 3});
+  auto logits = model->forward(b.x);
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), b.y.view({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+bool marked(const torch::nn::Module& m) { return m.named_children().find("_zero_stage3_layer") != nullptr; }
+
+TEST(Stage3Layers, OneLiveEnginePerModelAndTheMarkGoesWithItsEngine) {
+  auto model = tiny(1);
+  const auto layers = model->stage3_layers();
+  ASSERT_FALSE(layers.empty());
+  {
+    auto engine = zero::initialize(model.ptr(), kStage3, quiet(&model));
+    for (const auto& l : layers) EXPECT_TRUE(zero::is_layer(*l));
+    try {
+      auto second = zero::initialize(model.ptr(), kStage3, quiet(&model));
+      FAIL() << "expected a UsageError";
+    } catch (const zero::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("another live engine"), std::string::npos) << e.what();
+    }
+    for (const auto& l : layers) EXPECT_TRUE(zero::is_layer(*l)) << "the refused engine took the first one's marks";
+  }
+  for (const auto& l : layers) {
+    EXPECT_FALSE(zero::is_layer(*l));
+    EXPECT_FALSE(marked(*l)) << "the model keeps a mark of a destroyed engine";
+  }
+}
+
+TEST(Stage3Layers, TwoModelsTrainSideBySideInOneProcess) {
+  auto a = tiny(1), b = tiny(1);
+  auto ea = zero::initialize(a.ptr(), kStage3, quiet());
+  auto eb = zero::initialize(b.ptr(), kStage3, quiet());
+  for (int s = 0; s < 3; ++s) {
+    ea.backward(loss_of(a));
+    eb.backward(loss_of(b));
+    ea.step();
+    eb.step();
+  }
+  EXPECT_EQ(ea.parameter_l2(), eb.parameter_l2()) << "the same model and data through two engines";
+}
+
+TEST(Stage3Layers, BackwardAfterTheEngineIsGoneIsAUsageError) {
+  auto model = tiny(2);
+  torch::Tensor loss;
+  {
+    auto engine = zero::initialize(model.ptr(), kStage3, quiet());
+    loss = loss_of(model);
+  }
+  try {
+    loss.backward();
+    FAIL() << "expected a UsageError";
+  } catch (const zero::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("engine is gone"), std::string::npos) << e.what();
+  } catch (const c10::Error& e) {  // autograd may wrap what a node throws
+    EXPECT_NE(std::string(e.what()).find("engine is gone"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
