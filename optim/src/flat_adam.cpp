@@ -89,6 +89,7 @@ class FlatAdagrad final : public FlatOptimizer {
   explicit FlatAdagrad(config::OptimizerConfig c) : FlatOptimizer(std::move(c)) {}
   int num_states() const override { return 1; }
   std::vector<std::string> state_names() const override { return {"sum"}; }
+  double initial_state(int) const override { return config_.initial_accumulator_value; }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Adagrad needs one state");

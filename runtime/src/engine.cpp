@@ -453,7 +453,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.bucket_numel = s.config.zero.stage == 0
                         ? s.config.zero.reduce_bucket_size
                         : std::min(s.config.zero.reduce_bucket_size, s.config.zero.allgather_bucket_size);
-  zo.overlap_comm = s.config.zero.overlap_comm || s.config.zero.stage == 0;
+  zo.reduction.overlap_comm = s.config.zero.overlap_comm || s.config.zero.stage == 0;
+  // NOTE [gradient path]: how the reductions run and where the average's division happens.
+  zo.reduction.comm_dtype = partition::communication_dtype(s.config);
+  if (s.config.prescale_gradients) zo.reduction.pre_scale = 1.0 / static_cast<double>(s.dist.world_size);
+  else if (s.config.gradient_predivide_factor != 1.0) zo.reduction.pre_scale = 1.0 / s.config.gradient_predivide_factor;
+  zo.reduction.reduce_scatter = s.config.zero.reduce_scatter;
+  zo.reduction.reuse_buckets = s.config.zero.contiguous_gradients;
+  zo.average_gradients = s.config.gradient_allreduce_op != "sum";
   zo.compute_dtype = s.dtype;
   zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
   zo.device = s.device;

@@ -35,10 +35,12 @@ class FlatOptimizer {
   virtual ~FlatOptimizer() = default;
 
   const config::OptimizerConfig& config() const { return config_; }
-  /// How many state tensors (of the parameter's numel, fp32, zeroed) update() needs.
+  /// How many state tensors (of the parameter's numel, fp32, at initial_state()) update() needs.
   virtual int num_states() const = 0;
   /// Names of the states, for checkpoints ("exp_avg", "exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
+  /// The value state `i` starts at (Adagrad: initial_accumulator_value; else 0).
+  virtual double initial_state(int i) const { return 0.0; }
 
   /// One update of `param` in place from `grad`; `states` are updated in place.
   /// All tensors are 1-D fp32 of equal numel. `low_precision_out`, when given

@@ -1,32 +1,20 @@
-// The ZeRO optimizer: owns the flat parameters, the gradients, the fp32
-// master copy and the optimizer states, reduces gradients across ranks, and
-// applies one optimizer step at each accumulation boundary.
-//
-// NOTE [gradient path]
-// Each trainable parameter has a post-accumulate-grad hook. When autograd has
-// produced a parameter's gradient, the hook adds it into a flat buffer (in
-// grad_accum_dtype) and frees the per-parameter gradient. When every parameter
-// of a group (bucket, NOTE [flat layout]) has reported, the group's collective
-// starts on the communication backend's threads while backward goes on;
-// groups start in one fixed order on every rank, so collectives match.
-//   stage 0: full gradients; at the boundary micro-step, each group is
-//            all-reduced; every rank updates the whole model.
-//   stage 1: full gradients accumulate over micro-steps; at the boundary each
-//            group is all-reduced in place and each rank uses its own chunk;
-//            master and optimizer states exist only for the owned partition;
-//            updated chunks are all-gathered.
-//   stage 2 and 3: no full gradient buffer: each group's gradients land in a staging
-//            buffer that is reduce-scattered every micro-step as soon as the
-//            group is complete, and the rank's chunk is added into its owned
-//            gradient partition; staging is freed as each collective ends.
-//   stage 3: also no full parameter buffer: each layer's parameters are
-//            gathered when it runs (NOTE [stage-3 layers]); the optimizer
-//            writes this rank's partition, and nothing is all-gathered
-//            after the step but the always-gathered group.
-// Reductions sum; the 1/world_size of the average is folded into the single
-// unscale-and-clip factor of step(). The global gradient norm sums the owned
-// partitions of all ranks, so clipping and the fp16 overflow check (a
-// non-finite norm) agree on every rank.
+// The ZeRO optimizer: owns the flat parameters, and through its parts the
+// gradients (GradientReducer, NOTE [gradient path]) and the fp32 master and
+// optimizer states (StateStore, NOTE [state store]); applies one optimizer
+// step at each accumulation boundary, the same step loop for every stage and
+// tier:
+//   - the global gradient norm sums the owned gradients of all ranks, so
+//     clipping and the fp16 overflow check (a non-finite norm) agree on every
+//     rank; one factor unscales, averages and clips (DeepSpeed's
+//     unscale_and_clip_grads);
+//   - each sub-group of the owned partition is stepped by the optimizer,
+//     which writes the new values in the compute dtype where the model reads
+//     them: its own chunk (one partition), a buffer this rank's chunk is
+//     all-gathered from (partitioned parameters below stage 3), or its shard
+//     (stage 3), through pinned buffers when the states are offloaded (NOTE
+//     [offload transfers]);
+//   - stage 3 gathers each layer's parameters when it runs (NOTE [stage-3
+//     layers]); only the always-gathered group is gathered again after the step.
 //
 // Thread-safety: hooks run on autograd's thread during backward; the Engine
 // does not call anything else meanwhile.
@@ -46,8 +34,10 @@
 #include "zero/core/memory_ledger.h"
 #include "zero/core/streams.h"
 #include "zero/partition/flat_parameters.h"
+#include "zero/partition/gradient_reducer.h"
 #include "zero/partition/stage3.h"
 #include "zero/partition/param_swapper.h"
+#include "zero/partition/state_store.h"
 #include "zero/partition/state_swapper.h"
 #include "zero/partition/host_ring.h"
 
@@ -62,16 +52,20 @@ struct ZeroOptimizerOptions {
   /// Elements per group (bucket): reduce_bucket_size (stage 1/2 also bounded
   /// by allgather_bucket_size).
   int64_t bucket_numel = 500000000;
-  /// Start collectives during backward while it goes on; false: stages 0-1
-  /// reduce at the end of backward, stages 2-3 reduce each complete bucket
-  /// and wait for it before backward continues.
-  bool overlap_comm = true;
+  /// How gradients are reduced (NOTE [gradient path]): overlap_comm,
+  /// communication_data_type, the pre-scale, reduce_scatter,
+  /// contiguous_gradients. Its device, dtype and offload fields are set from
+  /// the fields here.
+  ReductionOptions reduction;
+  /// gradient_allreduce_op "mean" (true) divides the summed gradients by the
+  /// world size; "sum" (false) does not.
+  bool average_gradients = true;
   /// Skip the step when gradients are not finite (fp16 always; bf16 when
   /// bf16.check_grad_overflow).
   bool check_overflow = true;
-  /// offload_optimizer.device = cpu (stages 1 and 2): fp32 master, optimizer
-  /// states and (stage 2) the fp32 gradient partition live in host memory and
-  /// the optimizer runs on the CPU; see NOTE [optimizer offload].
+  /// offload_optimizer.device = cpu (stages 1-3): fp32 master, optimizer
+  /// states and (stages 2-3) the fp32 gradient partition live in host memory
+  /// and the optimizer runs on the CPU; see NOTE [optimizer offload].
   bool offload_optimizer = false;
   /// offload_optimizer.pin_memory: the host buffers are page-locked (the
   /// pinned-host tier), as far as the ledger's pinned limit allows.
@@ -160,7 +154,7 @@ class ZeroOptimizer {
   /// One optimizer step from the accumulated gradients, which were produced
   /// by a loss multiplied by `loss_scale`. `clip` > 0 clips the global norm
   /// to it. Gradients are zeroed afterwards, applied or not. Throws
-  /// zero::Error when gradients were produced outside begin/end_backward
+  /// zero::UsageError when gradients were produced outside begin/end_backward
   /// (a plain loss.backward()), which would skip reduction and scaling.
   StepOutcome step(const optim::StepParams& params, double loss_scale, double clip);
 
@@ -174,42 +168,35 @@ class ZeroOptimizer {
   int64_t num_parameters() const { return flat_->numel(); }
   /// L2 norm of all parameters (the compute-dtype values the model sees), in fp32.
   double parameter_l2() const;
-  int stage() const { return options_.stage; }
   /// Seconds this rank waited for gradient reductions after backward (the
   /// part not hidden behind it), since construction.
-  double grad_comm_wait_seconds() const { return comm_clock_.seconds(); }
+  double grad_comm_wait_seconds() const { return reducer_->comm_wait_seconds(); }
   /// Seconds this rank waited for the all-gathers of parameters (stage 1-2:
   /// after the step; stage 3: also before each layer).
   double param_gather_wait_seconds() const;
   /// Seconds the host waited for device-host copies of the offloaded
   /// optimizer (NOTE [offload transfers]), since construction.
-  double transfer_wait_seconds() const { return copy_wait_s_; }
+  double transfer_wait_seconds() const { return copy_wait_s_ + reducer_->copy_wait_seconds(); }
   /// Stage 3's coordinator (null below stage 3).
   Stage3Coordinator* stage3() { return stage3_.get(); }
   const Stage3Coordinator* stage3() const { return stage3_.get(); }
+  /// The master and optimizer states.
+  const StateStore& store() const { return *store_; }
   /// The NVMe swapper of the optimizer states (null unless options.nvme).
-  const StateSwapper* swapper() const { return swapper_.get(); }
+  const StateSwapper* swapper() const { return store_->swapper(); }
   /// The NVMe swapper of stage 3's parameter shards (null unless offload_param nvme).
   const ParamSwapper* param_swapper() const { return param_swapper_.get(); }
+  /// Test seam: the gradient reducer.
+  const GradientReducer& reducer() const { return *reducer_; }
 
  private:
-  bool partitioned() const { return options_.stage >= 1 && world_size_ > 1; }
-  void init_states();
-  void init_swapped_states();
+  void init(Stage3Layout* layout);
   /// Stage 3: group g's shard, read from the parameter swap file when it is
   /// there, until shard_done(g).
   const at::Tensor& shard(size_t g) const;
   void shard_done(size_t g) const;
-  void launch_ready_groups();
-  void launch_group(size_t g);
-  void finish_reduce_scatter(bool all);
-  at::Tensor owned_grad_chunk(size_t g) const;
-  at::Tensor master_chunk(size_t g) const;
-  void wait_all();
-  at::Tensor take_staging(size_t g);
-  void release_staging(size_t g);
-  void grad_to_host(size_t g, const at::Tensor& reduced, bool recycle);
-  void add_host_grad();
+  /// Several ranks hold parts of the optimizer states (stages 1-3).
+  bool partitioned() const { return flat_->world_size() > 1; }
 
   ZeroOptimizerOptions options_;
   std::unique_ptr<optim::FlatOptimizer> optimizer_;
@@ -218,48 +205,17 @@ class ZeroOptimizer {
   int64_t world_size_ = 1;
   int64_t rank_ = 0;
   std::unique_ptr<FlatParameters> flat_;
-  at::Tensor grads_;        // stage 0/1: flat, grad_accum_dtype, laid out like flat_
-  at::Tensor owned_grads_;  // stage 2: owned partition, grad_accum_dtype
-  at::Tensor master_;       // fp32 owned partition; stage 0 fp32: flat_; stage 3 fp32: undefined (the shards);
-                            // NVMe: undefined (in swapper_)
-  std::vector<at::Tensor> states_;  // NVMe: none (in swapper_)
-  std::unique_ptr<StateSwapper> swapper_;
-  struct SubGroup {
-    size_t group;
-    int64_t start, numel;  // within the group's chunk
-  };
-  std::vector<SubGroup> sub_groups_;  // the step's pieces, in order (sub_group_size)
-  bool master_is_param_ = false;
-  bool params_on_disk_ = false;  // stage 3, offload_param nvme: the shards cannot be the master
+  CopyStream copies_;        // NOTE [offload transfers]
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<GradientReducer> reducer_;
+  WaitClock gather_clock_;   // waits for the all-gathers after the step
+  double copy_wait_s_ = 0;   // host waits for device-host copies of the step
+  HostRing grad_ring_;       // stage 1 offload: gradients on their way to the host
+  HostRing param_ring_;      // offload: new 16-bit values on their way to the device
 
   // Per backward.
   bool in_backward_ = false;        // between begin_backward and end_backward
   bool outside_backward_ = false;   // a gradient arrived outside them (loss.backward())
-  bool reducing_ = false;  // this backward's gradients are reduced (see NOTE)
-  std::vector<int64_t> ready_;     // per group: parameters reported
-  std::vector<at::Tensor> staging_;  // stage 2: per group, while in use
-  std::vector<at::Tensor> spare_staging_;  // stage 2: released buckets kept for reuse (at most 2)
-  size_t next_launch_ = 0;         // groups start in descending order from the last
-  std::vector<CommWork> works_;    // stage 0/1 all-reduces in flight
-  struct PendingScatter {
-    size_t group;
-    at::Tensor out;
-    CommWork work;
-  };
-  std::deque<PendingScatter> scatters_;  // stage 2 reduce-scatters in flight
-  CopyStream copies_;        // NOTE [offload transfers]
-  WaitClock comm_clock_;     // waits for gradient reductions
-  WaitClock gather_clock_;   // waits for the all-gathers after the step
-  double copy_wait_s_ = 0;   // host waits for device-host copies
-  HostRing grad_ring_;       // offload: gradients on their way to the host
-  HostRing param_ring_;      // offload: new 16-bit values on their way to the device
-  struct HostGrad {          // stage 2-3 offload: a reduced chunk copied to the host
-    size_t group;
-    at::Tensor host;
-    StreamEvent done;
-    at::Tensor recycle;      // the device staging it came from, reusable once done
-  };
-  std::deque<HostGrad> host_grads_;
   std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
   std::shared_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it (autograd holds it weakly)
 };
@@ -269,5 +225,9 @@ at::ScalarType compute_dtype(const config::Config& config);
 /// The gradient accumulation dtype: data_types.grad_accum_dtype, else
 /// DeepSpeed's default for the precision (fp16 -> fp16, bf16 -> fp32, fp32 -> fp32).
 at::ScalarType grad_accum_dtype(const config::Config& config);
+/// communication_data_type, when set: the dtype reductions run in. Unset,
+/// they run in the accumulation dtype (DeepSpeed's default is the compute
+/// dtype; this keeps bf16 reductions in fp32).
+std::optional<at::ScalarType> communication_dtype(const config::Config& config);
 
 }  // namespace zero::partition

@@ -1,0 +1,124 @@
+// The owned partition's optimizer states, wherever they live.
+//
+// NOTE [state store]
+// A rank's owned partition is its chunk of every group, in group order
+// (NOTE [flat layout]). The store keeps, for that partition, the fp32 master
+// copy and the optimizer's states ("exp_avg", "exp_avg_sq" for Adam), on one
+// tier: the device; host memory (offload_optimizer cpu: pinned when
+// pin_memory, within the ledger's pinned limit); or NVMe swap files
+// (offload_optimizer nvme, NOTE [optimizer swapping]). At stages 2-3 it also
+// keeps the reduced gradient partition (the reducer adds into it; on the
+// device in grad_accum_dtype, or, offloaded, fp32 in host memory for every
+// tier). The master may be the parameters themselves (fp32 compute with
+// neither offload nor partitioned optimizer states): then nothing is copied.
+//
+// The step sees the partition as sub-groups of at most sub_group_size
+// elements, never across two groups (sub_groups()), and visits them in
+// order (visit()), each as views of its master and states, which on NVMe
+// are read in and written back through a few buffers. Every state is
+// addressed the same way on every tier, by name and by (group, element)
+// range of the owned partition, which is also how a checkpoint saves and
+// reloads it at another world size (each rank's partition maps onto element
+// ranges of the global flat layout).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/core/ledger_alloc.h"
+#include "zero/optim/flat_optimizer.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/partition/state_swapper.h"
+
+namespace zero::partition {
+
+struct StoreOptions {
+  at::Device device = at::kCPU;
+  /// offload_optimizer (cpu or nvme): the states live in host memory (or on NVMe).
+  bool offload = false;
+  bool pin_memory = true;
+  /// offload_optimizer nvme: master and states in swap files.
+  std::optional<SwapOptions> nvme;
+  int64_t sub_group_size = 1000000000;
+  /// Stages 2-3: keep the reduced gradient partition, in `grad_dtype` on
+  /// the device (offloaded: fp32 in host memory).
+  bool grad_partition = false;
+  at::ScalarType grad_dtype = at::kFloat;
+};
+
+/// A piece of the owned partition the step handles at once.
+struct SubGroup {
+  size_t group;
+  int64_t start, numel;  // within the group's chunk
+};
+
+class StateStore {
+ public:
+  /// Where the master of group g is, when it is the parameters themselves
+  /// (fp32 on the device); see NOTE.
+  using ParamMaster = std::function<at::Tensor(size_t g)>;
+
+  /// Lays out the partition of `params` and allocates what lives in memory
+  /// (values undefined until init()). Throws OutOfMemoryError, ConfigError
+  /// (a bad NVMe option or path), IoError (no room for the swap files).
+  StateStore(const FlatParameters& params, const optim::FlatOptimizer& optimizer, StoreOptions options,
+             MemoryLedger& ledger, ParamMaster param_master = nullptr);
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  /// Sets the master from `chunk(g)` (this rank's chunk of group g, in the
+  /// compute dtype; `done(g)` is called after its last use) and the states to
+  /// the optimizer's initial values. Nothing is copied when the master is the
+  /// parameters. Throws IoError (NVMe).
+  void init(const std::function<at::Tensor(size_t g)>& chunk, const std::function<void(size_t g)>& done);
+
+  const std::vector<SubGroup>& sub_groups() const { return sub_groups_; }
+  /// "fp32_master", then the optimizer's state names.
+  const std::vector<std::string>& names() const { return names_; }
+
+  using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
+  /// Visits every sub-group in order with views of its master and states
+  /// (fp32). `write_back`: changes are kept (NVMe: written back). Throws IoError.
+  void visit(bool write_back, const Visit& fn);
+  /// NVMe with pipeline_read: starts reading the first sub-groups for the
+  /// next visit (behind backward). Never throws.
+  void prefetch();
+
+  /// The master of group g (in memory; not on NVMe).
+  at::Tensor master(size_t g) const;
+  /// The state `i` (0-based among the optimizer's states) of group g (in memory).
+  at::Tensor state(size_t i, size_t g) const;
+
+  /// Stages 2-3: this rank's reduced gradient of group g.
+  at::Tensor grad(size_t g) const;
+  bool has_grads() const { return grads_.defined(); }
+  void zero_grads();
+
+  /// Where the master and states live: kDevice, a host tier, or kNvme.
+  Tier tier() const { return tier_; }
+  bool offloaded() const { return options_.offload; }
+  bool master_is_param() const { return param_master_ != nullptr; }
+  /// The NVMe swapper (null unless nvme).
+  const StateSwapper* swapper() const { return swapper_.get(); }
+
+ private:
+  const FlatParameters& params_;
+  StoreOptions options_;
+  MemoryLedger& ledger_;
+  ParamMaster param_master_;
+  std::vector<double> initial_;        // per optimizer state: its starting value
+  std::vector<SubGroup> sub_groups_;
+  std::vector<std::string> names_;
+  Tier tier_ = Tier::kDevice;
+  at::Tensor master_;                   // laid out like the owned partition (memory tiers)
+  std::vector<at::Tensor> states_;      // the same, one per optimizer state
+  at::Tensor grads_;                    // stages 2-3
+  std::unique_ptr<StateSwapper> swapper_;
+};
+
+}  // namespace zero::partition

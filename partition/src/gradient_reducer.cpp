@@ -1,0 +1,308 @@
+// NOTE [gradient path] in gradient_reducer.h.
+#include "zero/partition/gradient_reducer.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "zero/core/error.h"
+
+namespace zero::partition {
+namespace {
+
+// Stages 0-1: one flat gradient buffer, all-reduced at the boundary.
+class AllReduceReducer final : public GradientReducer {
+ public:
+  AllReduceReducer(FlatParameters& params, Comm* comm, MemoryLedger& ledger, CopyStream& copies,
+                   ReductionOptions options)
+      : GradientReducer(params, comm, ledger, copies, options) {
+    grads_ = LedgerAlloc::empty(ledger_, params_.padded_numel(), options_.accum_dtype, options_.device,
+                                Tier::kDevice, Kind::kGradients, "flat gradient buffer");
+    grads_.zero_();
+    // A layout of one partition (stage 0) uses every group whole.
+    owned_rank_ = params_.world_size() == 1 || comm_ == nullptr ? 0 : comm_->rank();
+  }
+
+  void begin_backward(bool boundary) override {
+    reducing_ = boundary;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    next_launch_ = 0;
+  }
+
+  void add(size_t index, const at::Tensor& grad) override {
+    const auto& slot = params_.slots()[index];
+    grads_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+    const auto& group = params_.groups()[slot.group];
+    if (reducing_ && ++ready_[slot.group] == static_cast<int64_t>(group.slots.size()) && options_.overlap_comm)
+      launch_ready();
+  }
+
+  void end_backward() override {
+    if (reducing_) {
+      const size_t n = params_.groups().size();
+      for (; next_launch_ < n; ++next_launch_) launch(n - 1 - next_launch_);
+    }
+    wait_all();
+    reducing_ = false;
+  }
+
+  void wait_all() override {
+    for (auto& w : works_) {
+      clock_.time([&] { w.work.wait(); });
+      if (w.sent.defined()) w.range.copy_(w.sent);  // back from the communication dtype
+    }
+    works_.clear();
+  }
+
+  at::Tensor owned(size_t g) const override { return params_.chunk_of(grads_, g, owned_rank_); }
+  bool owned_in_store() const override { return false; }
+
+  void zero() override {
+    wait_all();
+    grads_.zero_();
+  }
+
+ private:
+  void launch(size_t g) override {
+    if (!distributed()) {  // nothing to sum; the pre-scale still applies (the step divides it out)
+      if (options_.pre_scale != 1.0) params_.group_of(grads_, g).mul_(options_.pre_scale);
+      return;
+    }
+    Work w;
+    w.range = params_.group_of(grads_, g);
+    if (options_.comm_dtype) {
+      w.sent = w.range.to(*options_.comm_dtype);
+      if (options_.pre_scale != 1.0) w.sent.mul_(options_.pre_scale);
+      w.work = comm_->all_reduce_sum(w.sent);
+    } else {
+      if (options_.pre_scale != 1.0) w.range.mul_(options_.pre_scale);
+      w.work = comm_->all_reduce_sum(w.range);
+    }
+    works_.push_back(std::move(w));
+  }
+
+  struct Work {
+    at::Tensor range;  // the group in the gradient buffer
+    at::Tensor sent;   // its copy in the communication dtype (or undefined)
+    CommWork work;
+  };
+  at::Tensor grads_;  // flat, accum dtype, laid out like the parameters
+  int64_t owned_rank_ = 0;
+  std::vector<Work> works_;
+};
+
+// Stages 2-3: a bucket per group, reduce-scattered every micro-step into the
+// store's gradient partition.
+class ReduceScatterReducer final : public GradientReducer {
+ public:
+  ReduceScatterReducer(FlatParameters& params, StateStore& store, Comm* comm, MemoryLedger& ledger,
+                       CopyStream& copies, ReductionOptions options)
+      : GradientReducer(params, comm, ledger, copies, options), store_(store) {
+    ZERO_CHECK(store_.has_grads(), "stages 2-3 need the store's gradient partition");
+    staging_.resize(params_.groups().size());
+  }
+
+  void begin_backward(bool) override {
+    reducing_ = true;
+    std::fill(ready_.begin(), ready_.end(), 0);
+    next_launch_ = 0;
+  }
+
+  void add(size_t index, const at::Tensor& grad) override {
+    const auto& slot = params_.slots()[index];
+    const auto& group = params_.groups()[slot.group];
+    at::Tensor& st = staging_[slot.group];
+    if (!st.defined()) st = take_bucket(slot.group);
+    st.narrow(0, slot.offset - group.begin, slot.numel).add_(grad.reshape({-1}));
+    if (++ready_[slot.group] != static_cast<int64_t>(group.slots.size())) return;
+    launch_ready();
+    // Without overlap each complete bucket is reduced now, and waited for, as
+    // DeepSpeed does: holding them all until the end of backward would keep a
+    // whole-model gradient buffer.
+    if (!options_.overlap_comm) finish(true);
+  }
+
+  void end_backward() override {
+    const size_t n = params_.groups().size();
+    for (; next_launch_ < n; ++next_launch_) launch(n - 1 - next_launch_);
+    wait_all();
+  }
+
+  void wait_all() override {
+    finish(true);
+    while (!to_host_.empty()) add_host();
+  }
+
+  at::Tensor owned(size_t g) const override { return store_.grad(g); }
+  bool owned_in_store() const override { return true; }
+
+  void zero() override {
+    wait_all();
+    store_.zero_grads();
+    for (size_t g = 0; g < staging_.size(); ++g) release(g);
+  }
+
+ private:
+  // Pinned buffers for reduced chunks on their way to the host, and so the
+  // copies in flight (NOTE [offload transfers]).
+  static constexpr size_t kHostBuffers = 2;
+
+  void launch(size_t g) override {
+    const auto& group = params_.groups()[g];
+    at::Tensor& st = staging_[g];
+    if (!st.defined()) st = take_bucket(g);  // no gradient of this group here; others may have
+    if (!distributed()) {
+      if (options_.pre_scale != 1.0) st.mul_(options_.pre_scale);
+      if (options_.to_host) {  // the bucket is the owned chunk: to the host as it is
+        to_host(g, st, /*recycle=*/st);
+        st.reset();
+      } else {
+        store_.grad(g).add_(st);
+        release(g);
+      }
+      return;
+    }
+    const at::ScalarType dtype = options_.comm_dtype.value_or(options_.accum_dtype);
+    at::Tensor send = dtype == st.scalar_type() ? st : st.to(dtype);
+    if (options_.pre_scale != 1.0) send.mul_(options_.pre_scale);
+    Scatter s{g, at::Tensor(), at::Tensor(), CommWork()};
+    if (options_.reduce_scatter) {
+      s.out = LedgerAlloc::empty(ledger_, group.chunk_numel, dtype, options_.device, Tier::kDevice,
+                                 Kind::kCommBuffers, "stage-2 reduced chunk");
+      s.work = comm_->reduce_scatter_sum(s.out, send);
+    } else {  // reduce_scatter false: all-reduce the bucket, keep this rank's chunk
+      s.whole = send.is_same(st) ? st : send;
+      s.work = comm_->all_reduce_sum(s.whole);
+      s.out = s.whole.narrow(0, comm_->rank() * group.chunk_numel, group.chunk_numel);
+    }
+    scatters_.push_back(std::move(s));
+    // Bound the bucket memory: at most two in flight.
+    while (scatters_.size() > 2) finish(false);
+  }
+
+  void finish(bool all) {
+    while (!scatters_.empty()) {
+      auto& s = scatters_.front();
+      clock_.time([&] { s.work.wait(); });
+      if (!options_.to_host) {
+        store_.grad(s.group).add_(s.out);
+        release(s.group);
+      } else if (s.whole.defined() && s.whole.is_same(staging_[s.group])) {
+        // All-reduced in place: the bucket is what goes to the host.
+        to_host(s.group, s.out, /*recycle=*/staging_[s.group]);
+        staging_[s.group].reset();
+      } else {
+        to_host(s.group, s.out, /*recycle=*/at::Tensor());
+        release(s.group);
+      }
+      scatters_.pop_front();
+      if (!all) break;
+    }
+  }
+
+  // NOTE [offload transfers]: the reduced chunk of group g goes to a pinned
+  // buffer on the copy stream; the host adds it into the fp32 partition
+  // later (add_host). `recycle` (if defined): the bucket `reduced` lives in,
+  // reused once the copy out of it has ended.
+  void to_host(size_t g, const at::Tensor& reduced, at::Tensor recycle) {
+    if (!ring_.defined()) {
+      int64_t largest = 0;
+      for (const auto& grp : params_.groups()) largest = std::max(largest, grp.chunk_numel);
+      ring_ = HostRing(ledger_, options_.pin_memory, kHostBuffers, largest, reduced.scalar_type(),
+                       "gradient staging for the host");
+    }
+    // As many copies pending as buffers: the oldest is added in, freeing its buffer.
+    while (to_host_.size() >= kHostBuffers) add_host();
+    at::Tensor host = ring_.next(reduced.numel(), copy_wait_s_);
+    StreamEvent done = copies_.copy(host, reduced);
+    ring_.used_by(done);
+    to_host_.push_back({g, host, done, std::move(recycle)});
+  }
+
+  void add_host() {
+    HostGrad h = std::move(to_host_.front());
+    to_host_.pop_front();
+    const auto t0 = std::chrono::steady_clock::now();
+    h.done.synchronize();
+    copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    store_.grad(h.group).add_(h.host);
+    if (h.recycle.defined() && options_.reuse_buckets && spare_.size() < 2) spare_.push_back(h.recycle);
+  }
+
+  // The bucket buffers: reused rather than allocated every micro-step
+  // (contiguous_gradients); at most two spares, the bound of buckets in flight.
+  at::Tensor take_bucket(size_t g) {
+    const int64_t numel = params_.groups()[g].padded_numel;
+    for (size_t i = 0; i < spare_.size(); ++i) {
+      if (spare_[i].numel() >= numel) {
+        at::Tensor t = spare_[i].narrow(0, 0, numel);
+        spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+        return t.zero_();
+      }
+    }
+    return LedgerAlloc::empty(ledger_, numel, options_.accum_dtype, options_.device, Tier::kDevice,
+                              Kind::kCommBuffers, "stage-2 gradient bucket")
+        .zero_();
+  }
+
+  void release(size_t g) {
+    at::Tensor& st = staging_[g];
+    if (st.defined() && options_.reuse_buckets && spare_.size() < 2) spare_.push_back(st);
+    st.reset();
+  }
+
+  struct Scatter {
+    size_t group;
+    at::Tensor out;    // this rank's reduced chunk
+    at::Tensor whole;  // reduce_scatter false: the all-reduced bucket
+    CommWork work;
+  };
+  struct HostGrad {
+    size_t group;
+    at::Tensor host;
+    StreamEvent done;
+    at::Tensor recycle;
+  };
+  StateStore& store_;
+  std::vector<at::Tensor> staging_;  // per group, while in use
+  std::vector<at::Tensor> spare_;    // released buckets kept for reuse
+  std::deque<Scatter> scatters_;     // collectives in flight
+  HostRing ring_;
+  std::deque<HostGrad> to_host_;
+};
+
+}  // namespace
+
+GradientReducer::GradientReducer(FlatParameters& params, Comm* comm, MemoryLedger& ledger, CopyStream& copies,
+                                 ReductionOptions options)
+    : params_(params),
+      comm_(comm),
+      ledger_(ledger),
+      copies_(copies),
+      options_(options),
+      ready_(params.groups().size(), 0),
+      clock_(options.device) {
+  if (options_.comm_dtype && *options_.comm_dtype == options_.accum_dtype) options_.comm_dtype.reset();
+}
+
+std::unique_ptr<GradientReducer> GradientReducer::create(int stage, FlatParameters& params, StateStore& store,
+                                                         Comm* comm, MemoryLedger& ledger, CopyStream& copies,
+                                                         ReductionOptions options) {
+  if (stage >= 2) return std::make_unique<ReduceScatterReducer>(params, store, comm, ledger, copies, options);
+  return std::make_unique<AllReduceReducer>(params, comm, ledger, copies, options);
+}
+
+// Groups start in descending order (backward produces the last layers'
+// gradients first), and never out of that order, so all ranks match.
+void GradientReducer::launch_ready() {
+  const size_t n = params_.groups().size();
+  while (next_launch_ < n) {
+    const size_t g = n - 1 - next_launch_;
+    if (ready_[g] != static_cast<int64_t>(params_.groups()[g].slots.size())) break;
+    launch(g);
+    ++next_launch_;
+  }
+}
+
+}  // namespace zero::partition

@@ -1,0 +1,109 @@
+// NOTE [state store] in state_store.h.
+#include "zero/partition/state_store.h"
+
+#include <ATen/ATen.h>
+
+#include "zero/core/error.h"
+
+namespace zero::partition {
+
+StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer& optimizer, StoreOptions options,
+                       MemoryLedger& ledger, ParamMaster param_master)
+    : params_(params), options_(std::move(options)), ledger_(ledger), param_master_(std::move(param_master)) {
+  if (options_.nvme) options_.offload = true;
+  ZERO_CHECK(!(param_master_ && options_.offload), "an offloaded master cannot be the parameters");
+  const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
+  std::vector<int64_t> numels;
+  for (size_t g = 0; g < params_.groups().size(); ++g) {
+    const int64_t n = params_.groups()[g].chunk_numel;
+    numels.push_back(n);
+    for (int64_t start = 0; start < n; start += size) sub_groups_.push_back({g, start, std::min(size, n - start)});
+  }
+  names_.push_back("fp32_master");
+  for (int i = 0; i < optimizer.num_states(); ++i) {
+    names_.push_back(optimizer.state_names()[static_cast<size_t>(i)]);
+    initial_.push_back(optimizer.initial_state(i));
+  }
+  tier_ = options_.nvme ? Tier::kNvme : !options_.offload ? Tier::kDevice
+                                       : options_.pin_memory ? Tier::kPinnedHost
+                                                             : Tier::kHost;
+  const int64_t owned = params_.owned_numel();
+  // A buffer of the owned partition: on the device, or offloaded in host
+  // memory, pinned when asked and within the ledger's pinned limit.
+  auto buffer = [&](at::ScalarType dtype, Kind kind, const std::string& what) {
+    if (!options_.offload) return LedgerAlloc::empty(ledger_, owned, dtype, options_.device, Tier::kDevice, kind, what);
+    return LedgerAlloc::host_empty(ledger_, owned, dtype, options_.pin_memory, kind, what);
+  };
+  if (options_.grad_partition) {
+    // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's.
+    grads_ = buffer(options_.offload ? at::kFloat : options_.grad_dtype, Kind::kGradients, "owned gradient partition");
+    grads_.zero_();
+  }
+  if (options_.nvme) {
+    swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), names_, *options_.nvme, ledger_);
+    return;
+  }
+  if (!param_master_) master_ = buffer(at::kFloat, Kind::kOptimizerStates, "fp32 master parameters");
+  for (size_t i = 0; i < initial_.size(); ++i)
+    states_.push_back(buffer(at::kFloat, Kind::kOptimizerStates, "optimizer state " + names_[i + 1]));
+}
+
+void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const std::function<void(size_t g)>& done) {
+  if (swapper_) {
+    swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
+      const auto [g, start, len] = sub_groups_[k];
+      t[0].copy_(chunk(g).narrow(0, start, len));
+      for (size_t i = 1; i < t.size(); ++i) t[i].fill_(initial_[i - 1]);
+      if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) done(g);
+    });
+    swapper_->clear_timings();
+    return;
+  }
+  for (size_t i = 0; i < states_.size(); ++i) states_[i].fill_(initial_[i]);
+  if (param_master_) return;
+  for (size_t g = 0; g < params_.groups().size(); ++g) {
+    params_.owned_chunk_of(master_, g).copy_(chunk(g));
+    done(g);
+  }
+}
+
+void StateStore::visit(bool write_back, const Visit& fn) {
+  if (swapper_) {
+    swapper_->pass(/*read=*/true, write_back, [&](size_t k, const std::vector<at::Tensor>& t) {
+      fn(k, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
+    });
+    return;
+  }
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+    const auto [g, start, len] = sub_groups_[k];
+    std::vector<at::Tensor> s;
+    for (size_t i = 0; i < states_.size(); ++i) s.push_back(state(i, g).narrow(0, start, len));
+    fn(k, master(g).narrow(0, start, len), std::move(s));
+  }
+}
+
+void StateStore::prefetch() {
+  if (swapper_) swapper_->prefetch();
+}
+
+at::Tensor StateStore::master(size_t g) const {
+  ZERO_CHECK(!swapper_, "the master is on NVMe: visit() it");
+  if (param_master_) return param_master_(g);
+  return params_.owned_chunk_of(master_, g);
+}
+
+at::Tensor StateStore::state(size_t i, size_t g) const {
+  ZERO_CHECK(!swapper_ && i < states_.size(), "no such optimizer state in memory");
+  return params_.owned_chunk_of(states_[i], g);
+}
+
+at::Tensor StateStore::grad(size_t g) const {
+  ZERO_CHECK(grads_.defined(), "no gradient partition below stage 2");
+  return params_.owned_chunk_of(grads_, g);
+}
+
+void StateStore::zero_grads() {
+  if (grads_.defined()) grads_.zero_();
+}
+
+}  // namespace zero::partition
