@@ -11,6 +11,7 @@ enum class When {
   kTrue,     // the value is the boolean true
   kAbove,    // a number greater than `bound`
   kBelow,    // a number less than `bound`
+  kFalse,    // the value is the boolean false
 };
 
 enum class Severity {
@@ -63,6 +64,12 @@ constexpr FeatureRule kFeatures[] = {
     {"zero_optimization.mics_shard_size", When::kAbove, 0, Severity::kError, "MiCS sharding", "-1"},
     {"sequence_parallel_size", When::kAbove, 1, Severity::kError, "sequence parallelism", "1"},
     {"aio.use_gds", When::kTrue, 0, Severity::kError, "GPUDirect Storage", "false"},
+    {"fp16.fp16_master_weights_and_grads", When::kTrue, 0, Severity::kError,
+     "fp16 master weights and gradients (zero keeps them in fp32)", "false"},
+    {"bf16.bf16_master_weights_and_grads", When::kTrue, 0, Severity::kError,
+     "bf16 master weights and gradients (zero keeps them in fp32)", "false"},
+    {"bf16.bf16_optimizer_states", When::kTrue, 0, Severity::kError,
+     "bf16 optimizer states (zero keeps them in fp32)", "false"},
     // Warnings: accepted and ignored, the math is unchanged.
     {"flops_profiler.enabled", When::kTrue, 0, Severity::kWarning, "the flops profiler is not implemented by zero", nullptr},
     {"tensorboard.enabled", When::kTrue, 0, Severity::kWarning, "TensorBoard monitoring is not implemented by zero", nullptr},
@@ -93,6 +100,46 @@ constexpr FeatureRule kFeatures[] = {
      "streamed partitioning at zero.Init is not implemented by zero", nullptr},
     {"zero_optimization.partition_stream_chunk_size", When::kAbove, 0, Severity::kWarning,
      "streamed partitioning at zero.Init is not implemented by zero", nullptr},
+    // Keys DeepSpeed reads to tune how it runs; zero computes the same
+    // without them (docs/architecture.md, "Config keys").
+    {"zero_optimization.allgather_partitions", When::kFalse, 0, Severity::kWarning,
+     "has no effect: zero always all-gathers the updated partitions (false asks DeepSpeed for broadcasts)", nullptr},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", When::kFalse, 0, Severity::kWarning,
+     "has no effect: zero reduces each bucket with one collective", nullptr},
+    {"zero_optimization.round_robin_gradients", When::kTrue, 0, Severity::kWarning,
+     "has no effect: with offload each rank already copies only its own reduced chunks to the host, bucket by "
+     "bucket as their reductions end",
+     nullptr},
+    {"zero_optimization.ignore_unused_parameters", When::kFalse, 0, Severity::kWarning,
+     "has no effect: zero always reduces parameters without gradients as zeros", nullptr},
+    {"zero_optimization.load_from_fp32_weights", When::kFalse, 0, Severity::kWarning,
+     "has no effect: zero has no engine checkpoints to load yet", nullptr},
+    {"zero_optimization.elastic_checkpoint", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero has no engine checkpoints yet", nullptr},
+    {"zero_optimization.stage3_module_granularity_threshold", When::kAbove, 0, Severity::kWarning,
+     "has no effect: zero's stage-3 layers are the modules it is given (NOTE [stage-3 layers])", nullptr},
+    {"zero_optimization.module_granularity_threshold", When::kAbove, 0, Severity::kWarning,
+     "has no effect: zero's stage-3 layers are the modules it is given (NOTE [stage-3 layers])", nullptr},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero gathers stage-3 parameters with all-gathers", nullptr},
+    {"zero_optimization.use_all_reduce_for_fetch_params", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero gathers stage-3 parameters with all-gathers", nullptr},
+    {"zero_optimization.stage3_allgather_sequential", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero issues each layer's all-gather as one collective", nullptr},
+    {"zero_optimization.allgather_sequential", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero issues each layer's all-gather as one collective", nullptr},
+    {"zero_optimization.offload_optimizer.fast_init", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero writes the initial states through its swap buffers", nullptr},
+    {"zero_optimization.offload_optimizer.convert_grad_on_cpu", When::kPresent, 0, Severity::kWarning,
+     "has no effect: zero's CPU Adam reads the gradients in fp32", nullptr},
+    {"zero_optimization.offload_optimizer.cpuadam_cores_perc", When::kPresent, 0, Severity::kWarning,
+     "has no effect: zero's CPU Adam runs on every core oneTBB gives it", nullptr},
+    {"bf16.immediate_grad_update", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero adds each gradient into its buffers as backward produces it", nullptr},
+    {"zero_allow_untested_optimizer", When::kTrue, 0, Severity::kWarning,
+     "has no effect: zero builds its own optimizers from the optimizer section", nullptr},
+    {"seq_parallel_communication_data_type", When::kPresent, 0, Severity::kWarning,
+     "has no effect: zero has no sequence parallelism", nullptr},
 };
 
 // Every top-level key DeepSpeed reads (runtime/constants.py and the section
@@ -135,6 +182,8 @@ bool triggered(const FeatureRule& rule, const Json& v) {
       return !v.is_null();
     case When::kTrue:
       return v.is_boolean() && v.get<bool>();
+    case When::kFalse:
+      return v.is_boolean() && !v.get<bool>();
     case When::kAbove:
       return v.is_number() && v.get<double>() > rule.bound;
     case When::kBelow:
@@ -154,20 +203,25 @@ void check_features(Context& ctx, const Json& root) {
     if (rule.severity == Severity::kError) {
       ctx.problem(rule.path, std::string(rule.feature) + " is not implemented by zero; expected " + rule.expected +
                                  "; got " + got);
+    } else if (std::string(rule.feature).rfind("has no effect", 0) == 0) {
+      ctx.warn(rule.path, got + " " + rule.feature + " (training is unchanged)");
     } else {
       ctx.warn(rule.path, std::string(rule.feature) + "; ignored (training is unchanged)");
     }
   }
 }
 
+// Every unknown top-level key is named, with the nearest known one when it
+// is close; keys starting with '_' are comments by convention ("_comment")
+// and pass silently. Not errors: DeepSpeed ignores them.
 void check_top_level_keys(Context& ctx, const Json& root) {
   const std::vector<std::string>& keys = top_level_keys();
   for (const auto& [key, value] : root.items()) {
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
-    if (key.size() < 4) continue;
-    if (auto suggestion = zero::nearest(key, keys, 2); !suggestion.empty()) {
-      ctx.warn(key, "unknown top-level key, ignored as DeepSpeed does; did you mean " + suggestion + "?");
-    }
+    if (!key.empty() && key[0] == '_') continue;
+    const std::string suggestion = key.size() >= 4 ? zero::nearest(key, keys, 2) : std::string();
+    ctx.warn(key, "unknown top-level key, ignored as DeepSpeed does" +
+                      (suggestion.empty() ? std::string() : "; did you mean " + suggestion + "?"));
   }
 }
 

@@ -108,6 +108,10 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
                              std::to_string(env.world_size) + " (" + env.launcher +
                              " environment): " + e.what());
   }
+  return join(store, env, device);
+}
+
+std::unique_ptr<Comm> Comm::join(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("zero/pg", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   const bool loopback = is_loopback(env.master_addr);

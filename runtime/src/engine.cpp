@@ -362,6 +362,15 @@ struct Engine::Impl {
       line << buf;
     }
     log::info(line.str());
+    if (config.memory_breakdown) {  // DeepSpeed's memory_breakdown: where the bytes are, now and at most
+      std::ostringstream mem;
+      mem << "memory (current / peak):";
+      for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme}) {
+        const auto c = ledger().get(t);
+        mem << " " << to_string(t) << " " << format_bytes(c.current_bytes) << " / " << format_bytes(c.peak_bytes);
+      }
+      log::info(mem.str());
+    }
     loss_sum = torch::Tensor();
     loss_count = 0;
     window_steps = 0;

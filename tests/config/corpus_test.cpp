@@ -248,7 +248,10 @@ TEST(CorpusDetails, ImagenetTabsUnknownKeyClippingZero) {
   EXPECT_TRUE(c.optimizer->adam_w_mode);
   EXPECT_DOUBLE_EQ(c.optimizer->betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer->weight_decay, 3e-7);
-  for (const std::string& w : c.warnings) EXPECT_EQ(w.find("cuda_visible_devices"), std::string::npos) << w;
+  // The unknown key is named (not an error: DeepSpeed ignores it too).
+  bool named = false;
+  for (const std::string& w : c.warnings) named |= w.find("cuda_visible_devices: unknown top-level key") != std::string::npos;
+  EXPECT_TRUE(named);
 }
 
 TEST(CorpusDetails, UniversalCheckpointDataTypesAndWorldSize2) {

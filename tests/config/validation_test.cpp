@@ -448,25 +448,68 @@ TEST(Features, WarningsForFeaturesThatDoNotChangeTheMath) {
   for (const char* text :
        {"flops_profiler.enabled: the flops profiler is not implemented by zero; ignored (training is unchanged)",
         "tensorboard.enabled: TensorBoard monitoring", "comms_logger.enabled", "checkpoint: DeepSpeed's checkpoint options do not apply",
-        "dataloader_drop_last", "dump_state", "zero_force_ds_cpu_optimizer: has no effect", "fp16.auto_cast",
+        "dataloader_drop_last", "dump_state", "zero_force_ds_cpu_optimizer: false has no effect", "fp16.auto_cast",
         "aio.thread_count: legacy name of intra_op_parallelism, used as that"}) {
     EXPECT_TRUE(has_warning(c, text)) << text << "\n" << joined(c.warnings);
   }
   EXPECT_FALSE(has_warning(c, "wandb"));
-  EXPECT_FALSE(has_warning(c, "_comment"));
-  EXPECT_FALSE(has_warning(c, "cuda_visible_devices"));
+  EXPECT_FALSE(has_warning(c, "_comment")) << "a comment by convention";
+  EXPECT_TRUE(has_warning(c, "cuda_visible_devices: unknown top-level key, ignored as DeepSpeed does"))
+      << joined(c.warnings);
   EXPECT_EQ(c.aio.intra_op_parallelism, 4);
   EXPECT_TRUE(c.memory_breakdown);
   EXPECT_FALSE(c.zero_force_ds_cpu_optimizer);
 }
 
-TEST(TopLevel, TyposOfKnownKeysWarnOthersAreIgnored) {
-  const Config c = load_string(with(R"("gradient_cliping": 0.5, "steps_per_prnt": 10, "my_launcher_setting": 1)"));
+// Every key zero reads is acted on or named (NOTE [unsupported features]):
+// the ones that only tune how DeepSpeed runs warn, with the value given.
+TEST(Features, KeysWithoutEffectHereWarnNamingTheValue) {
+  const Config c = load_string(with(R"("zero_optimization": {"stage": 3, "allgather_partitions": false,
+      "use_multi_rank_bucket_allreduce": false, "round_robin_gradients": true, "ignore_unused_parameters": false,
+      "load_from_fp32_weights": false, "elastic_checkpoint": true, "stage3_module_granularity_threshold": 100,
+      "stage3_use_all_reduce_for_fetch_params": true, "stage3_allgather_sequential": true,
+      "offload_optimizer": {"device": "cpu", "fast_init": true, "cpuadam_cores_perc": 0.5}},
+      "bf16": {"enabled": true, "immediate_grad_update": true}, "zero_allow_untested_optimizer": true)"));
+  for (const char* text :
+       {"zero_optimization.allgather_partitions: false has no effect", "use_multi_rank_bucket_allreduce: false has no effect",
+        "zero_optimization.round_robin_gradients: true has no effect", "ignore_unused_parameters: false has no effect",
+        "load_from_fp32_weights: false has no effect", "elastic_checkpoint: true has no effect",
+        "stage3_module_granularity_threshold: 100 has no effect", "stage3_use_all_reduce_for_fetch_params: true has no effect",
+        "stage3_allgather_sequential: true has no effect", "offload_optimizer.fast_init: true has no effect",
+        "offload_optimizer.cpuadam_cores_perc: 0.5 has no effect", "bf16.immediate_grad_update: true has no effect",
+        "zero_allow_untested_optimizer: true has no effect"}) {
+    EXPECT_TRUE(has_warning(c, text)) << text << "\n" << joined(c.warnings);
+  }
+}
+
+// Keeping master weights (or optimizer states) in 16 bits would change
+// training: refused, naming the key.
+TEST(Features, SixteenBitMasterWeightsAreRefused) {
+  for (const char* body : {R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})",
+                           R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true})",
+                           R"("bf16": {"enabled": true, "bf16_optimizer_states": true})"}) {
+    try {
+      load_string(with(body));
+      ADD_FAILURE() << "expected a ConfigError for " << body;
+    } catch (const zero::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not implemented by zero; expected false; got true"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(TopLevel, UnknownKeysWarnWithTheNearestKnownOne) {
+  const Config c = load_string(with(R"("gradient_cliping": 0.5, "steps_per_prnt": 10, "my_launcher_setting": 1,
+                                       "_note": "comments start with an underscore")"));
   EXPECT_TRUE(has_warning(c, "<string>: gradient_cliping: unknown top-level key, ignored as DeepSpeed does; did you "
                              "mean gradient_clipping?"))
       << joined(c.warnings);
   EXPECT_TRUE(has_warning(c, "steps_per_prnt: unknown top-level key"));
-  EXPECT_FALSE(has_warning(c, "my_launcher_setting"));
+  EXPECT_TRUE(has_warning(c, "<string>: my_launcher_setting: unknown top-level key, ignored as DeepSpeed does"))
+      << joined(c.warnings);
+  EXPECT_FALSE(has_warning(c, "my_launcher_setting: unknown top-level key, ignored as DeepSpeed does; did you"))
+      << "no near match, no suggestion";
+  EXPECT_FALSE(has_warning(c, "_note"));
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);  // the typo is not read
 }
 

@@ -67,7 +67,13 @@ std::string write_config(const RunSpec& r) {
   // Stage 3: weights partitioned, LayerNorm parameters (64) kept whole.
   if (r.stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 100;
   const nlohmann::json extra = nlohmann::json::parse(r.zero_extra);  // named: items() must not outlive it
-  for (const auto& [k, v] : extra.items()) c["zero_optimization"][k] = v;
+  for (const auto& [k, v] : extra.items()) {
+    const std::string top = "_top";  // "key_top": a top-level key instead
+    if (k.size() > top.size() && k.compare(k.size() - top.size(), top.size(), top) == 0)
+      c[k.substr(0, k.size() - top.size())] = v;
+    else
+      c["zero_optimization"][k] = v;
+  }
   std::ofstream(path) << c.dump(2);
   return path;
 }
@@ -466,6 +472,45 @@ TEST_P(DeferredCopiesOnTwoRanks, EqualImmediateCopiesBitForBit) {
   EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
   EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
 }
+
+// The keys that shape the reduction reach it (NOTE [gradient path]), on two
+// ranks at stage 2: reduce_scatter false and an fp32 communication_data_type
+// give the same bits as the default; prescale_gradients and
+// gradient_predivide_factor move the division (so only rounding differs);
+// bf16 reductions round (so the run differs, slightly).
+struct KeyCase {
+  const char* name;
+  const char* extra;
+  double max_rel;  // 0: bit for bit
+  bool differs;    // must not be bit for bit
+};
+
+class ReductionKeysOnTwoRanks : public ::testing::TestWithParam<KeyCase> {};
+
+TEST_P(ReductionKeysOnTwoRanks, ChangeTheRunAsTheyShould) {
+  const KeyCase c = GetParam();
+  RunSpec base{2, 2, 1, 0.05};
+  base.steps = 8;
+  RunSpec with_key = base;
+  with_key.zero_extra = c.extra;
+  auto ref = run_mingpt(base);
+  auto got = run_mingpt(with_key);
+  ASSERT_FALSE(ref.empty());
+  ASSERT_FALSE(got.empty());
+  const double a = got["param_l2"].get<double>(), b = ref["param_l2"].get<double>();
+  if (c.max_rel == 0) EXPECT_EQ(a, b);
+  else EXPECT_LT(rel(a, b), c.max_rel);
+  if (c.differs) EXPECT_NE(a, b);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stage2, ReductionKeysOnTwoRanks,
+    ::testing::Values(KeyCase{"reduce_scatter_false", R"({"reduce_scatter": false})", 0, false},
+                      KeyCase{"contiguous_gradients_false", R"({"contiguous_gradients": false})", 0, false},
+                      KeyCase{"predivide", R"({"gradient_predivide_factor_top": 2.0})", 1e-6, false},
+                      KeyCase{"prescale", R"({"prescale_gradients_top": true})", 1e-6, false},
+                      KeyCase{"bf16_reductions", R"({"communication_data_type_top": "bf16"})", 1e-2, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(Offload, DeferredCopiesOnTwoRanks,
                          ::testing::Values("stage1", "stage2", "stage3", "stage3_nvme_params"),

@@ -8,6 +8,7 @@
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
@@ -121,6 +122,48 @@ TEST(Engine, Stage0Fp32MatchesLibTorchAdamW) {
   // second moment is tiny. 5e-4 is a sixth of one step's movement at lr 3e-3;
   // a wrong update (bias correction, decay) is off by far more.
   EXPECT_LT(max_abs_diff(ours, ref), 5e-4);
+}
+
+// Adagrad's initial_accumulator_value starts its sum of squares (as
+// torch::optim::Adagrad); it was read and then ignored before.
+TEST(Engine, AdagradStartsFromItsInitialAccumulatorValue) {
+  auto task = mingpt::make_addition_task(2);
+  auto order = mingpt::epoch_order(task->train_size(), 1, 0);
+  auto ref_model = make_model(7);
+  torch::optim::Adagrad opt(ref_model->parameters(),
+                            torch::optim::AdagradOptions(0.01).initial_accumulator_value(0.5).eps(1e-10));
+  auto model = make_model(7);
+  auto engine = zero::initialize(
+      model.ptr(),
+      R"({"train_micro_batch_size_per_gpu": 32, "gradient_clipping": 0.0, "optimizer": {"type": "Adagrad",
+          "params": {"lr": 0.01, "eps": 1e-10, "initial_accumulator_value": 0.5}}})",
+      quiet());
+  for (int s = 0; s < 10; ++s) {
+    auto b = task->train_batch(mingpt::micro_batch_indices(order, s, 0, 0, 32, 1, 1));
+    opt.zero_grad();
+    loss_of(ref_model, b).backward();
+    opt.step();
+    engine.backward(loss_of(model, b));
+    engine.step();
+  }
+  const auto ours = flat_params(model), ref = flat_params(ref_model);
+  EXPECT_LT(std::abs(norm_of(ours) - norm_of(ref)) / norm_of(ref), 1e-6);
+  EXPECT_LT(max_abs_diff(ours, ref), 1e-5);
+}
+
+// memory_breakdown: each progress line is followed by the ledger's bytes per tier.
+TEST(Engine, MemoryBreakdownPrintsTheTiersWithTheProgress) {
+  auto model = make_model(1);
+  auto opts = quiet();
+  opts.print_progress = true;
+  auto engine = zero::initialize(model.ptr(), config_json(R"(, "steps_per_print": 1, "memory_breakdown": true)"), opts);
+  auto task = mingpt::make_addition_task(2);
+  testing::internal::CaptureStderr();
+  engine.backward(loss_of(model, task->train_batch({0, 1, 2, 3})));
+  engine.step();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("memory (current / peak): device "), std::string::npos) << err;
+  EXPECT_NE(err.find(" nvme 0 B / 0 B"), std::string::npos) << err;
 }
 
 TEST(Engine, GlobalNormClippingMatchesClipGradNorm) {

@@ -59,6 +59,10 @@ class Comm {
   /// (rank 0 serves it), then the backend for `device` (Gloo for CPU, NCCL for
   /// CUDA). Throws zero::CommunicationError when the rendezvous fails or times out.
   static std::unique_ptr<Comm> connect(const DistEnv& env, at::Device device);
+  /// The same over a store already made: several ranks as threads of one
+  /// process can share a c10d::HashStore (in-process tests). Throws
+  /// zero::CommunicationError, zero::ConfigError (NCCL without a CUDA device).
+  static std::unique_ptr<Comm> join(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;

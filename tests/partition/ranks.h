@@ -1,0 +1,44 @@
+// Several ranks as threads of one test process, over Gloo on one in-memory
+// c10d::HashStore: collectives for unit tests without spawning processes.
+#pragma once
+
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "zero/core/comm.h"
+#include "zero/core/dist_env.h"
+
+namespace zero::testing {
+
+/// Runs fn(rank, comm) on `world` ranks, one thread each; rethrows the first
+/// exception a rank threw once every thread has ended.
+template <typename F>
+void on_ranks(int world, F fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistEnv env;
+        env.rank = r;
+        env.world_size = world;
+        env.local_rank = r;
+        env.local_world_size = world;
+        env.timeout = std::chrono::milliseconds(60000);
+        auto comm = Comm::join(store, env, at::kCPU);
+        fn(r, *comm);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace zero::testing

@@ -1,0 +1,163 @@
+// The state store (NOTE [state store]) on every tier: the master starts as
+// the parameters' chunks and the states at the optimizer's initial values;
+// what a visit writes, the next visit reads back, sub-group by sub-group, at
+// sub-group sizes that do not divide the groups (and, on NVMe, through the
+// swap files). And the flat layout (NOTE [flat layout]) the store follows.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <ATen/ATen.h>
+
+#include "zero/core/memory_ledger.h"
+#include "zero/optim/flat_optimizer.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/partition/state_store.h"
+
+namespace {
+
+using zero::Tier;
+using zero::partition::FlatParameters;
+using zero::partition::StateStore;
+using zero::partition::StoreOptions;
+
+std::vector<std::pair<std::string, at::Tensor>> params() {
+  return {{"a", at::arange(700, at::kFloat).div_(7).requires_grad_()},
+          {"b", at::arange(2500, at::kFloat).mul_(-0.5).requires_grad_()},
+          {"c", at::full({3}, 2.5f).requires_grad_()}};
+}
+
+zero::config::OptimizerConfig adagrad(double initial) {
+  zero::config::OptimizerConfig c;
+  c.type = zero::config::OptimizerType::kAdagrad;
+  c.initial_accumulator_value = initial;
+  return c;
+}
+
+struct TierCase {
+  const char* name;
+  bool offload, pin, nvme;
+  int64_t sub_group;
+};
+
+class StoreTiers : public ::testing::TestWithParam<TierCase> {};
+
+TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
+  const TierCase c = GetParam();
+  zero::MemoryLedger ledger;
+  auto ps = params();
+  FlatParameters flat(ps, at::kFloat, at::kCPU, /*world_size=*/2, /*group_numel=*/1000, ledger);
+  auto opt = zero::optim::FlatOptimizer::create(adagrad(0.25));
+  StoreOptions o;
+  o.offload = c.offload;
+  o.pin_memory = c.pin;
+  o.sub_group_size = c.sub_group;
+  o.grad_partition = true;
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/store_" + std::to_string(getpid()) + "_" + c.name;
+  if (c.nvme) {
+    std::filesystem::create_directories(dir);
+    zero::partition::SwapOptions so;
+    so.nvme_path = dir;
+    so.buffer_count = 2;
+    o.nvme = so;
+  }
+  {
+    StateStore store(flat, *opt, o, ledger);
+    const int rank = 1;
+    store.init([&](size_t g) { return flat.chunk_of(flat.flat(), g, rank); }, [](size_t) {});
+    EXPECT_EQ(store.names(), (std::vector<std::string>{"fp32_master", "sum"}));
+    EXPECT_EQ(store.tier(), c.nvme ? Tier::kNvme : !c.offload ? Tier::kDevice : c.pin ? Tier::kPinnedHost : Tier::kHost);
+    // Sub-groups cover every chunk in order, none across two groups.
+    int64_t covered = 0;
+    for (const auto& sg : store.sub_groups()) {
+      EXPECT_LE(sg.numel, c.sub_group);
+      EXPECT_LE(sg.start + sg.numel, flat.groups()[sg.group].chunk_numel);
+      covered += sg.numel;
+    }
+    EXPECT_EQ(covered, flat.owned_numel());
+    // First visit: the master is rank 1's chunk, the states the initial value; write new values.
+    store.visit(true, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
+      const auto& sg = store.sub_groups()[k];
+      EXPECT_TRUE(at::equal(m, flat.chunk_of(flat.flat(), sg.group, rank).narrow(0, sg.start, sg.numel)))
+          << "sub-group " << k;
+      ASSERT_EQ(s.size(), 1u);
+      EXPECT_TRUE(at::equal(s[0], at::full({sg.numel}, 0.25f))) << "sub-group " << k;
+      m.add_(static_cast<float>(k));
+      s[0].fill_(static_cast<float>(k) * 3);
+    });
+    // Second visit reads what the first wrote.
+    store.visit(false, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
+      const auto& sg = store.sub_groups()[k];
+      const at::Tensor want = flat.chunk_of(flat.flat(), sg.group, rank).narrow(0, sg.start, sg.numel) + k;
+      EXPECT_TRUE(at::equal(m, want)) << "sub-group " << k;
+      EXPECT_TRUE(at::equal(s[0], at::full({sg.numel}, static_cast<float>(k) * 3))) << "sub-group " << k;
+    });
+    // The gradient partition: fp32, zero, and zeroed again.
+    for (size_t g = 0; g < flat.groups().size(); ++g) EXPECT_EQ(store.grad(g).abs().sum().item<float>(), 0.0f);
+    store.grad(0).fill_(1);
+    store.zero_grads();
+    EXPECT_EQ(store.grad(0).abs().sum().item<float>(), 0.0f);
+  }
+  if (c.nvme) {
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "swap files left";
+    std::filesystem::remove_all(dir);
+  }
+  EXPECT_EQ(ledger.get(Tier::kNvme).current_bytes, 0);
+  EXPECT_EQ(ledger.get(Tier::kPinnedHost).current_bytes + ledger.get(Tier::kHost).current_bytes, 0)
+      << "the store's host buffers are counted while it lives only";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, StoreTiers,
+                         ::testing::Values(TierCase{"device", false, false, false, 1000000},
+                                           TierCase{"device_small", false, false, false, 333},
+                                           TierCase{"pinned", true, true, false, 777},
+                                           TierCase{"pageable", true, false, false, 1000000},
+                                           TierCase{"nvme", true, true, true, 500}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// fp32 parameters in one partition: the master is the parameters themselves.
+TEST(StateStore, TheMasterCanBeTheParameters) {
+  zero::MemoryLedger ledger;
+  auto ps = params();
+  FlatParameters flat(ps, at::kFloat, at::kCPU, 1, 1000, ledger);
+  auto opt = zero::optim::FlatOptimizer::create(adagrad(0.0));
+  StateStore store(flat, *opt, {}, ledger, [&](size_t g) { return flat.chunk_of(flat.flat(), g, 0); });
+  store.init([](size_t) -> at::Tensor { ADD_FAILURE() << "nothing to copy"; return {}; }, [](size_t) {});
+  EXPECT_TRUE(store.master_is_param());
+  EXPECT_EQ(ledger.get(Tier::kDevice, zero::Kind::kOptimizerStates).current_bytes,
+            flat.owned_numel() * 4) << "one state (Adagrad's sum), no master copy";
+  store.visit(true, [](size_t, at::Tensor m, std::vector<at::Tensor>) { m.fill_(9); });
+  EXPECT_EQ(ps[0].second.detach().min().item<float>(), 9.0f) << "the parameters were the master";
+}
+
+// NOTE [flat layout]: groups padded to a multiple of world_size * 256, rank r
+// owning chunk r of each; a tied parameter once; parameters rebound to views.
+TEST(FlatLayout, GroupsPadChunksAndViews) {
+  zero::MemoryLedger ledger;
+  auto ps = params();
+  ps.push_back({"a_again", ps[0].second});  // tied: laid out once
+  FlatParameters flat(ps, at::kFloat, at::kCPU, 3, 1000, ledger);
+  ASSERT_EQ(flat.slots().size(), 3u);
+  EXPECT_EQ(flat.numel(), 700 + 2500 + 3);
+  // a (700) alone; b (2500) alone (larger than a group); c (3) alone.
+  ASSERT_EQ(flat.groups().size(), 3u);
+  int64_t owned = 0;
+  for (const auto& g : flat.groups()) {
+    EXPECT_EQ(g.padded_numel % (3 * zero::partition::kPartitionAlignNumel), 0);
+    EXPECT_EQ(g.chunk_numel * 3, g.padded_numel);
+    EXPECT_EQ(g.owned_offset, owned);
+    owned += g.chunk_numel;
+  }
+  EXPECT_EQ(flat.owned_numel(), owned);
+  EXPECT_EQ(flat.groups()[1].padded_numel, 3072);  // 2500 up to a multiple of 768
+  // The parameter is a view of the flat buffer; padding is zero.
+  ps[1].second.detach().fill_(5);
+  EXPECT_EQ(flat.group_of(flat.flat(), 1).narrow(0, 0, 2500).min().item<float>(), 5.0f);
+  EXPECT_EQ(flat.group_of(flat.flat(), 1).narrow(0, 2500, 572).abs().sum().item<float>(), 0.0f);
+  // chunk r of a group is its r-th third.
+  EXPECT_TRUE(at::equal(flat.chunk_of(flat.flat(), 1, 2), flat.group_of(flat.flat(), 1).narrow(0, 2048, 1024)));
+}
+
+}  // namespace
