@@ -2,6 +2,8 @@
 #include "zero/core/ledger_alloc.h"
 #include "zero/partition/param_swapper.h"
 
+#include "zero/partition/stage3_rules.h"
+
 #include <chrono>
 #include <cstring>
 
@@ -37,7 +39,9 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   }
   const auto& info = params_.groups();
   groups_.resize(info.size());
-  int64_t budget = std::max<int64_t>(0, options_.max_in_cpu);
+  InCpuBudget budget(options_.max_in_cpu);
+  ZERO_CHECK(options_.in_memory.empty() || options_.in_memory.size() == info.size(),
+             "parameter swapper: the plan's in-memory decisions do not match the groups");
   int64_t largest = 0, elem = 0;
   std::string largest_name;
   const auto& adopted = options_.adopted_offsets;
@@ -47,10 +51,8 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
   for (size_t g = 1; g < info.size(); ++g) {  // group 0 is always gathered: it stays
     const int64_t n = info[g].chunk_numel;
     const bool on_disk = !adopted.empty() && adopted[g] >= 0;
-    if (!on_disk && n <= budget) {
-      budget -= n;
-      continue;
-    }
+    const bool in_memory = options_.in_memory.empty() ? budget.keep(n) : options_.in_memory[g];
+    if (!on_disk && in_memory) continue;
     auto& gr = groups_[g];
     gr.swapped = true;
     elem = params_.part(g).element_size();

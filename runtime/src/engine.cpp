@@ -32,7 +32,9 @@
 #include "zero/core/log.h"
 #include "engine_util.h"
 #include "zero/runtime/engine_internal.h"
+#include "context.h"
 #include "init_state.h"
+#include "zero/partition/stage3_plan.h"
 #include "zero/partition/layer.h"
 #include <c10/util/accumulate.h>
 #include "zero/partition/zero_optimizer.h"
@@ -107,217 +109,14 @@ void write_file_atomically(const std::string& path, const char* data, size_t siz
   }
 }
 
-// A Sequential entry that runs its module as a stage-3 layer.
-class Stage3EntryImpl : public torch::nn::Module {
- public:
-  Stage3EntryImpl(torch::nn::AnyModule inner, std::shared_ptr<torch::nn::Module> layer)
-      : inner_(std::move(inner)), layer_(std::move(layer)) {}
-  torch::Tensor forward(torch::Tensor x) {
-    return layer_forward(*layer_, x, [this](const torch::Tensor& t) { return inner_.forward(t); });
-  }
-
- private:
-  torch::nn::AnyModule inner_;
-  std::shared_ptr<torch::nn::Module> layer_;
-};
-
-bool is_container(const torch::nn::Module& m) {
-  return dynamic_cast<const torch::nn::SequentialImpl*>(&m) != nullptr ||
-         dynamic_cast<const torch::nn::ModuleListImpl*>(&m) != nullptr;
-}
-
-std::string join_name(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
-
-// Stage 3's layers (NOTE [stage-3 layers]): the children of the outermost
-// ModuleList and Sequential containers, and the modules named in `extra`,
-// in the model's order, none inside another.
-struct LayerScan {
-  std::unordered_set<const torch::nn::Module*> extra;
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> layers;
-  // Sequential entries to route through layer_forward: (container, index).
-  std::vector<std::pair<torch::nn::SequentialImpl*, size_t>> entries;
-
-  void visit(const std::shared_ptr<torch::nn::Module>& m, const std::string& name, torch::nn::Module* parent,
-             size_t index) {
-    const bool parent_container = parent != nullptr && is_container(*parent);
-    if (parent_container || extra.count(m.get()) > 0) {
-      layers.emplace_back(name, m);
-      if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) entries.emplace_back(seq, index);
-      return;
-    }
-    size_t i = 0;
-    for (const auto& item : m->named_children()) visit(item.value(), join_name(name, item.key()), m.get(), i++);
-  }
-};
-
-struct Stage3Build {
-  partition::Stage3Layout layout;
-  int64_t layer_params = 0;
-  int64_t always_params = 0;
-};
-
-Stage3Build build_stage3_layout(const std::shared_ptr<torch::nn::Module>& model, const config::Config& c,
-                                const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers,
-                                InitState* init) {
-  LayerScan scan;
-  for (const auto& m : extra_layers) scan.extra.insert(m.get());
-  if (init != nullptr)
-    for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
-  scan.visit(model, "", nullptr, 0);
-  {  // A listed layer that is not part of the model is a mistake worth naming.
-    std::unordered_set<const torch::nn::Module*> in_model;
-    for (const auto& m : model->modules(/*include_self=*/true)) in_model.insert(m.get());
-    for (size_t i = 0; i < extra_layers.size(); ++i) {
-      if (extra_layers[i] == nullptr || in_model.count(extra_layers[i].get()) == 0) {
-        throw ConfigError({"InitOptions::layers[" + std::to_string(i) +
-                           "]: expected a submodule of the model given to initialize; got " +
-                           (extra_layers[i] == nullptr ? std::string("a null module")
-                                                       : "a " + extra_layers[i]->name() + " outside it")});
-      }
-    }
-  }
-  // Before anything of the model changes: a live engine's layers are its own.
-  for (const auto& [name, m] : scan.layers) {
-    if (partition::find_layer(*m).coordinator != nullptr) {
-      throw UsageError("stage 3: layer " + name +
-                                          " belongs to another live engine; one engine per model");
-    }
-  }
-  Stage3Build b;
-  auto built_partitioned = [&](const at::Tensor& p) {
-    return init != nullptr && init->partitioned.count(p.unsafeGetTensorImpl()) > 0;
-  };
-  if (init != nullptr) {
-    std::unordered_set<const void*> found;
-    for (const auto& [name, m] : scan.layers) found.insert(m.get());
-    for (const auto& [m, layer] : init->layers) {
-      if (found.count(m) > 0) continue;
-      throw UsageError(
-                  "a module partitioned by zero::Init (" + std::to_string(layer.params.size()) +
-                      " parameters) is not a layer of the model given to initialize: it must be a child of a "
-                      "ModuleList or Sequential, or be listed in InitOptions::layers");
-    }
-  }
-  // Persistent: parameters under the threshold, as long as their sum stays
-  // under model_persistence_threshold.
-  std::unordered_set<const void*> persistent;
-  int64_t persistent_numel = 0;
-  for (const auto& item : model->named_parameters(true)) {
-    const auto& p = item.value();
-    if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0 || built_partitioned(p)) continue;
-    if (p.numel() < c.zero.param_persistence_threshold &&
-        persistent_numel + p.numel() <= c.zero.model_persistence_threshold) {
-      persistent.insert(p.unsafeGetTensorImpl());
-      persistent_numel += p.numel();
-    }
-  }
-  std::unordered_map<const void*, size_t> group_of;  // parameter -> group
-  std::vector<partition::GroupSpec> layer_groups;
-  std::vector<int64_t> disk_offsets;  // per layer group: where zero::Init wrote its shard, or -1
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(scan.layers.size());
-  for (size_t u = 0; u < scan.layers.size(); ++u) {
-    const auto& [name, m] = scan.layers[u];
-    partition::GroupSpec spec;
-    spec.name = name;
-    if (init != nullptr) {
-      if (auto it = init->layers.find(m.get()); it != init->layers.end()) {
-        // Built under zero::Init: its shard is made; take the parameters in Init's order.
-        auto named = m->named_parameters(true);
-        for (size_t k = 0; k < it->second.params.size(); ++k) {
-          const auto& p = it->second.params[k];
-          std::string pname = name;
-          for (const auto& item : named)
-            if (item.value().unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) pname = join_name(name, item.key());
-          spec.params.emplace_back(pname, p);
-          group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
-          b.layer_params += c10::multiply_integers(it->second.shapes[k]);
-        }
-        spec.chunk = it->second.chunk;
-        spec.chunk_on_disk = it->second.disk_offset >= 0;
-        spec.shapes = it->second.shapes;
-      }
-    }
-    for (const auto& item : m->named_parameters(true)) {
-      const auto& p = item.value();
-      layer_params[u].emplace_back(join_name(name, item.key()), p);
-      if (!p.requires_grad() || persistent.count(p.unsafeGetTensorImpl()) > 0) continue;
-      if (group_of.count(p.unsafeGetTensorImpl()) > 0) continue;  // tied to an earlier layer, or built partitioned
-      ZERO_CHECK(!spec.chunk.defined() && !spec.chunk_on_disk, "layer " + name + " mixes partitioned and whole parameters");
-      group_of[p.unsafeGetTensorImpl()] = layer_groups.size() + 1;
-      spec.params.emplace_back(join_name(name, item.key()), p);
-      b.layer_params += p.numel();
-    }
-    if (spec.params.empty()) continue;
-    int64_t disk_offset = -1;
-    if (init != nullptr && spec.chunk_on_disk) disk_offset = init->layers.at(m.get()).disk_offset;
-    disk_offsets.push_back(disk_offset);
-    layer_groups.push_back(std::move(spec));
-  }
-  partition::GroupSpec always;
-  always.name = "(always gathered)";
-  for (const auto& item : model->named_parameters(true)) {
-    const auto& p = item.value();
-    if (!p.requires_grad() || group_of.count(p.unsafeGetTensorImpl()) > 0) continue;
-    always.params.emplace_back(item.key(), p);  // FlatParameters drops tied repeats
-  }
-  b.layout.groups.push_back(std::move(always));
-  for (auto& g : layer_groups) b.layout.groups.push_back(std::move(g));
-  for (const auto& p : b.layout.groups[0].params) b.always_params += p.second.numel();
-  for (size_t u = 0; u < scan.layers.size(); ++u) {
-    partition::Stage3Unit unit;
-    unit.name = scan.layers[u].first;
-    unit.module = scan.layers[u].second;
-    for (const auto& [n, p] : layer_params[u]) {
-      auto it = group_of.find(p.unsafeGetTensorImpl());
-      if (it != group_of.end() && std::find(unit.groups.begin(), unit.groups.end(), it->second) == unit.groups.end())
-        unit.groups.push_back(it->second);
-    }
-    if (!unit.groups.empty()) b.layout.units.push_back(std::move(unit));
-  }
-  for (const auto& [seq, index] : scan.entries) {
-    auto it = seq->begin() + static_cast<std::ptrdiff_t>(index);
-    auto layer = it->ptr();
-    *it = torch::nn::AnyModule(std::make_shared<Stage3EntryImpl>(std::move(*it), layer));
-  }
-  b.layout.options.prefetch_bucket_numel = c.zero.prefetch_bucket_size;
-  b.layout.options.max_live_numel = c.zero.max_live_parameters;
-  b.layout.options.max_reuse_distance = c.zero.max_reuse_distance;
-  const auto& op = c.zero.offload_param;
-  b.layout.offload_param = op.device != config::OffloadDevice::kNone;
-  b.layout.pin_param = op.pin_memory;
-  if (op.device == config::OffloadDevice::kNvme) {
-    partition::ParamSwapOptions p;
-    p.swap.nvme_path = op.nvme_path;
-    p.swap.config_key = "zero_optimization.offload_param";
-    p.swap.buffer_count = op.buffer_count;
-    p.swap.pin_memory = op.pin_memory;
-    p.swap.aio = detail::aio_options(c.aio);
-    p.buffer_size = op.buffer_size;
-    p.max_in_cpu = op.max_in_cpu;
-    if (init != nullptr && init->swap_file != nullptr) {  // shards zero::Init already wrote
-      init->finish_swap_out();
-      p.adopted_file = init->swap_file;
-      p.adopted_bytes = init->swap_bytes;
-      p.adopted_offsets.assign(1, -1);  // group 0: always gathered, never on disk
-      p.adopted_offsets.insert(p.adopted_offsets.end(), disk_offsets.begin(), disk_offsets.end());
-    }
-    b.layout.nvme_param = p;
-  }
-  return b;
-}
-
 }  // namespace
 
-struct Engine::Impl {
-  std::unique_ptr<Comm> comm;  // first member: destroyed after everything that uses it
+// The engine's state: its context (NOTE [run context]: config, options, job,
+// device, dtypes, ledger) and the parts it drives.
+struct Engine::Impl : detail::RunContext {
+  std::unique_ptr<Comm> comm;  // first of the parts: destroyed after everything that uses it
   std::shared_ptr<torch::nn::Module> model;
-  config::Config config;
-  InitOptions options;
-  DistEnv dist;
-  torch::Device device{torch::kCPU};
-  torch::ScalarType dtype = torch::kFloat;
-  std::shared_ptr<MemoryLedger> ledger_ptr = std::make_shared<MemoryLedger>();
-  MemoryLedger& ledger() const { return *ledger_ptr; }
+  MemoryLedger& ledger() const { return *RunContext::ledger; }
   std::unique_ptr<partition::ZeroOptimizer> optimizer;
   std::unique_ptr<optim::LrScheduler> scheduler;
   optim::LossScaler scaler;
@@ -432,20 +231,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   if (init != nullptr) {
     ZERO_CHECK(!init->adopted, "this zero::Init was already given to an engine");
     init->adopted = true;
-    s.ledger_ptr = init->ledger;  // the shards built under Init are counted there
+    // The Init's context (its ledger counts the shards built under it), with
+    // the options initialize() completed.
+    static_cast<detail::RunContext&>(s) = init->ctx;
+    s.config = std::move(config);
+    s.options = std::move(options);
+    s.options.dist = s.dist;
+  } else {
+    static_cast<detail::RunContext&>(s) = detail::make_context(std::move(config), std::move(options));
   }
   s.model = std::move(model);
-  s.config = std::move(config);
-  s.options = std::move(options);
-  s.dist = s.options.dist ? *s.options.dist : DistEnv::from_environment();
-  if (s.config.world_size != s.dist.world_size) {
-    throw ConfigError({s.config.source + ": the batch sizes were resolved for world size " +
-                       std::to_string(s.config.world_size) + " but this job has " +
-                       std::to_string(s.dist.world_size) + " ranks"});
-  }
-  s.device = detail::resolve_device(s.options.device, s.dist);
-  s.dtype = partition::compute_dtype(s.config);
-  if (s.device.is_cpu()) install_counting_cpu_allocator();
   if (s.dist.distributed()) {
     s.comm = Comm::connect(s.dist, s.device);
     s.comm->check_same("DeepSpeed config (" + s.config.source + " as resolved)",
@@ -471,7 +266,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.reduction.reuse_buckets = s.config.zero.contiguous_gradients;
   zo.average_gradients = s.config.gradient_allreduce_op != "sum";
   zo.compute_dtype = s.dtype;
-  zo.grad_accum_dtype = partition::grad_accum_dtype(s.config);
+  zo.grad_accum_dtype = s.grad_accum_dtype;
   zo.device = s.device;
   zo.sub_group_size = s.config.zero.sub_group_size;
   // DeepSpeed offloads the optimizer at stages 1-3 only (the config warns at stage 0).
@@ -485,17 +280,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     so.pin_memory = oo.pin_memory;
     so.pipeline_read = oo.pipeline_read;
     so.pipeline_write = oo.pipeline_write;
-    so.aio = detail::aio_options(s.config.aio);
+    so.aio = partition::aio_options(s.config.aio);
     so.tag = "rank" + std::to_string(s.dist.rank);
     zo.nvme = so;
   }
-  s.ledger().set_limit(Tier::kPinnedHost, s.options.pinned_memory_limit_bytes.value_or(detail::default_pinned_limit()),
-                     "InitOptions::pinned_memory_limit_bytes");
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   zo.copy_mode = s.options.cpu_copy_mode;
   if (s.config.zero.stage == 3) {
-    auto b = build_stage3_layout(s.model, s.config, s.options.layers, init);
-    if (b.layout.nvme_param) b.layout.nvme_param->swap.tag = "rank" + std::to_string(s.dist.rank) + "-params";
+    auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
+                                    "rank" + std::to_string(s.dist.rank) + "-params");
     if (s.dist.rank == 0) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -508,8 +301,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
     if (init != nullptr) {  // the shards now live in the partition (or its swap file)
-      init->layers.clear();
-      init->swap_file.reset();
+      init->built.layers.clear();
+      init->built.swap_file.reset();
       init->aio.reset();
       init->swap_disk = {};  // counted by the parameter swapper now
     }

@@ -45,17 +45,6 @@ inline int64_t default_pinned_limit() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
 }
 
-/// The config's aio section as the engine's options.
-inline offload::AioOptions aio_options(const config::AioConfig& a) {
-  offload::AioOptions o;
-  o.block_size = a.block_size;
-  o.queue_depth = a.queue_depth;
-  o.threads = a.intra_op_parallelism;
-  o.single_submit = a.single_submit;
-  o.overlap_events = a.overlap_events;
-  return o;
-}
-
 /// Loads `config` (a path, or JSON text starting with '{') for the job in `options.dist`.
 inline config::Config load_config(const std::string& config, const InitOptions& options) {
   config::LoadOptions lo;

@@ -98,3 +98,47 @@ TEST(Stage3Layers, BackwardAfterTheEngineIsGoneIsAUsageError) {
 }
 
 }  // namespace
+
+namespace {
+
+// zero::Init and the engine apply one persistence rule (NOTE [stage-3
+// plan]): with stage3_model_persistence_threshold capping the whole
+// parameters, a model built under Init trains to the same bits as the same
+// model built whole (before, Init kept every small parameter whole and the
+// engine then found layers mixing shards and whole parameters).
+TEST(Stage3Layers, InitAndWholeBuiltModelsFollowTheSamePersistenceRule) {
+  const std::string config =
+      R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
+                                "stage3_model_persistence_threshold": 150}})";
+  mingpt::GPTConfig c;
+  c.vocab_size = 10;
+  c.block_size = 6;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0;
+  auto train = [&](bool under_init) {
+    auto o = quiet();
+    std::unique_ptr<zero::Init> init;
+    if (under_init) init = std::make_unique<zero::Init>(config, o);
+    torch::manual_seed(4);
+    mingpt::GPT model(c, init.get());
+    auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
+                       : [&] {
+                           o.layers = model->stage3_layers();
+                           return zero::initialize(model.ptr(), config, o);
+                         }();
+    for (int s = 0; s < 3; ++s) {
+      engine.backward(loss_of(model));
+      engine.step();
+    }
+    return engine.parameter_l2();
+  };
+  const double whole = train(false);
+  double built = 0;
+  ASSERT_NO_THROW(built = train(true));
+  EXPECT_EQ(built, whole);
+}
+
+}  // namespace

@@ -64,6 +64,10 @@ struct ParamSwapOptions {
   SwapOptions swap;                  // nvme_path, buffer_count, aio; config_key "zero_optimization.offload_param"
   int64_t buffer_size = 100000000;   // elements per buffer
   int64_t max_in_cpu = 1000000000;   // elements kept in host memory
+  /// Per group: whether its shard stays in host memory, as the stage-3 plan
+  /// decided (NOTE [stage-3 plan]); empty: decided here from max_in_cpu, by
+  /// the same rule (InCpuBudget, in group order).
+  std::vector<bool> in_memory;
   /// Shards zero::Init already wrote as their layers were built (their
   /// groups' GroupSpec::chunk_on_disk): the file, its length, and each
   /// group's offset in it (-1: not written there). The swapper keeps them
