@@ -67,6 +67,11 @@ class Checkpointer {
 
   /// Runs `fn(inputs)` as a checkpoint (NOTE [activation checkpoint]).
   /// Outputs that are not floating point are marked non-differentiable.
+  /// Throws what `fn` throws; zero::ConfigError when
+  /// contiguous_memory_optimization's buffer is too small for this
+  /// checkpoint; zero::OutOfMemoryError past a ledger tier's limit; the
+  /// recompute in backward throws zero::CommunicationError when a partitioned
+  /// input cannot be gathered.
   std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
   at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
   /// A module holder (TORCH_MODULE) with forward(Tensor).

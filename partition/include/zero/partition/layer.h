@@ -11,6 +11,12 @@
 // stage below 3) this is just module->forward(inputs...). Parameters of a
 // layer are released outside its forward: reading them there fails with a
 // shape error (they are empty tensors).
+//
+// Throws what the layer's forward throws, and from the gather:
+// zero::CommunicationError (a rank died, hung, or runs other layers),
+// zero::IoError (a shard on NVMe could not be read). Backward through a
+// layer whose engine is gone throws zero::UsageError. Called by the training
+// thread only.
 #pragma once
 
 #include <functional>
