@@ -8,7 +8,7 @@
 
 #include <ATen/ATen.h>
 
-#include "ranks.h"
+#include "ranks.h"  // tests/support
 #include "zero/core/memory_ledger.h"
 #include "zero/optim/flat_optimizer.h"
 #include "zero/partition/zero_optimizer.h"
