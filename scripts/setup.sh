@@ -3,7 +3,8 @@
 # Idempotent: a second run on a ready machine only checks and returns.
 #   Debian: cmake ninja-build g++ ccache liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev
 #           libgloo-dev (headers only: Gloo itself is inside LibTorch) fio
-#   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it)
+#   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it), safetensors
+#           (the checkpoint tests read consolidated weights with it, as users do)
 set -euo pipefail
 
 PY=${PYTHON:-python3}
@@ -35,3 +36,11 @@ case "$have_torch" in
     }
     ;;
 esac
+
+if ! $PY -c "import safetensors" 2>/dev/null; then
+  echo "setup: installing safetensors from PyPI"
+  $PY -m pip install --quiet "safetensors>=0.4" || {
+    echo "setup: error: 'pip install safetensors' failed; the checkpoint tests need it (see README)." >&2
+    exit 1
+  }
+fi

@@ -43,6 +43,10 @@ int nvme_tune(const std::vector<std::string>& args);
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);
 
+/// zero checkpoint consolidate|verify|info: engine checkpoints from the
+/// command line (docs/checkpoints.md).
+int checkpoint_command(const std::vector<std::string>& args);
+
 }  // namespace zero::tools
 
 #include <cstdint>
@@ -86,5 +90,9 @@ double seconds(const std::function<void()>& fn);
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);
+
+/// zero checkpoint consolidate|verify|info: engine checkpoints from the
+/// command line (docs/checkpoints.md).
+int checkpoint_command(const std::vector<std::string>& args);
 
 }  // namespace zero::tools

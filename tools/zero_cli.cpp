@@ -2,6 +2,7 @@
 //   zero config check FILE [--world-size N]   validate and resolve a DeepSpeed config
 //   zero bench engine ...                     engine vs a plain LibTorch loop
 //   zero launch --nproc_per_node N -- PROG    N local ranks with torchrun's environment
+//   zero checkpoint consolidate DIR OUT       full weights of an engine checkpoint
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -49,6 +50,9 @@ commands:
       Sweeps the aio settings (block size, queue depth, threads,
       single_submit, overlap_events) on a file in DIR, shows the fastest and
       prints the best "aio" section to paste into the config.
+  checkpoint consolidate|verify|info DIR ...
+      Engine checkpoints: full weights in one safetensors file (streamed),
+      every checksum checked, what one holds. 'zero checkpoint --help'.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -127,7 +131,8 @@ int main(int argc, char** argv) {
     return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune"});
+  if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

@@ -1,6 +1,7 @@
 // mingpt: trains minGPT with a DeepSpeed config through zero, with the flags
 // of the minGPT max-parameter benchmark. See README.md ("The main job").
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -50,6 +51,16 @@ addition (no download); --data FILE trains a character-level model on a text fil
                            ZERO_DIST_BACKEND=gloo lets several ranks share one GPU with --device cuda:0)
   --cpu_copy_mode MODE     immediate (default) or deferred: on the CPU, hold every device-host
                            transfer back until it is waited for (a test of the stream logic)
+  --save_dir DIR           save engine checkpoints to DIR (docs/checkpoints.md): every
+                           --save_every steps and at the end
+  --save_every N           optimizer steps between checkpoints (default 0: only at the end)
+  --resume DIR             continue from DIR's latest checkpoint: states, counters, RNG and
+                           the data position (at any world size with the same global batch)
+  --load_weights FILE      start from full weights in a safetensors file (as `zero checkpoint
+                           consolidate` writes them), each rank reading only its partition
+  --stop_after_steps N     end the run after N optimizer steps in all (the schedule is still
+                           the whole run's): a stop to --resume from; 0 with --load_weights or
+                           --resume and --save_dir: save what was loaded, train nothing
   -h, --help               this text
 )";
 
@@ -72,6 +83,12 @@ struct Args {
   bool tie_weights = false;
   std::optional<std::string> device;
   zero::CopyMode cpu_copy_mode = zero::CopyMode::kImmediate;
+  std::string save_dir, resume, load_weights;
+  int64_t save_every = 0;
+  std::optional<int64_t> stop_after_steps;
+  // Test seam (not in --help): "RANK:POINT:N" kills rank RANK at point POINT
+  // of its N-th save (CheckpointHooks::at), as a crash would.
+  std::string test_kill_save;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -104,7 +121,8 @@ Args parse_args(int argc, char** argv) {
   const std::vector<std::string> flags = {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
-      "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode"};
+      "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
+      "--save_dir", "--save_every", "--resume", "--load_weights", "--stop_after_steps", "--test_kill_save"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
@@ -155,12 +173,21 @@ Args parse_args(int argc, char** argv) {
       if (value != "immediate" && value != "deferred")
         usage_error("--cpu_copy_mode: expected immediate or deferred; got \"" + value + "\"");
       a.cpu_copy_mode = value == "deferred" ? zero::CopyMode::kDeferred : zero::CopyMode::kImmediate;
-    } else {
+    } else if (flag == "--save_dir") a.save_dir = value;
+    else if (flag == "--save_every") a.save_every = parse_int(flag, value, 0);
+    else if (flag == "--resume") a.resume = value;
+    else if (flag == "--load_weights") a.load_weights = value;
+    else if (flag == "--stop_after_steps") a.stop_after_steps = parse_int(flag, value, 0);
+    else if (flag == "--test_kill_save") a.test_kill_save = value;
+    else {
       auto near = zero::nearest(flag, flags);
       usage_error(flag + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     }
   }
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
+  if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
+  if (!a.resume.empty() && !a.load_weights.empty())
+    usage_error("--resume and --load_weights both set the weights: give one");
   return a;
 }
 
@@ -262,22 +289,92 @@ int main(int argc, char** argv) {
                  static_cast<long long>(batch.train_batch_size), static_cast<long long>(mbs),
                  static_cast<long long>(gas), static_cast<long long>(ws));
 
+    // Checkpoints (docs/checkpoints.md): the data position travels as client state.
+    const int64_t steps_per_epoch = micro_per_epoch / gas;
+    int64_t start_epoch = 0, start_step = 0;  // where this run begins: epoch, optimizer step in it
+    int64_t saves = 0, save_bytes = 0, load_bytes = 0, last_saved_step = -1;
+    double save_s = 0, load_s = 0;
+    if (!args.test_kill_save.empty()) {
+      const auto c1 = args.test_kill_save.find(':'), c2 = args.test_kill_save.rfind(':');
+      if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N");
+      const int64_t kill_rank = parse_int("--test_kill_save", args.test_kill_save.substr(0, c1), 0);
+      const std::string point = args.test_kill_save.substr(c1 + 1, c2 - c1 - 1);
+      const int64_t nth = parse_int("--test_kill_save", args.test_kill_save.substr(c2 + 1), 1);
+      zero::detail::CheckpointHooks hooks;
+      hooks.at = [&saves, rank, kill_rank, point, nth](const std::string& at) {
+        if (rank == kill_rank && at == point && saves + 1 == nth) {
+          std::fprintf(stderr, "mingpt: --test_kill_save: killing rank %lld at \"%s\" of save %lld\n",
+                       static_cast<long long>(rank), at.c_str(), static_cast<long long>(nth));
+          std::fflush(stderr);
+          std::raise(SIGKILL);
+        }
+      };
+      zero::detail::set_checkpoint_hooks(engine, std::move(hooks));
+    }
+    if (!args.resume.empty()) {
+      const auto st = engine.load_checkpoint(args.resume);
+      load_bytes = st.bytes;
+      load_s = st.seconds;
+      const auto client = nlohmann::json::parse(st.client_state);
+      const std::string where = st.dir + "/" + st.tag;
+      if (!client.contains("epoch") || !client.contains("step_in_epoch") || !client.contains("seed") ||
+          !client.contains("train_batch_size"))
+        usage_error("--resume " + args.resume + ": " + where + " holds no mingpt data position (not saved by mingpt)");
+      if (client["seed"].get<uint64_t>() != args.seed)
+        usage_error("--resume: " + where + " was trained with --seed " + client["seed"].dump() + " (its data order); got --seed " +
+                    std::to_string(args.seed));
+      if (client["train_batch_size"].get<int64_t>() != batch.train_batch_size)
+        usage_error("--resume: " + where + " was trained with train_batch_size " + client["train_batch_size"].dump() +
+                    "; this run has " + std::to_string(batch.train_batch_size) +
+                    " (the data position counts global batches: keep the global batch, change the micro-batch or "
+                    "gradient_accumulation_steps)");
+      start_epoch = client["epoch"].get<int64_t>();
+      start_step = client["step_in_epoch"].get<int64_t>();
+      if (start_step >= steps_per_epoch) ++start_epoch, start_step = 0;
+      // Saving to the folder resumed from: not the state just read again.
+      if (args.save_dir == args.resume) last_saved_step = engine.global_steps();
+      if (rank == 0)
+        std::fprintf(stderr, "mingpt: resumed from %s at step %lld (epoch %lld, step %lld of it); this rank read %s in %.2f s\n",
+                     where.c_str(), static_cast<long long>(engine.global_steps()),
+                     static_cast<long long>(start_epoch + 1), static_cast<long long>(start_step),
+                     zero::format_bytes(load_bytes).c_str(), load_s);
+    } else if (!args.load_weights.empty()) {
+      engine.load_weights(args.load_weights);
+      if (rank == 0) std::fprintf(stderr, "mingpt: weights from %s\n", args.load_weights.c_str());
+    }
+    auto save = [&](int64_t epoch, int64_t step_in_epoch) {
+      const nlohmann::json client = {{"epoch", epoch}, {"step_in_epoch", step_in_epoch}, {"seed", args.seed},
+                                     {"train_batch_size", batch.train_batch_size}};
+      const auto st = engine.save_checkpoint(args.save_dir, "", client.dump());
+      ++saves;
+      save_bytes += st.bytes;
+      save_s += st.seconds;
+      last_saved_step = engine.global_steps();
+      if (rank == 0)
+        std::fprintf(stderr, "\nmingpt: saved %s/%s (this rank: %s in %.2f s)\n", st.dir.c_str(), st.tag.c_str(),
+                     zero::format_bytes(st.bytes).c_str(), st.seconds);
+    };
+
     model->train();
     const auto V = gcfg.vocab_size;
     double epoch_time_sum = 0, peak_sum = 0, final_loss = NAN, eval_accuracy = NAN;
+    int64_t epochs_run = 0;
     torch::Tensor step_loss;
     std::vector<double> loss_curve;  // this rank's mean loss per optimizer step
     std::vector<double> step_times;  // seconds per optimizer step (the loss read at each one waits for the device)
     auto step_start = std::chrono::steady_clock::now();
-    for (int64_t epoch = 0; epoch < args.max_epochs; ++epoch) {
+    bool stopped = args.stop_after_steps && engine.global_steps() >= *args.stop_after_steps;
+    int64_t end_epoch = start_epoch, end_step = start_step;  // the data position after the last step run
+    for (int64_t epoch = start_epoch; epoch < args.max_epochs && !stopped; ++epoch) {
       engine.reset_peak_bytes();
       const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
+      const int64_t first_mb = epoch == start_epoch ? start_step * gas : 0;
       std::optional<zero::ProgressLine> progress;
       if (rank == 0) progress.emplace("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.max_epochs),
-                                  micro_per_epoch, "batches");
+                                  micro_per_epoch - first_mb, "batches");
       const auto t0 = std::chrono::steady_clock::now();
       double last_loss = NAN;
-      for (int64_t mb = 0; mb < micro_per_epoch; ++mb) {
+      for (int64_t mb = first_mb; mb < micro_per_epoch; ++mb) {
         auto b = task->train_batch(mingpt::micro_batch_indices(order, mb / gas, mb % gas, rank, mbs, gas, ws));
         auto logits = model->forward(b.x.to(engine.device()));
         auto loss = torch::nn::functional::cross_entropy(
@@ -292,17 +389,27 @@ int main(int argc, char** argv) {
           step_loss = torch::Tensor();
           const auto now = std::chrono::steady_clock::now();
           step_times.push_back(std::chrono::duration<double>(now - step_start).count());
-          step_start = now;
+          end_epoch = epoch, end_step = (mb + 1) / gas;
+          const int64_t done = engine.global_steps();
+          stopped = args.stop_after_steps && done >= *args.stop_after_steps;
+          if (!args.save_dir.empty() && args.save_every > 0 && done % args.save_every == 0) save(epoch, end_step);
+          step_start = std::chrono::steady_clock::now();  // a save is not a step
         }
         char note[64];
         std::snprintf(note, sizeof note, "loss %.4f", last_loss);
-        if (progress) progress->update(mb + 1, note);
+        if (progress) progress->update(mb + 1 - first_mb, note);
+        if (stopped) break;
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       step_start = std::chrono::steady_clock::now();  // evaluation is not a step
       epoch_time_sum += secs;
+      ++epochs_run;
       peak_sum += static_cast<double>(engine.peak_bytes(zero::Tier::kDevice));
       final_loss = last_loss;
+      if (stopped) {
+        if (progress) progress->finish("stopped after step " + std::to_string(engine.global_steps()));
+        break;
+      }
       // At stage 3 every rank runs the evaluation: its layers gather across ranks.
       if (rank == 0 || engine.config().zero.stage == 3) eval_accuracy = task->evaluate(model, engine.device(), 256);
       if (rank == 0) {
@@ -311,8 +418,9 @@ int main(int argc, char** argv) {
         progress->finish(note);
       }
     }
-    const double avg_epoch = epoch_time_sum / static_cast<double>(args.max_epochs);
-    const double avg_peak_mib = peak_sum / static_cast<double>(args.max_epochs) / (1024.0 * 1024.0);
+    if (!args.save_dir.empty() && last_saved_step != engine.global_steps()) save(end_epoch, end_step);
+    const double avg_epoch = epoch_time_sum / static_cast<double>(std::max<int64_t>(1, epochs_run));
+    const double avg_peak_mib = peak_sum / static_cast<double>(std::max<int64_t>(1, epochs_run)) / (1024.0 * 1024.0);
 
     // Every rank's figures, and the loss curve averaged over ranks (each rank's
     // loss is the mean over its equal share of the global batch).
@@ -331,7 +439,9 @@ int main(int argc, char** argv) {
                                // beyond the shards (nothing is gathered in layers after a step)
                                engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).peak_bytes -
                                    engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).current_bytes,
-                               nvme.parameters, nvme.gradients, nvme.optimizer_states},
+                               nvme.parameters, nvme.gradients, nvme.optimizer_states,
+                               save_bytes, static_cast<int64_t>(save_s * 1e6), load_bytes,
+                               static_cast<int64_t>(load_s * 1e6)},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -373,7 +483,11 @@ int main(int argc, char** argv) {
         ranks.push_back({{"rank", r}, {"peak_bytes", peaks}, {"model_state_bytes", states},
                          {"model_state_bytes_by_tier", by_tier(row)},
                          {"peak_live_parameters", row[13].item<int64_t>()},
-                         {"peak_gathered_bytes", row[14].item<int64_t>()}});
+                         {"peak_gathered_bytes", row[14].item<int64_t>()},
+                         {"checkpoint", {{"save_bytes", row[18].item<int64_t>()},
+                                         {"save_s", static_cast<double>(row[19].item<int64_t>()) * 1e-6},
+                                         {"load_bytes", row[20].item<int64_t>()},
+                                         {"load_s", static_cast<double>(row[21].item<int64_t>()) * 1e-6}}}});
       }
       auto [peaks, states] = figures(mine);
       std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());
@@ -401,6 +515,8 @@ int main(int argc, char** argv) {
           {"task", task->name()},
           {"activation_checkpointing", args.checkpoint},
           {"tie_weights", args.tie_weights},
+          {"checkpoints_saved", saves},
+          {"resumed", !args.resume.empty()},
       };
       if (auto st = engine.stage3_stats()) {
         summary["stage3"] = {{"layers", st->layers},

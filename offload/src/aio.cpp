@@ -31,20 +31,33 @@ bool aligned(int64_t x) { return x % kAioAlignment == 0; }
 
 // ---- files and buffers ------------------------------------------------------
 
-std::shared_ptr<AioFile> AioFile::open(const std::string& path, bool create, bool try_direct) {
-  std::shared_ptr<AioFile> f(new AioFile());
-  f->path_ = path;
-  const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
-  f->buffered_fd_ = ::open(path.c_str(), flags, 0600);
-  if (f->buffered_fd_ < 0) throw IoError("open " + path + ": " + errno_text(errno));
+namespace {
+std::shared_ptr<AioFile> open_with(std::shared_ptr<AioFile> f, const std::string& path, int flags, unsigned mode,
+                                   bool try_direct, int* buffered_fd, int* direct_fd) {
+  *buffered_fd = ::open(path.c_str(), flags, static_cast<mode_t>(mode));
+  if (*buffered_fd < 0) throw IoError("open " + path + ": " + errno_text(errno));
   if (try_direct) {
-    f->direct_fd_ = ::open(path.c_str(), (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT);
-    if (f->direct_fd_ < 0) {
+    *direct_fd = ::open(path.c_str(), (flags & ~(O_CREAT | O_TRUNC)) | O_DIRECT);
+    if (*direct_fd < 0) {
       log::warning_once("aio.direct:" + path, "O_DIRECT is not supported for " + path + " (" + errno_text(errno) +
                                                   "); using buffered I/O for it, through the page cache");
     }
   }
   return f;
+}
+}  // namespace
+
+std::shared_ptr<AioFile> AioFile::open(const std::string& path, bool create, bool try_direct, unsigned mode) {
+  std::shared_ptr<AioFile> f(new AioFile());
+  f->path_ = path;
+  const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0);
+  return open_with(f, path, flags, mode, try_direct, &f->buffered_fd_, &f->direct_fd_);
+}
+
+std::shared_ptr<AioFile> AioFile::open_read_only(const std::string& path, bool try_direct) {
+  std::shared_ptr<AioFile> f(new AioFile());
+  f->path_ = path;
+  return open_with(f, path, O_RDONLY | O_CLOEXEC, 0, try_direct, &f->buffered_fd_, &f->direct_fd_);
 }
 
 void AioFile::reserve(int64_t bytes) {

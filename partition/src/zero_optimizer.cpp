@@ -224,9 +224,55 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     const double ratio = (out.grad_norm + 1e-6) / clip;
     if (ratio > 1) combined *= ratio;
   }
-  // Where the updated values go in the compute dtype: the model's own chunk
-  // (one partition), or the buffer this rank's chunk is all-gathered from.
-  // The optimizer writes it in the same pass as the update.
+  // NOTE [offload transfers]: stage 1's gradients come to the host a
+  // sub-group ahead of the optimizer.
+  const bool grads_from_device = store_->offloaded() && !reducer_->owned_in_store();
+  const auto& sub_groups = store_->sub_groups();
+  if (grads_from_device && !grad_ring_.defined()) {
+    int64_t piece = 0;
+    for (const auto& sg : sub_groups) piece = std::max(piece, sg.numel);
+    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.grad_accum_dtype, "gradients for the host");
+  }
+  std::deque<std::pair<at::Tensor, StreamEvent>> grads_ahead;  // stage 1: sub-groups k, k+1 on their way
+  size_t next_grad = 0;
+  auto fetch_grad = [&]() {
+    const auto& sg = sub_groups[next_grad++];
+    at::Tensor host = grad_ring_.next(sg.numel, copy_wait_s_);
+    StreamEvent done = copies_.copy(host, reducer_->owned(sg.group).narrow(0, sg.start, sg.numel));
+    grad_ring_.used_by(done);
+    grads_ahead.emplace_back(host, done);
+  };
+  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low) {
+    const auto [g, start, len] = sub_groups[k];
+    at::Tensor g32;
+    if (grads_from_device) {
+      while (next_grad < sub_groups.size() && next_grad <= k + 1) fetch_grad();
+      auto [host, done] = std::move(grads_ahead.front());
+      grads_ahead.pop_front();
+      const auto t0 = std::chrono::steady_clock::now();
+      done.synchronize();
+      copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      g32 = host.to(at::kFloat);
+    } else {
+      g32 = reducer_->owned(g).narrow(0, start, len).to(m.device(), at::kFloat);
+    }
+    if (combined != 1.0) g32.mul_(1.0 / combined);
+    optimizer_->update(params, m, g32, s, low);
+  });
+  zero_grad();
+  out.applied = true;
+  return out;
+}
+
+// A pass over the store's sub-groups that changes the masters (the step, a
+// load) and brings the model's parameters up to date: `body` updates sub-group
+// k's master and states and writes the new values, in the compute dtype, to
+// `low` when it is given (where the model reads them: its own chunk at one
+// partition, a buffer this rank's chunk is all-gathered from, stage 3's shard;
+// a pinned buffer on its way to the device when offloaded, NOTE [offload
+// transfers]); null when the master is the parameters themselves.
+void ZeroOptimizer::write_pass(const PassBody& body) {
+  const size_t n_groups = flat_->groups().size();
   std::vector<at::Tensor> outs(n_groups);
   // A shard on disk gets its buffer when its first values are ready.
   auto on_disk = [&](size_t g) { return param_swapper_ != nullptr && param_swapper_->on_disk(g); };
@@ -244,59 +290,17 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
                               : flat_->chunk_of(flat_->flat(), g, 0);
     }
   }
-  // NOTE [offload transfers]. The new values of a device-side destination
-  // pass through pinned buffers (not when stage 3 keeps its shards in host
-  // memory: they are written in place). Stage 1's gradients come the other
-  // way, a sub-group ahead.
+  // The new values of a device-side destination pass through pinned buffers
+  // (not when stage 3 keeps its shards in host memory: they are written in place).
   const bool values_to_device = store_->offloaded() && !(stage3_ && stage3_->shards_offloaded());
-  const bool grads_from_device = store_->offloaded() && !reducer_->owned_in_store();
   const auto& sub_groups = store_->sub_groups();
-  int64_t piece = 0;
-  for (const auto& sg : sub_groups) piece = std::max(piece, sg.numel);
-  if (values_to_device && !param_ring_.defined())
+  if (values_to_device && !param_ring_.defined()) {
+    int64_t piece = 0;
+    for (const auto& sg : sub_groups) piece = std::max(piece, sg.numel);
     param_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.compute_dtype, "parameters for the device");
-  if (grads_from_device && !grad_ring_.defined())
-    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.grad_accum_dtype, "gradients for the host");
+  }
   std::vector<StreamEvent> to_device(n_groups);  // per group: its last copy of new values
   StreamEvent last_to_device;                     // of all groups (one stream: the others end before it)
-  std::deque<std::pair<at::Tensor, StreamEvent>> grads_ahead;  // stage 1: sub-groups k, k+1 on their way
-  size_t next_grad = 0;
-  auto fetch_grad = [&]() {
-    const auto& sg = sub_groups[next_grad++];
-    at::Tensor host = grad_ring_.next(sg.numel, copy_wait_s_);
-    StreamEvent done = copies_.copy(host, reducer_->owned(sg.group).narrow(0, sg.start, sg.numel));
-    grad_ring_.used_by(done);
-    grads_ahead.emplace_back(host, done);
-  };
-  // Sub-group k: m, s its master and states.
-  auto update = [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
-    const auto [g, start, len] = sub_groups[k];
-    if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
-    at::Tensor g32;
-    if (grads_from_device) {
-      while (next_grad < sub_groups.size() && next_grad <= k + 1) fetch_grad();
-      auto [host, done] = std::move(grads_ahead.front());
-      grads_ahead.pop_front();
-      const auto t0 = std::chrono::steady_clock::now();
-      done.synchronize();
-      copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      g32 = host.to(at::kFloat);
-    } else {
-      g32 = reducer_->owned(g).narrow(0, start, len).to(m.device(), at::kFloat);
-    }
-    if (combined != 1.0) g32.mul_(1.0 / combined);
-    if (!outs[g].defined()) {
-      optimizer_->update(params, m, g32, s, nullptr);
-    } else if (values_to_device) {
-      at::Tensor low = param_ring_.next(len, copy_wait_s_);
-      optimizer_->update(params, m, g32, s, &low);
-      to_device[g] = last_to_device = copies_.copy(outs[g].narrow(0, start, len), low, /*host_source=*/true);
-      param_ring_.used_by(to_device[g]);
-    } else {
-      at::Tensor low = outs[g].narrow(0, start, len);
-      optimizer_->update(params, m, g32, s, &low);
-    }
-  };
   std::vector<CommWork> gathers;
   auto group_done = [&](size_t g) {
     if (on_disk(g) && outs[g].defined()) {  // the new shard goes back to disk
@@ -309,8 +313,19 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     gathers.push_back(comm_->all_gather(range, outs[g]));
   };
   store_->visit(/*write_back=*/true, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
-    update(k, std::move(m), std::move(s));
-    const size_t g = sub_groups[k].group;
+    const auto [g, start, len] = sub_groups[k];
+    if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
+    if (!outs[g].defined()) {
+      body(k, m, s, nullptr);
+    } else if (values_to_device) {
+      at::Tensor low = param_ring_.next(len, copy_wait_s_);
+      body(k, m, s, &low);
+      to_device[g] = last_to_device = copies_.copy(outs[g].narrow(0, start, len), low, /*host_source=*/true);
+      param_ring_.used_by(to_device[g]);
+    } else {
+      at::Tensor low = outs[g].narrow(0, start, len);
+      body(k, m, s, &low);
+    }
     if (k + 1 == sub_groups.size() || sub_groups[k + 1].group != g) group_done(g);
   });
   for (auto& w : gathers) gather_clock_.time([&] { w.wait(); });
@@ -318,9 +333,21 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   // the compute stream waits for the copies, in stream order the last of them.
   last_to_device.block_current();
   if (stage3_) stage3_->after_step();
+}
+
+void ZeroOptimizer::read_states(const StateStore::Visit& fn) {
+  at::NoGradGuard no_grad;
+  reducer_->wait_all();
+  store_->visit(/*write_back=*/false, fn);
+}
+
+void ZeroOptimizer::load_states(const PassBody& fill) {
+  at::NoGradGuard no_grad;
   zero_grad();
-  out.applied = true;
-  return out;
+  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low) {
+    fill(k, m, s, nullptr);
+    if (low != nullptr) low->copy_(m);  // the parameters as the step would have left them
+  });
 }
 
 // In double, group by group (a group at a time bounds the temporary), so two

@@ -32,7 +32,9 @@
 #include "zero/core/log.h"
 #include "engine_util.h"
 #include "zero/runtime/engine_internal.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "context.h"
+#include "engine_impl.h"
 #include "init_state.h"
 #include "zero/partition/stage3_plan.h"
 #include "zero/partition/layer.h"
@@ -41,12 +43,6 @@
 
 namespace zero {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Moves every parameter and buffer to `device`, floating ones to `dtype`
 // (integer buffers such as token ids keep their type).
@@ -69,154 +65,7 @@ void check_trainable(const config::Config& c) {
   }
 }
 
-// Writes `path` through a temporary file in the same folder, flushed to disk,
-// then renamed over it: a reader sees the old file or the new one, never half.
-void write_file_atomically(const std::string& path, const char* data, size_t size) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw IoError("open " + tmp + " for writing: " + std::strerror(errno) + " (errno " + std::to_string(errno) + ")");
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw IoError("write " + tmp + " at offset " + std::to_string(done) + ": " + std::strerror(err) + " (errno " +
-                    std::to_string(err) + ")");
-    }
-    done += static_cast<size_t>(n);
-  }
-  const int synced = ::fsync(fd) == 0 ? 0 : errno;
-  const int closed = ::close(fd) == 0 ? 0 : errno;
-  if (synced != 0 || closed != 0) {
-    const int err = synced != 0 ? synced : closed;
-    ::unlink(tmp.c_str());
-    throw IoError("flush " + tmp + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw IoError("rename " + tmp + " -> " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
-  }
-  // The rename itself is durable once the folder is flushed.
-  const auto slash = path.rfind('/');
-  const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (const int dfd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 }  // namespace
-
-// The engine's state: its context (NOTE [run context]: config, options, job,
-// device, dtypes, ledger) and the parts it drives.
-struct Engine::Impl : detail::RunContext {
-  std::unique_ptr<Comm> comm;  // first of the parts: destroyed after everything that uses it
-  std::shared_ptr<torch::nn::Module> model;
-  MemoryLedger& ledger() const { return *RunContext::ledger; }
-  std::unique_ptr<partition::ZeroOptimizer> optimizer;
-  std::unique_ptr<optim::LrScheduler> scheduler;
-  optim::LossScaler scaler;
-  std::unique_ptr<checkpointing::Checkpointer> checkpointer;
-
-  int64_t micro_steps = 0;
-  int64_t global_steps = 0;
-  int64_t skipped_steps = 0;
-  int64_t applied_steps = 0;
-  double last_grad_norm = 0;
-
-  // Progress: losses and time since the last printed line.
-  torch::Tensor loss_sum;
-  int64_t loss_count = 0;
-  Clock::time_point window_start = Clock::now();
-  int64_t window_steps = 0;
-  // wall_clock_breakdown: time before backward (forward and data), in backward, in step.
-  Clock::time_point phase_start = Clock::now();
-  double t_forward = 0, t_backward = 0, t_step = 0;
-
-  int64_t gas() const { return config.batch.gradient_accumulation_steps; }
-
-  void print_progress() {
-    const double elapsed = seconds_since(window_start);
-    const double loss = loss_count ? loss_sum.item<double>() / loss_count : NAN;
-    const double samples = static_cast<double>(window_steps * config.batch.train_batch_size);
-    std::ostringstream line;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "step %lld | loss %.4f | lr %.3e | loss scale %g | %.1f samples/s",
-                  static_cast<long long>(global_steps), loss, current_lr(), scaler.scale(),
-                  elapsed > 0 ? samples / elapsed : 0.0);
-    line << buf;
-    if (options.tokens_per_sample) {
-      std::snprintf(buf, sizeof buf, " | %.0f tokens/s",
-                    elapsed > 0 ? samples * *options.tokens_per_sample / elapsed : 0.0);
-      line << buf;
-    }
-    if (config.wall_clock_breakdown) {
-      const double n = std::max<int64_t>(1, window_steps);
-      std::snprintf(buf, sizeof buf, " | per step: forward %.1f ms, backward %.1f ms, step %.1f ms",
-                    1e3 * t_forward / n, 1e3 * t_backward / n, 1e3 * t_step / n);
-      line << buf;
-    }
-    log::info(line.str());
-    if (config.memory_breakdown) {  // DeepSpeed's memory_breakdown: where the bytes are, now and at most
-      std::ostringstream mem;
-      mem << "memory (current / peak):";
-      for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme}) {
-        const auto c = ledger().get(t);
-        mem << " " << to_string(t) << " " << format_bytes(c.current_bytes) << " / " << format_bytes(c.peak_bytes);
-      }
-      log::info(mem.str());
-    }
-    loss_sum = torch::Tensor();
-    loss_count = 0;
-    window_steps = 0;
-    t_forward = t_backward = t_step = 0;
-    window_start = Clock::now();
-  }
-
-  double current_lr() const {
-    return scheduler ? scheduler->lr() : config.optimizer->lr;
-  }
-
-  void take_model_step() {
-    optim::StepParams p;
-    p.step = applied_steps + 1;
-    p.lr = current_lr();
-    p.beta1 = config.optimizer->betas[0];
-    p.beta2 = config.optimizer->betas[1];
-    // OneCycle's momentum cycle, as DeepSpeed applies it: only to optimizers
-    // with betas, and it pins beta2 to 0.99 for the whole run.
-    const bool has_betas = config.optimizer->type != config::OptimizerType::kAdagrad;
-    if (scheduler && scheduler->beta1() && has_betas) {
-      p.beta1 = *scheduler->beta1();
-      p.beta2 = 0.99;
-    }
-    auto outcome = optimizer->step(p, scaler.scale(), config.gradient_clipping);
-    last_grad_norm = outcome.grad_norm;
-    const double old_scale = scaler.scale();
-    if (config.fp16.enabled) scaler.update(!outcome.applied);
-    if (outcome.applied) {
-      ++applied_steps;
-      if (scheduler) scheduler->step();
-    } else {
-      ++skipped_steps;
-      char buf[160];
-      std::snprintf(buf, sizeof buf,
-                    "step %lld: gradients not finite, step skipped; loss scale %g -> %g",
-                    static_cast<long long>(global_steps + 1), old_scale, scaler.scale());
-      log::info(buf);
-    }
-    ++global_steps;
-    ++window_steps;
-    if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&
-        global_steps % *config.steps_per_print == 0) {
-      print_progress();
-    }
-  }
-};
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options)
     : Engine(std::move(model), std::move(config), std::move(options), nullptr) {}
@@ -470,7 +319,7 @@ void Engine::save_16bit_model(const std::string& path) {
   }
   for (const auto& item : s.model->named_buffers(true)) dict.insert(item.key(), item.value().detach().clone().cpu());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  write_file_atomically(path, bytes.data(), bytes.size());
+  ckpt::write_file_atomically(path, std::string(bytes.begin(), bytes.end()));
 }
 
 std::optional<Stage3Stats> Engine::stage3_stats() const {

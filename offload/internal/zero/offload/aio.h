@@ -53,7 +53,13 @@ class AioFile {
  public:
   /// Opens (with `create`, creates or truncates) `path` for reading and
   /// writing. Throws zero::IoError naming the path and errno.
-  static std::shared_ptr<AioFile> open(const std::string& path, bool create, bool try_direct = true);
+  /// Created files get `mode` (less the umask): 0600 for swap files (the
+  /// default), 0644 for checkpoints.
+  static std::shared_ptr<AioFile> open(const std::string& path, bool create, bool try_direct = true,
+                                       unsigned mode = 0600);
+  /// Opens an existing `path` for reading only (a checkpoint on a read-only
+  /// mount). Throws zero::IoError naming the path and errno.
+  static std::shared_ptr<AioFile> open_read_only(const std::string& path, bool try_direct = true);
   ~AioFile();
   AioFile(const AioFile&) = delete;
   AioFile& operator=(const AioFile&) = delete;

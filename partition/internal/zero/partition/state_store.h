@@ -80,6 +80,8 @@ class StateStore {
   const std::vector<SubGroup>& sub_groups() const { return sub_groups_; }
   /// "fp32_master", then the optimizer's state names.
   const std::vector<std::string>& names() const { return names_; }
+  /// The value optimizer state `i` (0-based, after the master) starts at.
+  double initial_value(size_t i) const { return initial_.at(i); }
 
   using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
   /// Visits every sub-group in order with views of its master and states

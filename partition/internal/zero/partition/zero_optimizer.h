@@ -21,6 +21,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -161,6 +162,19 @@ class ZeroOptimizer {
   /// Discards accumulated gradients.
   void zero_grad();
 
+  /// Sub-group k's master and states (m, s), and where its new values go in
+  /// the compute dtype (null when the master is the parameters); see write_pass.
+  using PassBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low)>;
+  /// Visits the store's sub-groups (store().sub_groups()) without changing
+  /// them (engine checkpoints read the states from where they live). Throws
+  /// IoError (NVMe).
+  void read_states(const StateStore::Visit& fn);
+  /// Sets every sub-group's master and states with `fill` (which must write
+  /// all of m and s; its `low` is null), then brings the model's parameters
+  /// to the masters' values, gathered as after a step. Discards gradients.
+  /// Throws what `fill` throws, IoError, CommunicationError.
+  void load_states(const PassBody& fill);
+
   /// Called by the gradient hook of slot `index` (see NOTE [gradient path]).
   void on_grad_ready(size_t index, const at::Tensor& grad);
 
@@ -191,6 +205,7 @@ class ZeroOptimizer {
 
  private:
   void init(Stage3Layout* layout);
+  void write_pass(const PassBody& body);
   /// Stage 3: group g's shard, read from the parameter swap file when it is
   /// there, until shard_done(g).
   const at::Tensor& shard(size_t g) const;

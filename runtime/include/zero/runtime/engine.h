@@ -99,6 +99,16 @@ struct NvmeStats {
   double param_read_wait_s = 0;     // gathers waited for shards coming from disk
 };
 
+/// What one rank did in save_checkpoint or load_checkpoint.
+struct CheckpointStats {
+  std::string dir;
+  std::string tag;
+  int64_t bytes = 0;     // this rank wrote (save) or read (load)
+  double seconds = 0;    // this rank's time in the call
+  /// load: the client state saved with it (a JSON object, as text).
+  std::string client_state = "{}";
+};
+
 /// Bytes of model states this rank holds, from the memory ledger.
 struct ModelStateBytes {
   int64_t parameters = 0;
@@ -197,6 +207,41 @@ class Engine {
   /// rank 0 keeps them. Throws ConfigError without it, IoError when the file
   /// cannot be written, CommunicationError.
   void save_16bit_model(const std::string& path);
+
+  /// Saves the training state as `dir`/`tag`/ (docs/checkpoints.md): every
+  /// rank writes its partition of the fp32 master and optimizer states from
+  /// where they live (device, host, NVMe), in parallel, with block checksums;
+  /// rank 0 the buffers and frozen parameters, the step counters, LR
+  /// schedule, loss scaler and `client_state` (a JSON object) in meta.json;
+  /// each rank its RNG states. Files go to a hidden folder first; the tag
+  /// appears, and `dir`/latest names it, only once every rank's files are
+  /// complete and flushed, so an interrupted save leaves the previous
+  /// checkpoint as it was. `tag` "" means "global_step<N>". A collective:
+  /// every rank calls it, at an accumulation boundary. Throws UsageError
+  /// (between the micro-steps of an accumulation, a bad tag), IoError (naming
+  /// the file, offset and errno; a disk without room names the path, the
+  /// bytes needed and those available, before anything is written),
+  /// ConfigError (client_state not a JSON object), CommunicationError.
+  CheckpointStats save_checkpoint(const std::string& dir, const std::string& tag = "",
+                                  const std::string& client_state = "{}");
+  /// Restores a checkpoint (`tag` "" means the one `dir`/latest names),
+  /// saved at any world size and any stage: each rank reads only the parts of
+  /// the saved partitions its own partition needs (NOTE [checkpoint mapping]),
+  /// verified against their checksums. The RNG states are restored when the
+  /// world size is the one saved. A collective. Throws IoError naming the
+  /// file and what is wrong (missing, truncated, damaged, a checkpoint of a
+  /// model with other parameters), ConfigError (another optimizer),
+  /// CommunicationError.
+  CheckpointStats load_checkpoint(const std::string& dir, const std::string& tag = "");
+  /// Sets the parameters (and the fp32 master) from a safetensors file of
+  /// full weights by parameter name (as `zero checkpoint consolidate` writes
+  /// them, or Hugging Face's), each rank reading only the elements of its own
+  /// partition, so a model built under zero::Init is filled without ever
+  /// being whole anywhere. Buffers and frozen parameters found in the file by
+  /// name are loaded too. The optimizer states start anew: call it before
+  /// training. A collective. Throws IoError (the file, a parameter it lacks
+  /// or holds with another shape), CommunicationError.
+  void load_weights(const std::string& path);
 
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;

@@ -1,0 +1,153 @@
+// The pieces of an engine checkpoint's files (docs/checkpoints.md):
+// safetensors headers, CRC32C block checksums, the atomic small-file writer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "zero/offload/aio.h"
+
+namespace zero::ckpt {
+
+inline constexpr const char* kFormat = "zero-checkpoint";
+inline constexpr int kVersion = 1;
+/// Checksums cover each tensor's data in blocks of this many bytes, counted
+/// from the tensor's first byte (the last block may be shorter).
+inline constexpr int64_t kSumBlock = 1024;
+
+/// CRC-32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start);
+/// SSE 4.2 where the CPU has it.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+/// One tensor of a safetensors file. Offsets are relative to the start of
+/// the data (the byte after the header), as the format has them.
+struct TensorEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;
+  int64_t numel() const;
+  /// Its checksums' index in the file's .sums (blocks of every earlier tensor first).
+  int64_t first_sum = 0;
+  int64_t num_sums() const { return (end - begin + kSumBlock - 1) / kSumBlock; }
+};
+
+/// A safetensors file's layout: tensors packed back to back in the given
+/// order, the header padded with spaces so the data starts at a multiple of
+/// 4096 bytes (O_DIRECT-friendly reads).
+struct Layout {
+  std::vector<TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;  // "__metadata__"
+  int64_t data_start = 0;
+  uint32_t header_crc = 0;  // crc32c of the file's first data_start bytes
+  int64_t file_bytes() const { return data_start + (tensors.empty() ? 0 : tensors.back().end); }
+  int64_t num_sums() const;
+  const TensorEntry& at(const std::string& name, const std::string& file) const;
+};
+
+/// Lays out `tensors` (name, dtype, shape) and serialises the header: the
+/// 8-byte little-endian length, then the JSON.
+std::string make_header(Layout& layout);
+/// Parses the header of the safetensors file `path` (already open as
+/// `file`, `size` bytes). Throws IoError naming the file for a truncated or
+/// malformed header.
+Layout read_header(offload::AioEngine& aio, const std::shared_ptr<offload::AioFile>& file, const std::string& path,
+                   int64_t size);
+
+/// Safetensors' dtype names ("F32", "BF16", ...).
+const char* dtype_name(at::ScalarType dtype);
+at::ScalarType dtype_from_name(const std::string& name, const std::string& where);
+
+/// Computes the block checksums of one tensor whose bytes arrive in order, in
+/// pieces of any size.
+class StreamSums {
+ public:
+  explicit StreamSums(std::vector<uint32_t>* out) : out_(out) {}
+  void add(const void* data, int64_t n);
+  void finish();
+
+ private:
+  std::vector<uint32_t>* out_;
+  uint32_t crc_ = 0;
+  int64_t in_block_ = 0;
+};
+
+/// Writes one safetensors file: the tensors of `layout` in its order, each
+/// streamed in pieces of any size through a few aligned staging buffers and
+/// the AIO engine, its block checksums computed on the way. The file is
+/// `path`.tmp until commit() flushes it and gives it its name; destroyed
+/// before that, it removes the temporary file.
+class TensorFileWriter {
+ public:
+  /// Throws IoError naming the file (cannot create it, no room for all of it).
+  TensorFileWriter(std::string path, Layout layout, offload::AioEngine& aio);
+  ~TensorFileWriter();
+  TensorFileWriter(const TensorFileWriter&) = delete;
+  TensorFileWriter& operator=(const TensorFileWriter&) = delete;
+
+  /// The index of tensor `name` in the layout.
+  size_t tensor(const std::string& name) const;
+  /// The next elements of tensor i, in order (any device; the tensor's dtype).
+  void append(size_t i, const at::Tensor& src);
+  struct Committed {
+    int64_t bytes = 0;
+    uint32_t header_crc = 0;
+    uint32_t sums_crc = 0;  // of the .sums file's bytes
+  };
+  /// Checks every tensor was written whole, flushes the file, renames it to
+  /// its path and, unless `sums_path` is empty, writes the block checksums
+  /// there (atomically). Throws IoError naming the file and errno.
+  Committed commit(const std::string& sums_path);
+
+ private:
+  struct Stage {
+    offload::AlignedBuffer buf;
+    offload::AioHandle io;
+  };
+  std::string tmp() const { return path_ + ".tmp"; }
+
+  std::string path_;
+  Layout layout_;
+  offload::AioEngine& aio_;
+  std::shared_ptr<offload::AioFile> file_;
+  std::vector<std::vector<uint32_t>> sums_;
+  std::vector<StreamSums> streams_;
+  std::vector<int64_t> written_;
+  std::vector<Stage> stage_;
+  int64_t next_ = 0;
+  bool committed_ = false;
+};
+
+/// Writes `data` to `path` through a temporary file in the same folder,
+/// flushed, then renamed over it, and flushes the folder: a reader sees the
+/// old file or the new one. Throws IoError naming the file and errno.
+void write_file_atomically(const std::string& path, const std::string& data);
+/// Reads a small file whole. Throws IoError naming it.
+std::string read_small_file(const std::string& path);
+/// fsync() of a file or folder by path. Throws IoError naming it.
+void sync_path(const std::string& path);
+/// The size of `path`, or -1 when it does not exist.
+int64_t file_size(const std::string& path);
+
+// Folders, with POSIX calls: LibTorch exports its own build of some
+// std::filesystem functions (remove_all among them), which the dynamic linker
+// may bind our calls to, and which crash when it does.
+/// Whether `path` exists (a file or a folder).
+bool path_exists(const std::string& path);
+/// mkdir -p. Throws IoError naming the folder and errno.
+void make_folders(const std::string& path);
+/// rm -rf (nothing when it does not exist). Throws IoError naming what could
+/// not be removed and errno.
+void remove_tree(const std::string& path);
+/// rename(2). Throws IoError naming both paths and errno.
+void rename_path(const std::string& from, const std::string& to);
+/// The names in a folder (without "." and ".."), sorted. Throws IoError.
+std::vector<std::string> list_folder(const std::string& path);
+
+}  // namespace zero::ckpt

@@ -1,0 +1,426 @@
+// The pieces of an engine checkpoint's files (checkpoint_format.h).
+#include "zero/runtime/checkpoint_format.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <c10/util/accumulate.h>
+#include <nlohmann/json.hpp>
+
+#include "zero/core/error.h"
+
+namespace zero::ckpt {
+namespace {
+
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+std::array<uint32_t, 256> make_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+uint32_t crc32c_soft(const uint8_t* p, size_t n, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = make_table();
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc32c_hw(const uint8_t* p, size_t n, uint32_t crc) {
+  uint64_t c = crc;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return c32;
+}
+#endif
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+#if defined(__x86_64__)
+  static const bool hw = __builtin_cpu_supports("sse4.2");
+  crc = hw ? crc32c_hw(p, n, crc) : crc32c_soft(p, n, crc);
+#else
+  crc = crc32c_soft(p, n, crc);
+#endif
+  return ~crc;
+}
+
+int64_t TensorEntry::numel() const { return c10::multiply_integers(shape); }
+
+int64_t Layout::num_sums() const {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.num_sums();
+  return n;
+}
+
+const TensorEntry& Layout::at(const std::string& name, const std::string& file) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t;
+  throw IoError(file + ": no tensor " + name + " in the file (a checkpoint of another model, or a damaged one)");
+}
+
+const char* dtype_name(at::ScalarType d) {
+  switch (d) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kShort: return "I16";
+    case at::kChar: return "I8";
+    case at::kByte: return "U8";
+    case at::kBool: return "BOOL";
+    default: return "?";
+  }
+}
+
+at::ScalarType dtype_from_name(const std::string& n, const std::string& where) {
+  static const std::unordered_map<std::string, at::ScalarType> m = {
+      {"F32", at::kFloat}, {"BF16", at::kBFloat16}, {"F16", at::kHalf}, {"F64", at::kDouble}, {"I64", at::kLong},
+      {"I32", at::kInt},   {"I16", at::kShort},     {"I8", at::kChar},  {"U8", at::kByte},    {"BOOL", at::kBool}};
+  auto it = m.find(n);
+  if (it == m.end()) throw IoError(where + ": dtype \"" + n + "\" is not one zero reads");
+  return it->second;
+}
+
+std::string make_header(Layout& layout) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!layout.metadata.empty()) {
+    nlohmann::ordered_json md = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : layout.metadata) md[k] = v;
+    h["__metadata__"] = md;
+  }
+  int64_t offset = 0, sums = 0;
+  for (auto& t : layout.tensors) {
+    t.begin = offset;
+    t.end = offset + t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype));
+    t.first_sum = sums;
+    sums += t.num_sums();
+    offset = t.end;
+    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+  }
+  std::string json = h.dump();
+  // Spaces after the JSON (the format allows them) put the data on a 4 KiB boundary.
+  const int64_t start = (8 + static_cast<int64_t>(json.size()) + 4095) / 4096 * 4096;
+  json.append(static_cast<size_t>(start - 8 - static_cast<int64_t>(json.size())), ' ');
+  layout.data_start = start;
+  std::string out(8, '\0');
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  out += json;
+  layout.header_crc = crc32c(out.data(), out.size());
+  return out;
+}
+
+Layout read_header(offload::AioEngine& aio, const std::shared_ptr<offload::AioFile>& file, const std::string& path,
+                   int64_t size) {
+  if (size < 8) throw IoError(path + ": " + std::to_string(size) + " bytes, too short for a safetensors header (truncated?)");
+  offload::AlignedBuffer first(4096);
+  const int64_t head = std::min<int64_t>(size, 4096);
+  aio.read(file, first.data(), head, 0).wait();
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t*>(first.data())[i]) << (8 * i);
+  if (n > static_cast<uint64_t>(size - 8) || n > (uint64_t{1} << 30))
+    throw IoError(path + ": header of " + std::to_string(n) + " bytes does not fit the file's " + std::to_string(size) +
+                  " bytes (truncated or not a safetensors file)");
+  std::string json(static_cast<size_t>(n), '\0');
+  uint32_t header_crc = 0;
+  if (8 + static_cast<int64_t>(n) <= head) {
+    std::memcpy(json.data(), static_cast<char*>(first.data()) + 8, n);
+    header_crc = crc32c(first.data(), 8 + n);
+  } else {
+    offload::AlignedBuffer all(offload::aio_aligned(8 + static_cast<int64_t>(n)));
+    aio.read(file, all.data(), 8 + static_cast<int64_t>(n), 0).wait();
+    std::memcpy(json.data(), static_cast<char*>(all.data()) + 8, n);
+    header_crc = crc32c(all.data(), 8 + n);
+  }
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(json);
+  } catch (const std::exception&) {
+    throw IoError(path + ": the safetensors header is not valid JSON (damaged file)");
+  }
+  Layout layout;
+  layout.data_start = 8 + static_cast<int64_t>(n);
+  layout.header_crc = header_crc;
+  try {
+    for (const auto& [key, v] : h.items()) {
+      if (key == "__metadata__") {
+        for (const auto& [mk, mv] : v.items()) layout.metadata[mk] = mv.get<std::string>();
+        continue;
+      }
+      TensorEntry t;
+      t.name = key;
+      t.dtype = dtype_from_name(v.at("dtype").get<std::string>(), path + ": tensor " + key);
+      t.shape = v.at("shape").get<std::vector<int64_t>>();
+      t.begin = v.at("data_offsets").at(0).get<int64_t>();
+      t.end = v.at("data_offsets").at(1).get<int64_t>();
+      layout.tensors.push_back(std::move(t));
+    }
+  } catch (const IoError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw IoError(path + ": malformed safetensors header (" + e.what() + ")");
+  }
+  std::sort(layout.tensors.begin(), layout.tensors.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
+  int64_t sums = 0;
+  for (auto& t : layout.tensors) {
+    if (t.end - t.begin != t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype)) || t.begin < 0 ||
+        layout.data_start + t.end > size) {
+      throw IoError(path + ": tensor " + t.name + " spans bytes [" + std::to_string(t.begin) + ", " +
+                    std::to_string(t.end) + ") of data, which does not fit its shape or the file's " +
+                    std::to_string(size) + " bytes (truncated?)");
+    }
+    t.first_sum = sums;
+    sums += t.num_sums();
+  }
+  return layout;
+}
+
+void StreamSums::add(const void* data, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const int64_t take = std::min(n, kSumBlock - in_block_);
+    crc_ = crc32c(p, static_cast<size_t>(take), crc_);
+    in_block_ += take;
+    p += take;
+    n -= take;
+    if (in_block_ == kSumBlock) {
+      out_->push_back(crc_);
+      crc_ = 0;
+      in_block_ = 0;
+    }
+  }
+}
+
+void StreamSums::finish() {
+  if (in_block_ > 0) out_->push_back(crc_);
+  crc_ = 0;
+  in_block_ = 0;
+}
+
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw IoError("open " + path + " to flush it: " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw IoError("flush " + path + ": " + errno_text(err));
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_size);
+}
+
+namespace {
+constexpr int64_t kStageBytes = int64_t{8} << 20;  // one staging buffer of a writer
+constexpr int kStageBuffers = 4;
+}  // namespace
+
+TensorFileWriter::TensorFileWriter(std::string path, Layout layout, offload::AioEngine& aio)
+    : path_(std::move(path)), layout_(std::move(layout)), aio_(aio) {
+  const std::string header = make_header(layout_);
+  sums_.resize(layout_.tensors.size());
+  written_.assign(layout_.tensors.size(), 0);
+  for (size_t i = 0; i < layout_.tensors.size(); ++i) streams_.emplace_back(&sums_[i]);
+  file_ = offload::AioFile::open(tmp(), /*create=*/true, /*try_direct=*/false, /*mode=*/0644);
+  file_->reserve(layout_.file_bytes());  // a full disk fails here, before the data
+  for (int i = 0; i < kStageBuffers; ++i) stage_.push_back({offload::AlignedBuffer(kStageBytes), {}});
+  ZERO_CHECK(static_cast<int64_t>(header.size()) <= kStageBytes, "safetensors header of " + path_ + " too large");
+  std::memcpy(stage_[0].buf.data(), header.data(), header.size());
+  stage_[0].io = aio_.write(file_, stage_[0].buf.data(), static_cast<int64_t>(header.size()), 0);
+  next_ = 1;
+}
+
+TensorFileWriter::~TensorFileWriter() {
+  for (auto& s : stage_) {
+    try {
+      s.io.wait();
+    } catch (...) {  // the error was, or will be, reported by the writer's user
+    }
+  }
+  file_.reset();
+  if (!committed_) ::unlink(tmp().c_str());
+}
+
+size_t TensorFileWriter::tensor(const std::string& name) const {
+  for (size_t i = 0; i < layout_.tensors.size(); ++i)
+    if (layout_.tensors[i].name == name) return i;
+  ZERO_CHECK(false, "no tensor " + name + " in " + path_);
+  return 0;
+}
+
+void TensorFileWriter::append(size_t i, const at::Tensor& src) {
+  const auto& t = layout_.tensors.at(i);
+  ZERO_CHECK(src.scalar_type() == t.dtype, "tensor " + t.name + " of " + path_ + " appended in another dtype");
+  const int64_t es = static_cast<int64_t>(src.element_size());
+  const int64_t per = kStageBytes / es;
+  at::Tensor flat = src.reshape({-1});
+  for (int64_t e = 0; e < flat.numel(); e += per) {
+    const int64_t n = std::min(per, flat.numel() - e);
+    ZERO_CHECK(written_[i] + n * es <= t.end - t.begin, "tensor " + t.name + " of " + path_ + " written past its end");
+    Stage& s = stage_[static_cast<size_t>(next_++ % kStageBuffers)];
+    s.io.wait();
+    at::from_blob(s.buf.data(), {n}, src.options().device(at::kCPU)).copy_(flat.narrow(0, e, n));
+    streams_[i].add(s.buf.data(), n * es);
+    s.io = aio_.write(file_, s.buf.data(), n * es, layout_.data_start + t.begin + written_[i]);
+    written_[i] += n * es;
+  }
+}
+
+TensorFileWriter::Committed TensorFileWriter::commit(const std::string& sums_path) {
+  for (auto& s : stage_) s.io.wait();
+  std::string sums;
+  for (size_t i = 0; i < layout_.tensors.size(); ++i) {
+    const auto& t = layout_.tensors[i];
+    ZERO_CHECK(written_[i] == t.end - t.begin, "tensor " + t.name + " of " + path_ + " not written whole");
+    streams_[i].finish();
+    sums.append(reinterpret_cast<const char*>(sums_[i].data()), sums_[i].size() * 4);
+  }
+  if (::fsync(file_->buffered_fd()) != 0) {
+    const int err = errno;
+    throw IoError("flush " + tmp() + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  file_.reset();
+  if (std::rename(tmp().c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    throw IoError("rename " + tmp() + " -> " + path_ + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  committed_ = true;
+  if (!sums_path.empty()) write_file_atomically(sums_path, sums);
+  return {layout_.file_bytes(), layout_.header_crc, crc32c(sums.data(), sums.size())};
+}
+
+void write_file_atomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw IoError("open " + tmp + " for writing: " + errno_text(errno));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw IoError("write " + tmp + " at offset " + std::to_string(done) + ": " + errno_text(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;
+  if (synced != 0 || closed != 0) {
+    ::unlink(tmp.c_str());
+    throw IoError("flush " + tmp + ": " + errno_text(synced != 0 ? synced : closed));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw IoError("rename " + tmp + " -> " + path + ": " + errno_text(err));
+  }
+  const auto slash = path.rfind('/');
+  sync_path(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+}
+
+std::string read_small_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("open " + path + " for reading: " + errno_text(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw IoError("read " + path + ": " + errno_text(errno));
+  return s.str();
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+void make_folders(const std::string& path) {
+  if (path.empty()) return;
+  std::string at;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    at = path.substr(0, pos);
+    if (at.empty() || ::mkdir(at.c_str(), 0755) == 0 || errno == EEXIST) continue;
+    const int err = errno;
+    throw IoError("create folder " + at + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IoError("create folder " + path + ": a file of that name is in the way");
+}
+
+namespace {
+int remove_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  const int rc = type == FTW_DP ? ::rmdir(path) : ::unlink(path);
+  if (rc != 0 && errno != ENOENT) {
+    const int err = errno;
+    throw IoError(std::string("remove ") + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  return 0;
+}
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  if (!path_exists(path)) return;
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && path_exists(path)) {
+    const int err = errno;
+    throw IoError("remove " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    const int err = errno;
+    throw IoError("rename " + from + " -> " + to + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+}
+
+std::vector<std::string> list_folder(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) {
+    const int err = errno;
+    throw IoError("list " + path + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  std::vector<std::string> out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace zero::ckpt

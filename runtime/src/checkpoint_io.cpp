@@ -1,0 +1,481 @@
+// NOTE [checkpoint mapping] in checkpoint_io.h.
+#include "zero/runtime/checkpoint_io.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
+
+#include "zero/core/error.h"
+
+namespace zero::ckpt {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string rank_file(int64_t part) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank%05lld", static_cast<long long>(part));
+  return buf;
+}
+
+// One file of a checkpoint (or a weights file), opened on first use.
+struct OpenFile {
+  std::string path;
+  std::shared_ptr<offload::AioFile> file;
+  Layout layout;
+  std::vector<uint32_t> sums;  // empty: not verified (a weights file)
+};
+
+// Reads [begin, end) of a file into `buf` (aligned, at least end - begin + slack).
+struct PendingRead {
+  offload::AlignedBuffer buf;
+  offload::AioHandle io;
+  int64_t file_begin = 0;  // where buf starts in the file
+};
+
+class ReaderBase : public PieceReader {
+ public:
+  explicit ReaderBase(const offload::AioOptions& aio) : aio_(aio) {}
+
+  at::Tensor read_tensor(const std::string& file, const std::string& name) override {
+    OpenFile& f = open(file);
+    const TensorEntry& t = f.layout.at(name, f.path);
+    at::Tensor out = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+    if (t.end > t.begin) {
+      PendingRead r = start(f, t, 0, t.end - t.begin);
+      finish(f, t, r, 0, t.end - t.begin, static_cast<char*>(out.data_ptr()));
+    }
+    return out;
+  }
+
+  bool has_tensor(const std::string& file, const std::string& name) override {
+    OpenFile& f = open(file);
+    for (const auto& t : f.layout.tensors)
+      if (t.name == name) return true;
+    return false;
+  }
+
+  const Layout& file_layout(const std::string& file) override { return open(file).layout; }
+
+  int64_t verify_file(const std::string& file) override {
+    OpenFile& f = open(file);
+    constexpr int64_t kWindow = int64_t{8} << 20;
+    std::vector<char> scratch(static_cast<size_t>(kWindow));
+    int64_t total = 0;
+    for (const auto& t : f.layout.tensors) {
+      for (int64_t b = 0; b < t.end - t.begin; b += kWindow) {
+        const int64_t e = std::min(t.end - t.begin, b + kWindow);
+        PendingRead r = start(f, t, b, e);
+        finish(f, t, r, b, e, scratch.data());
+        total += e - b;
+      }
+    }
+    return total;
+  }
+
+ protected:
+  virtual OpenFile& open(const std::string& file) = 0;
+
+  // Starts reading bytes [b0, b1) of tensor t's data, widened to its checksum blocks.
+  PendingRead start(OpenFile& f, const TensorEntry& t, int64_t b0, int64_t b1) {
+    const bool verify = !f.sums.empty();
+    const int64_t lo = verify ? b0 / kSumBlock * kSumBlock : b0;
+    const int64_t hi = verify ? std::min(t.end - t.begin, (b1 + kSumBlock - 1) / kSumBlock * kSumBlock) : b1;
+    PendingRead r;
+    r.file_begin = f.layout.data_start + t.begin + lo;
+    r.buf = offload::AlignedBuffer(hi - lo);
+    r.io = engine().read(f.file, r.buf.data(), hi - lo, r.file_begin);
+    bytes_read_ += hi - lo;
+    return r;
+  }
+
+  // Waits for r, checks its blocks, copies bytes [b0, b1) of the tensor to dst.
+  void finish(OpenFile& f, const TensorEntry& t, PendingRead& r, int64_t b0, int64_t b1, char* dst) {
+    try {
+      r.io.wait();
+    } catch (const IoError& e) {
+      throw IoError(std::string(e.what()) + " (reading tensor " + t.name + " of the checkpoint)");
+    }
+    const int64_t lo = r.file_begin - f.layout.data_start - t.begin;
+    const auto* base = static_cast<const char*>(r.buf.data());
+    if (!f.sums.empty()) {
+      const int64_t hi = lo + std::min(r.buf.size(), t.end - t.begin - lo);
+      for (int64_t b = lo; b < hi && b < (b1 + kSumBlock - 1) / kSumBlock * kSumBlock; b += kSumBlock) {
+        const int64_t n = std::min(kSumBlock, t.end - t.begin - b);
+        const uint32_t want = f.sums.at(static_cast<size_t>(t.first_sum + b / kSumBlock));
+        if (crc32c(base + (b - lo), static_cast<size_t>(n)) != want) {
+          throw IoError(f.path + ": checksum mismatch in tensor " + t.name + " at bytes [" + std::to_string(b) + ", " +
+                        std::to_string(b + n) + ") of its data (file offset " +
+                        std::to_string(f.layout.data_start + t.begin + b) + "): the file is damaged");
+        }
+      }
+    }
+    std::memcpy(dst, base + (b0 - lo), static_cast<size_t>(b1 - b0));
+  }
+
+  offload::AioEngine& engine() {
+    if (!aio_engine_) aio_engine_ = std::make_unique<offload::AioEngine>(aio_);
+    return *aio_engine_;
+  }
+
+  offload::AioOptions aio_;
+  std::unique_ptr<offload::AioEngine> aio_engine_;
+  std::unordered_map<std::string, std::unique_ptr<OpenFile>> files_;
+};
+
+class CheckpointReader final : public ReaderBase {
+ public:
+  CheckpointReader(std::string dir, nlohmann::json files, const offload::AioOptions& aio)
+      : ReaderBase(aio), dir_(std::move(dir)), files_meta_(std::move(files)) {}
+
+  void fill(const std::string& state, const std::vector<Piece>& pieces, int64_t len, float* dst) override {
+    std::memset(dst, 0, static_cast<size_t>(len) * sizeof(float));
+    std::vector<std::pair<const TensorEntry*, PendingRead>> reads;
+    std::vector<OpenFile*> opened;
+    for (const auto& p : pieces) {  // all reads in flight, then each waited for
+      OpenFile& f = open(rank_file(p.part) + ".safetensors");
+      const TensorEntry& t = f.layout.at(state + "." + std::to_string(p.group), f.path);
+      if (t.dtype != at::kFloat || (p.begin + p.count) * 4 > t.end - t.begin)
+        throw IoError(f.path + ": tensor " + t.name + " does not hold the elements the checkpoint's layout says");
+      reads.emplace_back(&t, start(f, t, p.begin * 4, (p.begin + p.count) * 4));
+      opened.push_back(&f);
+    }
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const auto& p = pieces[i];
+      finish(*opened[i], *reads[i].first, reads[i].second, p.begin * 4, (p.begin + p.count) * 4,
+             reinterpret_cast<char*>(dst + p.dst));
+    }
+  }
+
+ protected:
+  OpenFile& open(const std::string& name) override {
+    auto it = files_.find(name);
+    if (it != files_.end()) return *it->second;
+    const std::string path = dir_ + "/" + name;
+    const auto meta = files_meta_.find(name);
+    if (meta == files_meta_.end()) throw IoError(path + ": the checkpoint's meta.json lists no such file");
+    const int64_t want = meta->at("bytes").get<int64_t>();
+    const int64_t have = file_size(path);
+    if (have < 0) throw IoError(path + ": missing (the checkpoint's meta.json lists it, " + std::to_string(want) + " bytes)");
+    if (have != want)
+      throw IoError(path + ": " + std::to_string(have) + " bytes, but the checkpoint's meta.json says " +
+                    std::to_string(want) + (have < want ? " (truncated)" : " (changed)"));
+    auto f = std::make_unique<OpenFile>();
+    f->path = path;
+    f->file = offload::AioFile::open_read_only(path, /*try_direct=*/false);
+    f->layout = read_header(engine(), f->file, path, have);
+    if (f->layout.header_crc != meta->at("header_crc").get<uint32_t>())
+      throw IoError(path + ": the header's checksum differs from the one meta.json recorded (a damaged or changed file)");
+    // The block checksums, checked as a whole against meta.json.
+    const std::string sums_path = dir_ + "/" + name.substr(0, name.rfind('.')) + ".sums";
+    const std::string sums = read_small_file(sums_path);
+    if (static_cast<int64_t>(sums.size()) != f->layout.num_sums() * 4 ||
+        crc32c(sums.data(), sums.size()) != meta->at("sums_crc").get<uint32_t>())
+      throw IoError(sums_path + ": " + std::to_string(sums.size()) +
+                    " bytes whose checksum differs from meta.json's (a damaged or changed file)");
+    f->sums.resize(sums.size() / 4);
+    std::memcpy(f->sums.data(), sums.data(), sums.size());
+    bytes_read_ += f->layout.data_start + static_cast<int64_t>(sums.size());
+    auto& ref = *f;
+    files_.emplace(name, std::move(f));
+    return ref;
+  }
+
+ private:
+  std::string dir_;
+  nlohmann::json files_meta_;
+};
+
+class WeightsReader final : public ReaderBase {
+ public:
+  WeightsReader(std::string path, const offload::AioOptions& aio) : ReaderBase(aio), path_(std::move(path)) {}
+
+  void fill(const std::string& state, const std::vector<Piece>& pieces, int64_t len, float* dst) override {
+    ZERO_CHECK(state == "fp32_master", "a weights file holds parameters only");
+    std::memset(dst, 0, static_cast<size_t>(len) * sizeof(float));
+    OpenFile& f = open(path_);
+    for (const auto& p : pieces) {
+      const TensorEntry& t = f.layout.tensors.at(p.group);
+      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+      PendingRead r = start(f, t, p.begin * es, (p.begin + p.count) * es);
+      at::Tensor raw = at::empty({p.count}, at::TensorOptions().dtype(t.dtype));
+      finish(f, t, r, p.begin * es, (p.begin + p.count) * es, static_cast<char*>(raw.data_ptr()));
+      at::from_blob(dst + p.dst, {p.count}, at::kFloat).copy_(raw);
+    }
+  }
+
+  OpenFile& open(const std::string&) override {
+    if (!file_) {
+      const int64_t size = file_size(path_);
+      if (size < 0) throw IoError(path_ + ": no such file (the weights to load)");
+      file_ = std::make_unique<OpenFile>();
+      file_->path = path_;
+      file_->file = offload::AioFile::open_read_only(path_, /*try_direct=*/false);
+      file_->layout = read_header(engine(), file_->file, path_, size);
+    }
+    return *file_;
+  }
+
+ private:
+  std::string path_;
+  std::unique_ptr<OpenFile> file_;
+};
+
+}  // namespace
+
+nlohmann::json SavedLayout::to_json() const {
+  nlohmann::json gs = nlohmann::json::array();
+  for (const auto& g : groups) {
+    nlohmann::json ps = nlohmann::json::array();
+    for (const auto& p : g.params) ps.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    gs.push_back({{"name", g.name}, {"padded_numel", g.padded_numel}, {"chunk_numel", g.chunk_numel}, {"params", ps}});
+  }
+  return {{"partitions", partitions}, {"groups", gs}, {"aliases", aliases}};
+}
+
+SavedLayout SavedLayout::from_json(const nlohmann::json& j, const std::string& where) {
+  SavedLayout l;
+  try {
+    l.partitions = j.at("partitions").get<int64_t>();
+    for (const auto& g : j.at("groups")) {
+      SavedGroup sg;
+      sg.name = g.at("name").get<std::string>();
+      sg.padded_numel = g.at("padded_numel").get<int64_t>();
+      sg.chunk_numel = g.at("chunk_numel").get<int64_t>();
+      for (const auto& p : g.at("params")) {
+        SavedParam sp;
+        sp.name = p.at("name").get<std::string>();
+        sp.shape = p.at("shape").get<std::vector<int64_t>>();
+        sp.offset = p.at("offset").get<int64_t>();
+        sp.numel = c10::multiply_integers(sp.shape);
+        sg.params.push_back(std::move(sp));
+      }
+      l.groups.push_back(std::move(sg));
+    }
+    l.aliases = j.at("aliases").get<std::map<std::string, std::string>>();
+  } catch (const std::exception& e) {
+    throw IoError(where + ": malformed layout in meta.json (" + e.what() + ")");
+  }
+  return l;
+}
+
+std::unordered_map<std::string, std::pair<size_t, size_t>> SavedLayout::index() const {
+  std::unordered_map<std::string, std::pair<size_t, size_t>> out;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].params.size(); ++i) out[groups[g].params[i].name] = {g, i};
+  for (const auto& [alias, name] : aliases)
+    if (auto it = out.find(name); it != out.end()) out.emplace(alias, it->second);
+  return out;
+}
+
+SavedLayout layout_of(const partition::FlatParameters& flat, int64_t partitions, const torch::nn::Module& model) {
+  SavedLayout l;
+  l.partitions = partitions;
+  std::unordered_map<const void*, std::string> laid_out;
+  for (const auto& grp : flat.groups()) {
+    SavedGroup g;
+    g.name = grp.name;
+    g.padded_numel = grp.padded_numel;
+    g.chunk_numel = grp.chunk_numel;
+    for (size_t s : grp.slots) {
+      const auto& slot = flat.slots()[s];
+      g.params.push_back({slot.name, slot.shape, slot.offset - grp.begin, slot.numel});
+      laid_out[slot.param.unsafeGetTensorImpl()] = slot.name;
+    }
+    l.groups.push_back(std::move(g));
+  }
+  for (const auto& item : model.named_parameters(true)) {
+    auto it = laid_out.find(item.value().unsafeGetTensorImpl());
+    if (it != laid_out.end() && it->second != item.key()) l.aliases[item.key()] = it->second;
+  }
+  return l;
+}
+
+void append_pieces(const SavedLayout& saved, size_t group, size_t param, int64_t first, int64_t count, int64_t dst,
+                   std::vector<Piece>& out) {
+  const SavedGroup& sg = saved.groups.at(group);
+  const SavedParam& sp = sg.params.at(param);
+  ZERO_CHECK(first >= 0 && first + count <= sp.numel, "elements past the end of parameter " + sp.name);
+  // Element `first` of the parameter is element sp.offset + first of its saved group, split at the saved chunks.
+  int64_t from = sp.offset + first;
+  while (count > 0) {
+    const int64_t part = from / sg.chunk_numel, begin = from % sg.chunk_numel;
+    const int64_t n = std::min(count, sg.chunk_numel - begin);
+    if (!out.empty()) {
+      Piece& last = out.back();
+      if (last.part == part && last.group == group && last.begin + last.count == begin && last.dst + last.count == dst) {
+        last.count += n;
+        from += n, dst += n, count -= n;
+        continue;
+      }
+    }
+    out.push_back({part, group, begin, n, dst});
+    from += n, dst += n, count -= n;
+  }
+}
+
+std::vector<Piece> map_range(const partition::FlatParameters& flat, int64_t rank, size_t g, int64_t start,
+                             int64_t len, const SavedLayout& saved,
+                             const std::unordered_map<std::string, std::pair<size_t, size_t>>& index,
+                             const std::string& source) {
+  const auto& group = flat.groups()[g];
+  const int64_t lo = rank * group.chunk_numel + start, hi = lo + len;  // in group coordinates
+  std::vector<Piece> out;
+  for (size_t s : group.slots) {
+    const auto& slot = flat.slots()[s];
+    const int64_t p0 = slot.offset - group.begin, p1 = p0 + slot.numel;
+    const int64_t a = std::max(lo, p0), b = std::min(hi, p1);
+    if (a >= b) continue;
+    auto it = index.find(slot.name);
+    if (it == index.end())
+      throw IoError(source + ": has no parameter " + slot.name + " (the model has it, shape " + shape_text(slot.shape) +
+                    "): a checkpoint of another model");
+    const SavedGroup& sg = saved.groups[it->second.first];
+    const SavedParam& sp = sg.params[it->second.second];
+    if (sp.shape != slot.shape)
+      throw IoError(source + ": parameter " + slot.name + " has shape " + shape_text(sp.shape) + " there and " +
+                    shape_text(slot.shape) + " in the model: a checkpoint of another model");
+    append_pieces(saved, it->second.first, it->second.second, a - p0, b - a, a - lo, out);
+  }
+  return out;
+}
+
+std::unique_ptr<PieceReader> PieceReader::checkpoint(const std::string& tag_dir, const nlohmann::json& meta,
+                                                     const offload::AioOptions& aio) {
+  return std::make_unique<CheckpointReader>(tag_dir, meta.at("files"), aio);
+}
+
+std::unique_ptr<PieceReader> PieceReader::weights(const std::string& path, SavedLayout* layout,
+                                                  const offload::AioOptions& aio) {
+  auto r = std::make_unique<WeightsReader>(path, aio);
+  OpenFile& f = r->open(path);
+  layout->partitions = 1;
+  layout->groups.clear();
+  layout->aliases.clear();
+  for (const auto& t : f.layout.tensors) {  // one group per tensor, in file order (Piece::group indexes them)
+    SavedGroup g;
+    g.name = t.name;
+    g.padded_numel = g.chunk_numel = std::max<int64_t>(1, t.numel());
+    if (at::isFloatingType(t.dtype)) g.params.push_back({t.name, t.shape, 0, t.numel()});
+    layout->groups.push_back(std::move(g));
+  }
+  return r;
+}
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag.size() > 200 || tag[0] == '.' || tag.find('/') != std::string::npos ||
+      tag.find('\0') != std::string::npos || tag == "latest") {
+    throw UsageError("checkpoint tag \"" + tag.substr(0, 200) +
+                     "\": expected a name of 1-200 characters without '/', not starting with '.', not \"latest\"");
+  }
+}
+
+std::string tag_folder(const std::string& dir, const std::string& tag_in) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    if (file_size(dir + "/latest") < 0) {
+      throw IoError(dir + "/latest: missing: " +
+                    (path_exists(dir) ? "no complete checkpoint in " + dir + " (or give the tag)"
+                                                        : dir + " is not a folder"));
+    }
+    tag = read_small_file(dir + "/latest");
+    tag.erase(tag.find_last_not_of(" \n\r\t") + 1);
+  }
+  check_tag(tag);
+  // NOTE [checkpoint commit]: a save replacing this tag that stopped between
+  // moving the old folder aside and renaming the new one in leaves only the old.
+  const std::string aside = dir + "/." + tag + ".old";
+  if (file_size(dir + "/" + tag + "/meta.json") < 0 && file_size(aside + "/meta.json") >= 0) return aside;
+  return dir + "/" + tag;
+}
+
+nlohmann::json read_meta(const std::string& tag_dir) {
+  const std::string path = tag_dir + "/meta.json";
+  if (file_size(path) < 0) throw IoError(path + ": missing: " + tag_dir + " is not a complete checkpoint");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_small_file(path));
+  } catch (const IoError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw IoError(path + ": not valid JSON (" + e.what() + "): a damaged checkpoint");
+  }
+  if (!meta.is_object() || meta.value("format", "") != kFormat)
+    throw IoError(path + ": not a zero checkpoint (format \"" + std::string(kFormat) + "\")");
+  if (meta.value("version", 0) != kVersion)
+    throw IoError(path + ": format version " + meta.value("version", nlohmann::json(nullptr)).dump() +
+                  "; this build reads version " + std::to_string(kVersion));
+  for (const char* key : {"world_size", "states", "layout", "files", "global_steps", "client_state"})
+    if (!meta.contains(key)) throw IoError(path + ": has no \"" + key + "\": a damaged checkpoint");
+  return meta;
+}
+
+ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out, at::ScalarType dtype,
+                             const std::string& state, const offload::AioOptions& aio,
+                             const std::function<void(int64_t, int64_t)>& progress) {
+  const nlohmann::json meta = read_meta(tag_dir);
+  const auto states = meta.at("states").get<std::vector<std::string>>();
+  if (std::find(states.begin(), states.end(), state) == states.end()) {
+    std::string have;
+    for (const auto& n : states) have += (have.empty() ? "" : ", ") + n;
+    throw UsageError("state \"" + state + "\": the checkpoint " + tag_dir + " holds " + have);
+  }
+  const bool weights = state == "fp32_master";
+  const SavedLayout saved = SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
+  auto reader = PieceReader::checkpoint(tag_dir, meta, aio);
+  const Layout no_extra;
+  const Layout& extra = weights ? reader->file_layout("model.safetensors") : no_extra;
+  Layout layout;
+  int64_t total = 0;
+  for (const auto& g : saved.groups)
+    for (const auto& p : g.params) {
+      layout.tensors.push_back({p.name, dtype, p.shape});
+      total += p.numel;
+    }
+  for (const auto& t : extra.tensors) layout.tensors.push_back({t.name, t.dtype, t.shape});
+  layout.metadata = {{"format", "pt"},
+                     {"source", tag_dir},
+                     {"state", state},
+                     {"global_steps", std::to_string(meta.at("global_steps").get<int64_t>())}};
+  if (!saved.aliases.empty()) layout.metadata["tied"] = nlohmann::json(saved.aliases).dump();
+  offload::AioEngine engine(aio);
+  TensorFileWriter w(out, layout, engine);
+  constexpr int64_t kWindow = int64_t{4} << 20;  // elements read at a time
+  std::vector<float> buf;
+  int64_t done = 0;
+  ConsolidateStats st;
+  size_t i = 0;
+  for (size_t g = 0; g < saved.groups.size(); ++g) {
+    for (size_t p = 0; p < saved.groups[g].params.size(); ++p, ++i) {
+      const SavedParam& sp = saved.groups[g].params[p];
+      for (int64_t e = 0; e < sp.numel; e += kWindow) {
+        const int64_t n = std::min(kWindow, sp.numel - e);
+        std::vector<Piece> pieces;
+        append_pieces(saved, g, p, e, n, 0, pieces);
+        buf.resize(static_cast<size_t>(n));
+        reader->fill(state, pieces, n, buf.data());
+        w.append(i, at::from_blob(buf.data(), {n}, at::kFloat).to(dtype));
+        done += n;
+        if (progress) progress(done, total);
+      }
+      ++st.tensors;
+    }
+  }
+  for (const auto& t : extra.tensors) {
+    w.append(i++, reader->read_tensor("model.safetensors", t.name));
+    ++st.tensors;
+  }
+  st.bytes_written = w.commit("").bytes;
+  st.bytes_read = reader->bytes_read();
+  return st;
+}
+
+}  // namespace zero::ckpt

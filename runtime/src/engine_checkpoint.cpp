@@ -1,0 +1,399 @@
+// Engine checkpoints: save_checkpoint, load_checkpoint, load_weights
+// (docs/checkpoints.md, NOTE [checkpoint mapping], NOTE [checkpoint commit]).
+//
+// NOTE [checkpoint commit]
+// A save never touches the checkpoint it may replace until the new one is
+// whole. Rank 0 makes DIR/.TAG.incoming (removing a leftover of an
+// interrupted save), every rank checks its disk has room, writes its files
+// there (each through a temporary name, flushed, then renamed), and the ranks
+// tell rank 0 their files' sizes and checksums. Rank 0 writes meta.json, moves
+// an existing DIR/TAG to DIR/.TAG.old, renames the incoming folder to
+// DIR/TAG, flushes DIR, and only then rewrites DIR/latest (atomically) and
+// removes the old folder. Killed at any point, the job leaves DIR/latest
+// naming a complete checkpoint: the previous tag until latest is rewritten;
+// the same tag, replaced, is read from DIR/.TAG.old while DIR/TAG is not yet
+// there (ckpt::tag_folder). A failure that is not a kill removes the incoming
+// folder; a kill leaves it, hidden, for the next save of that tag to remove.
+// A rank that fails tells the others through the same exchanges, so every
+// rank throws instead of waiting.
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/checkpoint_io.h"
+#include "engine_impl.h"
+#include "zero/core/error.h"
+#include "zero/partition/stage3_plan.h"
+
+namespace zero {
+namespace {
+
+std::string part_name(int64_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank%05lld", static_cast<long long>(rank));
+  return buf;
+}
+
+int64_t statvfs_free(const std::string& folder) {
+  struct statvfs st {};
+  if (::statvfs(folder.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+// Every rank's value of `v`, by rank (this rank's alone without a group).
+std::vector<int64_t> everyone(Comm* comm, int64_t v, const std::string& what) {
+  if (comm == nullptr) return {v};
+  return comm->exchange(v, what);
+}
+
+// After a step every rank may have failed on its own: each says so, and all
+// throw together (the failing rank its own error).
+void agree(Comm* comm, const std::exception_ptr& mine, const std::string& what) {
+  const auto status = everyone(comm, mine ? 1 : 0, what);
+  if (mine) std::rethrow_exception(mine);
+  for (size_t r = 0; r < status.size(); ++r) {
+    if (status[r] != 0)
+      throw IoError(what + ": rank " + std::to_string(r) + " failed (its own error names the cause); nothing committed");
+  }
+}
+
+at::Tensor generator_state(at::Device d) { return at::globalContext().defaultGenerator(d).get_state(); }
+void set_generator_state(at::Device d, const at::Tensor& state) {
+  auto gen = at::globalContext().defaultGenerator(d);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// The model's buffers and frozen parameters (not in the engine's partitions), by name.
+std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters(true))
+    if (!item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers(true))
+    if (item.value().defined()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
+void detail::set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks) {
+  engine.impl().checkpoint_hooks = std::move(hooks);
+}
+
+CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::string& tag_in,
+                                        const std::string& client_state) {
+  auto& s = *impl_;
+  const auto t0 = Clock::now();
+  at::NoGradGuard no_grad;
+  if (s.micro_steps % s.gas() != 0) {
+    throw UsageError("save_checkpoint between the micro-steps of an accumulation (micro-step " +
+                     std::to_string(s.micro_steps) + ", gradient_accumulation_steps " + std::to_string(s.gas()) +
+                     "): save after the step() that ends it");
+  }
+  const std::string tag = tag_in.empty() ? "global_step" + std::to_string(s.global_steps) : tag_in;
+  ckpt::check_tag(tag);
+  nlohmann::json client;
+  try {
+    client = nlohmann::json::parse(client_state);
+  } catch (const std::exception&) {
+  }
+  if (!client.is_object()) throw ConfigError({"save_checkpoint: client_state: expected a JSON object; got " +
+                                              client_state.substr(0, 200)});
+  const std::string what = "save_checkpoint " + dir + "/" + tag;
+  Comm* comm = s.comm.get();
+  const int rank = s.dist.rank;
+  const std::string incoming = dir + "/." + tag + ".incoming";
+  const std::string final_dir = dir + "/" + tag;
+  const std::string aside = dir + "/." + tag + ".old";  // a checkpoint of the same tag, while it is replaced
+  auto& opt = *s.optimizer;
+  const auto& flat = opt.parameters();
+  const auto& store = opt.store();
+  const int64_t partitions = flat.world_size();
+  const bool holds_partition = rank < partitions;
+
+  // This rank's file: its partition of every state, its RNG states.
+  ckpt::Layout layout;
+  if (holds_partition) {
+    for (size_t g = 0; g < flat.groups().size(); ++g)
+      for (const auto& name : store.names())
+        layout.tensors.push_back({name + "." + std::to_string(g), at::kFloat, {flat.groups()[g].chunk_numel}});
+  }
+  const at::Tensor rng_cpu = generator_state(at::kCPU);
+  layout.tensors.push_back({"rng.cpu", at::kByte, {rng_cpu.numel()}});
+  at::Tensor rng_dev;
+  if (s.device.is_cuda()) {
+    rng_dev = generator_state(s.device);
+    layout.tensors.push_back({"rng.cuda", at::kByte, {rng_dev.numel()}});
+  }
+  layout.metadata = {{"format", ckpt::kFormat}, {"rank", std::to_string(rank)}};
+  ckpt::Layout model_layout;
+  const auto extra = rank == 0 ? extra_state(*s.model) : std::vector<std::pair<std::string, at::Tensor>>{};
+  for (const auto& [name, t] : extra) model_layout.tensors.push_back({name, t.scalar_type(), t.sizes().vec()});
+  model_layout.metadata = {{"format", ckpt::kFormat}};
+
+  // Rank 0 prepares the folder; every rank checks its disk has room for what it writes.
+  std::exception_ptr failed;
+  try {
+    if (rank == 0) {
+      ckpt::make_folders(dir);
+      ckpt::remove_tree(incoming);
+      ckpt::make_folders(incoming);
+    }
+  } catch (const std::exception& e) {
+    failed = std::make_exception_ptr(IoError(what + ": cannot prepare " + incoming + ": " + e.what()));
+  }
+  agree(comm, failed, what);
+  // From here a failed save removes its folder (every rank has stopped
+  // writing once they agree that one failed).
+  auto agree_or_clean = [&](const std::exception_ptr& mine) {
+    try {
+      agree(comm, mine, what);
+    } catch (...) {
+      if (rank == 0) {
+        try {
+          ckpt::remove_tree(incoming);
+        } catch (const std::exception&) {  // the save's own error says more
+        }
+      }
+      throw;
+    }
+  };
+  {
+    ckpt::make_header(layout);  // lays the file out: its size
+    int64_t needed = layout.file_bytes() + layout.num_sums() * 4;
+    if (rank == 0) {
+      ckpt::Layout ml = model_layout;
+      ckpt::make_header(ml);
+      needed += ml.file_bytes() + ml.num_sums() * 4 + (int64_t{1} << 20);  // and meta.json
+    }
+    const int64_t free = s.checkpoint_hooks.free_bytes ? s.checkpoint_hooks.free_bytes(incoming) : statvfs_free(incoming);
+    if (free >= 0 && free < needed) {
+      failed = std::make_exception_ptr(IoError(
+          what + ": " + incoming + " has " + format_bytes(free) + " free; this rank's files need " +
+          format_bytes(needed) + " (" + std::to_string(needed) + " bytes); nothing was written and the previous "
+          "checkpoints are as they were"));
+    }
+  }
+  agree_or_clean(failed);
+
+  // Each rank writes its files (NOTE [checkpoint commit]).
+  ckpt::TensorFileWriter::Committed mine, model_file;
+  int64_t bytes = 0;
+  try {
+    offload::AioEngine aio(partition::aio_options(s.config.aio));
+    ckpt::TensorFileWriter w(incoming + "/" + part_name(rank) + ".safetensors", layout, aio);
+    if (holds_partition) {
+      const auto& groups = store.sub_groups();
+      opt.read_states([&](size_t k, at::Tensor m, std::vector<at::Tensor> st) {
+        const size_t g = groups[k].group;
+        w.append(w.tensor(store.names()[0] + "." + std::to_string(g)), m);
+        for (size_t i = 0; i < st.size(); ++i) w.append(w.tensor(store.names()[i + 1] + "." + std::to_string(g)), st[i]);
+      });
+    }
+    w.append(w.tensor("rng.cpu"), rng_cpu);
+    if (rng_dev.defined()) w.append(w.tensor("rng.cuda"), rng_dev);
+    mine = w.commit(incoming + "/" + part_name(rank) + ".sums");
+    bytes += mine.bytes;
+    if (rank == 0) {
+      ckpt::TensorFileWriter mw(incoming + "/model.safetensors", model_layout, aio);
+      for (size_t i = 0; i < extra.size(); ++i) mw.append(i, extra[i].second.contiguous());
+      model_file = mw.commit(incoming + "/model.sums");
+      bytes += model_file.bytes;
+    }
+    if (s.checkpoint_hooks.at) s.checkpoint_hooks.at("rank_files");
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  agree_or_clean(failed);
+  const auto sizes = everyone(comm, mine.bytes, what + " (file sizes)");
+  const auto header_crcs = everyone(comm, mine.header_crc, what + " (header checksums)");
+  const auto sums_crcs = everyone(comm, mine.sums_crc, what + " (block checksums)");
+
+  // Rank 0 commits: meta.json, the folder in place, then latest.
+  try {
+    if (rank == 0) {
+      nlohmann::json files = nlohmann::json::object();
+      for (size_t r = 0; r < sizes.size(); ++r)
+        files[part_name(static_cast<int64_t>(r)) + ".safetensors"] = {
+            {"bytes", sizes[r]}, {"header_crc", static_cast<uint32_t>(header_crcs[r])},
+            {"sums_crc", static_cast<uint32_t>(sums_crcs[r])}};
+      files["model.safetensors"] = {{"bytes", model_file.bytes}, {"header_crc", model_file.header_crc},
+                                    {"sums_crc", model_file.sums_crc}};
+      nlohmann::json meta = {
+          {"format", ckpt::kFormat},
+          {"version", ckpt::kVersion},
+          {"tag", tag},
+          {"world_size", s.dist.world_size},
+          {"stage", s.config.zero.stage},
+          {"compute_dtype", ckpt::dtype_name(s.dtype)},
+          {"optimizer", s.config.optimizer->type_name},
+          {"states", store.names()},
+          {"global_steps", s.global_steps},
+          {"micro_steps", s.micro_steps},
+          {"skipped_steps", s.skipped_steps},
+          {"applied_steps", s.applied_steps},
+          // JSON has no inf or NaN (an fp16 overflow's norm): null stands for them.
+          {"last_grad_norm", std::isfinite(s.last_grad_norm) ? nlohmann::json(s.last_grad_norm) : nlohmann::json(nullptr)},
+          {"scheduler", s.scheduler ? nlohmann::json{{"last_batch_iteration", s.scheduler->last_batch_iteration()}}
+                                    : nlohmann::json(nullptr)},
+          {"config", nlohmann::json::parse(s.config.canonical_json)},
+          {"layout", ckpt::layout_of(flat, partitions, *s.model).to_json()},
+          {"files", files},
+          {"client_state", client},
+      };
+      const auto sc = s.scaler.state();
+      meta["loss_scaler"] = {{"cur_scale", sc.cur_scale}, {"cur_iter", sc.cur_iter},
+                             {"last_overflow_iter", sc.last_overflow_iter}, {"cur_hysteresis", sc.cur_hysteresis}};
+      ckpt::write_file_atomically(incoming + "/meta.json", meta.dump(1));
+      if (s.checkpoint_hooks.at) s.checkpoint_hooks.at("meta");
+      ckpt::remove_tree(aside);
+      if (ckpt::path_exists(final_dir)) ckpt::rename_path(final_dir, aside);
+      if (s.checkpoint_hooks.at) s.checkpoint_hooks.at("aside");
+      ckpt::rename_path(incoming, final_dir);
+      ckpt::sync_path(dir);
+      ckpt::write_file_atomically(dir + "/latest", tag + "\n");
+      ckpt::remove_tree(aside);
+    }
+  } catch (const std::exception& e) {
+    failed = std::make_exception_ptr(IoError(what + ": committing: " + e.what()));
+    // The replaced checkpoint back in its place.
+    if (rank == 0 && !ckpt::path_exists(final_dir) && ckpt::path_exists(aside)) std::rename(aside.c_str(), final_dir.c_str());
+  }
+  agree_or_clean(failed);
+  CheckpointStats out;
+  out.dir = dir;
+  out.tag = tag;
+  out.bytes = bytes;
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+  auto& s = *impl_;
+  const auto t0 = Clock::now();
+  at::NoGradGuard no_grad;
+  const std::string tag_dir = ckpt::tag_folder(dir, tag_in);
+  const std::string meta_path = tag_dir + "/meta.json";
+  const nlohmann::json meta = ckpt::read_meta(tag_dir);
+  auto& opt = *s.optimizer;
+  const auto& flat = opt.parameters();
+  const auto& store = opt.store();
+  const auto saved_states = meta.at("states").get<std::vector<std::string>>();
+  if (saved_states != store.names()) {
+    std::string have, want;
+    for (const auto& n : saved_states) have += (have.empty() ? "" : ", ") + n;
+    for (const auto& n : store.names()) want += (want.empty() ? "" : ", ") + n;
+    throw ConfigError({meta_path + ": the checkpoint holds the states " + have + " (optimizer " +
+                       meta.value("optimizer", "?") + "); this engine's optimizer (" + s.config.optimizer->type_name +
+                       ") has " + want});
+  }
+  const ckpt::SavedLayout saved = ckpt::SavedLayout::from_json(meta.at("layout"), meta_path);
+  const auto index = saved.index();
+  {  // Every parameter of the model is in the checkpoint with its shape, and the other way round.
+    std::unordered_set<std::string> model_names;
+    for (const auto& slot : flat.slots()) {
+      model_names.insert(slot.name);
+      auto it = index.find(slot.name);
+      if (it == index.end())
+        throw IoError(meta_path + ": has no parameter " + slot.name + ": a checkpoint of another model");
+      const auto& sp = saved.groups[it->second.first].params[it->second.second];
+      if (sp.shape != slot.shape)
+        throw IoError(meta_path + ": parameter " + slot.name + " has shape " + c10::str(c10::IntArrayRef(sp.shape)) +
+                      " there and " + c10::str(c10::IntArrayRef(slot.shape)) + " in the model: a checkpoint of another model");
+    }
+    for (const auto& g : saved.groups)
+      for (const auto& p : g.params)
+        if (model_names.count(p.name) == 0)
+          throw IoError(meta_path + ": has parameter " + p.name + ", which the model lacks: a checkpoint of another model");
+  }
+  auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
+  const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
+  const auto& groups = store.sub_groups();
+  std::vector<float> staging;
+  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    const auto [g, start, len] = groups[k];
+    const auto pieces = ckpt::map_range(flat, layout_rank, g, start, len, saved, index, meta_path);
+    staging.resize(static_cast<size_t>(len));
+    for (size_t i = 0; i <= st.size(); ++i) {
+      reader->fill(store.names()[i], pieces, len, staging.data());
+      at::Tensor& dst = i == 0 ? m : st[i - 1];
+      dst.copy_(at::from_blob(staging.data(), {len}, at::kFloat));
+    }
+  });
+  // Buffers and frozen parameters, by name.
+  for (const auto& [name, t] : extra_state(*s.model)) {
+    if (!reader->has_tensor("model.safetensors", name))
+      throw IoError(tag_dir + "/model.safetensors: has no " + name + " (a buffer or frozen parameter of the model)");
+    at::Tensor v = reader->read_tensor("model.safetensors", name);
+    if (v.sizes() != t.sizes())
+      throw IoError(tag_dir + "/model.safetensors: " + name + " has another shape there than in the model");
+    t.copy_(v);
+  }
+  // RNG states, at the world size they were saved with.
+  if (meta.at("world_size").get<int64_t>() == s.dist.world_size) {
+    const std::string file = part_name(s.dist.rank) + ".safetensors";
+    set_generator_state(at::kCPU, reader->read_tensor(file, "rng.cpu"));
+    if (s.device.is_cuda() && reader->has_tensor(file, "rng.cuda"))
+      set_generator_state(s.device, reader->read_tensor(file, "rng.cuda"));
+  } else if (s.dist.rank == 0) {
+    log::info("load_checkpoint: saved at " + std::to_string(meta.at("world_size").get<int64_t>()) +
+              " ranks, loaded at " + std::to_string(s.dist.world_size) + ": the RNG states start anew");
+  }
+  s.global_steps = meta.at("global_steps").get<int64_t>();
+  s.micro_steps = meta.at("micro_steps").get<int64_t>();
+  s.skipped_steps = meta.at("skipped_steps").get<int64_t>();
+  s.applied_steps = meta.at("applied_steps").get<int64_t>();
+  s.last_grad_norm = meta.at("last_grad_norm").is_null() ? NAN : meta.at("last_grad_norm").get<double>();
+  if (s.scheduler && meta.at("scheduler").is_object())
+    s.scheduler->set_last_batch_iteration(meta.at("scheduler").at("last_batch_iteration").get<int64_t>());
+  const auto& sc = meta.at("loss_scaler");
+  s.scaler.load_state({sc.at("cur_scale").get<double>(), sc.at("cur_iter").get<int64_t>(),
+                       sc.at("last_overflow_iter").get<int64_t>(), sc.at("cur_hysteresis").get<int64_t>()});
+  s.loss_sum = torch::Tensor();
+  s.loss_count = 0;
+  CheckpointStats out;
+  out.dir = dir;
+  out.tag = meta.value("tag", "");
+  out.bytes = reader->bytes_read();
+  out.seconds = seconds_since(t0);
+  out.client_state = meta.at("client_state").dump();
+  return out;
+}
+
+void Engine::load_weights(const std::string& path) {
+  auto& s = *impl_;
+  at::NoGradGuard no_grad;
+  ckpt::SavedLayout saved;
+  auto reader = ckpt::PieceReader::weights(path, &saved, partition::aio_options(s.config.aio));
+  const auto index = saved.index();
+  auto& opt = *s.optimizer;
+  const auto& flat = opt.parameters();
+  const auto& store = opt.store();
+  const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
+  const auto& groups = store.sub_groups();
+  std::vector<float> staging;
+  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    const auto [g, start, len] = groups[k];
+    const auto pieces = ckpt::map_range(flat, layout_rank, g, start, len, saved, index, path);
+    staging.resize(static_cast<size_t>(len));
+    reader->fill("fp32_master", pieces, len, staging.data());
+    m.copy_(at::from_blob(staging.data(), {len}, at::kFloat));
+    for (size_t i = 0; i < st.size(); ++i) st[i].fill_(store.initial_value(i));
+  });
+  for (const auto& [name, t] : extra_state(*s.model)) {
+    if (!reader->has_tensor(path, name)) continue;
+    at::Tensor v = reader->read_tensor(path, name);
+    if (v.sizes() != t.sizes()) throw IoError(path + ": " + name + " has another shape there than in the model");
+    t.copy_(v);
+  }
+}
+
+}  // namespace zero

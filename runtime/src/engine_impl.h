@@ -1,0 +1,139 @@
+// The Engine's state, for the files that implement it (engine.cpp,
+// engine_checkpoint.cpp).
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <torch/nn/module.h>
+
+#include "context.h"
+#include "zero/checkpointing/checkpoint.h"
+#include "zero/core/comm.h"
+#include "zero/core/log.h"
+#include "zero/core/text.h"
+#include "zero/optim/loss_scaler.h"
+#include "zero/optim/lr_scheduler.h"
+#include "zero/partition/zero_optimizer.h"
+#include "zero/runtime/engine.h"
+#include "zero/runtime/engine_internal.h"
+
+namespace zero {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The engine's state: its context (NOTE [run context]: config, options, job,
+// device, dtypes, ledger) and the parts it drives.
+struct Engine::Impl : detail::RunContext {
+  std::unique_ptr<Comm> comm;  // first of the parts: destroyed after everything that uses it
+  std::shared_ptr<torch::nn::Module> model;
+  MemoryLedger& ledger() const { return *RunContext::ledger; }
+  std::unique_ptr<partition::ZeroOptimizer> optimizer;
+  std::unique_ptr<optim::LrScheduler> scheduler;
+  optim::LossScaler scaler;
+  std::unique_ptr<checkpointing::Checkpointer> checkpointer;
+  detail::CheckpointHooks checkpoint_hooks;  // test seams (engine_internal.h)
+
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t applied_steps = 0;
+  double last_grad_norm = 0;
+
+  // Progress: losses and time since the last printed line.
+  torch::Tensor loss_sum;
+  int64_t loss_count = 0;
+  Clock::time_point window_start = Clock::now();
+  int64_t window_steps = 0;
+  // wall_clock_breakdown: time before backward (forward and data), in backward, in step.
+  Clock::time_point phase_start = Clock::now();
+  double t_forward = 0, t_backward = 0, t_step = 0;
+
+  int64_t gas() const { return config.batch.gradient_accumulation_steps; }
+
+  void print_progress() {
+    const double elapsed = seconds_since(window_start);
+    const double loss = loss_count ? loss_sum.item<double>() / loss_count : NAN;
+    const double samples = static_cast<double>(window_steps * config.batch.train_batch_size);
+    std::ostringstream line;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "step %lld | loss %.4f | lr %.3e | loss scale %g | %.1f samples/s",
+                  static_cast<long long>(global_steps), loss, current_lr(), scaler.scale(),
+                  elapsed > 0 ? samples / elapsed : 0.0);
+    line << buf;
+    if (options.tokens_per_sample) {
+      std::snprintf(buf, sizeof buf, " | %.0f tokens/s",
+                    elapsed > 0 ? samples * *options.tokens_per_sample / elapsed : 0.0);
+      line << buf;
+    }
+    if (config.wall_clock_breakdown) {
+      const double n = std::max<int64_t>(1, window_steps);
+      std::snprintf(buf, sizeof buf, " | per step: forward %.1f ms, backward %.1f ms, step %.1f ms",
+                    1e3 * t_forward / n, 1e3 * t_backward / n, 1e3 * t_step / n);
+      line << buf;
+    }
+    log::info(line.str());
+    if (config.memory_breakdown) {  // DeepSpeed's memory_breakdown: where the bytes are, now and at most
+      std::ostringstream mem;
+      mem << "memory (current / peak):";
+      for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme}) {
+        const auto c = ledger().get(t);
+        mem << " " << to_string(t) << " " << format_bytes(c.current_bytes) << " / " << format_bytes(c.peak_bytes);
+      }
+      log::info(mem.str());
+    }
+    loss_sum = torch::Tensor();
+    loss_count = 0;
+    window_steps = 0;
+    t_forward = t_backward = t_step = 0;
+    window_start = Clock::now();
+  }
+
+  double current_lr() const {
+    return scheduler ? scheduler->lr() : config.optimizer->lr;
+  }
+
+  void take_model_step() {
+    optim::StepParams p;
+    p.step = applied_steps + 1;
+    p.lr = current_lr();
+    p.beta1 = config.optimizer->betas[0];
+    p.beta2 = config.optimizer->betas[1];
+    // OneCycle's momentum cycle, as DeepSpeed applies it: only to optimizers
+    // with betas, and it pins beta2 to 0.99 for the whole run.
+    const bool has_betas = config.optimizer->type != config::OptimizerType::kAdagrad;
+    if (scheduler && scheduler->beta1() && has_betas) {
+      p.beta1 = *scheduler->beta1();
+      p.beta2 = 0.99;
+    }
+    auto outcome = optimizer->step(p, scaler.scale(), config.gradient_clipping);
+    last_grad_norm = outcome.grad_norm;
+    const double old_scale = scaler.scale();
+    if (config.fp16.enabled) scaler.update(!outcome.applied);
+    if (outcome.applied) {
+      ++applied_steps;
+      if (scheduler) scheduler->step();
+    } else {
+      ++skipped_steps;
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "step %lld: gradients not finite, step skipped; loss scale %g -> %g",
+                    static_cast<long long>(global_steps + 1), old_scale, scaler.scale());
+      log::info(buf);
+    }
+    ++global_steps;
+    ++window_steps;
+    if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&
+        global_steps % *config.steps_per_print == 0) {
+      print_progress();
+    }
+  }
+};
+
+
+}  // namespace zero

@@ -1,0 +1,192 @@
+// zero checkpoint: engine checkpoints from the command line
+// (docs/checkpoints.md).
+//   consolidate DIR OUT.safetensors   full weights by parameter name, streamed
+//   verify DIR                        every file read whole, every block checked
+//   info DIR                          what a checkpoint holds
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "zero/core/error.h"
+#include "zero/core/progress.h"
+#include "zero/core/text.h"
+#include "zero/runtime/checkpoint_io.h"
+
+namespace zero::tools {
+namespace {
+
+const char* kCheckpointUsage = R"(usage: zero checkpoint COMMAND DIR [options]
+
+  consolidate DIR OUT.safetensors [--tag T] [--dtype fp32|bf16|fp16] [--state NAME]
+      Writes the full weights of DIR's latest checkpoint (or tag T) to one
+      safetensors file, by parameter name, with the model's buffers: what
+      Python's safetensors, torch and Hugging Face tools read, and what
+      Engine::load_weights and mingpt --load_weights start from. Reads the
+      rank files piece by piece, so host memory stays bounded whatever the
+      model's size; prints the peak. --state exp_avg (or another state of the
+      optimizer) writes that state instead of the fp32 weights.
+  verify DIR [--tag T]
+      Reads every file of the checkpoint whole and checks its sizes and
+      checksums against meta.json; exits 1 naming the first damage.
+  info DIR [--tag T]
+      Prints what the checkpoint holds: steps, world size, stage, optimizer,
+      parameters, files.
+)";
+
+// VmHWM / VmRSS of this process, bytes.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;  // "  1234 kB"
+  return -1;
+}
+
+struct Parsed {
+  std::vector<std::string> positional;
+  std::string tag, dtype = "fp32", state = "fp32_master";
+};
+
+// Returns false (having printed why) on an unknown option or a missing value.
+bool parse(const std::string& command, const std::vector<std::string>& args, const std::vector<std::string>& options,
+           Parsed& out) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      out.positional.push_back(a);
+      continue;
+    }
+    if (std::find(options.begin(), options.end(), a) == options.end() || i + 1 >= args.size()) {
+      const auto near = nearest(a, options);
+      std::cerr << "zero checkpoint " << command << ": " << a << ": unknown option or missing value"
+                << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
+                << kCheckpointUsage;
+      return false;
+    }
+    const std::string& v = args[++i];
+    if (a == "--tag") out.tag = v;
+    else if (a == "--dtype") out.dtype = v;
+    else if (a == "--state") out.state = v;
+  }
+  return true;
+}
+
+int consolidate_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("consolidate", args, {"--tag", "--dtype", "--state"}, p)) return 2;
+  if (p.positional.size() != 2) {
+    std::cerr << "zero checkpoint consolidate: expected DIR and OUT.safetensors\n\n" << kCheckpointUsage;
+    return 2;
+  }
+  at::ScalarType dtype;
+  if (p.dtype == "fp32") dtype = at::kFloat;
+  else if (p.dtype == "bf16") dtype = at::kBFloat16;
+  else if (p.dtype == "fp16") dtype = at::kHalf;
+  else {
+    std::cerr << "zero checkpoint consolidate: --dtype: expected fp32, bf16 or fp16; got \"" << p.dtype << "\"\n";
+    return 2;
+  }
+  const int64_t rss_before = proc_status_bytes("VmRSS");
+  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  std::optional<ProgressLine> progress;
+  ckpt::ConsolidateStats st;
+  const double secs = seconds([&] {
+    st = ckpt::consolidate(tag_dir, p.positional[1], dtype, p.state, offload::AioOptions{},
+                           [&](int64_t done, int64_t total) {
+                             if (!progress) progress.emplace("consolidate", total, "elements");
+                             progress->update(done);
+                           });
+  });
+  if (progress) progress->finish();
+  const int64_t peak = proc_status_bytes("VmHWM");
+  std::printf("%s: %lld tensors, %s (%s) from %s in %.2f s (%.2f GB/s read)\n", p.positional[1].c_str(),
+              static_cast<long long>(st.tensors), format_bytes(st.bytes_written).c_str(), p.state.c_str(),
+              tag_dir.c_str(), secs, secs > 0 ? static_cast<double>(st.bytes_read) / secs / 1e9 : 0.0);
+  std::printf("peak host memory %s (%s before consolidating: the program and LibTorch)\n",
+              format_bytes(peak).c_str(), format_bytes(rss_before).c_str());
+  return 0;
+}
+
+int verify_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("verify", args, {"--tag"}, p)) return 2;
+  if (p.positional.size() != 1) {
+    std::cerr << "zero checkpoint verify: expected DIR\n\n" << kCheckpointUsage;
+    return 2;
+  }
+  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  const auto meta = ckpt::read_meta(tag_dir);
+  auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, offload::AioOptions{});
+  int64_t total = 0;
+  const double secs = seconds([&] {
+    for (const auto& [name, f] : meta.at("files").items()) {
+      const int64_t n = reader->verify_file(name);
+      total += n;
+      std::printf("  %-24s %12s  ok\n", name.c_str(), format_bytes(n).c_str());
+    }
+  });
+  std::printf("%s: %zu files, %s checked in %.2f s (%.2f GB/s): OK\n", tag_dir.c_str(), meta.at("files").size(),
+              format_bytes(total).c_str(), secs, secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0);
+  return 0;
+}
+
+int info_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("info", args, {"--tag"}, p)) return 2;
+  if (p.positional.size() != 1) {
+    std::cerr << "zero checkpoint info: expected DIR\n\n" << kCheckpointUsage;
+    return 2;
+  }
+  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  const auto meta = ckpt::read_meta(tag_dir);
+  const auto layout = ckpt::SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
+  int64_t params = 0, tensors = 0;
+  for (const auto& g : layout.groups)
+    for (const auto& sp : g.params) params += sp.numel, ++tensors;
+  int64_t bytes = 0;
+  for (const auto& [name, f] : meta.at("files").items()) bytes += f.at("bytes").get<int64_t>();
+  std::string states;
+  for (const auto& s : meta.at("states")) states += (states.empty() ? "" : ", ") + s.get<std::string>();
+  std::printf("%s\n  step %lld (%lld skipped) | world size %lld | ZeRO stage %lld | compute dtype %s\n"
+              "  optimizer %s: %s\n  %lld parameters in %lld tensors, %zu groups, %lld partitions\n"
+              "  %zu files, %s\n  client state %s\n",
+              tag_dir.c_str(), static_cast<long long>(meta.at("global_steps").get<int64_t>()),
+              static_cast<long long>(meta.value("skipped_steps", int64_t{0})),
+              static_cast<long long>(meta.at("world_size").get<int64_t>()),
+              static_cast<long long>(meta.value("stage", int64_t{0})), meta.value("compute_dtype", "?").c_str(),
+              meta.value("optimizer", "?").c_str(), states.c_str(), static_cast<long long>(params),
+              static_cast<long long>(tensors), layout.groups.size(), static_cast<long long>(layout.partitions),
+              meta.at("files").size(), format_bytes(bytes).c_str(), meta.at("client_state").dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int checkpoint_command(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::cout << kCheckpointUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (args[0] == "consolidate") return consolidate_command(rest);
+    if (args[0] == "verify") return verify_command(rest);
+    if (args[0] == "info") return info_command(rest);
+  } catch (const Error& e) {
+    std::cerr << "zero checkpoint " << args[0] << ": " << e.what() << "\n";
+    return 1;
+  }
+  const auto near = nearest(args[0], {"consolidate", "verify", "info"});
+  std::cerr << "zero checkpoint: unknown command \"" << args[0] << "\""
+            << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
+            << kCheckpointUsage;
+  return 2;
+}
+
+}  // namespace zero::tools
