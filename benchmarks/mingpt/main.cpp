@@ -56,6 +56,7 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --save_every N           optimizer steps between checkpoints (default 0: only at the end)
   --resume DIR             continue from DIR's latest checkpoint: states, counters, RNG and
                            the data position (at any world size with the same global batch)
+  --resume_tag TAG         with --resume: that checkpoint instead of the latest
   --load_weights FILE      start from full weights in a safetensors file (as `zero checkpoint
                            consolidate` writes them), each rank reading only its partition
   --stop_after_steps N     end the run after N optimizer steps in all (the schedule is still
@@ -83,7 +84,7 @@ struct Args {
   bool tie_weights = false;
   std::optional<std::string> device;
   zero::CopyMode cpu_copy_mode = zero::CopyMode::kImmediate;
-  std::string save_dir, resume, load_weights;
+  std::string save_dir, resume, resume_tag, load_weights;
   int64_t save_every = 0;
   std::optional<int64_t> stop_after_steps;
   // Test seam (not in --help): "RANK:POINT:N" kills rank RANK at point POINT
@@ -122,7 +123,7 @@ Args parse_args(int argc, char** argv) {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
-      "--save_dir", "--save_every", "--resume", "--load_weights", "--stop_after_steps", "--test_kill_save"};
+      "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save"};
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
@@ -176,6 +177,7 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--save_dir") a.save_dir = value;
     else if (flag == "--save_every") a.save_every = parse_int(flag, value, 0);
     else if (flag == "--resume") a.resume = value;
+    else if (flag == "--resume_tag") a.resume_tag = value;
     else if (flag == "--load_weights") a.load_weights = value;
     else if (flag == "--stop_after_steps") a.stop_after_steps = parse_int(flag, value, 0);
     else if (flag == "--test_kill_save") a.test_kill_save = value;
@@ -186,6 +188,7 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
   if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
+  if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
   if (!a.resume.empty() && !a.load_weights.empty())
     usage_error("--resume and --load_weights both set the weights: give one");
   return a;
@@ -312,7 +315,7 @@ int main(int argc, char** argv) {
       zero::detail::set_checkpoint_hooks(engine, std::move(hooks));
     }
     if (!args.resume.empty()) {
-      const auto st = engine.load_checkpoint(args.resume);
+      const auto st = engine.load_checkpoint(args.resume, args.resume_tag);
       load_bytes = st.bytes;
       load_s = st.seconds;
       const auto client = nlohmann::json::parse(st.client_state);

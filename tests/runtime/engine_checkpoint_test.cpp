@@ -342,6 +342,29 @@ TEST_F(Checkpoints, AnInterruptedSaveLeavesThePreviousOne) {
   for (const auto& name : ck::list_folder(dir_)) EXPECT_NE(name[0], '.') << "left behind: " << name;
 }
 
+// Saving a tag again replaces its folder: the old one goes aside first, so
+// a failure there puts it back, and a kill there leaves it to be read.
+TEST_F(Checkpoints, ReplacingATagLeavesOneWholeCopyAtEveryPoint) {
+  auto steps_loaded = [&] {
+    Trainer fresh(6, config(R"(, "zero_optimization": {"stage": 1})"));
+    fresh.engine->load_checkpoint(dir_);
+    return fresh.engine->global_steps();
+  };
+  zero::detail::CheckpointHooks hooks;
+  hooks.at = [](const std::string& at) {
+    if (at == "aside") throw std::runtime_error("interrupted with the old folder aside");
+  };
+  zero::detail::set_checkpoint_hooks(*trainer_->engine, hooks);
+  EXPECT_THROW(trainer_->engine->save_checkpoint(dir_, "first"), zero::IoError);
+  EXPECT_EQ(steps_loaded(), 2);
+  ck::rename_path(dir_ + "/first", dir_ + "/.first.old");  // as a kill at that point leaves it
+  EXPECT_EQ(steps_loaded(), 2);
+  zero::detail::set_checkpoint_hooks(*trainer_->engine, {});
+  trainer_->engine->save_checkpoint(dir_, "first");
+  EXPECT_EQ(steps_loaded(), 3);
+  EXPECT_EQ(ck::list_folder(dir_), (std::vector<std::string>{"first", "latest"}));
+}
+
 TEST_F(Checkpoints, AFullDiskFailsTheSaveBeforeWritingNamingTheBytes) {
   zero::detail::CheckpointHooks hooks;
   hooks.free_bytes = [](const std::string&) { return int64_t{10000}; };
