@@ -43,6 +43,10 @@ int nvme_tune(const std::vector<std::string>& args);
 /// step time without checkpointing, with it, and with cpu_checkpointing.
 int bench_checkpoint(const std::vector<std::string>& args);
 
+/// zero bench checkpoint-io: engine checkpoints' save and load GB/s per rank
+/// on N ranks, beside zero bench aio's (and fio's) rates on the same folder.
+int bench_checkpoint_io(const std::vector<std::string>& args);
+
 /// zero checkpoint consolidate|verify|info: engine checkpoints from the
 /// command line (docs/checkpoints.md).
 int checkpoint_command(const std::vector<std::string>& args);
@@ -90,6 +94,10 @@ double seconds(const std::function<void()>& fn);
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);
+
+/// zero bench checkpoint-io: engine checkpoints' save and load GB/s per rank
+/// on N ranks, beside zero bench aio's (and fio's) rates on the same folder.
+int bench_checkpoint_io(const std::vector<std::string>& args);
 
 /// zero checkpoint consolidate|verify|info: engine checkpoints from the
 /// command line (docs/checkpoints.md).

@@ -43,6 +43,10 @@ commands:
   bench checkpoint [--n_layer N --n_embd N --n_head N --block_size N --batch_size N --steps N] [--json FILE]
       minGPT's activation memory peak and step time without activation
       checkpointing, with it, and with cpu_checkpointing.
+  bench checkpoint-io --path DIR [--nproc N --stage N --n_layer N --n_embd N --rounds N] [--json FILE]
+      Engine checkpoints of minGPT on N ranks (mingpt --save_dir, --resume):
+      save and load GB/s per rank and for the job, beside zero bench aio's
+      (and fio's) write and read rates on the same folder.
   bench engine [--n_layer N --n_head N --n_embd N --batch_size N --steps N --rounds N] [--json FILE]
       Training steps of minGPT through zero's engine against a plain LibTorch
       loop (torch::optim::AdamW, clip_grad_norm_) on the same model and data.
@@ -127,8 +131,10 @@ int main(int argc, char** argv) {
     if (args.size() >= 2 && args[1] == "stage3") return zero::tools::bench_stage3({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
+    if (args.size() >= 2 && args[1] == "checkpoint-io")
+      return zero::tools::bench_checkpoint_io({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "offload") return zero::tools::bench_offload({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|adam'");
+    return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -242,8 +243,10 @@ int64_t file_size(const std::string& path) {
 }
 
 namespace {
-constexpr int64_t kStageBytes = int64_t{8} << 20;  // one staging buffer of a writer
-constexpr int kStageBuffers = 4;
+// The file is assembled in aligned blocks of this size, each written (with
+// O_DIRECT where the filesystem allows it) once all its bytes are in.
+constexpr int64_t kBlockBytes = int64_t{4} << 20;
+constexpr size_t kMaxInFlight = 8;  // blocks written at once
 }  // namespace
 
 TensorFileWriter::TensorFileWriter(std::string path, Layout layout, offload::AioEngine& aio)
@@ -252,22 +255,19 @@ TensorFileWriter::TensorFileWriter(std::string path, Layout layout, offload::Aio
   sums_.resize(layout_.tensors.size());
   written_.assign(layout_.tensors.size(), 0);
   for (size_t i = 0; i < layout_.tensors.size(); ++i) streams_.emplace_back(&sums_[i]);
-  file_ = offload::AioFile::open(tmp(), /*create=*/true, /*try_direct=*/false, /*mode=*/0644);
+  file_ = offload::AioFile::open(tmp(), /*create=*/true, /*try_direct=*/true, /*mode=*/0644);
   file_->reserve(layout_.file_bytes());  // a full disk fails here, before the data
-  for (int i = 0; i < kStageBuffers; ++i) stage_.push_back({offload::AlignedBuffer(kStageBytes), {}});
-  ZERO_CHECK(static_cast<int64_t>(header.size()) <= kStageBytes, "safetensors header of " + path_ + " too large");
-  std::memcpy(stage_[0].buf.data(), header.data(), header.size());
-  stage_[0].io = aio_.write(file_, stage_[0].buf.data(), static_cast<int64_t>(header.size()), 0);
-  next_ = 1;
+  put(0, header.data(), static_cast<int64_t>(header.size()));
 }
 
 TensorFileWriter::~TensorFileWriter() {
-  for (auto& s : stage_) {
+  for (auto& b : in_flight_) {
     try {
-      s.io.wait();
+      b.io.wait();
     } catch (...) {  // the error was, or will be, reported by the writer's user
     }
   }
+  in_flight_.clear();
   file_.reset();
   if (!committed_) ::unlink(tmp().c_str());
 }
@@ -279,26 +279,60 @@ size_t TensorFileWriter::tensor(const std::string& name) const {
   return 0;
 }
 
+offload::AlignedBuffer TensorFileWriter::take_buffer() {
+  if (!free_.empty()) {
+    offload::AlignedBuffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  return offload::AlignedBuffer(kBlockBytes);
+}
+
+void TensorFileWriter::put(int64_t offset, const void* data, int64_t n) {
+  const auto* src = static_cast<const char*>(data);
+  const int64_t file_bytes = layout_.file_bytes();
+  while (n > 0) {
+    const int64_t index = offset / kBlockBytes, within = offset % kBlockBytes;
+    const int64_t block_len = std::min(kBlockBytes, file_bytes - index * kBlockBytes);
+    auto it = open_.find(index);
+    if (it == open_.end()) it = open_.emplace(index, Block{take_buffer(), 0, {}}).first;
+    const int64_t c = std::min(n, block_len - within);
+    std::memcpy(static_cast<char*>(it->second.buf.data()) + within, src, static_cast<size_t>(c));
+    it->second.filled += c;
+    ZERO_CHECK(it->second.filled <= block_len, "block " + std::to_string(index) + " of " + path_ + " written twice");
+    if (it->second.filled == block_len) {  // whole: to disk
+      while (in_flight_.size() >= kMaxInFlight) {
+        in_flight_.front().io.wait();
+        free_.push_back(std::move(in_flight_.front().buf));
+        in_flight_.pop_front();
+      }
+      Block done = std::move(it->second);
+      open_.erase(it);
+      done.io = aio_.write(file_, done.buf.data(), block_len, index * kBlockBytes);
+      in_flight_.push_back(std::move(done));
+    }
+    offset += c, src += c, n -= c;
+  }
+}
+
 void TensorFileWriter::append(size_t i, const at::Tensor& src) {
   const auto& t = layout_.tensors.at(i);
   ZERO_CHECK(src.scalar_type() == t.dtype, "tensor " + t.name + " of " + path_ + " appended in another dtype");
   const int64_t es = static_cast<int64_t>(src.element_size());
-  const int64_t per = kStageBytes / es;
+  at::Tensor host = src.is_cpu() ? src.contiguous() : at::Tensor();
+  const int64_t per = kBlockBytes / es;  // elements a device tensor comes over in at a time
   at::Tensor flat = src.reshape({-1});
-  for (int64_t e = 0; e < flat.numel(); e += per) {
-    const int64_t n = std::min(per, flat.numel() - e);
+  for (int64_t e = 0; e < flat.numel(); e += host.defined() ? flat.numel() : per) {
+    const int64_t n = host.defined() ? flat.numel() : std::min(per, flat.numel() - e);
+    const at::Tensor piece = host.defined() ? host : flat.narrow(0, e, n).cpu();
     ZERO_CHECK(written_[i] + n * es <= t.end - t.begin, "tensor " + t.name + " of " + path_ + " written past its end");
-    Stage& s = stage_[static_cast<size_t>(next_++ % kStageBuffers)];
-    s.io.wait();
-    at::from_blob(s.buf.data(), {n}, src.options().device(at::kCPU)).copy_(flat.narrow(0, e, n));
-    streams_[i].add(s.buf.data(), n * es);
-    s.io = aio_.write(file_, s.buf.data(), n * es, layout_.data_start + t.begin + written_[i]);
+    streams_[i].add(piece.data_ptr(), n * es);
+    put(layout_.data_start + t.begin + written_[i], piece.data_ptr(), n * es);
     written_[i] += n * es;
   }
 }
 
 TensorFileWriter::Committed TensorFileWriter::commit(const std::string& sums_path) {
-  for (auto& s : stage_) s.io.wait();
   std::string sums;
   for (size_t i = 0; i < layout_.tensors.size(); ++i) {
     const auto& t = layout_.tensors[i];
@@ -306,6 +340,10 @@ TensorFileWriter::Committed TensorFileWriter::commit(const std::string& sums_pat
     streams_[i].finish();
     sums.append(reinterpret_cast<const char*>(sums_[i].data()), sums_[i].size() * 4);
   }
+  ZERO_CHECK(open_.empty(), path_ + ": blocks left partly written");
+  for (auto& b : in_flight_) b.io.wait();
+  in_flight_.clear();
+  free_.clear();
   if (::fsync(file_->buffered_fd()) != 0) {
     const int err = errno;
     throw IoError("flush " + tmp() + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");

@@ -29,17 +29,35 @@ std::string rank_file(int64_t part) {
 // One file of a checkpoint (or a weights file), opened on first use.
 struct OpenFile {
   std::string path;
+  int64_t size = 0;
   std::shared_ptr<offload::AioFile> file;
   Layout layout;
   std::vector<uint32_t> sums;  // empty: not verified (a weights file)
 };
 
-// Reads [begin, end) of a file into `buf` (aligned, at least end - begin + slack).
+// A read of part of a file into `buf` (from the reader's pool).
 struct PendingRead {
   offload::AlignedBuffer buf;
+  int64_t size = 0;
   offload::AioHandle io;
   int64_t file_begin = 0;  // where buf starts in the file
 };
+
+// Reads of at least this many bytes are aligned for O_DIRECT.
+constexpr int64_t kDirectRead = int64_t{1} << 20;
+
+// Zeroes dst's elements [0, len) that no piece covers.
+void zero_gaps(const std::vector<Piece>& pieces, int64_t len, float* dst) {
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (const auto& p : pieces) covered.emplace_back(p.dst, p.dst + p.count);
+  std::sort(covered.begin(), covered.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : covered) {
+    if (b > at) std::memset(dst + at, 0, static_cast<size_t>(b - at) * sizeof(float));
+    at = std::max(at, e);
+  }
+  if (len > at) std::memset(dst + at, 0, static_cast<size_t>(len - at) * sizeof(float));
+}
 
 class ReaderBase : public PieceReader {
  public:
@@ -84,16 +102,26 @@ class ReaderBase : public PieceReader {
  protected:
   virtual OpenFile& open(const std::string& file) = 0;
 
-  // Starts reading bytes [b0, b1) of tensor t's data, widened to its checksum blocks.
+  // Starts reading bytes [b0, b1) of tensor t's data, widened to its checksum
+  // blocks, into the reader's buffer `slot` (reused: no fresh pages per read).
+  // A large read is widened further, to file offsets that are multiples of
+  // 4 KiB, so it goes past the page cache at the disk's speed (O_DIRECT); a
+  // small one stays within its checksum blocks.
   PendingRead start(OpenFile& f, const TensorEntry& t, int64_t b0, int64_t b1) {
     const bool verify = !f.sums.empty();
     const int64_t lo = verify ? b0 / kSumBlock * kSumBlock : b0;
     const int64_t hi = verify ? std::min(t.end - t.begin, (b1 + kSumBlock - 1) / kSumBlock * kSumBlock) : b1;
+    int64_t from = f.layout.data_start + t.begin + lo, to = f.layout.data_start + t.begin + hi;
+    if (to - from >= kDirectRead) {
+      from = from / offload::kAioAlignment * offload::kAioAlignment;
+      to = std::min(f.size, offload::aio_aligned(to));
+    }
     PendingRead r;
-    r.file_begin = f.layout.data_start + t.begin + lo;
-    r.buf = offload::AlignedBuffer(hi - lo);
-    r.io = engine().read(f.file, r.buf.data(), hi - lo, r.file_begin);
-    bytes_read_ += hi - lo;
+    r.file_begin = from;
+    r.buf = take_buffer(to - from);
+    r.size = to - from;
+    r.io = engine().read(f.file, r.buf.data(), to - from, from);
+    bytes_read_ += to - from;
     return r;
   }
 
@@ -104,21 +132,35 @@ class ReaderBase : public PieceReader {
     } catch (const IoError& e) {
       throw IoError(std::string(e.what()) + " (reading tensor " + t.name + " of the checkpoint)");
     }
-    const int64_t lo = r.file_begin - f.layout.data_start - t.begin;
-    const auto* base = static_cast<const char*>(r.buf.data());
+    // Where byte x of the tensor's data is in the buffer (the read may start before or after the tensor).
+    const int64_t skip = f.layout.data_start + t.begin - r.file_begin;
+    auto byte = [&](int64_t x) { return static_cast<const char*>(r.buf.data()) + (skip + x); };
     if (!f.sums.empty()) {
-      const int64_t hi = lo + std::min(r.buf.size(), t.end - t.begin - lo);
-      for (int64_t b = lo; b < hi && b < (b1 + kSumBlock - 1) / kSumBlock * kSumBlock; b += kSumBlock) {
+      const int64_t first = b0 / kSumBlock * kSumBlock;
+      for (int64_t b = first; b < b1; b += kSumBlock) {
         const int64_t n = std::min(kSumBlock, t.end - t.begin - b);
         const uint32_t want = f.sums.at(static_cast<size_t>(t.first_sum + b / kSumBlock));
-        if (crc32c(base + (b - lo), static_cast<size_t>(n)) != want) {
+        if (crc32c(byte(b), static_cast<size_t>(n)) != want) {
           throw IoError(f.path + ": checksum mismatch in tensor " + t.name + " at bytes [" + std::to_string(b) + ", " +
                         std::to_string(b + n) + ") of its data (file offset " +
                         std::to_string(f.layout.data_start + t.begin + b) + "): the file is damaged");
         }
       }
     }
-    std::memcpy(dst, base + (b0 - lo), static_cast<size_t>(b1 - b0));
+    std::memcpy(dst, byte(b0), static_cast<size_t>(b1 - b0));
+    free_.push_back(std::move(r.buf));
+  }
+
+  // A buffer of at least n bytes: a free one when one is large enough (reads
+  // reuse their pages instead of faulting in new ones), else a new one.
+  offload::AlignedBuffer take_buffer(int64_t n) {
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].size() >= n && (best == free_.size() || free_[i].size() < free_[best].size())) best = i;
+    if (best == free_.size()) return offload::AlignedBuffer(n);
+    offload::AlignedBuffer b = std::move(free_[best]);
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    return b;
   }
 
   offload::AioEngine& engine() {
@@ -128,7 +170,31 @@ class ReaderBase : public PieceReader {
 
   offload::AioOptions aio_;
   std::unique_ptr<offload::AioEngine> aio_engine_;
+  std::vector<offload::AlignedBuffer> free_;  // read buffers, reused
   std::unordered_map<std::string, std::unique_ptr<OpenFile>> files_;
+};
+
+// One issue()'s reads.
+struct Reads : PieceReader::Pending {
+  struct Read {
+    OpenFile* file;
+    const TensorEntry* tensor;
+    size_t state;
+    const Piece* piece;
+    PendingRead pending;
+  };
+  std::vector<Piece> pieces;  // (their addresses are in reads: never resized after issue)
+  int64_t len = 0;
+  size_t states = 0;
+  std::vector<Read> reads;
+  ~Reads() override {
+    for (auto& r : reads) {
+      try {
+        r.pending.io.wait();  // nothing may still write into a buffer being freed
+      } catch (...) {
+      }
+    }
+  }
 };
 
 class CheckpointReader final : public ReaderBase {
@@ -136,23 +202,33 @@ class CheckpointReader final : public ReaderBase {
   CheckpointReader(std::string dir, nlohmann::json files, const offload::AioOptions& aio)
       : ReaderBase(aio), dir_(std::move(dir)), files_meta_(std::move(files)) {}
 
-  void fill(const std::string& state, const std::vector<Piece>& pieces, int64_t len, float* dst) override {
-    std::memset(dst, 0, static_cast<size_t>(len) * sizeof(float));
-    std::vector<std::pair<const TensorEntry*, PendingRead>> reads;
-    std::vector<OpenFile*> opened;
-    for (const auto& p : pieces) {  // all reads in flight, then each waited for
-      OpenFile& f = open(rank_file(p.part) + ".safetensors");
-      const TensorEntry& t = f.layout.at(state + "." + std::to_string(p.group), f.path);
-      if (t.dtype != at::kFloat || (p.begin + p.count) * 4 > t.end - t.begin)
-        throw IoError(f.path + ": tensor " + t.name + " does not hold the elements the checkpoint's layout says");
-      reads.emplace_back(&t, start(f, t, p.begin * 4, (p.begin + p.count) * 4));
-      opened.push_back(&f);
+  std::unique_ptr<Pending> issue(const std::vector<std::string>& states, std::vector<Piece> pieces,
+                                 int64_t len) override {
+    auto batch = std::make_unique<Reads>();
+    batch->pieces = std::move(pieces);
+    batch->len = len;
+    batch->states = states.size();
+    for (size_t s = 0; s < states.size(); ++s) {
+      for (const auto& p : batch->pieces) {
+        OpenFile& f = open(rank_file(p.part) + ".safetensors");
+        const TensorEntry& t = f.layout.at(states[s] + "." + std::to_string(p.group), f.path);
+        if (t.dtype != at::kFloat || (p.begin + p.count) * 4 > t.end - t.begin)
+          throw IoError(f.path + ": tensor " + t.name + " does not hold the elements the checkpoint's layout says");
+        batch->reads.push_back({&f, &t, s, &p, start(f, t, p.begin * 4, (p.begin + p.count) * 4)});
+      }
     }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const auto& p = pieces[i];
-      finish(*opened[i], *reads[i].first, reads[i].second, p.begin * 4, (p.begin + p.count) * 4,
-             reinterpret_cast<char*>(dst + p.dst));
+    return batch;
+  }
+
+  void complete(Pending& pending, const std::vector<float*>& dsts) override {
+    auto& batch = static_cast<Reads&>(pending);
+    ZERO_CHECK(dsts.size() == batch.states, "a destination per state");
+    for (float* d : dsts) zero_gaps(batch.pieces, batch.len, d);
+    for (auto& r : batch.reads) {
+      finish(*r.file, *r.tensor, r.pending, r.piece->begin * 4, (r.piece->begin + r.piece->count) * 4,
+             reinterpret_cast<char*>(dsts[r.state] + r.piece->dst));
     }
+    batch.reads.clear();
   }
 
  protected:
@@ -170,7 +246,8 @@ class CheckpointReader final : public ReaderBase {
                     std::to_string(want) + (have < want ? " (truncated)" : " (changed)"));
     auto f = std::make_unique<OpenFile>();
     f->path = path;
-    f->file = offload::AioFile::open_read_only(path, /*try_direct=*/false);
+    f->size = have;
+    f->file = offload::AioFile::open_read_only(path, /*try_direct=*/true);
     f->layout = read_header(engine(), f->file, path, have);
     if (f->layout.header_crc != meta->at("header_crc").get<uint32_t>())
       throw IoError(path + ": the header's checksum differs from the one meta.json recorded (a damaged or changed file)");
@@ -198,18 +275,38 @@ class WeightsReader final : public ReaderBase {
  public:
   WeightsReader(std::string path, const offload::AioOptions& aio) : ReaderBase(aio), path_(std::move(path)) {}
 
-  void fill(const std::string& state, const std::vector<Piece>& pieces, int64_t len, float* dst) override {
-    ZERO_CHECK(state == "fp32_master", "a weights file holds parameters only");
-    std::memset(dst, 0, static_cast<size_t>(len) * sizeof(float));
+  std::unique_ptr<Pending> issue(const std::vector<std::string>& states, std::vector<Piece> pieces,
+                                 int64_t len) override {
+    ZERO_CHECK(states.size() == 1 && states[0] == "fp32_master", "a weights file holds parameters only");
+    auto batch = std::make_unique<Reads>();
+    batch->pieces = std::move(pieces);
+    batch->len = len;
+    batch->states = 1;
     OpenFile& f = open(path_);
-    for (const auto& p : pieces) {
+    for (const auto& p : batch->pieces) {
       const TensorEntry& t = f.layout.tensors.at(p.group);
       const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-      PendingRead r = start(f, t, p.begin * es, (p.begin + p.count) * es);
-      at::Tensor raw = at::empty({p.count}, at::TensorOptions().dtype(t.dtype));
-      finish(f, t, r, p.begin * es, (p.begin + p.count) * es, static_cast<char*>(raw.data_ptr()));
-      at::from_blob(dst + p.dst, {p.count}, at::kFloat).copy_(raw);
+      batch->reads.push_back({&f, &t, 0, &p, start(f, t, p.begin * es, (p.begin + p.count) * es)});
     }
+    return batch;
+  }
+
+  void complete(Pending& pending, const std::vector<float*>& dsts) override {
+    auto& batch = static_cast<Reads&>(pending);
+    zero_gaps(batch.pieces, batch.len, dsts[0]);
+    for (auto& r : batch.reads) {
+      const Piece& p = *r.piece;
+      const TensorEntry& t = *r.tensor;
+      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+      if (t.dtype == at::kFloat) {
+        finish(*r.file, t, r.pending, p.begin * es, (p.begin + p.count) * es, reinterpret_cast<char*>(dsts[0] + p.dst));
+        continue;
+      }
+      at::Tensor raw = at::empty({p.count}, at::TensorOptions().dtype(t.dtype));
+      finish(*r.file, t, r.pending, p.begin * es, (p.begin + p.count) * es, static_cast<char*>(raw.data_ptr()));
+      at::from_blob(dsts[0] + p.dst, {p.count}, at::kFloat).copy_(raw);
+    }
+    batch.reads.clear();
   }
 
   OpenFile& open(const std::string&) override {
@@ -218,7 +315,8 @@ class WeightsReader final : public ReaderBase {
       if (size < 0) throw IoError(path_ + ": no such file (the weights to load)");
       file_ = std::make_unique<OpenFile>();
       file_->path = path_;
-      file_->file = offload::AioFile::open_read_only(path_, /*try_direct=*/false);
+      file_->size = size;
+      file_->file = offload::AioFile::open_read_only(path_, /*try_direct=*/true);
       file_->layout = read_header(engine(), file_->file, path_, size);
     }
     return *file_;
@@ -461,7 +559,7 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
         std::vector<Piece> pieces;
         append_pieces(saved, g, p, e, n, 0, pieces);
         buf.resize(static_cast<size_t>(n));
-        reader->fill(state, pieces, n, buf.data());
+        reader->fill({state}, pieces, n, {buf.data()});
         w.append(i, at::from_blob(buf.data(), {n}, at::kFloat).to(dtype));
         done += n;
         if (progress) progress(done, total);

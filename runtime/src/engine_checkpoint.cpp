@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <functional>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -81,6 +83,65 @@ std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& m
     if (item.value().defined()) out.emplace_back(item.key(), item.value());
   return out;
 }
+
+// Loads sub-groups window by window (bounded memory whatever a sub-group's
+// size), reading the next window, which may be the next sub-group's, while
+// this one is checked and copied: straight into the destination tensors when
+// they are contiguous fp32 host memory, else through host staging and a copy
+// (a device).
+class WindowLoader {
+ public:
+  using Issue = std::function<std::unique_ptr<ckpt::PieceReader::Pending>(size_t k, int64_t first, int64_t count)>;
+  WindowLoader(const std::vector<partition::SubGroup>& sub_groups, ckpt::PieceReader& reader, Issue issue)
+      : reader_(reader), issue_(std::move(issue)) {
+    constexpr int64_t kWindow = int64_t{4} << 20;  // elements (16 MiB a state)
+    for (size_t k = 0; k < sub_groups.size(); ++k)
+      for (int64_t w = 0; w < sub_groups[k].numel; w += kWindow)
+        windows_.push_back({k, w, std::min(kWindow, sub_groups[k].numel - w)});
+  }
+
+  /// Sub-group k's turn (in order): fills `dsts` (one per state, k's length).
+  void fill(size_t k, const std::vector<at::Tensor*>& dsts) {
+    for (; done_ < windows_.size() && windows_[done_].k == k; ++done_) {
+      while (issued_ < windows_.size() && issued_ <= done_ + 1) {  // this window and the next in flight
+        const Window& w = windows_[issued_++];
+        pending_.push_back(issue_(w.k, w.first, w.count));
+      }
+      const Window& w = windows_[done_];
+      bool direct = true;
+      for (const at::Tensor* t : dsts)
+        direct = direct && t->is_cpu() && t->is_contiguous() && t->scalar_type() == at::kFloat;
+      std::vector<float*> to;
+      if (staging_.size() < dsts.size()) staging_.resize(dsts.size());
+      for (size_t i = 0; i < dsts.size(); ++i) {
+        if (direct) {
+          to.push_back(dsts[i]->data_ptr<float>() + w.first);
+        } else {
+          staging_[i].resize(static_cast<size_t>(w.count));
+          to.push_back(staging_[i].data());
+        }
+      }
+      auto pending = std::move(pending_.front());
+      pending_.pop_front();
+      reader_.complete(*pending, to);
+      if (!direct)
+        for (size_t i = 0; i < dsts.size(); ++i)
+          dsts[i]->narrow(0, w.first, w.count).copy_(at::from_blob(staging_[i].data(), {w.count}, at::kFloat));
+    }
+  }
+
+ private:
+  struct Window {
+    size_t k;
+    int64_t first, count;
+  };
+  ckpt::PieceReader& reader_;
+  Issue issue_;
+  std::vector<Window> windows_;
+  size_t issued_ = 0, done_ = 0;
+  std::deque<std::unique_ptr<ckpt::PieceReader::Pending>> pending_;
+  std::vector<std::vector<float>> staging_;
+};
 
 }  // namespace
 
@@ -317,16 +378,15 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
-  std::vector<float> staging;
-  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+  WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
-    const auto pieces = ckpt::map_range(flat, layout_rank, g, start, len, saved, index, meta_path);
-    staging.resize(static_cast<size_t>(len));
-    for (size_t i = 0; i <= st.size(); ++i) {
-      reader->fill(store.names()[i], pieces, len, staging.data());
-      at::Tensor& dst = i == 0 ? m : st[i - 1];
-      dst.copy_(at::from_blob(staging.data(), {len}, at::kFloat));
-    }
+    return reader->issue(store.names(),
+                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, meta_path), count);
+  });
+  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    std::vector<at::Tensor*> dsts{&m};
+    for (auto& t : st) dsts.push_back(&t);
+    loader.fill(k, dsts);
   });
   // Buffers and frozen parameters, by name.
   for (const auto& [name, t] : extra_state(*s.model)) {
@@ -379,13 +439,13 @@ void Engine::load_weights(const std::string& path) {
   const auto& store = opt.store();
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
-  std::vector<float> staging;
-  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+  WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
-    const auto pieces = ckpt::map_range(flat, layout_rank, g, start, len, saved, index, path);
-    staging.resize(static_cast<size_t>(len));
-    reader->fill("fp32_master", pieces, len, staging.data());
-    m.copy_(at::from_blob(staging.data(), {len}, at::kFloat));
+    return reader->issue({"fp32_master"},
+                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, path), count);
+  });
+  opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    loader.fill(k, {&m});
     for (size_t i = 0; i < st.size(); ++i) st[i].fill_(store.initial_value(i));
   });
   for (const auto& [name, t] : extra_state(*s.model)) {

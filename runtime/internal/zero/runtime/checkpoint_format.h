@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,11 +79,13 @@ class StreamSums {
   int64_t in_block_ = 0;
 };
 
-/// Writes one safetensors file: the tensors of `layout` in its order, each
-/// streamed in pieces of any size through a few aligned staging buffers and
-/// the AIO engine, its block checksums computed on the way. The file is
-/// `path`.tmp until commit() flushes it and gives it its name; destroyed
-/// before that, it removes the temporary file.
+/// Writes one safetensors file: the tensors of `layout`, each appended in
+/// order in pieces of any size (tensors may interleave), its block checksums
+/// computed on the way. The bytes are assembled in aligned 4 MiB blocks of
+/// the file, each written through the AIO engine (O_DIRECT where the
+/// filesystem allows it: no page cache, the disk's speed) as soon as it is
+/// whole. The file is `path`.tmp until commit() flushes it and gives it its
+/// name; destroyed before that, it removes the temporary file.
 class TensorFileWriter {
  public:
   /// Throws IoError naming the file (cannot create it, no room for all of it).
@@ -93,7 +96,8 @@ class TensorFileWriter {
 
   /// The index of tensor `name` in the layout.
   size_t tensor(const std::string& name) const;
-  /// The next elements of tensor i, in order (any device; the tensor's dtype).
+  /// The next elements of tensor i, in order (any device; the tensor's
+  /// dtype). `src` may be reused once this returns.
   void append(size_t i, const at::Tensor& src);
   struct Committed {
     int64_t bytes = 0;
@@ -106,11 +110,15 @@ class TensorFileWriter {
   Committed commit(const std::string& sums_path);
 
  private:
-  struct Stage {
+  struct Block {
     offload::AlignedBuffer buf;
+    int64_t filled = 0;
     offload::AioHandle io;
   };
   std::string tmp() const { return path_ + ".tmp"; }
+  /// Copies n bytes for file offset `offset` into their blocks; writes the blocks it completes.
+  void put(int64_t offset, const void* data, int64_t n);
+  offload::AlignedBuffer take_buffer();
 
   std::string path_;
   Layout layout_;
@@ -119,8 +127,9 @@ class TensorFileWriter {
   std::vector<std::vector<uint32_t>> sums_;
   std::vector<StreamSums> streams_;
   std::vector<int64_t> written_;
-  std::vector<Stage> stage_;
-  int64_t next_ = 0;
+  std::map<int64_t, Block> open_;  // block index -> partly filled block
+  std::deque<Block> in_flight_;
+  std::vector<offload::AlignedBuffer> free_;
   bool committed_ = false;
 };
 

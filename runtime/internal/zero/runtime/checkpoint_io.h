@@ -103,9 +103,24 @@ class PieceReader {
                                               const offload::AioOptions& aio);
   virtual ~PieceReader() = default;
 
-  /// Fills dst[0, len) (zeroed first: padding) with state `state` at `pieces`.
-  /// Throws IoError naming the file: missing, truncated, a checksum mismatch.
-  virtual void fill(const std::string& state, const std::vector<Piece>& pieces, int64_t len, float* dst) = 0;
+  /// Reads in flight (issue), finished into their destinations (complete).
+  struct Pending {
+    virtual ~Pending() = default;
+  };
+  /// Starts reading state states[i] at `pieces` (a range of `len` elements)
+  /// into the reader's buffers. Throws IoError naming the file: missing,
+  /// truncated, a tensor the layout does not match.
+  virtual std::unique_ptr<Pending> issue(const std::vector<std::string>& states, std::vector<Piece> pieces,
+                                         int64_t len) = 0;
+  /// Waits for `pending`, checks every block, and fills dsts[i][0, len)
+  /// with state i; elements no piece covers (padding) are set to zero.
+  /// Throws IoError naming the file and offset of a checksum mismatch.
+  virtual void complete(Pending& pending, const std::vector<float*>& dsts) = 0;
+  /// issue() then complete().
+  void fill(const std::vector<std::string>& states, std::vector<Piece> pieces, int64_t len,
+            const std::vector<float*>& dsts) {
+    complete(*issue(states, std::move(pieces), len), dsts);
+  }
   /// Reads a whole tensor of a file of the folder (model.safetensors, the
   /// RNG state of a rank file) verified; throws IoError.
   virtual at::Tensor read_tensor(const std::string& file, const std::string& name) = 0;
