@@ -5,7 +5,15 @@
 // standard containers, so its layout does not depend on Gloo's).
 #include "zero/core/comm.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -33,9 +41,95 @@ bool is_loopback(const std::string& addr) {
 
 }  // namespace
 
+// NOTE [liveness]
+// A collective that times out cannot say which rank never came: Gloo and
+// NCCL only see their own side. So each rank beats: a thread writes the wall
+// time to the store key zero/alive/RANK every 2 s (over its own store
+// connection, with a short timeout, so a slow store never holds up a
+// collective). When a collective fails, the ranks whose beat is older than
+// 6 s (three beats) are named, with how long ago they were last heard from: a rank killed
+// or stopped (SIGSTOP) stops beating, one stuck in its own code does not, and
+// the message says which case it is.
+namespace detail {
+class Liveness {
+ public:
+  Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
+      : store_(std::move(store)), rank_(rank), world_size_(world_size) {
+    beat();
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Liveness() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // "; rank 1 last heard from 41 s ago (killed, stopped or exited)" or a note that all beat.
+  std::string report() const {
+    try {
+      const int64_t now = now_ms();
+      std::string silent;
+      for (int r = 0; r < world_size_; ++r) {
+        if (r == rank_) continue;
+        const std::string key = "zero/alive/" + std::to_string(r);
+        if (!store_->check({key})) {
+          silent += (silent.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " never heard from";
+          continue;
+        }
+        const auto v = store_->get(key);
+        const int64_t age = now - std::stoll(std::string(v.begin(), v.end()));
+        if (age > kStaleMs) {
+          silent += (silent.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " last heard from " +
+                    std::to_string(age / 1000) + " s ago";
+        }
+      }
+      if (silent.empty())
+        return "\n  every other rank is alive: one of them is busy elsewhere or called the collectives in another order";
+      return "\n  not answering: " + silent + " (killed, stopped or exited; its own log may name the cause)";
+    } catch (const std::exception&) {
+      return "\n  the store does not answer either: rank 0, which serves it, is probably gone";
+    }
+  }
+
+ private:
+  static constexpr auto kEvery = std::chrono::seconds(2);
+  static constexpr int64_t kStaleMs = 6000;  // three beats missed
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  void beat() {
+    const std::string v = std::to_string(now_ms());
+    store_->set("zero/alive/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, kEvery, [this] { return stop_; })) {
+      lock.unlock();
+      try {
+        beat();
+      } catch (const std::exception&) {
+        return;  // the store is gone (rank 0 ended): nothing left to tell
+      }
+      lock.lock();
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, world_size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+}  // namespace detail
+
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
-                   std::chrono::milliseconds timeout)
-    : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout) {}
+                   std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live)
+    : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout), live_(std::move(live)) {}
 
 CommWork::CommWork(CommWork&& o) noexcept { *this = std::move(o); }
 
@@ -45,13 +139,14 @@ CommWork& CommWork::operator=(CommWork&& o) noexcept {
       try {
         wait();
       } catch (const std::exception& e) {
-        log::error(e.what());
+        log::error(error_text(e));
       }
     }
     work_ = std::move(o.work_);
     what_ = std::move(o.what_);
     rank_ = o.rank_;
     timeout_ = o.timeout_;
+    live_ = std::move(o.live_);
   }
   return *this;
 }
@@ -61,7 +156,7 @@ CommWork::~CommWork() {
   try {
     wait();
   } catch (const std::exception& e) {
-    log::error(e.what());
+    log::error(error_text(e));
   }
 }
 
@@ -80,8 +175,8 @@ void CommWork::wait() {
   } catch (const std::exception& e) {
     std::ostringstream m;
     m << what_ << " failed on rank " << rank_ << " (collective timeout "
-      << timeout_.count() / 1000 << " s, ZERO_COMM_TIMEOUT_S): " << e.what()
-      << "\n  another rank probably exited or hung; its own log names the cause";
+      << timeout_.count() / 1000 << " s, ZERO_COMM_TIMEOUT_S): " << error_text(e)
+      << (live_ ? live_->report() : "\n  another rank probably exited or hung; its own log names the cause");
     throw CommunicationError(m.str());
   }
 }
@@ -92,26 +187,148 @@ Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_pt
 
 Comm::~Comm() = default;
 
+// NOTE [rendezvous]
+// Joining the job says what it waits for. A rank that does not run the
+// store's server first waits until the server's port takes connections,
+// probing it itself (c10d's client would retry in silence, log a warning per
+// try and then wait a second timeout); the store is made once it answers.
+// Then every rank counts itself in through the store and waits until all N
+// have, printing "k of N joined, waiting for ranks ..." every few seconds;
+// at the timeout it fails once, naming the missing ranks. The count is taken
+// per generation (a second engine in the same job counts again from N).
+namespace {
+
+constexpr auto kProgressEvery = std::chrono::seconds(5);
+
+std::string where(const DistEnv& env) {
+  return env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.launcher + " environment)";
+}
+
+// Whether a TCP connection to the store's address can be made now.
+bool server_answers(const DistEnv& env) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(env.master_addr.c_str(), std::to_string(env.master_port).c_str(), &hints, &found) != 0)
+    return false;
+  bool ok = false;
+  for (addrinfo* a = found; a != nullptr && !ok; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return ok;
+}
+
+std::string missing_ranks(c10d::Store& store, const std::string& prefix, int world_size) {
+  std::string out;
+  int shown = 0, missing = 0;
+  for (int r = 0; r < world_size; ++r) {
+    if (store.check({prefix + std::to_string(r)})) continue;
+    ++missing;
+    if (shown++ < 16) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (missing > shown) out += ", ... (" + std::to_string(missing) + " in all)";
+  return out;
+}
+
+}  // namespace
+
 std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start); };
+  const long long timeout_s = static_cast<long long>(env.timeout.count() / 1000);
+  const bool server = env.rank == 0 && !env.agent_store;
+  const std::string me = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+  if (!server) {
+    auto next_note = kProgressEvery;
+    while (!server_answers(env)) {
+      if (elapsed() >= env.timeout) {
+        throw CommunicationError("rendezvous: " + me + " found no store at " + where(env) + " within " +
+                                 std::to_string(timeout_s) + " s (ZERO_COMM_TIMEOUT_S): " +
+                                 (env.agent_store ? "the launcher's agent is not running"
+                                                  : "rank 0 did not start, or MASTER_ADDR/MASTER_PORT differ"));
+      }
+      if (elapsed() >= next_note) {
+        log::info(me + ": waiting for the store at " + where(env) + " (" +
+                  std::to_string(elapsed().count() / 1000) + " s of " + std::to_string(timeout_s) + ")");
+        next_note += kProgressEvery;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
   c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(env.master_port);
-    opts.isServer = env.rank == 0 && !env.agent_store;
+    opts.isServer = server;
     opts.numWorkers = static_cast<size_t>(env.world_size);
-    opts.waitWorkers = true;
-    opts.timeout = env.timeout;
+    opts.waitWorkers = false;  // counted below, with progress
+    opts.timeout = std::max(std::chrono::milliseconds(1000), env.timeout - elapsed());
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
-    throw CommunicationError("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) +
-                             " failed on rank " + std::to_string(env.rank) + " of " +
-                             std::to_string(env.world_size) + " (" + env.launcher +
-                             " environment): " + e.what());
+    throw CommunicationError("rendezvous at " + where(env) + " failed on " + me + ": " + error_text(e) +
+                             (server ? " (is another job using this port? set MASTER_PORT)" : ""));
   }
-  return join(store, env, device);
+  // Count in, per generation, and wait for all.
+  const int64_t ws = env.world_size;
+  int64_t generation = 0;
+  std::string prefix;
+  try {
+    const int64_t n = store->add("zero/rendezvous/count", 1);
+    generation = (n - 1) / ws;
+    prefix = "zero/rendezvous/" + std::to_string(generation) + "/";
+    store->set(prefix + std::to_string(env.rank), std::vector<uint8_t>{1});
+    auto next_note = elapsed() + kProgressEvery;
+    for (;;) {
+      const int64_t joined = store->add("zero/rendezvous/count", 0) - generation * ws;
+      if (joined >= ws) break;
+      if (elapsed() >= env.timeout) {
+        throw CommunicationError("rendezvous at " + where(env) + ": " + me + " saw " + std::to_string(joined) + " of " +
+                                 std::to_string(ws) + " ranks join within " + std::to_string(timeout_s) +
+                                 " s (ZERO_COMM_TIMEOUT_S); missing: rank " + missing_ranks(*store, prefix, env.world_size) +
+                                 " (not started, failed before joining, or started with another WORLD_SIZE or "
+                                 "MASTER_PORT)");
+      }
+      if (elapsed() >= next_note) {
+        log::info(me + ": " + std::to_string(joined) + " of " + std::to_string(ws) + " ranks joined at " + where(env) +
+                  ", waiting for rank " + missing_ranks(*store, prefix, env.world_size) + " (" +
+                  std::to_string(elapsed().count() / 1000) + " s of " + std::to_string(timeout_s) + ")");
+        next_note += kProgressEvery;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommunicationError("rendezvous at " + where(env) + " failed on " + me + ": " + error_text(e));
+  }
+  auto comm = make(store, env, device);
+  // The heartbeat's own connection, with a short timeout (NOTE [liveness]).
+  c10::intrusive_ptr<c10d::Store> beat_store = store;
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(env.master_port);
+    opts.isServer = false;
+    opts.waitWorkers = false;
+    opts.timeout = std::chrono::milliseconds(5000);
+    beat_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    log::warning("the heartbeat's store connection failed (" + error_text(e) + "); sharing the main one");
+  }
+  comm->live_ = std::make_shared<detail::Liveness>(beat_store, env.rank, env.world_size);
+  return comm;
 }
 
 std::unique_ptr<Comm> Comm::join(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
+  auto comm = make(store, env, device);
+  if (env.world_size > 1) comm->live_ = std::make_shared<detail::Liveness>(store, env.rank, env.world_size);
+  return comm;
+}
+
+std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("zero/pg", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   const bool loopback = is_loopback(env.master_addr);
@@ -136,7 +353,7 @@ std::unique_ptr<Comm> Comm::join(c10::intrusive_ptr<c10d::Store> store, const Di
     throw;
   } catch (const std::exception& e) {
     throw CommunicationError(std::string("creating the ") + (nccl ? "NCCL" : "Gloo") +
-                             " process group failed on rank " + std::to_string(env.rank) + ": " + e.what());
+                             " process group failed on rank " + std::to_string(env.rank) + ": " + error_text(e));
   }
   return std::unique_ptr<Comm>(new Comm(env, store, backend, device));
 }
@@ -169,18 +386,18 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
                            is_loopback(env_.master_addr));
     } catch (const std::exception& e) {
       throw CommunicationError("creating the control group failed on rank " + std::to_string(env_.rank) + ": " +
-                               e.what());
+                               error_text(e));
     }
   }
   at::Tensor in = at::full({1}, value, at::kLong);
   Exchange e;
   e.out = at::empty({env_.world_size}, at::kLong);
-  e.work = CommWork(control_->_allgather_base(e.out, in), what, env_.rank, env_.timeout);
+  e.work = CommWork(control_->_allgather_base(e.out, in), what, env_.rank, env_.timeout, live_);
   return e;
 }
 
 CommWork Comm::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t) {
-  return CommWork(std::move(work), describe(op, t), env_.rank, env_.timeout);
+  return CommWork(std::move(work), describe(op, t), env_.rank, env_.timeout, live_);
 }
 
 CommWork Comm::all_reduce_sum(at::Tensor& tensor) {
@@ -223,11 +440,27 @@ void Comm::barrier() {
   all_reduce_sum(t).wait();
 }
 
+namespace {
+// "K: rank 0 has \"A\", rank R has \"B\"" for the first line where a and b differ.
+std::string first_difference(const std::string& a, const std::string& b, int rank) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  for (int line = 1;; ++line) {
+    const bool ha = static_cast<bool>(std::getline(sa, la)), hb = static_cast<bool>(std::getline(sb, lb));
+    if (!ha && !hb) return std::to_string(line) + ": none found";
+    if (ha && hb && la == lb) continue;
+    auto shown = [](bool has, const std::string& l) { return has ? "\"" + l + "\"" : std::string("nothing more"); };
+    return std::to_string(line) + ": rank 0 has " + shown(ha, la) + ", rank " + std::to_string(rank) + " has " +
+           shown(hb, lb);
+  }
+}
+}  // namespace
+
 void Comm::check_same(const std::string& what, const std::string& value) {
   const std::string prefix = "zero/check/" + std::to_string(check_counter_++) + "/";
   store_->set(prefix + std::to_string(env_.rank), std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<int> differ;
-  std::string first;
+  std::string first, first_other;
   for (int r = 0; r < env_.world_size; ++r) {
     std::vector<uint8_t> v;
     try {
@@ -235,10 +468,11 @@ void Comm::check_same(const std::string& what, const std::string& value) {
     } catch (const std::exception& e) {
       throw CommunicationError("checking that all ranks hold the same " + what + ": rank " +
                                std::to_string(r) + " did not answer within " +
-                               std::to_string(env_.timeout.count() / 1000) + " s: " + e.what());
+                               std::to_string(env_.timeout.count() / 1000) + " s: " + error_text(e));
     }
     std::string s(v.begin(), v.end());
     if (r == 0) first = s;
+    else if (s != first && differ.empty()) differ.push_back(r), first_other = std::move(s);
     else if (s != first) differ.push_back(r);
   }
   if (!differ.empty()) {
@@ -246,7 +480,11 @@ void Comm::check_same(const std::string& what, const std::string& value) {
     m << "ranks disagree on the " << what << ": rank";
     if (differ.size() > 1) m << "s";
     for (size_t i = 0; i < differ.size(); ++i) m << (i ? ", " : " ") << differ[i];
-    m << " differ from rank 0 (every rank must be started with the same " << what << ")";
+    m << (differ.size() > 1 ? " differ" : " differs") << " from rank 0 (every rank must be started with the same "
+      << what << ")";
+    if (first.find('\n') != std::string::npos || first_other.find('\n') != std::string::npos) {
+      m << "; first difference, line " << first_difference(first, first_other, differ.front()) ;
+    }
     throw ConfigError({m.str()});
   }
 }

@@ -1,6 +1,8 @@
 #include "zero/core/error.h"
 
+#include <cstdlib>
 #include <sstream>
+#include <string_view>
 
 namespace zero {
 namespace {
@@ -17,6 +19,34 @@ std::string join_problems(const std::vector<std::string>& problems) {
 
 ConfigError::ConfigError(std::vector<std::string> problems)
     : Error(ErrorKind::kConfig, join_problems(problems)), problems_(std::move(problems)) {}
+
+namespace {
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+}  // namespace
+
+std::string error_text(const std::string& what) {
+  if (env_on("ZERO_DEBUG") || env_on("TORCH_SHOW_CPP_STACKTRACES")) return what;
+  std::string out;
+  size_t begin = 0;
+  while (begin <= what.size()) {
+    size_t end = what.find('\n', begin);
+    if (end == std::string::npos) end = what.size();
+    const std::string_view line(what.data() + begin, end - begin);
+    const bool trace = line.rfind("Exception raised from ", 0) == 0 || line.rfind("frame #", 0) == 0;
+    if (!trace) {
+      if (!out.empty()) out += '\n';
+      out += line;
+    }
+    begin = end + 1;
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string error_text(const std::exception& e) { return error_text(std::string(e.what())); }
 
 namespace detail {
 void throw_internal(const char* file, int line, const char* condition, const std::string& message) {

@@ -65,6 +65,49 @@ void check_trainable(const config::Config& c) {
   }
 }
 
+// One line per parameter and buffer ("name [shape] dtype", the whole shape of
+// a parameter partitioned under zero::Init) and per stage-3 layer: what every
+// rank must agree on, compared at initialize.
+std::string model_fingerprint(const torch::nn::Module& model, const InitState* init,
+                              const std::vector<std::shared_ptr<torch::nn::Module>>& layers) {
+  std::unordered_map<const void*, std::vector<int64_t>> whole;
+  if (init != nullptr) {
+    for (const auto& [module, layer] : init->built.layers)
+      for (size_t i = 0; i < layer.params.size(); ++i) whole[layer.params[i].unsafeGetTensorImpl()] = layer.shapes[i];
+  }
+  std::ostringstream out;
+  auto shape = [&](const std::vector<int64_t>& sizes) {
+    out << '[';
+    for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << sizes[i];
+    out << ']';
+  };
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const auto& p = item.value();
+    out << "parameter " << item.key() << ' ';
+    auto it = whole.find(p.unsafeGetTensorImpl());
+    shape(it != whole.end() ? it->second : p.sizes().vec());
+    out << ' ' << p.scalar_type() << (p.requires_grad() ? "" : " frozen") << '\n';
+  }
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
+    out << "buffer " << item.key() << ' ';
+    shape(item.value().sizes().vec());
+    out << ' ' << item.value().scalar_type() << '\n';
+  }
+  out << layers.size() << " stage-3 layers\n";
+  for (const auto& layer : layers) {
+    int64_t n = 0;
+    for (const auto& p : layer->parameters(/*recurse=*/true)) {
+      auto it = whole.find(p.unsafeGetTensorImpl());
+      int64_t numel = 1;
+      if (it != whole.end()) for (int64_t d : it->second) numel *= d;
+      else numel = p.numel();
+      n += numel;
+    }
+    out << "layer " << layer->name() << " of " << n << " elements\n";
+  }
+  return out.str();
+}
+
 }  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options)
@@ -94,6 +137,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     s.comm = Comm::connect(s.dist, s.device);
     s.comm->check_same("DeepSpeed config (" + s.config.source + " as resolved)",
                        std::to_string(std::hash<std::string>{}(s.config.canonical_json)));
+    // Before any collective whose sizes come from the model: ranks built with
+    // different models would otherwise fail inside Gloo or NCCL, or hang.
+    s.comm->check_same("model (its parameters, buffers and stage-3 layers)",
+                       model_fingerprint(*s.model, init, s.options.layers));
   }
 
   cast_module(*s.model, s.device, s.dtype);

@@ -89,6 +89,16 @@ class InternalError : public Error {
   explicit InternalError(const std::string& message) : Error(ErrorKind::kInternal, message) {}
 };
 
+/// The message of `e` for a person: what() without the C++ stack trace that
+/// LibTorch appends to its errors ("Exception raised from ...", "frame #N:"
+/// lines), also where such an error is quoted inside another message. The
+/// trace is kept when the environment sets ZERO_DEBUG=1 (or LibTorch's
+/// TORCH_SHOW_CPP_STACKTRACES=1).
+std::string error_text(const std::exception& e);
+
+/// The same for a message already taken from what().
+std::string error_text(const std::string& what);
+
 namespace detail {
 [[noreturn]] void throw_internal(const char* file, int line, const char* condition,
                                  const std::string& message);

@@ -28,18 +28,23 @@ class Work;
 
 namespace zero {
 
+namespace detail {
+class Liveness;  // NOTE [liveness] in comm.cpp
+}
+
 /// A collective in flight. Move-only; destroying an unwaited work waits for it
 /// (errors are then logged, not thrown).
 class CommWork {
  public:
   CommWork() = default;
   CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live = nullptr);
   CommWork(CommWork&&) noexcept;
   CommWork& operator=(CommWork&&) noexcept;
   ~CommWork();
 
-  /// Blocks until done; throws zero::CommunicationError on failure or timeout.
+  /// Blocks until done; throws zero::CommunicationError on failure or timeout,
+  /// naming the ranks whose heartbeat stopped when there are any.
   void wait();
   bool pending() const { return static_cast<bool>(work_); }
   /// Gives up on the collective without waiting (after an error that makes
@@ -51,6 +56,7 @@ class CommWork {
   std::string what_;
   int rank_ = 0;
   std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<const detail::Liveness> live_;  // names the ranks that stopped answering
 };
 
 class Comm {
@@ -99,12 +105,15 @@ class Comm {
 
   /// Fails on every rank, with a message naming `what` and the ranks that
   /// differ, unless all ranks pass the same `value` (compared through the store).
+  /// A value of several lines (a model's parameters, one per line) also gets
+  /// the first line where the first differing rank departs from rank 0.
   void check_same(const std::string& what, const std::string& value);
 
  private:
   Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
        at::Device device);
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
+  static std::unique_ptr<Comm> make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
 
@@ -114,6 +123,7 @@ class Comm {
   c10::intrusive_ptr<c10d::Backend> control_;  // made by exchange()
   int64_t check_counter_ = 0;
   at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
+  std::shared_ptr<detail::Liveness> live_;
 };
 
 }  // namespace zero
