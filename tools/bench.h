@@ -69,9 +69,23 @@ namespace zero::tools {
 /// The folder of the running executable (build/bin), where mingpt is too.
 std::string self_dir();
 
-/// A fresh folder /tmp/zero-bench-NAME-PID for a bench's configs, logs and
-/// summaries (the bench removes it when it succeeds; kept for the logs otherwise).
-std::string bench_scratch_dir(const std::string& name);
+/// A fresh folder $TMPDIR/zero-bench-NAME-XXXXXX (TMPDIR or /tmp) for a bench's configs, logs and
+/// summaries, removed with everything in it (and any path given to
+/// also_remove) when the bench returns, failed or not: a failed run's error
+/// is printed from its log first (run_mingpt_ranks).
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  void also_remove(std::string path) { extra_.push_back(std::move(path)); }
+
+ private:
+  std::string path_;
+  std::vector<std::string> extra_;
+};
 
 /// The config every multi-rank bench trains minGPT with: micro-batch
 /// `micro_batch` per rank, AdamW (lr 1e-3), clipping 1.0, and `zero` as the
@@ -80,7 +94,8 @@ nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero);
 
 /// Runs minGPT on `nproc` ranks (zero launch) with `config` (written to
 /// dir/name.json) and `mingpt_args`, its output in dir/name.log. Returns rank
-/// 0's summary; nullopt, having said where the log is, when the run failed.
+/// 0's summary; nullopt, having printed the end of the log (the error), when
+/// the run failed.
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::string& mingpt_args);

@@ -1,7 +1,10 @@
 // zero bench aio: the AIO engine's sequential read and write throughput on a
 // file under --path, side by side with fio (io_uring, O_DIRECT) on the same
 // file, block size and queue depth, in one run.
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 #include "bench.h"
 #include "zero/offload/aio.h"
+#include "zero/offload/swap_folder.h"
 #include "zero/core/error.h"
 #include "zero/core/memory_ledger.h"
 #include "zero/core/progress.h"
@@ -81,8 +85,33 @@ int bench_aio(const std::vector<std::string>& args) {
     std::cerr << "zero bench aio: --path DIR is required (a folder on the disk to measure)\n";
     return 2;
   }
+  const std::string file_path = path + "/zero-bench-aio-" + std::to_string(getpid());
+  const std::string log = file_path + ".fio.json";
+  // The test file and fio's log go whatever happens: a failed run leaves
+  // neither the file nor a full disk behind.
+  struct Cleanup {
+    std::vector<std::string> paths;
+    ~Cleanup() {
+      for (const auto& p : paths) ::unlink(p.c_str());
+    }
+  } cleanup{{file_path, log}};
   try {
-    const std::string file_path = path + "/zero-bench-aio-" + std::to_string(getpid());
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      std::cerr << "zero bench aio: --path " << path << ": " << std::strerror(errno) << "\n";
+      return 2;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      std::cerr << "zero bench aio: --path " << path << ": not a folder\n";
+      return 2;
+    }
+    // The file needs its size, rounded to whole blocks, free on the disk.
+    const int64_t needed = (size + block - 1) / block * block;
+    if (const int64_t free = offload::free_bytes(path); free >= 0 && free < needed) {
+      std::cerr << "zero bench aio: " << path << " has " << format_bytes(free) << " free; the test file needs "
+                << format_bytes(needed) << " (--size " << size << "): free space there or give a smaller --size\n";
+      return 1;
+    }
     offload::AioOptions o;
     o.block_size = block;
     o.queue_depth = depth;
@@ -117,7 +146,6 @@ int bench_aio(const std::vector<std::string>& args) {
       file->reserve(size);
       transfer(true);
     }
-    const std::string log = file_path + ".fio.json";
     std::vector<double> ours_w_runs, ours_r_runs, fio_w_runs, fio_r_runs;
     ProgressLine progress("aio vs fio", rounds, "rounds");
     for (int64_t round = 0; round < rounds; ++round) {
@@ -184,8 +212,8 @@ int bench_aio(const std::vector<std::string>& args) {
       std::ofstream(json_path) << j.dump(2) << "\n";
     }
     return 0;
-  } catch (const Error& e) {
-    std::cerr << "zero bench aio: " << e.what() << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "zero bench aio: " << zero::error_text(e) << "\n";
     return 1;
   }
 }

@@ -68,8 +68,10 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
     std::cerr << "zero bench checkpoint-io: --stage: expected 0-3; got " << stage << "\n";
     return 2;
   }
-  const std::string scratch = bench_scratch_dir("checkpoint-io");
+  ScratchDir scratch_dir("checkpoint-io");
+  const std::string& scratch = scratch_dir.path();
   const std::string ckpt_dir = path + "/zero-bench-checkpoint-io-" + std::to_string(::getpid());
+  scratch_dir.also_remove(ckpt_dir);
   const nlohmann::json config = mingpt_bench_config(8, {{"stage", stage}});
   const std::string model = "--n_layer " + std::to_string(ints["--n_layer"]) + " --n_embd " +
                             std::to_string(ints["--n_embd"]) + " --n_head 8 --dropout 0 ";
@@ -119,7 +121,7 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
                               std::to_string(rounds) + " --json " + aio_json + " > " + scratch + "/aio.log 2>&1";
   std::fprintf(stderr, "%s: running zero bench aio on %s ...\n", cmd.c_str(), path.c_str());
   if (std::system(aio_cmd.c_str()) != 0) {
-    std::cerr << cmd << ": zero bench aio failed; see " << scratch << "/aio.log\n";
+    std::cerr << cmd << ": zero bench aio failed:\n" << std::ifstream(scratch + "/aio.log").rdbuf();
     return 1;
   }
   const auto aio = nlohmann::json::parse(std::ifstream(aio_json));
@@ -161,7 +163,6 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
                         {"ratio_load_job_vs_aio", aio_r > 0 ? load_job / aio_r : 0.0}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  ckpt::remove_tree(scratch);
   return 0;
 }
 

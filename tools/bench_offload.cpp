@@ -58,7 +58,8 @@ int bench_offload(const std::vector<std::string>& args) {
     std::cerr << "zero bench offload: --path DIR is required (a folder on the disk for the swap files)\n";
     return 2;
   }
-  const std::string dir = bench_scratch_dir("offload");
+  const ScratchDir scratch("offload");
+  const std::string& dir = scratch.path();
   const Variant variants[] = {{"cpu", "offload to CPU memory", false, false},
                               {"nvme_serial", "NVMe, pipeline off", true, false},
                               {"nvme_pipelined", "NVMe, pipeline on", true, true}};
@@ -167,7 +168,6 @@ int bench_offload(const std::vector<std::string>& args) {
                         {"nvme_pipelined_shard_reads_from_buffers_fraction", from_buffers(piped)}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  std::system(("rm -rf " + dir).c_str());
   return 0;
 }
 

@@ -1,5 +1,9 @@
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -7,7 +11,9 @@
 #include <sstream>
 
 #include "bench.h"
+#include "zero/core/error.h"
 #include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
 
 namespace zero::tools {
 
@@ -19,11 +25,36 @@ std::string self_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
-std::string bench_scratch_dir(const std::string& name) {
-  const std::string dir = "/tmp/zero-bench-" + name + "-" + std::to_string(getpid());
-  std::system(("mkdir -p " + dir).c_str());
-  return dir;
+ScratchDir::ScratchDir(const std::string& name) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/zero-bench-" + name + "-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr)
+    throw IoError("create a scratch folder " + templ + ": " + std::strerror(errno));
+  path_ = templ;
 }
+
+ScratchDir::~ScratchDir() {
+  for (const auto& p : extra_) ckpt::remove_tree(p);
+  ckpt::remove_tree(path_);
+}
+
+namespace {
+// The last lines of a failed run's log that say something: no progress
+// redraws, at most `max_lines`.
+std::string log_tail(const std::string& path, size_t max_lines) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (const auto cr = line.rfind('\r'); cr != std::string::npos) line = line.substr(cr + 1);
+    if (line.empty()) continue;
+    lines.push_back(line);
+  }
+  std::string out;
+  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i)
+    out += "  | " + lines[i] + "\n";
+  return out.empty() ? "  (the run printed nothing)\n" : out;
+}
+}  // namespace
 
 nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero) {
   return {{"train_micro_batch_size_per_gpu", micro_batch},
@@ -43,13 +74,14 @@ std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const
       << mingpt_args << " --summary-json " << base << ".summary.json > " << base << ".log 2>&1";
   std::fprintf(stderr, "%s: running %s on %lld ranks ...\n", command.c_str(), name.c_str(), static_cast<long long>(nproc));
   if (std::system(cmd.str().c_str()) != 0) {
-    std::cerr << command << ": the run failed; see " << base << ".log\n";
+    std::cerr << command << ": the run " << name << " failed; the end of its output:\n" << log_tail(base + ".log", 15);
     return std::nullopt;
   }
   std::ifstream in(base + ".summary.json");
   auto j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded()) {
-    std::cerr << command << ": no readable summary; see " << base << ".log\n";
+    std::cerr << command << ": the run " << name << " wrote no readable summary; the end of its output:\n"
+              << log_tail(base + ".log", 15);
     return std::nullopt;
   }
   return j;

@@ -28,7 +28,8 @@ int bench_overlap(const std::vector<std::string>& args) {
                                          {"--batch_size", 16}, {"--steps", 20}, {"--bucket", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench overlap", args, ints, json_path)) return 2;
-  const std::string dir = bench_scratch_dir("overlap");
+  const ScratchDir scratch("overlap");
+  const std::string& dir = scratch.path();
   const Variant variants[] = {{"stage 0 (all-reduce)", 0, true},
                               {"stage 2, overlap_comm true", 2, true},
                               {"stage 2, overlap_comm false", 2, false}};
@@ -76,7 +77,6 @@ int bench_overlap(const std::vector<std::string>& args) {
                         {"hidden_comm_fraction", hidden}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  std::system(("rm -rf " + dir).c_str());
   return 0;
 }
 

@@ -33,7 +33,8 @@ int bench_stage3(const std::vector<std::string>& args) {
                                          {"--batch_size", 8}, {"--steps", 20},  {"--prefetch", 2000000}};
   std::string json_path;
   if (!parse_bench_options("zero bench stage3", args, ints, json_path)) return 2;
-  const std::string dir = bench_scratch_dir("stage3");
+  const ScratchDir scratch("stage3");
+  const std::string& dir = scratch.path();
   const Variant variants[] = {{"stage 2 (parameters whole)", 2, 0},
                               {"stage 3, prefetch off", 3, 0},
                               {"stage 3, prefetch on", 3, ints["--prefetch"]}};
@@ -109,7 +110,6 @@ int bench_stage3(const std::vector<std::string>& args) {
                         {"ratio_stage3_vs_stage2_step_time", step_ms(on) / step_ms(s2)}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
-  std::system(("rm -rf " + dir).c_str());
   return 0;
 }
 

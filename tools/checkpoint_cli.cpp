@@ -179,7 +179,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     if (args[0] == "verify") return verify_command(rest);
     if (args[0] == "info") return info_command(rest);
   } catch (const Error& e) {
-    std::cerr << "zero checkpoint " << args[0] << ": " << e.what() << "\n";
+    std::cerr << "zero checkpoint " << args[0] << ": " << zero::error_text(e) << "\n";
     return 1;
   }
   const auto near = nearest(args[0], {"consolidate", "verify", "info"});

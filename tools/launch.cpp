@@ -629,7 +629,7 @@ int run(const LaunchOptions& options) {
     try {
       ranks.push_back(ChildProcess::spawn(options.command, env, out.write.get(), err.write.get()));
     } catch (const SpawnError& e) {
-      pump.message(e.what());
+      pump.message(zero::error_text(e));
       exit_code = 127;
       break;
     }
@@ -727,7 +727,7 @@ int launch(const std::vector<std::string>& args) {
   try {
     options = parse_options(args);
   } catch (const UsageError& e) {
-    std::cerr << "zero launch: " << e.what() << "\n\n" << kLaunchUsage;
+    std::cerr << "zero launch: " << zero::error_text(e) << "\n\n" << kLaunchUsage;
     return 2;
   }
   if (options.help) {
@@ -739,7 +739,7 @@ int launch(const std::vector<std::string>& args) {
     return run(options);
   } catch (const Error& e) {
     // The ranks were stopped by ChildProcess's destructor on the way out.
-    write_all(STDERR_FILENO, std::string("zero launch: ") + e.what() + "\n");
+    write_all(STDERR_FILENO, std::string("zero launch: ") + zero::error_text(e) + "\n");
     return 1;
   }
 }

@@ -162,7 +162,7 @@ int nvme_tune(const std::vector<std::string>& args) {
       std::ofstream(json_path) << j.dump(2) << "\n";
     }
   } catch (const zero::Error& e) {
-    std::cerr << "zero nvme-tune: " << e.what() << "\n";
+    std::cerr << "zero nvme-tune: " << zero::error_text(e) << "\n";
     return 1;
   }
   return 0;

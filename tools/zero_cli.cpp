@@ -1,10 +1,13 @@
 // zero: the command-line tool.
-//   zero config check FILE [--world-size N]   validate and resolve a DeepSpeed config
+//   zero config check FILE [--world-size N --auto K=V]   validate and resolve a DeepSpeed config
 //   zero bench engine ...                     engine vs a plain LibTorch loop
 //   zero launch --nproc_per_node N -- PROG    N local ranks with torchrun's environment
 //   zero checkpoint consolidate DIR OUT       full weights of an engine checkpoint
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +22,17 @@ namespace {
 const char* kUsage = R"(usage: zero COMMAND ...
 
 commands:
-  config check FILE [--world-size N]
+  config check FILE [--world-size N] [--auto KEY=VALUE ...] [--no-auto]
       Reads a DeepSpeed config as zero::initialize would, prints every
-      resolved value (marked given, default or derived) and the warnings, and
-      exits 0; or prints every problem of the file and exits 1.
+      resolved value (marked given, default, derived or auto) and the
+      warnings, and exits 0; or prints every problem of the file and exits 1.
+      An "auto" the program fills at initialize is checked with a stand-in
+      (micro-batch 1, lr 1e-3, 1000 steps, hidden size 1024, fp32) or with the
+      value given by --auto: train_micro_batch_size_per_gpu,
+      gradient_accumulation_steps, gradient_clipping, lr, eps, weight_decay,
+      total_num_steps, warmup_num_steps, precision (fp32|fp16|bf16),
+      hidden_size. --no-auto: an "auto" nobody fills is a problem, as for a
+      program that supplies no AutoValues.
   bench overlap [--nproc N --n_layer N --n_embd N --batch_size N --steps N --bucket N] [--json FILE]
       minGPT on N ranks: stage 2 step time against stage 0, and the share of
       gradient communication hidden behind backward.
@@ -68,28 +78,79 @@ int usage_error(const std::string& message) {
   return 2;
 }
 
+// --auto KEY=VALUE into `av`; returns an error message or "".
+std::string set_auto(zero::config::AutoValues& av, const std::string& kv) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos) return "--auto: expected KEY=VALUE; got \"" + kv + "\"";
+  const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+  auto integer = [&](std::optional<int64_t>& out) -> std::string {
+    int64_t x = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), x);
+    if (ec != std::errc() || ptr != value.data() + value.size() || value.empty())
+      return "--auto " + key + ": expected an integer; got \"" + value + "\"";
+    out = x;
+    return "";
+  };
+  auto number = [&](std::optional<double>& out) -> std::string {
+    try {
+      size_t used = 0;
+      const double d = std::stod(value, &used);
+      if (used == value.size() && std::isfinite(d)) {
+        out = d;
+        return "";
+      }
+    } catch (const std::exception&) {
+    }
+    return "--auto " + key + ": expected a number; got \"" + value + "\"";
+  };
+  if (key == "train_micro_batch_size_per_gpu") return integer(av.train_micro_batch_size_per_gpu);
+  if (key == "gradient_accumulation_steps") return integer(av.gradient_accumulation_steps);
+  if (key == "total_num_steps") return integer(av.total_num_steps);
+  if (key == "warmup_num_steps") return integer(av.warmup_num_steps);
+  if (key == "hidden_size") return integer(av.hidden_size);
+  if (key == "gradient_clipping") return number(av.gradient_clipping);
+  if (key == "lr") return number(av.lr);
+  if (key == "eps") return number(av.eps);
+  if (key == "weight_decay") return number(av.weight_decay);
+  if (key == "precision") {
+    av.precision = value;  // checked by the loader with the other values
+    return "";
+  }
+  const std::vector<std::string> keys = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                         "gradient_clipping", "lr", "eps", "weight_decay", "total_num_steps",
+                                         "warmup_num_steps", "precision", "hidden_size"};
+  const auto near = zero::nearest(key, keys);
+  return "--auto: unknown key \"" + key + "\"" + (near.empty() ? "" : "; did you mean " + near + "?");
+}
+
 int config_check(const std::vector<std::string>& args) {
   std::string file;
-  int64_t world_size = 1;
+  zero::config::LoadOptions options;
+  options.auto_stand_ins = true;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
-      std::string v;
-      if (a == "--world-size") {
-        if (i + 1 >= args.size()) return usage_error("--world-size: expected a positive integer");
-        v = args[++i];
+    std::string a = args[i], v;
+    const auto eq = a.find('=');
+    const std::string name = a.rfind("--", 0) == 0 && eq != std::string::npos ? a.substr(0, eq) : a;
+    if (name == "--world-size" || name == "--auto") {
+      if (eq != std::string::npos && a.rfind("--", 0) == 0) {
+        v = a.substr(eq + 1);
       } else {
-        v = a.substr(std::string("--world-size=").size());
+        if (i + 1 >= args.size()) return usage_error(name + ": expected a value");
+        v = args[++i];
       }
-      try {
-        size_t used = 0;
-        world_size = std::stoll(v, &used);
-        if (used != v.size() || world_size < 1) throw std::invalid_argument(v);
-      } catch (const std::exception&) {
-        return usage_error("--world-size: expected a positive integer; got \"" + v + "\"");
-      }
+    }
+    if (name == "--world-size") {
+      int64_t ws = 0;
+      const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), ws);
+      if (ec != std::errc() || ptr != v.data() + v.size() || v.empty() || ws < 1 || ws > (1 << 24))
+        return usage_error("--world-size: expected an integer in 1..16777216; got \"" + v + "\"");
+      options.world_size = ws;
+    } else if (name == "--auto") {
+      if (auto error = set_auto(options.auto_values, v); !error.empty()) return usage_error(error);
+    } else if (a == "--no-auto") {
+      options.auto_stand_ins = false;
     } else if (!a.empty() && a[0] == '-') {
-      auto near = zero::nearest(a, {"--world-size"});
+      auto near = zero::nearest(name, {"--world-size", "--auto", "--no-auto"});
       return usage_error(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     } else if (file.empty()) {
       file = a;
@@ -99,14 +160,12 @@ int config_check(const std::vector<std::string>& args) {
   }
   if (file.empty()) return usage_error("config check: expected a FILE");
   try {
-    zero::config::LoadOptions options;
-    options.world_size = world_size;
     auto config = zero::config::load_file(file, options);
     std::cout << zero::config::describe(config);
-    std::cout << file << ": OK (world size " << world_size << ")\n";
+    std::cout << file << ": OK (world size " << options.world_size << ")\n";
     return 0;
   } catch (const zero::Error& e) {
-    std::cerr << e.what() << "\n";
+    std::cerr << zero::error_text(e) << "\n";
     return 1;
   }
 }

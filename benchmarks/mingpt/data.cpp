@@ -1,6 +1,10 @@
 #include "data.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -105,8 +109,14 @@ class AdditionTask final : public Task {
 class TextTask final : public Task {
  public:
   TextTask(const std::string& path, int64_t block_size) : path_(path), block_size_(block_size) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      throw std::runtime_error("--data " + path + ": cannot open the file: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      throw std::runtime_error("--data " + path + ": expected a regular text file; got " +
+                               (S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket"));
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("--data " + path + ": cannot open the file for reading");
+    if (!in) throw std::runtime_error("--data " + path + ": cannot open the file for reading: " + std::strerror(errno));
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();

@@ -1,13 +1,21 @@
 // mingpt: trains minGPT with a DeepSpeed config through zero, with the flags
 // of the minGPT max-parameter benchmark. See README.md ("The main job").
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,10 +48,10 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --precision 32|16|bf16   compute precision; fills "auto" fp16/bf16 (default: as the config says)
   --lr X                   fills "auto" optimizer lr (default 5e-4)
   --data FILE              character-level text task instead of addition
-  --ndigit N               digits per operand of the addition task (default 2)
+  --ndigit N               digits per operand of the addition task (default 2, at most 4)
   --seed N                 initialisation and data order (default 42)
   --summary-json FILE      write the run's summary (rank 0)
-  --dropout X              dropout of embeddings, attention and residuals (default 0.1)
+  --dropout X              dropout of embeddings, attention and residuals, in [0, 1) (default 0.1)
   --tie_weights            tie the head to the token embedding (GPT-2 style)
   --checkpoint             activation checkpointing of every block (configured by the
                            config's activation_checkpointing section)
@@ -63,6 +71,10 @@ addition (no download); --data FILE trains a character-level model on a text fil
                            the whole run's): a stop to --resume from; 0 with --load_weights or
                            --resume and --save_dir: save what was loaded, train nothing
   -h, --help               this text
+
+Integers are decimal digits (not 1e3 or 0x10), each within its range: --n_layer
+up to 100000, --n_head and --n_embd up to 1048576, --block_size up to 1048576,
+--batch_size up to 16777216. Each option is given once.
 )";
 
 struct Args {
@@ -97,24 +109,57 @@ struct Args {
   std::exit(2);
 }
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min_value) {
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size() && d == std::floor(d) && d >= static_cast<double>(min_value)) return static_cast<int64_t>(d);
-  } catch (const std::exception&) {
-  }
-  usage_error(flag + ": expected an integer >= " + std::to_string(min_value) + "; got \"" + v + "\"");
+// Integers are decimal digits (an optional '-'), in range: "1e3", "0x10",
+// "2.0" and values past the range are refused naming the flag, never cast.
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t min_value, int64_t max_value) {
+  const auto range = "an integer in " + std::to_string(min_value) + ".." + std::to_string(max_value);
+  int64_t x = 0;
+  const char* end = v.data() + v.size();
+  const auto [ptr, ec] = std::from_chars(v.data(), end, x);
+  const bool digits = !v.empty() && v.find_first_not_of("-0123456789") == std::string::npos;
+  if (!digits || ptr != end) usage_error(flag + ": expected " + range + " (decimal digits); got \"" + v + "\"");
+  if (ec == std::errc::result_out_of_range || x < min_value || x > max_value)
+    usage_error(flag + ": expected " + range + "; got " + v);
+  return x;
 }
 
-double parse_double(const std::string& flag, const std::string& v) {
+// A finite number in [min_value, max_value] (below_max: max_value itself excluded).
+double parse_double(const std::string& flag, const std::string& v, double min_value, double max_value,
+                    bool below_max = false) {
+  std::ostringstream range;
+  range << "a number in [" << min_value << ", " << max_value << (below_max ? ")" : "]");
+  double d = NAN;
   try {
     size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size() && std::isfinite(d)) return d;
+    d = std::stod(v, &used);
+    if (used != v.size() || !std::isfinite(d)) d = NAN;
   } catch (const std::exception&) {
   }
-  usage_error(flag + ": expected a number; got \"" + v + "\"");
+  if (std::isnan(d)) usage_error(flag + ": expected " + range.str() + "; got \"" + v + "\"");
+  if (d < min_value || d > max_value || (below_max && d == max_value))
+    usage_error(flag + ": expected " + range.str() + "; got " + v);
+  return d;
+}
+
+// Upper bounds of the model and run flags: far above what trains on any
+// machine, low enough that sizes computed from them cannot overflow.
+constexpr int64_t kMaxLayers = 100000, kMaxWidth = 1 << 20, kMaxBatch = 1 << 24, kMaxBlock = 1 << 20;
+constexpr int64_t kMaxCount = int64_t{1} << 40;  // epochs, batches, steps
+constexpr int64_t kMaxDigits = 4;                // the addition task enumerates (10^n)^2 pairs
+
+// An output file is checked before the run, not found unwritable after it:
+// its folder exists and takes files, and the name is not a folder.
+void check_writable(const std::string& flag, const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    usage_error(flag + " " + path + ": the folder " + dir + " does not exist" +
+                (errno == ENOENT || errno == 0 ? "" : std::string(" (") + std::strerror(errno) + ")"));
+  if (::access(dir.c_str(), W_OK) != 0)
+    usage_error(flag + " " + path + ": cannot write in " + dir + ": " + std::strerror(errno));
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    usage_error(flag + " " + path + ": is a folder; expected a file name");
 }
 
 Args parse_args(int argc, char** argv) {
@@ -124,6 +169,7 @@ Args parse_args(int argc, char** argv) {
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
       "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save"};
+  std::map<std::string, std::string> seen;  // flag -> the value given first
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
@@ -145,24 +191,28 @@ Args parse_args(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(flag + ": expected a value");
       value = argv[++i];
     }
+    if (std::find(flags.begin(), flags.end(), flag) != flags.end()) {
+      if (auto [it, fresh] = seen.emplace(flag, value); !fresh)
+        usage_error(flag + " given twice (\"" + it->second + "\" and \"" + value + "\"): give it once");
+    }
     if (flag == "--config") a.config = value;
-    else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1);
-    else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1);
-    else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1);
-    else if (flag == "--block_size") a.block_size = parse_int(flag, value, 1);
-    else if (flag == "--batch_size") a.batch_size = parse_int(flag, value, 1), a.batch_size_given = true;
-    else if (flag == "--limit_train_batches") a.limit_train_batches = parse_int(flag, value, 1);
-    else if (flag == "--max_epochs") a.max_epochs = parse_int(flag, value, 1);
+    else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1, kMaxLayers);
+    else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1, kMaxWidth);
+    else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1, kMaxWidth);
+    else if (flag == "--block_size") a.block_size = parse_int(flag, value, 1, kMaxBlock);
+    else if (flag == "--batch_size") a.batch_size = parse_int(flag, value, 1, kMaxBatch), a.batch_size_given = true;
+    else if (flag == "--limit_train_batches") a.limit_train_batches = parse_int(flag, value, 1, kMaxCount);
+    else if (flag == "--max_epochs") a.max_epochs = parse_int(flag, value, 1, kMaxCount);
     else if (flag == "--precision") {
       if (value != "32" && value != "16" && value != "bf16")
         usage_error("--precision: expected one of 32, 16, bf16; got \"" + value + "\"");
       a.precision = value;
-    } else if (flag == "--lr") a.lr = parse_double(flag, value);
+    } else if (flag == "--lr") a.lr = parse_double(flag, value, 0, 1e3);
     else if (flag == "--data") a.data = value;
-    else if (flag == "--ndigit") a.ndigit = parse_int(flag, value, 1);
-    else if (flag == "--seed") a.seed = static_cast<uint64_t>(parse_int(flag, value, 0));
+    else if (flag == "--ndigit") a.ndigit = parse_int(flag, value, 1, kMaxDigits);
+    else if (flag == "--seed") a.seed = static_cast<uint64_t>(parse_int(flag, value, 0, std::numeric_limits<int64_t>::max()));
     else if (flag == "--summary-json") a.summary_json = value;
-    else if (flag == "--dropout") a.dropout = parse_double(flag, value);
+    else if (flag == "--dropout") a.dropout = parse_double(flag, value, 0, 1, /*below_max=*/true);
     else if (flag == "--device") {
       try {
         (void)torch::Device(value);
@@ -175,11 +225,11 @@ Args parse_args(int argc, char** argv) {
         usage_error("--cpu_copy_mode: expected immediate or deferred; got \"" + value + "\"");
       a.cpu_copy_mode = value == "deferred" ? zero::CopyMode::kDeferred : zero::CopyMode::kImmediate;
     } else if (flag == "--save_dir") a.save_dir = value;
-    else if (flag == "--save_every") a.save_every = parse_int(flag, value, 0);
+    else if (flag == "--save_every") a.save_every = parse_int(flag, value, 0, kMaxCount);
     else if (flag == "--resume") a.resume = value;
     else if (flag == "--resume_tag") a.resume_tag = value;
     else if (flag == "--load_weights") a.load_weights = value;
-    else if (flag == "--stop_after_steps") a.stop_after_steps = parse_int(flag, value, 0);
+    else if (flag == "--stop_after_steps") a.stop_after_steps = parse_int(flag, value, 0, kMaxCount);
     else if (flag == "--test_kill_save") a.test_kill_save = value;
     else {
       auto near = zero::nearest(flag, flags);
@@ -187,8 +237,13 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
+  if (!a.summary_json.empty()) check_writable("--summary-json", a.summary_json);
   if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
   if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
+  if (a.block_size && a.data.empty())
+    usage_error("--block_size applies to --data only: the addition task's context is set by --ndigit (3 x ndigit)");
+  if (a.n_head > a.n_embd || a.n_embd % a.n_head != 0)
+    usage_error("--n_embd " + std::to_string(a.n_embd) + " must be a multiple of --n_head " + std::to_string(a.n_head));
   if (!a.resume.empty() && !a.load_weights.empty())
     usage_error("--resume and --load_weights both set the weights: give one");
   return a;
@@ -214,9 +269,6 @@ int main(int argc, char** argv) {
     gcfg.n_embd = args.n_embd;
     gcfg.embd_pdrop = gcfg.resid_pdrop = gcfg.attn_pdrop = args.dropout;
     gcfg.tie_weights = args.tie_weights;
-    if (args.n_embd % args.n_head != 0)
-      usage_error("--n_embd " + std::to_string(args.n_embd) + " must be a multiple of --n_head " +
-                  std::to_string(args.n_head));
 
     zero::InitOptions opts;
     opts.auto_values.train_micro_batch_size_per_gpu = args.batch_size;
@@ -279,7 +331,11 @@ int main(int argc, char** argv) {
     const int64_t ws = engine.world_size(), rank = engine.rank();
     const int64_t mbs = batch.train_micro_batch_size_per_gpu, gas = batch.gradient_accumulation_steps;
     const int64_t micro_per_epoch = micro_batches_per_epoch(batch);
-    if (micro_per_epoch == 0) usage_error("an epoch has no full optimizer step: lower the batch size or gradient_accumulation_steps");
+    if (micro_per_epoch == 0)
+      usage_error("an optimizer step takes " + std::to_string(batch.train_batch_size) + " samples (micro-batch " +
+                  std::to_string(mbs) + " x gradient_accumulation_steps " + std::to_string(gas) + " x " +
+                  std::to_string(ws) + " ranks) but the training set of " + task->name() + " has " +
+                  std::to_string(task->train_size()) + ": lower --batch_size (or the config's batch keys)");
 
     if (rank == 0) std::fprintf(stderr,
                  "mingpt: %s | %lld parameters (L=%lld, H=%lld, C=%lld, T=%lld, V=%lld) | ZeRO stage %d | "
@@ -300,9 +356,9 @@ int main(int argc, char** argv) {
     if (!args.test_kill_save.empty()) {
       const auto c1 = args.test_kill_save.find(':'), c2 = args.test_kill_save.rfind(':');
       if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N");
-      const int64_t kill_rank = parse_int("--test_kill_save", args.test_kill_save.substr(0, c1), 0);
+      const int64_t kill_rank = parse_int("--test_kill_save", args.test_kill_save.substr(0, c1), 0, ws - 1);
       const std::string point = args.test_kill_save.substr(c1 + 1, c2 - c1 - 1);
-      const int64_t nth = parse_int("--test_kill_save", args.test_kill_save.substr(c2 + 1), 1);
+      const int64_t nth = parse_int("--test_kill_save", args.test_kill_save.substr(c2 + 1), 1, kMaxCount);
       zero::detail::CheckpointHooks hooks;
       hooks.at = [&saves, rank, kill_rank, point, nth](const std::string& at) {
         if (rank == kill_rank && at == point && saves + 1 == nth) {
@@ -544,18 +600,26 @@ int main(int argc, char** argv) {
       {
         std::ofstream out(tmp);
         out << summary.dump(2) << "\n";
-        if (!out) throw zero::IoError("write " + tmp + ": failed (" + std::string(std::strerror(errno)) + ")");
+        out.flush();
+        if (!out) {
+          const int err = errno;
+          std::remove(tmp.c_str());
+          throw zero::IoError("write " + tmp + ": failed (" + std::string(std::strerror(err)) + ")");
+        }
       }
-      if (std::rename(tmp.c_str(), args.summary_json.c_str()) != 0)
-        throw zero::IoError("rename " + tmp + " -> " + args.summary_json + ": " + std::strerror(errno));
+      if (std::rename(tmp.c_str(), args.summary_json.c_str()) != 0) {
+        const int err = errno;
+        std::remove(tmp.c_str());
+        throw zero::IoError("rename " + tmp + " -> " + args.summary_json + ": " + std::strerror(err));
+      }
       std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
     }
     return 0;
   } catch (const zero::Error& e) {
-    std::cerr << "mingpt: " << e.what() << "\n";
+    std::cerr << "mingpt: " << zero::error_text(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "mingpt: " << e.what() << "\n";
+    std::cerr << "mingpt: " << zero::error_text(e) << "\n";
     return 1;
   }
 }

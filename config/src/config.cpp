@@ -3,10 +3,12 @@
 #include "zero/config/config.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "json_text.h"
 #include "sections.h"
@@ -56,7 +58,7 @@ void read_batch(Section& top, Config& config) {
     const Got got = top.read_int(key.name, v, std::nullopt, fill, /*record=*/false);
     if (got == Got::kGiven || got == Got::kFilled) {
       key.value = v;
-      key.origin = got == Got::kGiven ? Origin::kGiven : Origin::kDerived;
+      key.origin = got == Got::kGiven ? Origin::kGiven : ctx.is_stand_in(fill.needs) ? Origin::kAuto : Origin::kDerived;
     }
     if (got == Got::kBad) bad = true;
   };
@@ -70,6 +72,12 @@ void read_batch(Section& top, Config& config) {
   if (fill_mbs && ws > 0) tbs_fill.value = Json(ws * *fill_mbs * *fill_gas);
   read(tbs, tbs_fill);
   if (bad || ws <= 0) return;
+  // Stand-ins give way to a train_batch_size in the file: the rule derives them.
+  if (tbs.origin == Origin::kGiven) {
+    for (BatchKey* k : {&mbs, &gas}) {
+      if (k->origin == Origin::kAuto) k->value.reset(), k->origin = Origin::kDefault;
+    }
+  }
 
   auto name_value = [](const BatchKey& k) { return std::string(k.name) + " " + std::to_string(*k.value); };
   auto derive = [&](BatchKey& out, int64_t value, std::string how) {
@@ -206,8 +214,34 @@ void check_auto_values(Context& ctx) {
 
 }  // namespace
 
-Config load_string(const std::string& json_text, const LoadOptions& options, const std::string& name) {
+namespace {
+// LoadOptions::auto_stand_ins: fills what the program left unset.
+LoadOptions with_stand_ins(const LoadOptions& given, std::set<std::string>& names) {
+  LoadOptions o = given;
+  AutoValues& av = o.auto_values;
+  auto fill = [&](auto& member, auto value, const char* name) {
+    if (!member) member = value, names.insert(name);
+  };
+  fill(av.train_micro_batch_size_per_gpu, int64_t{1}, "train_micro_batch_size_per_gpu");
+  fill(av.gradient_accumulation_steps, int64_t{1}, "gradient_accumulation_steps");
+  fill(av.gradient_clipping, 1.0, "gradient_clipping");
+  fill(av.lr, 1e-3, "lr");
+  fill(av.betas, std::array<double, 2>{0.9, 0.999}, "betas");
+  fill(av.eps, 1e-8, "eps");
+  fill(av.weight_decay, 0.0, "weight_decay");
+  fill(av.total_num_steps, int64_t{1000}, "total_num_steps");
+  fill(av.warmup_num_steps, int64_t{10}, "warmup_num_steps");
+  fill(av.precision, std::string("fp32"), "precision");
+  fill(av.hidden_size, int64_t{1024}, "hidden_size");
+  return o;
+}
+}  // namespace
+
+Config load_string(const std::string& json_text, const LoadOptions& given, const std::string& name) {
+  std::set<std::string> stand_ins;
+  const LoadOptions options = given.auto_stand_ins ? with_stand_ins(given, stand_ins) : given;
   Context ctx(name, options);
+  ctx.set_stand_ins(std::move(stand_ins));
   const Json root = detail::parse_relaxed(json_text, name, ctx.problems());
   if (!root.is_object()) {
     ctx.problem("", "expected a JSON object at the top level; got " + detail::show(root));
@@ -237,10 +271,32 @@ Config load_string(const std::string& json_text, const LoadOptions& options, con
   return config;
 }
 
+namespace {
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+}  // namespace
+
 Config load_file(const std::string& path, const LoadOptions& options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO with no writer must not wait; fstat refuses it next.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     throw IoError("cannot open DeepSpeed config " + path + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int saved = errno;
+    ::close(fd);
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISFIFO(st.st_mode) ? "a pipe"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : std::strerror(saved);
+    throw IoError("DeepSpeed config " + path + ": expected a regular JSON file; got " + what);
+  }
+  if (st.st_size > kMaxConfigBytes) {
+    ::close(fd);
+    throw IoError("DeepSpeed config " + path + ": " + std::to_string(st.st_size) + " bytes; a config is at most " +
+                  std::to_string(kMaxConfigBytes) + " bytes (16 MiB): is this the right file?");
   }
   std::string text;
   char buffer[65536];
@@ -255,6 +311,11 @@ Config load_file(const std::string& path, const LoadOptions& options) {
     }
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxConfigBytes) {  // grew while read
+      ::close(fd);
+      throw IoError("DeepSpeed config " + path + ": more than " + std::to_string(kMaxConfigBytes) +
+                    " bytes (16 MiB), the most a config may have");
+    }
   }
   ::close(fd);
   return load_string(text, options, path);
@@ -301,6 +362,8 @@ const char* to_string(Origin origin) {
       return "default";
     case Origin::kDerived:
       return "derived";
+    case Origin::kAuto:
+      return "auto: the program fills it at initialize; checked with this stand-in";
   }
   return "default";
 }

@@ -140,12 +140,34 @@ class DuplicateCheckingSax : public nlohmann::json_sax<Json> {
 
 // nlohmann's message without its "[json.exception...] parse error at line 2,
 // column 5: " prefix, whose position we report ourselves.
+// The quoted token of a long message (a number of 100k digits) is cut to its
+// first and last characters with its length.
 std::string parse_error_detail(const std::string& what) {
-  const size_t at = what.find("syntax error");
-  if (at != std::string::npos) return what.substr(at);
-  const size_t colon = what.find(": ");
-  return colon == std::string::npos ? what : what.substr(colon + 2);
+  std::string detail;
+  if (const size_t at = what.find("syntax error"); at != std::string::npos) {
+    detail = what.substr(at);
+  } else if (const size_t colon = what.find(": "); colon != std::string::npos) {
+    detail = what.substr(colon + 2);
+  } else if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) {
+    detail = what.substr(what.find("] ") + 2);  // "[json.exception.out_of_range.406] number overflow ..."
+  } else {
+    detail = what;
+  }
+  constexpr size_t kToken = 40;
+  const size_t open = detail.find('\'');
+  const size_t close = open == std::string::npos ? std::string::npos : detail.find('\'', open + 1);
+  if (close != std::string::npos && close - open - 1 > kToken) {
+    const size_t n = close - open - 1;
+    detail = detail.substr(0, open + 1) + detail.substr(open + 1, kToken / 2) + "..." +
+             detail.substr(close - kToken / 2, kToken / 2) + "' (" + std::to_string(n) + " characters)" +
+             detail.substr(close + 1);
+  }
+  return detail;
 }
+
+// Deeper nesting than a config has any use for is refused before parsing:
+// the parser, the DOM and its destructor recurse per level.
+constexpr int kMaxDepth = 256;
 
 
 // Walks text[0, end) in order, skipping the insides of JSON string literals
@@ -220,6 +242,27 @@ Json parse_relaxed(const std::string& text, const std::string& name,
   std::string stripped;
   std::string error;
   if (!strip_relaxed_syntax(text, stripped, error)) throw ConfigError({name + ": " + error});
+
+  int depth = 0;
+  size_t too_deep = std::string::npos;
+  scan_outside_strings(stripped, stripped.size(), [&](size_t i) -> size_t {
+    const char c = stripped[i];
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth) {
+        too_deep = i;
+        return stripped.size();
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    return i + 1;
+  });
+  if (too_deep != std::string::npos) {
+    const LineColumn lc = line_column(text, too_deep);
+    throw ConfigError({name + ": line " + std::to_string(lc.line) + ", column " + std::to_string(lc.column) +
+                       ": nesting deeper than " + std::to_string(kMaxDepth) +
+                       " levels of objects and arrays (a DeepSpeed config has a few)"});
+  }
 
   DuplicateCheckingSax sax(name, problems);
   if (Json::sax_parse(stripped, &sax)) return std::move(sax.root());

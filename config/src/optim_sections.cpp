@@ -92,7 +92,9 @@ void read_warmup_lr(Section& p, SchedulerConfig& s, const AutoValues& av) {
   const Got got = p.read_double("warmup_max_lr", max_lr, Range::at_least(0), fill_from(av.lr, "lr"), /*record=*/false);
   if (got == Got::kGiven || got == Got::kFilled) {
     s.warmup_max_lr = max_lr;
-    ctx.record(p.record_path_of("warmup_max_lr"), max_lr, got == Got::kGiven ? Origin::kGiven : Origin::kDerived);
+    ctx.record(p.record_path_of("warmup_max_lr"), max_lr, got == Got::kGiven          ? Origin::kGiven
+                                                          : ctx.is_stand_in("lr") ? Origin::kAuto
+                                                                                  : Origin::kDerived);
   } else if (got != Got::kBad) {
     ctx.record(p.record_path_of("warmup_max_lr"), nullptr, Origin::kDefault);
   }

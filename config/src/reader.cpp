@@ -18,7 +18,14 @@ std::string show(const Json& v) {
 // ---------------------------------------------------------------- Context
 
 std::string Context::line(const std::string& path, const std::string& text) const {
-  return path.empty() ? name_ + ": " + text : name_ + ": " + path + ": " + text;
+  if (path.empty()) return name_ + ": " + text;
+  // A path of a pathological file (a key of 100k characters) is cut in the middle.
+  constexpr size_t kShown = 160;
+  if (path.size() > kShown) {
+    return name_ + ": " + path.substr(0, kShown / 2) + "..." + path.substr(path.size() - kShown / 2) + " (a path of " +
+           std::to_string(path.size()) + " characters): " + text;
+  }
+  return name_ + ": " + path + ": " + text;
 }
 
 void Context::problem(const std::string& path, const std::string& text) {
@@ -214,7 +221,7 @@ Got Section::read_value(const Key& key, const std::string& what, const AutoFill&
                                (fill.needs != nullptr ? fill.needs : "?") + ")");
         return Got::kBad;
       }
-      if (record) ctx_.record(rpath, current(), Origin::kDerived);
+      if (record) ctx_.record(rpath, current(), ctx_.is_stand_in(fill.needs) ? Origin::kAuto : Origin::kDerived);
       return Got::kFilled;
     }
     if (kind_ == Kind::kStrict) {

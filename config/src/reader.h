@@ -34,6 +34,9 @@ class Context {
   const std::string& name() const { return name_; }
   const LoadOptions& options() const { return options_; }
   const AutoValues& auto_values() const { return options_.auto_values; }
+  /// Whether AutoValues::`needs` holds a stand-in (LoadOptions::auto_stand_ins).
+  bool is_stand_in(const char* needs) const { return needs != nullptr && stand_ins_.count(needs) != 0; }
+  void set_stand_ins(std::set<std::string> names) { stand_ins_ = std::move(names); }
 
   /// "<file>: <path>: <text>"; path may be empty.
   void problem(const std::string& path, const std::string& text);
@@ -55,6 +58,7 @@ class Context {
   std::vector<std::string> warnings_;
   std::vector<ResolvedValue> resolved_;
   Json canonical_ = Json::object();
+  std::set<std::string> stand_ins_;
 };
 
 /// What a section does with unknown keys and with "auto".

@@ -8,6 +8,12 @@
 namespace zero::config::detail {
 namespace {
 
+constexpr int64_t kDefaultSubGroupSize = 1000000000;
+constexpr int64_t kMinNvmeSubGroup = 1024;   // 4 KiB of fp32: one aligned block per state
+constexpr int64_t kSmallSubGroup = 1 << 16;  // below: warned
+constexpr int64_t kAioBlockAlignment = 4096;
+constexpr int64_t kSmallAioBlock = 1 << 16;  // below: warned
+
 OffloadDevice device_from(const std::string& name) {
   if (name == "cpu") return OffloadDevice::kCpu;
   if (name == "nvme") return OffloadDevice::kNvme;
@@ -18,7 +24,12 @@ OffloadDevice device_from(const std::string& name) {
 void read_nvme_path(Section& s, std::string& out, OffloadDevice device) {
   const Json* v = s.raw("nvme_path");
   if (v != nullptr && !v->is_null()) {
-    s.read_string("nvme_path", out);
+    if (s.read_string("nvme_path", out) == Got::kGiven && out.find('\0') != std::string::npos) {
+      s.context().problem(s.path_of("nvme_path"), "expected a folder path; got " + show(*v) +
+                                                      " (a NUL character cannot be in a path)");
+      out.clear();
+      return;
+    }
   } else {
     s.context().record(s.record_path_of("nvme_path"), nullptr, Origin::kDefault);
   }
@@ -29,14 +40,46 @@ void read_nvme_path(Section& s, std::string& out, OffloadDevice device) {
   }
 }
 
+// sub_group_size: here sub-groups are element
+// ranges of the owned partition, each one pass of the optimizer loop and,
+// on NVMe, its own 4 KiB-aligned extent in each state's swap file.
+void read_sub_group_size(Section& zs, ZeroConfig& z) {
+  Context& ctx = zs.context();
+  if (zs.read_int("sub_group_size", z.sub_group_size, Range::at_least(0)) != Got::kGiven) return;
+  const std::string path = zs.path_of("sub_group_size");
+  if (z.sub_group_size == 0) {
+    // DeepSpeed's 0 puts each parameter in a sub-group of its own; ranges of
+    // one element would be a pass per element.
+    z.sub_group_size = kDefaultSubGroupSize;
+    ctx.record(zs.record_path_of("sub_group_size"), z.sub_group_size, Origin::kDerived);
+    ctx.warn(path, "0 (DeepSpeed: one sub-group per parameter) is read as the default 1e9: sub-groups here are "
+                   "element ranges of the partition, and a range per parameter buys nothing");
+    return;
+  }
+  if (z.offload_optimizer.device == OffloadDevice::kNvme && z.sub_group_size < kMinNvmeSubGroup) {
+    ctx.problem(path, "expected at least " + std::to_string(kMinNvmeSubGroup) +
+                          " with offload_optimizer nvme; got " + std::to_string(z.sub_group_size) +
+                          " (each sub-group is a 4 KiB-aligned extent of every state's swap file: smaller "
+                          "sub-groups make the files mostly padding, e.g. 1 makes 4 KiB per element per state)");
+  } else if (z.sub_group_size < kSmallSubGroup) {
+    ctx.warn(path, std::to_string(z.sub_group_size) +
+                       " is far below the default 1e9: each sub-group is one pass of the optimizer loop (with "
+                       "offload, one set of transfers), so a model of N elements per rank takes N / " +
+                       std::to_string(z.sub_group_size) + " of them per step");
+  }
+}
+
 void read_offload_param(Section& zs, OffloadParamConfig& o) {
   Section s = zs.child("offload_param", Kind::kStrict);
   std::string device = "none";
   s.read_enum("device", device, {"none", "cpu", "nvme"}, /*case_sensitive=*/true);
   o.device = device_from(device);
   read_nvme_path(s, o.nvme_path, o.device);
-  s.read_int("buffer_count", o.buffer_count, Range::at_least(0));
-  s.read_int("buffer_size", o.buffer_size, Range::at_least(0));
+  // The swap buffers exist only with nvme: there, as the engine requires, at
+  // least one buffer of at least one element (DeepSpeed's schema allows 0).
+  const Range swap = o.device == OffloadDevice::kNvme ? Range::at_least(1) : Range::at_least(0);
+  s.read_int("buffer_count", o.buffer_count, swap);
+  s.read_int("buffer_size", o.buffer_size, swap);
   s.read_int("max_in_cpu", o.max_in_cpu, Range::at_least(0));
   s.read_bool("pin_memory", o.pin_memory);
   s.finish();
@@ -48,7 +91,8 @@ void read_offload_optimizer(Section& zs, OffloadOptimizerConfig& o) {
   s.read_enum("device", device, {"none", "cpu", "nvme"}, /*case_sensitive=*/true);
   o.device = device_from(device);
   read_nvme_path(s, o.nvme_path, o.device);
-  s.read_int("buffer_count", o.buffer_count, Range::at_least(0));
+  s.read_int("buffer_count", o.buffer_count,
+             o.device == OffloadDevice::kNvme ? Range::at_least(1) : Range::at_least(0));
   s.read_bool("pin_memory", o.pin_memory);
   s.read_bool("pipeline_read", o.pipeline_read);
   s.read_bool("pipeline_write", o.pipeline_write);
@@ -135,7 +179,7 @@ void read_zero_fields(Section& zs, Config& config) {
   zs.read_bool("elastic_checkpoint", z.elastic_checkpoint);
   read_offload_param(zs, z.offload_param);
   read_offload_optimizer(zs, z.offload_optimizer);
-  zs.read_int("sub_group_size", z.sub_group_size, Range::at_least(0));
+  read_sub_group_size(zs, z);
   zs.read_int({"stage3_prefetch_bucket_size", "prefetch_bucket_size"}, z.prefetch_bucket_size, Range::at_least(0),
               prefetch_fill);
   zs.read_int({"stage3_param_persistence_threshold", "param_persistence_threshold"}, z.param_persistence_threshold,
@@ -317,7 +361,18 @@ void read_aio(Section& top, Config& config) {
   Context& ctx = top.context();
   AioConfig& a = config.aio;
   Section s = top.child("aio", Kind::kPlain);
-  s.read_int("block_size", a.block_size, Range::above(0));
+  if (s.read_int("block_size", a.block_size, Range::above(0)) == Got::kGiven) {
+    if (a.block_size % kAioBlockAlignment != 0) {
+      ctx.problem(s.path_of("block_size"),
+                  "expected a multiple of " + std::to_string(kAioBlockAlignment) + " bytes (O_DIRECT moves whole " +
+                      "4 KiB blocks; DeepSpeed's default is 1048576); got " + std::to_string(a.block_size));
+    } else if (a.block_size < kSmallAioBlock) {
+      ctx.warn(s.path_of("block_size"),
+               std::to_string(a.block_size) + " bytes is far below the default 1048576: every block is one "
+               "request to the disk, so a 1 GiB swap file takes " + std::to_string((int64_t{1} << 30) / a.block_size) +
+               " of them per pass (zero nvme-tune measures the best size)");
+    }
+  }
   s.read_int("queue_depth", a.queue_depth, Range::above(0));
   const Got intra = s.read_int("intra_op_parallelism", a.intra_op_parallelism, Range::at_least(1));
   s.read_bool("single_submit", a.single_submit);

@@ -328,7 +328,8 @@ AioEngine::AioEngine(AioOptions options) : options_(options), impl_(std::make_un
   auto bad = [](const std::string& key, int64_t v, const std::string& expected) {
     throw ConfigError({"aio." + key + ": expected " + expected + "; got " + std::to_string(v)});
   };
-  if (options_.block_size < 1) bad("block_size", options_.block_size, "a positive number of bytes");
+  if (options_.block_size < 1 || options_.block_size % kAioAlignment != 0)
+    bad("block_size", options_.block_size, "a positive multiple of " + std::to_string(kAioAlignment) + " bytes");
   if (options_.queue_depth < 1 || options_.queue_depth > 4096) bad("queue_depth", options_.queue_depth, "1 to 4096");
   if (options_.threads < 1 || options_.threads > 256) bad("intra_op_parallelism", options_.threads, "1 to 256");
   for (int64_t i = 0; i < options_.threads; ++i) impl_->workers.push_back(std::make_unique<Worker>(options_));

@@ -2,6 +2,7 @@
 #include "zero/offload/swap_folder.h"
 
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -39,6 +40,22 @@ class FolderGuard {
   std::vector<std::string> files_;
 };
 
+// The name of a kernel file system that cannot hold swap files, or null.
+const char* pseudo_filesystem(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return nullptr;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0x9fa0: return "procfs (/proc)";
+    case 0x62656572: return "sysfs (/sys)";
+    case 0x1cd1: return "devpts";
+    case 0x27e0eb: return "cgroup";
+    case 0x63677270: return "cgroup2";
+    case 0x64626720: return "debugfs";
+    case 0x73636673: return "securityfs";
+    default: return nullptr;
+  }
+}
+
 }  // namespace
 
 int64_t free_bytes(const std::string& path) {
@@ -59,6 +76,10 @@ std::vector<std::shared_ptr<AioFile>> create_swap_files(const std::string& nvme_
                        "; create the folder or point nvme_path at an existing one"});
   }
   if (!S_ISDIR(st.st_mode)) throw ConfigError({config_key + ": " + nvme_path + " is not a folder"});
+  if (const char* pseudo = pseudo_filesystem(nvme_path)) {
+    throw ConfigError({config_key + ": " + nvme_path + " is on " + pseudo +
+                       ", a kernel interface that holds no files; point nvme_path at a folder on a disk"});
+  }
   if (::access(nvme_path.c_str(), W_OK | X_OK) != 0) {
     throw ConfigError({config_key + ": " + nvme_path + " is not writable by this process: " + errno_text(errno)});
   }
@@ -67,8 +88,9 @@ std::vector<std::shared_ptr<AioFile>> create_swap_files(const std::string& nvme_
                           "-" + std::to_string(rd() % 100000);
   if (::mkdir(dir.c_str(), 0700) != 0) {
     const int err = errno;
-    if (err == EROFS || err == EACCES || err == EPERM) {
-      throw ConfigError({config_key + ": cannot create a folder in " + nvme_path + ": " + errno_text(err)});
+    if (err == EROFS || err == EACCES || err == EPERM || err == ENOENT) {
+      throw ConfigError({config_key + ": cannot create a folder in " + nvme_path + ": " + errno_text(err) +
+                         (err == EROFS ? " (a read-only file system)" : "")});
     }
     throw IoError("create the swap folder " + dir + ": " + errno_text(err));
   }

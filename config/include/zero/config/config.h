@@ -16,7 +16,9 @@
 namespace zero::config {
 
 /// Where a resolved value came from, for `zero config check`.
-enum class Origin { kGiven, kDefault, kDerived };
+/// kAuto: "auto" in the file, left to the program (AutoValues) and checked
+/// with a stand-in value (LoadOptions::auto_stand_ins, `zero config check`).
+enum class Origin { kGiven, kDefault, kDerived, kAuto };
 
 /// One resolved value: its JSON path ("zero_optimization.stage"), the value as
 /// JSON text, and its origin.
@@ -239,6 +241,12 @@ struct AutoValues {
 struct LoadOptions {
   int64_t world_size = 1;
   AutoValues auto_values;
+  /// For checking a config on its own (`zero config check`): each AutoValues
+  /// member left unset gets a stand-in (micro-batch 1, lr 1e-3, 1000 steps,
+  /// ...), so a file with "auto" is checked in full; values filled from a
+  /// stand-in are recorded with Origin::kAuto. A micro-batch or accumulation
+  /// stand-in gives way to a train_batch_size the file gives.
+  bool auto_stand_ins = false;
 };
 
 /// Parses, validates and resolves a DeepSpeed config file. Throws
