@@ -34,8 +34,18 @@ ScratchDir::ScratchDir(const std::string& name) {
 }
 
 ScratchDir::~ScratchDir() {
-  for (const auto& p : extra_) ckpt::remove_tree(p);
-  ckpt::remove_tree(path_);
+  for (const auto& p : extra_) {
+    try {
+      ckpt::remove_tree(p);
+    } catch (const std::exception& e) {
+      std::cerr << "warning: could not remove " << p << ": " << error_text(e) << "\n";
+    }
+  }
+  try {
+    ckpt::remove_tree(path_);
+  } catch (const std::exception& e) {
+    std::cerr << "warning: could not remove " << path_ << ": " << error_text(e) << "\n";
+  }
 }
 
 namespace {

@@ -172,8 +172,18 @@ int config_check(const std::vector<std::string>& args) {
 
 }  // namespace
 
+int run(const std::vector<std::string>& args);
+
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::cerr << "zero: " << zero::error_text(e) << "\n";
+    return 1;
+  }
+}
+
+int run(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;

@@ -153,9 +153,11 @@ void check_writable(const std::string& flag, const std::string& path) {
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  if (::stat(dir.c_str(), &st) != 0) {
     usage_error(flag + " " + path + ": the folder " + dir + " does not exist" +
-                (errno == ENOENT || errno == 0 ? "" : std::string(" (") + std::strerror(errno) + ")"));
+                (errno == ENOENT ? "" : std::string(" (") + std::strerror(errno) + ")"));
+  }
+  if (!S_ISDIR(st.st_mode)) usage_error(flag + " " + path + ": " + dir + " is not a folder");
   if (::access(dir.c_str(), W_OK) != 0)
     usage_error(flag + " " + path + ": cannot write in " + dir + ": " + std::strerror(errno));
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
@@ -237,7 +239,6 @@ Args parse_args(int argc, char** argv) {
     }
   }
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
-  if (!a.summary_json.empty()) check_writable("--summary-json", a.summary_json);
   if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
   if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
   if (a.block_size && a.data.empty())
@@ -293,6 +294,9 @@ int main(int argc, char** argv) {
     {
       zero::config::LoadOptions probe;
       opts.dist = zero::DistEnv::from_environment();
+      // Only rank 0 writes the summary (other nodes need not have its folder):
+      // checked now, not found unwritable after the run.
+      if (!args.summary_json.empty() && opts.dist->rank == 0) check_writable("--summary-json", args.summary_json);
       probe.world_size = opts.dist->world_size;
       probe.auto_values = opts.auto_values;
       probe.auto_values.total_num_steps = 1;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <mutex>
 #include <sstream>
@@ -42,20 +43,25 @@ bool is_loopback(const std::string& addr) {
 }  // namespace
 
 // NOTE [liveness]
-// A collective that times out cannot say which rank never came: Gloo and
-// NCCL only see their own side. So each rank beats: a thread writes the wall
-// time to the store key zero/alive/RANK every 2 s (over its own store
-// connection, with a short timeout, so a slow store never holds up a
-// collective). When a collective fails, the ranks whose beat is older than
-// 6 s (three beats) are named, with how long ago they were last heard from: a rank killed
-// or stopped (SIGSTOP) stops beating, one stuck in its own code does not, and
-// the message says which case it is.
+// A collective that fails cannot say which rank is to blame: Gloo and NCCL
+// only see their own side. So each rank beats: a thread adds 1 to the store
+// key zero/alive/RANK every 2 s (over its own store connection with a short
+// timeout, so a slow store never holds up a collective), and a rank that
+// ends sets zero/exited/RANK. When a collective fails, the counters are read,
+// read again 6 s (three beats) later, and the ranks whose counter did not move
+// are named: a rank killed, crashed or stopped (SIGSTOP) stops beating, one
+// stuck in its own code does not, and the message says which case it is.
+// Counters, not times: no clocks are compared across hosts.
 namespace detail {
 class Liveness {
  public:
   Liveness(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size)
       : store_(std::move(store)), rank_(rank), world_size_(world_size) {
-    beat();
+    try {
+      beat();
+    } catch (const std::exception&) {
+      // the first beat is retried by the thread; a store that never answers leaves report() to say so
+    }
     thread_ = std::thread([this] { run(); });
   }
   ~Liveness() {
@@ -65,30 +71,36 @@ class Liveness {
     }
     cv_.notify_all();
     thread_.join();
+    try {
+      store_->set("zero/exited/" + std::to_string(rank_), std::vector<uint8_t>{1});
+    } catch (const std::exception&) {
+      // the store is gone with rank 0: nobody is left to ask
+    }
   }
 
-  // "; rank 1 last heard from 41 s ago (killed, stopped or exited)" or a note that all beat.
+  // "\n  not answering: rank 1 (...)" or a note that every rank beats. Takes
+  // kStaleMs: the counters are read twice.
   std::string report() const {
     try {
-      const int64_t now = now_ms();
-      std::string silent;
+      std::vector<int64_t> before(static_cast<size_t>(world_size_));
+      for (int r = 0; r < world_size_; ++r) before[static_cast<size_t>(r)] = count(r);
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStaleMs));
+      std::string silent, exited;
       for (int r = 0; r < world_size_; ++r) {
         if (r == rank_) continue;
-        const std::string key = "zero/alive/" + std::to_string(r);
-        if (!store_->check({key})) {
-          silent += (silent.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " never heard from";
-          continue;
-        }
-        const auto v = store_->get(key);
-        const int64_t age = now - std::stoll(std::string(v.begin(), v.end()));
-        if (age > kStaleMs) {
-          silent += (silent.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " last heard from " +
-                    std::to_string(age / 1000) + " s ago";
+        if (store_->check({"zero/exited/" + std::to_string(r)})) {
+          exited += (exited.empty() ? "rank " : ", ") + std::to_string(r);
+        } else if (count(r) == before[static_cast<size_t>(r)]) {
+          silent += (silent.empty() ? "rank " : ", ") + std::to_string(r);
         }
       }
-      if (silent.empty())
-        return "\n  every other rank is alive: one of them is busy elsewhere or called the collectives in another order";
-      return "\n  not answering: " + silent + " (killed, stopped or exited; its own log may name the cause)";
+      std::string out;
+      if (!silent.empty())
+        out += "\n  not answering: " + silent + " (killed, crashed or stopped; its own log may name the cause)";
+      if (!exited.empty()) out += "\n  ended its run: " + exited;
+      if (out.empty())
+        out = "\n  every other rank is alive: one of them is busy elsewhere or called the collectives in another order";
+      return out;
     } catch (const std::exception&) {
       return "\n  the store does not answer either: rank 0, which serves it, is probably gone";
     }
@@ -96,15 +108,9 @@ class Liveness {
 
  private:
   static constexpr auto kEvery = std::chrono::seconds(2);
-  static constexpr int64_t kStaleMs = 6000;  // three beats missed
-  static int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-  void beat() {
-    const std::string v = std::to_string(now_ms());
-    store_->set("zero/alive/" + std::to_string(rank_), std::vector<uint8_t>(v.begin(), v.end()));
-  }
+  static constexpr int64_t kStaleMs = 6000;  // three beats
+  int64_t count(int r) const { return store_->add("zero/alive/" + std::to_string(r), 0); }
+  void beat() { store_->add("zero/alive/" + std::to_string(rank_), 1); }
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!cv_.wait_for(lock, kEvery, [this] { return stop_; })) {
@@ -194,8 +200,9 @@ Comm::~Comm() = default;
 // try and then wait a second timeout); the store is made once it answers.
 // Then every rank counts itself in through the store and waits until all N
 // have, printing "k of N joined, waiting for ranks ..." every few seconds;
-// at the timeout it fails once, naming the missing ranks. The count is taken
-// per generation (a second engine in the same job counts again from N).
+// at the timeout it fails once, naming the missing ranks. Under torchrun the
+// agent's store outlives a restart of the workers, so each restart's keys go
+// under their own prefix (TORCHELASTIC_RESTART_COUNT).
 namespace {
 
 constexpr auto kProgressEvery = std::chrono::seconds(5);
@@ -204,13 +211,18 @@ std::string where(const DistEnv& env) {
   return env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.launcher + " environment)";
 }
 
-// Whether a TCP connection to the store's address can be made now.
+// Whether a TCP connection to the store's address can be made now. An
+// address that does not resolve at all is an error at once.
 bool server_answers(const DistEnv& env) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(env.master_addr.c_str(), std::to_string(env.master_port).c_str(), &hints, &found) != 0)
-    return false;
+  const int rc = ::getaddrinfo(env.master_addr.c_str(), std::to_string(env.master_port).c_str(), &hints, &found);
+  if (rc == EAI_NONAME) {
+    throw CommunicationError("rendezvous: MASTER_ADDR " + env.master_addr + " (" + env.launcher +
+                             " environment) does not resolve: " + ::gai_strerror(rc));
+  }
+  if (rc != 0) return false;
   bool ok = false;
   for (addrinfo* a = found; a != nullptr && !ok; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -268,6 +280,10 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
     opts.waitWorkers = false;  // counted below, with progress
     opts.timeout = std::max(std::chrono::milliseconds(1000), env.timeout - elapsed());
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    store->setTimeout(env.timeout);  // the rest of the run waits the whole timeout, not what was left of it
+    // torchrun's agent keeps its store across restarts: each restart's keys apart.
+    if (const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT"); env.agent_store && restart != nullptr)
+      store = c10::make_intrusive<c10d::PrefixStore>(std::string("zero/restart") + restart, store);
   } catch (const std::exception& e) {
     throw CommunicationError("rendezvous at " + where(env) + " failed on " + me + ": " + error_text(e) +
                              (server ? " (is another job using this port? set MASTER_PORT)" : ""));
@@ -293,12 +309,13 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
                                  "MASTER_PORT)");
       }
       if (elapsed() >= next_note) {
+        // Rank 0 names the missing ranks (N store requests); the others give the count.
         log::info(me + ": " + std::to_string(joined) + " of " + std::to_string(ws) + " ranks joined at " + where(env) +
-                  ", waiting for rank " + missing_ranks(*store, prefix, env.world_size) + " (" +
+                  (env.rank == 0 ? ", waiting for rank " + missing_ranks(*store, prefix, env.world_size) : "") + " (" +
                   std::to_string(elapsed().count() / 1000) + " s of " + std::to_string(timeout_s) + ")");
         next_note += kProgressEvery;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   } catch (const Error&) {
     throw;
@@ -315,6 +332,8 @@ std::unique_ptr<Comm> Comm::connect(const DistEnv& env, at::Device device) {
     opts.waitWorkers = false;
     opts.timeout = std::chrono::milliseconds(5000);
     beat_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    if (const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT"); env.agent_store && restart != nullptr)
+      beat_store = c10::make_intrusive<c10d::PrefixStore>(std::string("zero/restart") + restart, beat_store);
   } catch (const std::exception& e) {
     log::warning("the heartbeat's store connection failed (" + error_text(e) + "); sharing the main one");
   }
@@ -456,37 +475,42 @@ std::string first_difference(const std::string& a, const std::string& b, int ran
 }
 }  // namespace
 
-void Comm::check_same(const std::string& what, const std::string& value) {
+void Comm::check_same(const std::string& what, const std::string& value, const std::string& detail) {
   const std::string prefix = "zero/check/" + std::to_string(check_counter_++) + "/";
+  auto get = [&](const std::string& key, int r) {
+    try {
+      const auto v = store_->get(key);
+      return std::string(v.begin(), v.end());
+    } catch (const std::exception& e) {
+      throw CommunicationError("checking that all ranks hold the same " + what + ": rank " + std::to_string(r) +
+                               " did not answer within " + std::to_string(env_.timeout.count() / 1000) +
+                               " s: " + error_text(e));
+    }
+  };
   store_->set(prefix + std::to_string(env_.rank), std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<int> differ;
-  std::string first, first_other;
+  std::string first;
   for (int r = 0; r < env_.world_size; ++r) {
-    std::vector<uint8_t> v;
-    try {
-      v = store_->get(prefix + std::to_string(r));
-    } catch (const std::exception& e) {
-      throw CommunicationError("checking that all ranks hold the same " + what + ": rank " +
-                               std::to_string(r) + " did not answer within " +
-                               std::to_string(env_.timeout.count() / 1000) + " s: " + error_text(e));
-    }
-    std::string s(v.begin(), v.end());
-    if (r == 0) first = s;
-    else if (s != first && differ.empty()) differ.push_back(r), first_other = std::move(s);
-    else if (s != first) differ.push_back(r);
+    std::string v = get(prefix + std::to_string(r), r);
+    if (r == 0) first = std::move(v);
+    else if (v != first) differ.push_back(r);
   }
-  if (!differ.empty()) {
-    std::ostringstream m;
-    m << "ranks disagree on the " << what << ": rank";
-    if (differ.size() > 1) m << "s";
-    for (size_t i = 0; i < differ.size(); ++i) m << (i ? ", " : " ") << differ[i];
-    m << (differ.size() > 1 ? " differ" : " differs") << " from rank 0 (every rank must be started with the same "
-      << what << ")";
-    if (first.find('\n') != std::string::npos || first_other.find('\n') != std::string::npos) {
-      m << "; first difference, line " << first_difference(first, first_other, differ.front()) ;
-    }
-    throw ConfigError({m.str()});
+  if (differ.empty()) return;
+  std::ostringstream m;
+  m << "ranks disagree on the " << what << ": rank";
+  if (differ.size() > 1) m << "s";
+  for (size_t i = 0; i < differ.size(); ++i) m << (i ? ", " : " ") << differ[i];
+  m << (differ.size() > 1 ? " differ" : " differs") << " from rank 0 (every rank must be started with the same "
+    << what << ")";
+  if (!detail.empty()) {
+    // Only rank 0 and the first rank that differs publish the whole text.
+    const int other = differ.front();
+    if (env_.rank == 0 || env_.rank == other)
+      store_->set(prefix + "detail/" + std::to_string(env_.rank), std::vector<uint8_t>(detail.begin(), detail.end()));
+    const std::string a = get(prefix + "detail/0", 0), b = get(prefix + "detail/" + std::to_string(other), other);
+    m << "; first difference, line " << first_difference(a, b, other);
   }
+  throw ConfigError({m.str()});
 }
 
 }  // namespace zero

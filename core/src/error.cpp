@@ -31,12 +31,15 @@ std::string error_text(const std::string& what) {
   if (env_on("ZERO_DEBUG") || env_on("TORCH_SHOW_CPP_STACKTRACES")) return what;
   std::string out;
   size_t begin = 0;
+  bool after_trace = false;  // the blank line that ends a trace goes with it
   while (begin <= what.size()) {
     size_t end = what.find('\n', begin);
     if (end == std::string::npos) end = what.size();
     const std::string_view line(what.data() + begin, end - begin);
     const bool trace = line.rfind("Exception raised from ", 0) == 0 || line.rfind("frame #", 0) == 0;
-    if (!trace) {
+    const bool skip = trace || (after_trace && line.empty());
+    after_trace = trace || (after_trace && line.empty());
+    if (!skip) {
       if (!out.empty()) out += '\n';
       out += line;
     }

@@ -139,8 +139,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                        std::to_string(std::hash<std::string>{}(s.config.canonical_json)));
     // Before any collective whose sizes come from the model: ranks built with
     // different models would otherwise fail inside Gloo or NCCL, or hang.
+    const std::string model_text = model_fingerprint(*s.model, init, s.options.layers);
     s.comm->check_same("model (its parameters, buffers and stage-3 layers)",
-                       model_fingerprint(*s.model, init, s.options.layers));
+                       std::to_string(std::hash<std::string>{}(model_text)), model_text);
   }
 
   cast_module(*s.model, s.device, s.dtype);

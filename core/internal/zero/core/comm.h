@@ -104,10 +104,12 @@ class Comm {
   std::vector<int64_t> finish(Exchange& exchange);
 
   /// Fails on every rank, with a message naming `what` and the ranks that
-  /// differ, unless all ranks pass the same `value` (compared through the store).
-  /// A value of several lines (a model's parameters, one per line) also gets
-  /// the first line where the first differing rank departs from rank 0.
-  void check_same(const std::string& what, const std::string& value);
+  /// differ, unless all ranks pass the same `value` (compared through the
+  /// store: keep it short, e.g. a hash). `detail`, when given, is the text the
+  /// value stands for, one item per line (a model's parameters): only when
+  /// ranks differ do rank 0 and the first differing rank publish it, and the
+  /// message gives the first line where they part.
+  void check_same(const std::string& what, const std::string& value, const std::string& detail = {});
 
  private:
   Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
