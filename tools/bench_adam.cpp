@@ -1,13 +1,19 @@
-// zero bench adam: zero's CPU Adam against LibTorch's torch::optim::Adam and
-// against the machine's memory bandwidth (a stream triad), on the same sizes,
+// zero bench adam: zero's CPU AdamW against at::_fused_adamw_ (what
+// torch.optim.AdamW(fused=True) runs on the CPU), its Adam against
+// torch::optim::Adam, and both against the machine's memory bandwidth (a pass
+// with Adam's traffic and no math, and the STREAM triad), on the same sizes,
 // in one run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 #include <tbb/task_arena.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/utils.h>
 
@@ -32,71 +38,114 @@ int bench_adam(const std::vector<std::string>& args) {
   if (!parse_bench_options("zero bench adam", args, ints, json_path)) return 2;
   const int64_t n = ints["--numel"], steps = ints["--steps"];
   torch::manual_seed(0);
-  auto param = torch::randn({n});
-  auto grad = torch::randn({n}) * 0.01;
+  const auto param0 = torch::randn({n});
+  const auto grad = torch::randn({n}) * 0.01;
+  constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.999, kWd = 0.01, kEps = 1e-8;
+  // Every variant runs once per round, in turn, so that a machine whose
+  // memory speed drifts (a shared host) treats them alike; round 0 warms up
+  // (first touch of the pages) and is not counted; medians are reported.
+  struct Variant {
+    std::function<void(int64_t)> run;  // takes the 1-based step
+    std::vector<double> seconds;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](std::function<void(int64_t)> fn) {
+    variants.push_back({std::move(fn), {}});
+    return variants.size() - 1;
+  };
+  auto ours_with = [&](bool adam_w, at::Tensor& param, std::vector<at::Tensor>& states) {
+    config::OptimizerConfig cfg;
+    cfg.type = config::OptimizerType::kAdam;
+    cfg.adam_w_mode = adam_w;
+    cfg.weight_decay = kWd;
+    cfg.eps = kEps;
+    std::shared_ptr<optim::FlatOptimizer> opt = optim::FlatOptimizer::create(cfg);
+    return add([&, opt](int64_t step) { opt->update({step, kLr, kBeta1, kBeta2}, param, grad, states); });
+  };
+
+  // Adam with L2 decay: ours against torch::optim::Adam (LibTorch's loop).
+  auto param = param0.clone();
   std::vector<at::Tensor> states{torch::zeros({n}), torch::zeros({n})};
-
-  config::OptimizerConfig cfg;
-  cfg.type = config::OptimizerType::kAdam;
-  cfg.adam_w_mode = false;  // torch::optim::Adam's L2 decay, so both do the same math
-  cfg.weight_decay = 0.01;
-  auto ours = optim::FlatOptimizer::create(cfg);
-  std::vector<double> ours_s;
-  for (int64_t s = 0; s <= steps; ++s) {
-    const auto t0 = Clock::now();
-    ours->update({s + 1, 1e-3, 0.9, 0.999}, param, grad, states);
-    if (s > 0) ours_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // step 0 warms up
-  }
-
-  auto ref = torch::randn({n}).requires_grad_(true);
+  const size_t v_ours_l2 = ours_with(false, param, states);
+  auto ref = param0.clone().requires_grad_(true);
   ref.mutable_grad() = grad.clone();
-  torch::optim::Adam torch_adam(std::vector<torch::Tensor>{ref}, torch::optim::AdamOptions(1e-3).weight_decay(0.01));
-  std::vector<double> torch_s;
-  for (int64_t s = 0; s <= steps; ++s) {
-    const auto t0 = Clock::now();
-    torch_adam.step();
-    if (s > 0) torch_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  ref = torch::Tensor();
+  torch::optim::Adam torch_adam(std::vector<torch::Tensor>{ref}, torch::optim::AdamOptions(kLr).weight_decay(kWd));
+  const size_t v_torch = add([&](int64_t) { torch_adam.step(); });
 
-  // Stream triad a = b + s * c over n floats, split like the kernel: the
-  // bandwidth this machine gives a streaming loop. Counted as 16 bytes per
-  // element, not STREAM's 12: writing `a` without reading it first makes the
-  // CPU read it in (write-allocate), whereas the Adam pass writes only arrays
-  // it has just read, so its 28 bytes are the real traffic.
-  float* a = param.data_ptr<float>();
-  const float* b = grad.data_ptr<float>();
-  const float* c = states[0].data_ptr<float>();
-  std::vector<double> triad_s;
-  for (int64_t s = 0; s <= steps; ++s) {
-    const auto t0 = Clock::now();
-    optim::stream_triad(a, b, c, 0.5f, n);
-    if (s > 0) triad_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  // AdamW: ours against at::_fused_adamw_, what torch.optim.AdamW(fused=True)
+  // runs on the CPU, on the same data; the two results are compared too.
+  auto ours_p = param0.clone();
+  std::vector<at::Tensor> ours_st{torch::zeros({n}), torch::zeros({n})};
+  const size_t v_ours_w = ours_with(true, ours_p, ours_st);
+  auto fused_p = param0.clone(), fused_m = torch::zeros({n}), fused_v = torch::zeros({n});
+  auto fused_step = torch::zeros({}, torch::kFloat);
+  const size_t v_fused = add([&](int64_t) {
+    fused_step.add_(1);  // as torch.optim.AdamW does before the fused call (the kernel reads, not counts, it)
+    at::_fused_adamw_({fused_p}, {grad}, {fused_m}, {fused_v}, {}, {fused_step}, kLr, kBeta1, kBeta2, kWd, kEps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  });
+
+  // The memory's speed: a pass with Adam's traffic and no arithmetic to speak
+  // of (stream_adam_pattern: four arrays read, three written back, 28 bytes
+  // per element, counted as Adam's are), and for reference the STREAM triad
+  // a = b + s * c (16 bytes with the write-allocate read of a).
+  std::vector<at::Tensor> pattern{torch::zeros({n}), torch::zeros({n}), torch::zeros({n})};
+  const size_t v_pattern = add([&](int64_t) {
+    optim::stream_adam_pattern(pattern[0].data_ptr<float>(), grad.data_ptr<float>(), pattern[1].data_ptr<float>(),
+                               pattern[2].data_ptr<float>(), 1e-9f, n);
+  });
+  const size_t v_triad = add([&](int64_t) {
+    optim::stream_triad(pattern[0].data_ptr<float>(), grad.data_ptr<float>(), pattern[1].data_ptr<float>(), 0.5f, n);
+  });
+
+  for (int64_t round = 0; round <= steps; ++round) {
+    for (auto& v : variants) {
+      const auto t0 = Clock::now();
+      v.run(round + 1);
+      if (round > 0) v.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
   }
-  const double t_ours = median(ours_s), t_torch = median(torch_s), t_triad = median(triad_s);
-  const double ours_pps = n / t_ours, torch_pps = n / t_torch;
-  const double bytes_per_param = 28.0;  // read param, grad, exp_avg, exp_avg_sq; write three of them
-  const double ours_bw = bytes_per_param * n / t_ours;
-  const double triad_bw = 16.0 * n / t_triad;
-  std::printf("zero bench adam: %lld fp32 parameters, %s kernel, %d threads (oneTBB); median of %lld steps\n",
+  auto t = [&](size_t v) { return median(variants[v].seconds); };
+  const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
+  const double t_pattern = t(v_pattern), t_triad = t(v_triad);
+  const double max_diff = (ours_p - fused_p).abs().max().item<double>();
+
+  const double bytes_per_param = 28.0;
+  const double ours_bw = bytes_per_param * n / t_ours_w, fused_bw = bytes_per_param * n / t_fused;
+  const double pattern_bw = 28.0 * n / t_pattern, triad_bw = 16.0 * n / t_triad;
+  std::printf("zero bench adam: %lld fp32 parameters, %s kernel, %d threads (oneTBB; LibTorch %d); median of %lld "
+              "interleaved rounds\n",
               static_cast<long long>(n), optim::cpu_adam_isa(), tbb::this_task_arena::max_concurrency(),
-              static_cast<long long>(steps));
-  std::printf("  %-34s %16s %14s\n", "", "params/s", "GB/s");
-  std::printf("  %-34s %16.3e %14.2f\n", "zero CPU Adam (fused, one pass)", ours_pps, ours_bw / 1e9);
-  std::printf("  %-34s %16.3e %14s\n", "torch::optim::Adam", torch_pps, "");
-  std::printf("  %-34s %16s %14.2f\n", "stream triad (16 B/element)", "", triad_bw / 1e9);
-  std::printf("  ratio zero/torch: %.2fx; zero's bytes/s as a fraction of the triad bandwidth: %.2f\n",
-              ours_pps / torch_pps, ours_bw / triad_bw);
+              at::get_num_threads(), static_cast<long long>(steps));
+  std::printf("  %-40s %14s %10s %12s\n", "", "params/s", "GB/s", "zero/this");
+  std::printf("  %-40s %14.3e %10.2f %12s\n", "zero CPU AdamW (fused, one pass)", n / t_ours_w, ours_bw / 1e9, "");
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "at::_fused_adamw_ (AdamW(fused=True))", n / t_fused,
+              fused_bw / 1e9, t_fused / t_ours_w);
+  std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
+  std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
+  std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
+  std::printf("  %-40s %14s %10.2f\n", "stream triad a = b + s*c (16 B/element)", "", triad_bw / 1e9);
+  std::printf("  zero AdamW's bytes/s as a fraction of the same traffic without math: %.2f; largest difference from "
+              "_fused_adamw_: %.2e\n",
+              ours_bw / pattern_bw, max_diff);
   if (!json_path.empty()) {
     nlohmann::json j = {{"benchmark", "adam"},
                         {"numel", n},
                         {"isa", optim::cpu_adam_isa()},
-                        {"ours_params_per_s", ours_pps},
-                        {"torch_params_per_s", torch_pps},
+                        {"threads", tbb::this_task_arena::max_concurrency()},
+                        {"torch_threads", at::get_num_threads()},
+                        {"ours_params_per_s", n / t_ours_l2},
+                        {"torch_params_per_s", n / t_torch},
+                        {"ratio_vs_torch", t_torch / t_ours_l2},
+                        {"ours_adamw_params_per_s", n / t_ours_w},
+                        {"fused_adamw_params_per_s", n / t_fused},
+                        {"ratio_vs_fused_adamw", t_fused / t_ours_w},
+                        {"max_abs_diff_vs_fused_adamw", max_diff},
                         {"ours_bytes_per_s", ours_bw},
+                        {"fused_adamw_bytes_per_s", fused_bw},
+                        {"adam_pattern_bytes_per_s", pattern_bw},
                         {"triad_bytes_per_s", triad_bw},
-                        {"ratio_vs_torch", ours_pps / torch_pps},
-                        {"bandwidth_fraction", ours_bw / triad_bw}};
+                        {"bandwidth_fraction", ours_bw / pattern_bw}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;

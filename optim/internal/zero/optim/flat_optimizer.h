@@ -64,4 +64,12 @@ const char* cpu_adam_isa();
 /// how fast a streaming loop can touch memory on this machine.
 void stream_triad(float* a, const float* b, const float* c, float scalar, int64_t n);
 
+/// A pass with Adam's memory traffic and next to no arithmetic: in one loop,
+/// p += s*g, m += s*g, v += s*g (four arrays read, three written back, 28
+/// bytes per element, no write-allocate), split and compiled as the Adam
+/// kernel is. On a machine with few cores per memory channel a two-array pass
+/// cannot reach what four concurrent streams reach, so this, not the triad,
+/// is the roof Adam is measured against.
+void stream_adam_pattern(float* p, const float* g, float* m, float* v, float scalar, int64_t n);
+
 }  // namespace zero::optim
