@@ -20,6 +20,8 @@ int bench_overlap(const std::vector<std::string>& args);
 /// zero bench adam: zero's CPU Adam against torch::optim::Adam and the
 /// stream-triad bandwidth, same sizes, one run.
 int bench_adam(const std::vector<std::string>& args);
+/// zero estimate: model-state memory per rank for each ZeRO configuration (tools/estimate.cpp).
+int estimate(const std::vector<std::string>& args);
 
 /// zero bench stage3: ZeRO stage 3 on real ranks with prefetch on and off
 /// (and stage 2 for reference): step time, the time the training thread

@@ -67,6 +67,10 @@ commands:
   checkpoint consolidate|verify|info DIR ...
       Engine checkpoints: full weights in one safetensors file (streamed),
       every checksum checked, what one holds. 'zero checkpoint --help'.
+  estimate (--params P | --model mingpt:L,C[,V,T]) [--ranks-per-node G --nodes M --stage S ...] [--json FILE]
+      Model-state memory per rank on the device, the host and NVMe for each
+      ZeRO configuration, and with --device-memory/--host-memory/--nvme-bytes
+      the largest model whose states fit each. 'zero estimate --help'.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -206,8 +210,9 @@ int run(const std::vector<std::string>& args) {
     return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
+  if (args[0] == "estimate") return zero::tools::estimate({args.begin() + 1, args.end()});
   if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint"});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

@@ -4,6 +4,7 @@
 #include "zero/checkpointing/checkpoint.h"
 #include "zero/config/config.h"
 #include "zero/runtime/engine.h"
+#include "zero/runtime/estimate.h"
 #include "zero/core/error.h"
 #include "zero/runtime/init.h"
 #include "zero/core/memory_ledger.h"

@@ -1,0 +1,185 @@
+// NOTE [memory estimate]
+// The engine's model states per rank, written down from where the engine
+// allocates them (N ranks; p the compute dtype's bytes, g the gradient
+// accumulation dtype's: fp16 2, else 4, or data_types.grad_accum_dtype):
+//
+// - Flat layout (NOTE [flat layout]): below stage 3 the parameters are packed
+//   in model order into groups of at most min(reduce_bucket_size,
+//   allgather_bucket_size) elements (a larger parameter alone), each padded
+//   to N x 256 elements (stage 0: to 256, one partition); at stage 3 one
+//   group per layer (NOTE [stage-3 plan]) of its parameters that are not kept
+//   whole, and group 0 of the whole ones (under
+//   stage3_param_persistence_threshold, within
+//   stage3_model_persistence_threshold) and those outside every layer. P is
+//   the sum of the padded groups over N: this rank's partition.
+// - Parameters: stages 0-2 the whole flat buffer, p x padded, on the device.
+//   Stage 3: this rank's shards, p x P, on the device (offload_param cpu: on
+//   the host; nvme: group 0's and, in group order while max_in_cpu lasts,
+//   the layers' on the host, the rest in the swap file, read through
+//   min(buffer_count, shards on disk) host buffers of the largest of them),
+//   plus group 0 whole (padded) on the device.
+// - Gradients: stages 0-1 a flat buffer of g x padded on the device; stages
+//   2-3 the partition, g x P on the device, or 4 x P on the host when the
+//   optimizer is offloaded (accumulated in fp32 there).
+// - Optimizer states: Adam's two fp32 moments, 8 x P (Adagrad's and Lion's
+//   one, 4 x P; stage 0: of the padded whole),
+//   and an fp32 master, 4 x P, except where the parameters are the master:
+//   fp32 on the device at stage 0, and stage 3's fp32 shards on the device.
+//   Offloaded to the CPU: all on the host. To NVMe: the swap files (each
+//   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
+//   and min(buffer_count, sub-groups) host buffers of the largest sub-group
+//   of every state.
+#include "zero/runtime/estimate.h"
+
+#include <algorithm>
+
+#include "zero/partition/stage3_rules.h"
+
+namespace zero {
+namespace {
+
+constexpr int64_t kAlign = 256;        // kPartitionAlignNumel
+constexpr int64_t kDiskBlock = 4096;   // the swap files' extents (kAioAlignment)
+
+int64_t padded(int64_t numel, int64_t ranks) {
+  const int64_t unit = ranks * kAlign;
+  return std::max<int64_t>(unit, (numel + unit - 1) / unit * unit);
+}
+
+int64_t aligned(int64_t bytes) { return (bytes + kDiskBlock - 1) / kDiskBlock * kDiskBlock; }
+
+int64_t bytes_of(const std::string& dtype) { return dtype == "fp16" || dtype == "bf16" ? 2 : 4; }
+
+}  // namespace
+
+std::vector<ParameterShape> mingpt_parameters(int64_t L, int64_t C, int64_t V, int64_t T, bool tie) {
+  std::vector<ParameterShape> out;
+  int layer = 0;
+  out.push_back({"tok_emb.weight", V * C, layer++});
+  out.push_back({"pos_emb", T * C, -1});
+  for (int64_t i = 0; i < L; ++i, ++layer) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    for (const auto& [name, numel] : std::vector<std::pair<std::string, int64_t>>{
+             {"ln1.weight", C}, {"ln1.bias", C}, {"ln2.weight", C}, {"ln2.bias", C},
+             {"attn.key.weight", C * C}, {"attn.key.bias", C}, {"attn.query.weight", C * C}, {"attn.query.bias", C},
+             {"attn.value.weight", C * C}, {"attn.value.bias", C}, {"attn.proj.weight", C * C},
+             {"attn.proj.bias", C}, {"fc.weight", 4 * C * C}, {"fc.bias", 4 * C}, {"fc_proj.weight", 4 * C * C},
+             {"fc_proj.bias", C}})
+      out.push_back({b + name, numel, layer});
+  }
+  out.push_back({"ln_f.weight", C, layer});
+  out.push_back({"ln_f.bias", C, layer++});
+  if (!tie) out.push_back({"head.weight", V * C, layer});
+  return out;
+}
+
+std::vector<ParameterShape> parameters_of_size(int64_t num_parameters) { return {{"weights", num_parameters, 0}}; }
+
+MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<ParameterShape>& params) {
+  const auto& z = c.zero;
+  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
+  const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
+  const bool off_opt = z.offload_optimizer.device != config::OffloadDevice::kNone;
+  const bool nvme_opt = z.offload_optimizer.device == config::OffloadDevice::kNvme;
+  const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
+  const bool nvme_param = z.stage == 3 && z.offload_param.device == config::OffloadDevice::kNvme;
+  MemoryEstimate e;
+  for (const auto& q : params) e.num_parameters += q.numel;
+
+  // Groups of the flat layout, and this rank's chunk of each.
+  std::vector<int64_t> groups;  // padded numel
+  int64_t group0_whole = 0;     // stage 3: always gathered
+  const int64_t layout_ranks = z.stage == 0 ? 1 : N;
+  if (z.stage < 3) {
+    const int64_t cap = std::max<int64_t>(1, std::min(z.reduce_bucket_size, z.allgather_bucket_size));
+    int64_t used = 0;
+    for (const auto& q : params) {
+      if (used > 0 && used + q.numel > cap) groups.push_back(padded(used, layout_ranks)), used = 0;
+      used += q.numel;
+    }
+    if (used > 0) groups.push_back(padded(used, layout_ranks));
+  } else {
+    partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
+    std::vector<int64_t> layer_numel;
+    for (const auto& q : params) {
+      if (q.layer < 0 || keep.keep_whole(q.numel)) {
+        group0_whole += q.numel;
+        continue;
+      }
+      if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
+      layer_numel[static_cast<size_t>(q.layer)] += q.numel;
+    }
+    if (group0_whole > 0) groups.push_back(padded(group0_whole, N));
+    for (int64_t n : layer_numel)
+      if (n > 0) groups.push_back(padded(n, N));
+  }
+  int64_t flat = 0, part = 0;  // padded elements; this rank's
+  for (int64_t n : groups) flat += n, part += n / layout_ranks;
+
+  // Parameters.
+  if (z.stage < 3) {
+    e.device.parameters = p * flat;
+  } else {
+    // Group 0 gathered for good, as a padded buffer.
+    if (group0_whole > 0) e.device.parameters = p * padded(group0_whole, N);
+    if (!off_param) {
+      e.device.parameters += p * part;
+    } else if (!nvme_param) {
+      e.host.parameters += p * part;
+    } else {
+      // Group 0's shard stays in memory; the layers' shards while max_in_cpu
+      // lasts, in order; the rest go to the swap file, read through
+      // min(buffer_count, shards on disk) buffers of the largest of them.
+      partition::InCpuBudget in_cpu(z.offload_param.max_in_cpu);
+      int64_t disk_groups = 0, largest = 0;
+      for (size_t i = 0; i < groups.size(); ++i) {
+        const int64_t chunk = groups[i] / N;
+        if ((i == 0 && group0_whole > 0) || in_cpu.keep(chunk)) {
+          e.host.parameters += p * chunk;
+        } else {
+          e.nvme.parameters += aligned(p * chunk);
+          largest = std::max(largest, chunk);
+          ++disk_groups;
+        }
+      }
+      if (disk_groups > 0)
+        e.host.parameters += std::min<int64_t>(z.offload_param.buffer_count, disk_groups) * aligned(p * largest);
+    }
+  }
+
+  // Gradients.
+  if (z.stage < 2) e.device.gradients = g * flat;
+  else if (off_opt) e.host.gradients = 4 * part;
+  else e.device.gradients = g * part;
+
+  // Optimizer states: two moments and, unless the parameters are it, a master.
+  const bool params_are_master =
+      p == 4 && !off_opt && (z.stage == 0 || (z.stage == 3 && !off_param));
+  const bool one_moment = c.optimizer && (c.optimizer->type == config::OptimizerType::kAdagrad ||
+                                          c.optimizer->type == config::OptimizerType::kLion);
+  const int64_t states = (one_moment ? 1 : 2) + (params_are_master ? 0 : 1);
+  if (!off_opt) {
+    e.device.optimizer_states = 4 * states * part;
+  } else if (!nvme_opt) {
+    e.host.optimizer_states = 4 * states * part;
+  } else {
+    const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
+    int64_t file = 0, sub_groups = 0, largest = 1;
+    for (int64_t n : groups) {
+      const int64_t chunk = n / layout_ranks;
+      for (int64_t start = 0; start < chunk; start += sub) {
+        const int64_t len = std::min(sub, chunk - start);
+        file += aligned(4 * len);
+        largest = std::max(largest, len);
+        ++sub_groups;
+      }
+    }
+    e.nvme.optimizer_states = states * file;
+    const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
+    e.host.optimizer_states = buffers * states * aligned(4 * largest);
+  }
+  return e;
+}
+
+}  // namespace zero

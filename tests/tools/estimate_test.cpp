@@ -1,0 +1,140 @@
+// zero estimate against measurement (issue 16): minGPT on two ranks at every
+// stage and offload tier writes the memory ledger's model-state bytes per
+// tier (mingpt --summary-json); `zero estimate --config` of the same config
+// must give each of them within 5%.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tool_test_util.h"
+
+namespace zero::test {
+namespace {
+
+const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
+
+struct Case {
+  const char* name;
+  const char* precision;  // fp32, bf16, fp16
+  const char* zero;       // the zero_optimization section; NVME is replaced by a folder
+};
+
+int sh(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+class EstimateMatchesLedger : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EstimateMatchesLedger, EveryTierAndKindWithin5Percent) {
+  const Case c = GetParam();
+  TempDir dir;
+  std::string zero = c.zero;
+  for (size_t at; (at = zero.find("NVME")) != std::string::npos;) zero.replace(at, 4, dir.path());
+  nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 4},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization", nlohmann::json::parse(zero)}};
+  if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
+  std::ofstream(dir.file("c.json")) << cfg.dump();
+  const std::string run = kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + dir.file("c.json") +
+                          " --n_layer 2 --n_embd 128 --n_head 4 --limit_train_batches 2 --summary-json " +
+                          dir.file("s.json") + " > " + dir.file("run.log") + " 2>&1";
+  ASSERT_EQ(sh("OMP_NUM_THREADS=1 " + run), 0) << read_text(dir.file("run.log"));
+  // The addition task: vocabulary 10, context 6.
+  const std::string est = kBin + "zero estimate --model mingpt:2,128,10,6 --ranks-per-node 2 --config " +
+                          dir.file("c.json") + " --json " + dir.file("e.json") + " > " + dir.file("e.log") + " 2>&1";
+  ASSERT_EQ(sh(est), 0) << read_text(dir.file("e.log"));
+  const auto measured = nlohmann::json::parse(read_text(dir.file("s.json")));
+  const auto estimated = nlohmann::json::parse(read_text(dir.file("e.json")));
+  ASSERT_EQ(estimated["num_parameters"], measured["num_parameters"]);
+  const auto& e = estimated["configurations"][0];
+  const double psi = measured["num_parameters"].get<double>();
+  double worst = 0;  // the largest relative difference of a non-zero figure
+  for (const auto& rank : measured["ranks"]) {
+    for (const char* tier : {"device", "host", "nvme"}) {
+      for (const char* kind : {"parameters", "gradients", "optimizer_states"}) {
+        const double got = rank["model_state_bytes_by_tier"][tier][kind].get<double>();
+        const double want = e[tier][kind].get<double>();
+        if (std::max(want, got) > 0) worst = std::max(worst, std::abs(want - got) / std::max(want, got));
+        // Within 5%, or both under a hundredth of a byte per parameter.
+        EXPECT_TRUE(std::abs(want - got) <= 0.05 * std::max(want, got) || std::max(want, got) < 0.01 * psi)
+            << c.name << " rank " << rank["rank"] << " " << tier << " " << kind << ": estimated " << want
+            << ", the ledger " << got << " (" << want / psi << " vs " << got / psi << " bytes per parameter)";
+      }
+    }
+  }
+  std::printf("estimate %s: largest difference from the ledger %.2f%%\n", c.name, 100 * worst);
+}
+
+// Stage 3 with the default persistence threshold keeps every parameter of
+// this small model whole; with 1000 the blocks' matrices are partitioned.
+INSTANTIATE_TEST_SUITE_P(
+    Configs, EstimateMatchesLedger,
+    ::testing::Values(
+        Case{"stage0_fp32", "fp32", R"({"stage": 0})"}, Case{"stage0_bf16", "bf16", R"({"stage": 0})"},
+        Case{"stage0_fp16", "fp16", R"({"stage": 0})"}, Case{"stage1_fp32", "fp32", R"({"stage": 1})"},
+        Case{"stage1_bf16_cpu", "bf16", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"},
+        Case{"stage2_fp32", "fp32", R"({"stage": 2})"}, Case{"stage2_fp16", "fp16", R"({"stage": 2})"},
+        Case{"stage2_fp32_cpu", "fp32", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"},
+        Case{"stage2_small_buckets", "bf16", R"({"stage": 2, "reduce_bucket_size": 30000, "allgather_bucket_size": 30000})"},
+        Case{"stage2_bf16_nvme", "bf16",
+             R"({"stage": 2, "sub_group_size": 20000, "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}})"},
+        Case{"stage3_fp32_persistent", "fp32", R"({"stage": 3})"},
+        Case{"stage3_fp32", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
+        Case{"stage3_bf16", "bf16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
+        Case{"stage3_fp16", "fp16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
+        Case{"stage3_fp32_cpu_cpu", "fp32",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                 "offload_param": {"device": "cpu"}})"},
+        Case{"stage3_bf16_cpu", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
+        Case{"stage3_bf16_nvme_nvme", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 30000,
+                 "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"},
+                 "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 100000,
+                                   "buffer_count": 3, "buffer_size": 200000}})"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The table: every configuration, the budgets' largest model growing with
+// what is offloaded, and usage errors that name the option.
+TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
+  TempDir dir;
+  const std::string e = kBin + "zero estimate ";
+  ASSERT_EQ(sh(e + "--params 1.3B --ranks-per-node 8 --device-memory 16GB --host-memory 200GB --nvme-bytes 2TB --json " +
+               dir.file("t.json") + " > " + dir.file("t.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("t.log"));
+  const auto t = nlohmann::json::parse(read_text(dir.file("t.json")));
+  ASSERT_EQ(t["configurations"].size(), 9u);
+  auto largest = [&](size_t i) { return t["configurations"][i]["largest"]["num_parameters"].get<double>(); };
+  // bf16 with Adam: stage 0 holds 18 bytes a parameter on the device (2 for
+  // the parameter, 4 for its gradient, accumulated in fp32, 12 for master and
+  // moments); stage 3 on 8 ranks 18 / 8; with offload the device holds less
+  // and less, and the host's 200 GB or the disk bound it.
+  EXPECT_NEAR(largest(0), 16e9 / 18, 0.01 * 16e9 / 18);
+  EXPECT_NEAR(largest(5), 16e9 / 2.25, 0.01 * 16e9 / 2.25);
+  EXPECT_GT(largest(7), largest(5));
+  EXPECT_GT(largest(8), largest(7));
+  EXPECT_EQ(t["configurations"][0]["fits"], false);  // 1.3B x 18 bytes > 16 GB
+  EXPECT_EQ(t["configurations"][5]["fits"], true);
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"", "expected one of --params P or --model"},
+           {"--params 1.3Q", "--params: expected a parameter count"},
+           {"--model gpt:2,3", "--model: expected mingpt:L,C[,V,T]"},
+           {"--params 1e9 --offload-param cpu", "go with --stage"},
+           {"--params 1e9 --stage 2 --offload-param cpu", "--offload-param needs --stage 3"},
+           {"--params 1e9 --devise-memory 1GB", "did you mean --device-memory?"}}) {
+    EXPECT_EQ(sh(e + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
+    EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
+  }
+}
+
+}  // namespace
+}  // namespace zero::test

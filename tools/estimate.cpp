@@ -1,0 +1,323 @@
+// zero estimate: model-state memory per rank for each ZeRO configuration, from
+// the model's size or shape (runtime/include/zero/runtime/estimate.h), and
+// with budgets the largest model whose states fit each configuration.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench.h"
+#include "zero/config/config.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
+#include "zero/runtime/estimate.h"
+
+namespace zero::tools {
+namespace {
+
+const char* kEstimateUsage = R"(usage: zero estimate (--params P | --model mingpt:L,C[,V,T]) [options]
+
+Model-state memory per rank (parameters, gradients, optimizer states) on the
+device, in host memory and on NVMe, as the engine lays them out, for each
+ZeRO configuration (DeepSpeed's estimate_zero2/zero3_model_states_mem_needs
+tables), or for one.
+
+  --params P                 a model of P parameters (1.3e9, 1300M, 1.3B)
+  --model mingpt:L,C[,V,T]   minGPT with L blocks of width C (vocabulary V,
+                             default 50257; context T, default 1024), its
+                             stage-3 layers and persistent parameters exact
+  --ranks-per-node G --nodes M   G x M ranks (default 1 x 1)
+  --precision fp32|fp16|bf16 compute precision (default bf16)
+  --stage S                  only stage S, with:
+  --offload-optimizer none|cpu|nvme  --offload-param none|cpu|nvme
+  --config FILE              only the configuration a DeepSpeed config gives
+                             ("auto" checked as zero config check does)
+  --device-memory B --host-memory B --nvme-bytes B
+                             budgets per rank (1.5GiB, 80GB, 2TB, 1e9): whether
+                             each configuration fits, and the largest model
+                             whose states do (minGPT: the most blocks at
+                             width C; --params: the most parameters)
+  --json FILE                the same as JSON
+
+Activations, communication buckets and prefetch buffers are not included.
+)";
+
+struct Setup {
+  std::string name;
+  int stage = 0;
+  std::string offload_optimizer = "none", offload_param = "none";
+};
+
+std::optional<double> parse_count(const std::string& s) {
+  // 1.3e9, 1300M, 1.3B, 350K
+  double mult = 1;
+  std::string num = s;
+  if (!num.empty()) {
+    const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
+    if (last == 'K') mult = 1e3;
+    else if (last == 'M') mult = 1e6;
+    else if (last == 'B' || last == 'G') mult = 1e9;
+    else if (last == 'T') mult = 1e12;
+    if (mult != 1) num.pop_back();
+  }
+  try {
+    size_t used = 0;
+    const double v = std::stod(num, &used);
+    if (used != num.size() || !std::isfinite(v) || v * mult < 1 || v * mult > 1e16) return std::nullopt;
+    return v * mult;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<int64_t> parse_bytes(const std::string& s) {
+  for (const auto& [unit, mult] : {std::pair<std::string, double>{"TiB", 1099511627776.0}, {"TB", 1e12}}) {
+    if (s.size() > unit.size() && s.compare(s.size() - unit.size(), unit.size(), unit) == 0) {
+      try {
+        size_t used = 0;
+        const std::string num = s.substr(0, s.size() - unit.size());
+        const double v = std::stod(num, &used);
+        if (used == num.size() && v > 0 && v * mult < 9e18) return static_cast<int64_t>(v * mult);
+      } catch (const std::exception&) {
+      }
+      return std::nullopt;
+    }
+  }
+  if (auto n = parse_size(s)) return n;
+  if (auto c = parse_count(s)) return static_cast<int64_t>(*c);  // 80e9
+  return std::nullopt;
+}
+
+config::Config config_for(const Setup& s, const std::string& precision, int64_t world) {
+  nlohmann::json z = {{"stage", s.stage}};
+  if (s.offload_optimizer != "none")
+    z["offload_optimizer"] = {{"device", s.offload_optimizer}, {"nvme_path", "/nvme"}};
+  if (s.offload_param != "none") z["offload_param"] = {{"device", s.offload_param}, {"nvme_path", "/nvme"}};
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                      {"zero_optimization", z}};
+  if (precision == "fp16") j["fp16"] = {{"enabled", true}};
+  if (precision == "bf16") j["bf16"] = {{"enabled", true}};
+  config::LoadOptions o;
+  o.world_size = world;
+  return config::load_string(j.dump(), o, "zero estimate (" + s.name + ")");
+}
+
+nlohmann::json to_json(const StateBytes& b) {
+  return {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer_states", b.optimizer_states},
+          {"total", b.total()}};
+}
+
+}  // namespace
+
+int estimate(const std::vector<std::string>& args) {
+  std::optional<double> params;
+  std::optional<std::vector<int64_t>> model;  // L, C, V, T
+  int64_t per_node = 1, nodes = 1;
+  std::string precision = "bf16", json_path, config_path;
+  std::optional<int> stage;
+  std::string off_opt = "none", off_param = "none";
+  std::optional<int64_t> device_budget, host_budget, nvme_budget;
+  auto fail = [](const std::string& m) {
+    std::cerr << "zero estimate: " << m << "\n(zero estimate --help for the options)\n";
+    return 2;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << kEstimateUsage;
+      return 0;
+    }
+    if (i + 1 >= args.size()) return fail(a + ": expected a value");
+    const std::string& v = args[++i];
+    auto integer = [&](int64_t lo, int64_t hi) -> std::optional<int64_t> {
+      try {
+        size_t used = 0;
+        const long long x = std::stoll(v, &used);
+        if (used == v.size() && x >= lo && x <= hi) return x;
+      } catch (const std::exception&) {
+      }
+      return std::nullopt;
+    };
+    auto device_kind = [&](std::string& out) {
+      if (v != "none" && v != "cpu" && v != "nvme") return false;
+      out = v;
+      return true;
+    };
+    if (a == "--params") {
+      params = parse_count(v);
+      if (!params) return fail("--params: expected a parameter count such as 1.3e9, 1300M or 1.3B; got \"" + v + "\"");
+    } else if (a == "--model") {
+      std::vector<int64_t> dims;
+      if (v.rfind("mingpt:", 0) != 0) return fail("--model: expected mingpt:L,C[,V,T]; got \"" + v + "\"");
+      std::stringstream ss(v.substr(7));
+      for (std::string item; std::getline(ss, item, ',');) {
+        try {
+          size_t used = 0;
+          const long long x = std::stoll(item, &used);
+          if (used != item.size() || x < 1 || x > (int64_t{1} << 24)) throw std::invalid_argument(item);
+          dims.push_back(x);
+        } catch (const std::exception&) {
+          return fail("--model: expected positive integers in mingpt:L,C[,V,T]; got \"" + item + "\"");
+        }
+      }
+      if (dims.size() < 2 || dims.size() > 4) return fail("--model: expected mingpt:L,C[,V,T]; got \"" + v + "\"");
+      if (dims.size() < 3) dims.push_back(50257);
+      if (dims.size() < 4) dims.push_back(1024);
+      model = dims;
+    } else if (a == "--ranks-per-node" || a == "--nodes") {
+      auto x = integer(1, 1 << 20);
+      if (!x) return fail(a + ": expected an integer >= 1; got \"" + v + "\"");
+      (a == "--nodes" ? nodes : per_node) = *x;
+    } else if (a == "--precision") {
+      if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
+      precision = v;
+    } else if (a == "--stage") {
+      auto x = integer(0, 3);
+      if (!x) return fail("--stage: expected 0, 1, 2 or 3; got \"" + v + "\"");
+      stage = static_cast<int>(*x);
+    } else if (a == "--offload-optimizer" || a == "--offload-param") {
+      if (!device_kind(a == "--offload-param" ? off_param : off_opt))
+        return fail(a + ": expected none, cpu or nvme; got \"" + v + "\"");
+    } else if (a == "--device-memory" || a == "--host-memory" || a == "--nvme-bytes") {
+      auto b = parse_bytes(v);
+      if (!b) return fail(a + ": expected a size such as 80GiB, 1.5e9 or 512MiB; got \"" + v + "\"");
+      (a == "--device-memory" ? device_budget : a == "--host-memory" ? host_budget : nvme_budget) = *b;
+    } else if (a == "--config") {
+      config_path = v;
+    } else if (a == "--json") {
+      json_path = v;
+    } else {
+      const auto near = nearest(a, {"--params", "--model", "--ranks-per-node", "--nodes", "--precision", "--stage",
+                                    "--offload-optimizer", "--offload-param", "--config", "--device-memory",
+                                    "--host-memory", "--nvme-bytes", "--json"});
+      return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
+    }
+  }
+  if (params.has_value() == model.has_value()) return fail("expected one of --params P or --model mingpt:L,C[,V,T]");
+  if (!stage && (off_opt != "none" || off_param != "none")) return fail("--offload-optimizer and --offload-param go with --stage");
+  if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
+  if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
+  const int64_t world = per_node * nodes;
+
+  try {
+    // The configurations, as DeepSpeed's estimator tables them, or the one asked for.
+    std::vector<std::pair<Setup, config::Config>> setups;
+    if (!config_path.empty()) {
+      config::LoadOptions o;
+      o.world_size = world;
+      o.auto_stand_ins = true;
+      auto c = config::load_file(config_path, o);
+      setups.push_back({Setup{config_path, c.zero.stage, config::to_string(c.zero.offload_optimizer.device),
+                              config::to_string(c.zero.offload_param.device)},
+                        c});
+    } else {
+      std::vector<Setup> list;
+      if (stage) {
+        std::string name = "stage " + std::to_string(*stage);
+        if (off_opt != "none") name += " + offload_optimizer " + off_opt;
+        if (off_param != "none") name += " + offload_param " + off_param;
+        list.push_back({name, *stage, off_opt, off_param});
+      } else {
+        list = {{"stage 0", 0},
+                {"stage 1", 1},
+                {"stage 2", 2},
+                {"stage 2 + offload_optimizer cpu", 2, "cpu"},
+                {"stage 2 + offload_optimizer nvme", 2, "nvme"},
+                {"stage 3", 3},
+                {"stage 3 + offload_optimizer cpu", 3, "cpu"},
+                {"stage 3 + offload_optimizer cpu + offload_param cpu", 3, "cpu", "cpu"},
+                {"stage 3 + offload_optimizer nvme + offload_param nvme", 3, "nvme", "nvme"}};
+      }
+      for (const auto& s : list) setups.push_back({s, config_for(s, precision, world)});
+    }
+
+    auto shapes_for = [&](int64_t n_layer_or_params) {
+      return model ? mingpt_parameters(n_layer_or_params, (*model)[1], (*model)[2], (*model)[3])
+                   : parameters_of_size(n_layer_or_params);
+    };
+    const int64_t size = model ? (*model)[0] : static_cast<int64_t>(*params);
+    const bool budgets = device_budget || host_budget || nvme_budget;
+    auto fits = [&](const MemoryEstimate& e) {
+      return (!device_budget || e.device.total() <= *device_budget) && (!host_budget || e.host.total() <= *host_budget) &&
+             (!nvme_budget || e.nvme.total() <= *nvme_budget);
+    };
+
+    auto gb = [](int64_t b) { return static_cast<double>(b) / 1e9; };
+    const auto first = estimate_model_states(setups.front().second, shapes_for(size));
+    std::printf("zero estimate: %s, %lld parameters, %lld rank(s) (%lld per node x %lld node(s)), %s\n",
+                model ? ("minGPT L=" + std::to_string((*model)[0]) + " C=" + std::to_string((*model)[1]) +
+                         " V=" + std::to_string((*model)[2]) + " T=" + std::to_string((*model)[3]))
+                            .c_str()
+                      : "a model",
+                static_cast<long long>(first.num_parameters), static_cast<long long>(world),
+                static_cast<long long>(per_node), static_cast<long long>(nodes),
+                config_path.empty() ? precision.c_str() : "as the config says");
+    std::printf("model states per rank, GB (parameters + gradients + optimizer states):\n");
+    std::printf("  %-54s %22s %22s %10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
+    nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"configurations", nlohmann::json::array()}};
+    for (const auto& [setup, cfg] : setups) {
+      const auto e = estimate_model_states(cfg, shapes_for(size));
+      auto cell = [&](const StateBytes& b) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.2f (%.2f+%.2f+%.2f)", gb(b.total()), gb(b.parameters), gb(b.gradients),
+                      gb(b.optimizer_states));
+        return std::string(b.total() == 0 ? "0" : buf);
+      };
+      nlohmann::json row = {{"name", setup.name},
+                            {"stage", setup.stage},
+                            {"offload_optimizer", setup.offload_optimizer},
+                            {"offload_param", setup.offload_param},
+                            {"device", to_json(e.device)},
+                            {"host", to_json(e.host)},
+                            {"nvme", to_json(e.nvme)}};
+      std::string extra;
+      if (budgets) {
+        // The largest size that fits: states grow with the size, so double, then bisect.
+        int64_t lo = 0, hi = 1;
+        const int64_t limit = model ? (int64_t{1} << 20) : (int64_t{1} << 50);
+        auto ok = [&](int64_t n) { return fits(estimate_model_states(cfg, shapes_for(n))); };
+        while (hi < limit && ok(hi)) lo = hi, hi *= 2;
+        if (hi >= limit && ok(limit)) lo = limit;
+        else
+          while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            (ok(mid) ? lo : hi) = mid;
+          }
+        const int64_t largest_params = lo == 0 ? 0 : estimate_model_states(cfg, shapes_for(lo)).num_parameters;
+        row["fits"] = fits(e);
+        row["largest"] = model ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
+                               : nlohmann::json{{"num_parameters", largest_params}};
+        char buf[96];
+        if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fits(e) ? "yes" : "no",
+                                 static_cast<long long>(lo), static_cast<double>(largest_params));
+        else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fits(e) ? "yes" : "no", static_cast<double>(largest_params));
+        extra = buf;
+      }
+      char nvme[32];
+      std::snprintf(nvme, sizeof nvme, "%.2f", gb(e.nvme.total()));
+      std::printf("  %-54s %22s %22s %10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
+                  e.nvme.total() == 0 ? "0" : nvme, extra.c_str());
+      out["configurations"].push_back(row);
+    }
+    if (budgets)
+      std::printf("budgets per rank: device %s, host %s, nvme %s (model states only)\n",
+                  device_budget ? format_bytes(*device_budget).c_str() : "-",
+                  host_budget ? format_bytes(*host_budget).c_str() : "-",
+                  nvme_budget ? format_bytes(*nvme_budget).c_str() : "-");
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "zero estimate: " << error_text(e) << "\n";
+    return 1;
+  }
+}
+
+}  // namespace zero::tools
