@@ -24,7 +24,8 @@
 // - Optimizer states: Adam's two fp32 moments, 8 x P (Adagrad's and Lion's
 //   one, 4 x P; stage 0: of the padded whole),
 //   and an fp32 master, 4 x P, except where the parameters are the master:
-//   fp32 on the device at stage 0, and stage 3's fp32 shards on the device.
+//   fp32 on the device in one partition (stage 0, or one rank), and stage
+//   3's fp32 shards on the device.
 //   Offloaded to the CPU: all on the host. To NVMe: the swap files (each
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
@@ -154,8 +155,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   else e.device.gradients = g * part;
 
   // Optimizer states: two moments and, unless the parameters are it, a master.
-  const bool params_are_master =
-      p == 4 && !off_opt && (z.stage == 0 || (z.stage == 3 && !off_param));
+  const bool params_are_master = p == 4 && !off_opt && (layout_ranks == 1 || (z.stage == 3 && !off_param));
   const bool one_moment = c.optimizer && (c.optimizer->type == config::OptimizerType::kAdagrad ||
                                           c.optimizer->type == config::OptimizerType::kLion);
   const int64_t states = (one_moment ? 1 : 2) + (params_are_master ? 0 : 1);
@@ -166,14 +166,11 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   } else {
     const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
     int64_t file = 0, sub_groups = 0, largest = 1;
-    for (int64_t n : groups) {
-      const int64_t chunk = n / layout_ranks;
-      for (int64_t start = 0; start < chunk; start += sub) {
-        const int64_t len = std::min(sub, chunk - start);
-        file += aligned(4 * len);
-        largest = std::max(largest, len);
-        ++sub_groups;
-      }
+    for (int64_t n : groups) {  // counted, not walked: sub-groups may be many
+      const int64_t chunk = n / layout_ranks, full = chunk / sub, rest = chunk % sub;
+      file += full * aligned(4 * sub) + (rest > 0 ? aligned(4 * rest) : 0);
+      sub_groups += full + (rest > 0 ? 1 : 0);
+      largest = std::max(largest, full > 0 ? sub : rest);
     }
     e.nvme.optimizer_states = states * file;
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));

@@ -1,6 +1,6 @@
 // zero estimate against measurement (issue 16): minGPT on two ranks at every
 // stage and offload tier writes the memory ledger's model-state bytes per
-// tier (mingpt --summary-json); `zero estimate --config` of the same config
+// tier (mingpt --summary-json; also on one rank); `zero estimate --config` of the same config
 // must give each of them within 5%.
 #include <sys/wait.h>
 
@@ -24,6 +24,7 @@ struct Case {
   const char* name;
   const char* precision;  // fp32, bf16, fp16
   const char* zero;       // the zero_optimization section; NVME is replaced by a folder
+  int ranks = 2;
 };
 
 int sh(const std::string& cmd) {
@@ -43,12 +44,14 @@ TEST_P(EstimateMatchesLedger, EveryTierAndKindWithin5Percent) {
                         {"zero_optimization", nlohmann::json::parse(zero)}};
   if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
   std::ofstream(dir.file("c.json")) << cfg.dump();
-  const std::string run = kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + dir.file("c.json") +
+  const std::string run = kBin + "zero launch --nproc_per_node " + std::to_string(c.ranks) + " -- " + kBin +
+                          "mingpt --config " + dir.file("c.json") +
                           " --n_layer 2 --n_embd 128 --n_head 4 --limit_train_batches 2 --summary-json " +
                           dir.file("s.json") + " > " + dir.file("run.log") + " 2>&1";
   ASSERT_EQ(sh("OMP_NUM_THREADS=1 " + run), 0) << read_text(dir.file("run.log"));
   // The addition task: vocabulary 10, context 6.
-  const std::string est = kBin + "zero estimate --model mingpt:2,128,10,6 --ranks-per-node 2 --config " +
+  const std::string est = kBin + "zero estimate --model mingpt:2,128,10,6 --ranks-per-node " + std::to_string(c.ranks) +
+                          " --config " +
                           dir.file("c.json") + " --json " + dir.file("e.json") + " > " + dir.file("e.log") + " 2>&1";
   ASSERT_EQ(sh(est), 0) << read_text(dir.file("e.log"));
   const auto measured = nlohmann::json::parse(read_text(dir.file("s.json")));
@@ -80,6 +83,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"stage0_fp32", "fp32", R"({"stage": 0})"}, Case{"stage0_bf16", "bf16", R"({"stage": 0})"},
         Case{"stage0_fp16", "fp16", R"({"stage": 0})"}, Case{"stage1_fp32", "fp32", R"({"stage": 1})"},
+        Case{"stage1_fp32_one_rank", "fp32", R"({"stage": 1})", 1},
+        Case{"stage3_fp32_one_rank", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})", 1},
         Case{"stage1_bf16_cpu", "bf16", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"},
         Case{"stage2_fp32", "fp32", R"({"stage": 2})"}, Case{"stage2_fp16", "fp16", R"({"stage": 2})"},
         Case{"stage2_fp32_cpu", "fp32", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"},
