@@ -41,7 +41,7 @@ int bench_adam(const std::vector<std::string>& args) {
   const auto param0 = torch::randn({n});
   const auto grad = torch::randn({n}) * 0.01;
   constexpr double kLr = 1e-3, kBeta1 = 0.9, kBeta2 = 0.999, kWd = 0.01, kEps = 1e-8;
-  // Every variant runs once per round, in turn, so that a machine whose
+  // Every variant runs once per round, in turn (the order rotating), so that a machine whose
   // memory speed drifts (a shared host) treats them alike; round 0 warms up
   // (first touch of the pages) and is not counted; medians are reported.
   struct Variant {
@@ -99,7 +99,8 @@ int bench_adam(const std::vector<std::string>& args) {
   });
 
   for (int64_t round = 0; round <= steps; ++round) {
-    for (auto& v : variants) {
+    for (size_t k = 0; k < variants.size(); ++k) {  // who goes first rotates
+      auto& v = variants[(k + static_cast<size_t>(round)) % variants.size()];
       const auto t0 = Clock::now();
       v.run(round + 1);
       if (round > 0) v.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());

@@ -91,7 +91,12 @@ std::optional<int64_t> parse_bytes(const std::string& s) {
     }
   }
   if (auto n = parse_size(s)) return n;
-  if (auto c = parse_count(s)) return static_cast<int64_t>(*c);  // 80e9
+  try {  // a plain number of bytes: 80e9
+    size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used == s.size() && v >= 1 && v < 9e18) return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+  }
   return std::nullopt;
 }
 
@@ -134,6 +139,13 @@ int estimate(const std::vector<std::string>& args) {
     if (a == "-h" || a == "--help") {
       std::cout << kEstimateUsage;
       return 0;
+    }
+    const std::vector<std::string> known = {"--params", "--model", "--ranks-per-node", "--nodes", "--precision",
+                                            "--stage", "--offload-optimizer", "--offload-param", "--config",
+                                            "--device-memory", "--host-memory", "--nvme-bytes", "--json"};
+    if (std::find(known.begin(), known.end(), a) == known.end()) {
+      const auto near = nearest(a, known);
+      return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     }
     if (i + 1 >= args.size()) return fail(a + ": expected a value");
     const std::string& v = args[++i];
@@ -205,6 +217,14 @@ int estimate(const std::vector<std::string>& args) {
   if (!stage && (off_opt != "none" || off_param != "none")) return fail("--offload-optimizer and --offload-param go with --stage");
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
+  bool precision_given = false;
+  for (const auto& a : args) precision_given = precision_given || a == "--precision";
+  if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
+  if (model) {
+    const double L = static_cast<double>((*model)[0]), C = static_cast<double>((*model)[1]);
+    if (L > 100000 || 12.0 * L * C * C + 2.0 * C * static_cast<double>((*model)[2]) > 1e16)
+      return fail("--model: at most 100000 blocks and 1e16 parameters");
+  }
   const int64_t world = per_node * nodes;
 
   try {
@@ -282,7 +302,11 @@ int estimate(const std::vector<std::string>& args) {
       if (budgets) {
         // The largest size that fits: states grow with the size, so double, then bisect.
         int64_t lo = 0, hi = 1;
-        const int64_t limit = model ? (int64_t{1} << 20) : (int64_t{1} << 50);
+        // Up to 100000 blocks (at most 1e16 parameters) or 1e16 parameters.
+        const int64_t limit =
+            model ? std::max<int64_t>(1, std::min<int64_t>(100000, static_cast<int64_t>(
+                                                                       1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
+                  : static_cast<int64_t>(1e16);
         auto ok = [&](int64_t n) { return fits(estimate_model_states(cfg, shapes_for(n))); };
         while (hi < limit && ok(hi)) lo = hi, hi *= 2;
         if (hi >= limit && ok(limit)) lo = limit;
@@ -296,8 +320,11 @@ int estimate(const std::vector<std::string>& args) {
         row["largest"] = model ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
                                : nlohmann::json{{"num_parameters", largest_params}};
         char buf[96];
-        if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fits(e) ? "yes" : "no",
-                                 static_cast<long long>(lo), static_cast<double>(largest_params));
+        const bool unbounded = lo >= limit;  // no budget given binds this configuration
+        row["largest"]["unbounded"] = unbounded;
+        if (unbounded) std::snprintf(buf, sizeof buf, "   %-4s   unbounded by these budgets", fits(e) ? "yes" : "no");
+        else if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fits(e) ? "yes" : "no",
+                                      static_cast<long long>(lo), static_cast<double>(largest_params));
         else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fits(e) ? "yes" : "no", static_cast<double>(largest_params));
         extra = buf;
       }

@@ -56,8 +56,8 @@ int64_t bytes_of(const std::string& dtype) { return dtype == "fp16" || dtype == 
 std::vector<ParameterShape> mingpt_parameters(int64_t L, int64_t C, int64_t V, int64_t T, bool tie) {
   std::vector<ParameterShape> out;
   int layer = 0;
+  out.push_back({"pos_emb", T * C, -1});  // the model's own parameter comes before its children's
   out.push_back({"tok_emb.weight", V * C, layer++});
-  out.push_back({"pos_emb", T * C, -1});
   for (int64_t i = 0; i < L; ++i, ++layer) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     for (const auto& [name, numel] : std::vector<std::pair<std::string, int64_t>>{
@@ -81,8 +81,9 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   const int64_t N = std::max<int64_t>(1, c.world_size);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
   const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
-  const bool off_opt = z.offload_optimizer.device != config::OffloadDevice::kNone;
-  const bool nvme_opt = z.offload_optimizer.device == config::OffloadDevice::kNvme;
+  // offload_optimizer has no effect at stage 0 (the config warns so).
+  const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
+  const bool nvme_opt = z.stage >= 1 && z.offload_optimizer.device == config::OffloadDevice::kNvme;
   const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
   const bool nvme_param = z.stage == 3 && z.offload_param.device == config::OffloadDevice::kNvme;
   MemoryEstimate e;
@@ -93,7 +94,8 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   int64_t group0_whole = 0;     // stage 3: always gathered
   const int64_t layout_ranks = z.stage == 0 ? 1 : N;
   if (z.stage < 3) {
-    const int64_t cap = std::max<int64_t>(1, std::min(z.reduce_bucket_size, z.allgather_bucket_size));
+    const int64_t cap = std::max<int64_t>(
+        1, z.stage == 0 ? z.reduce_bucket_size : std::min(z.reduce_bucket_size, z.allgather_bucket_size));
     int64_t used = 0;
     for (const auto& q : params) {
       if (used > 0 && used + q.numel > cap) groups.push_back(padded(used, layout_ranks)), used = 0;
@@ -104,14 +106,15 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
     std::vector<int64_t> layer_numel;
     for (const auto& q : params) {
-      if (q.layer < 0 || keep.keep_whole(q.numel)) {
+      const bool whole = keep.keep_whole(q.numel);  // spends the model's budget outside layers too
+      if (q.layer < 0 || whole) {
         group0_whole += q.numel;
         continue;
       }
       if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
       layer_numel[static_cast<size_t>(q.layer)] += q.numel;
     }
-    if (group0_whole > 0) groups.push_back(padded(group0_whole, N));
+    groups.push_back(padded(group0_whole, N));  // group 0 exists even when empty
     for (int64_t n : layer_numel)
       if (n > 0) groups.push_back(padded(n, N));
   }
@@ -123,7 +126,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     e.device.parameters = p * flat;
   } else {
     // Group 0 gathered for good, as a padded buffer.
-    if (group0_whole > 0) e.device.parameters = p * padded(group0_whole, N);
+    e.device.parameters = p * padded(group0_whole, N);
     if (!off_param) {
       e.device.parameters += p * part;
     } else if (!nvme_param) {
@@ -136,7 +139,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
       int64_t disk_groups = 0, largest = 0;
       for (size_t i = 0; i < groups.size(); ++i) {
         const int64_t chunk = groups[i] / N;
-        if ((i == 0 && group0_whole > 0) || in_cpu.keep(chunk)) {
+        if (i == 0 || in_cpu.keep(chunk)) {
           e.host.parameters += p * chunk;
         } else {
           e.nvme.parameters += aligned(p * chunk);
@@ -155,7 +158,10 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   else e.device.gradients = g * part;
 
   // Optimizer states: two moments and, unless the parameters are it, a master.
-  const bool params_are_master = p == 4 && !off_opt && (layout_ranks == 1 || (z.stage == 3 && !off_param));
+  // (Stage 3 with offload_param: on a GPU the shards are not on the device,
+  // so the master is separate; a CPU-only run, where host and device are one,
+  // keeps 4 x P less.)
+  const bool params_are_master = p == 4 && !off_opt && (z.stage == 3 ? !off_param : layout_ranks == 1);
   const bool one_moment = c.optimizer && (c.optimizer->type == config::OptimizerType::kAdagrad ||
                                           c.optimizer->type == config::OptimizerType::kLion);
   const int64_t states = (one_moment ? 1 : 2) + (params_are_master ? 0 : 1);
