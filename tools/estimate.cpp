@@ -127,6 +127,7 @@ int estimate(const std::vector<std::string>& args) {
   std::optional<std::vector<int64_t>> model;  // L, C, V, T
   int64_t per_node = 1, nodes = 1;
   std::string precision = "bf16", json_path, config_path;
+  bool precision_given = false;
   std::optional<int> stage;
   std::string off_opt = "none", off_param = "none";
   std::optional<int64_t> device_budget, host_budget, nvme_budget;
@@ -191,6 +192,7 @@ int estimate(const std::vector<std::string>& args) {
     } else if (a == "--precision") {
       if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
       precision = v;
+      precision_given = true;
     } else if (a == "--stage") {
       auto x = integer(0, 3);
       if (!x) return fail("--stage: expected 0, 1, 2 or 3; got \"" + v + "\"");
@@ -204,21 +206,14 @@ int estimate(const std::vector<std::string>& args) {
       (a == "--device-memory" ? device_budget : a == "--host-memory" ? host_budget : nvme_budget) = *b;
     } else if (a == "--config") {
       config_path = v;
-    } else if (a == "--json") {
+    } else {  // --json: the options were checked against `known` above
       json_path = v;
-    } else {
-      const auto near = nearest(a, {"--params", "--model", "--ranks-per-node", "--nodes", "--precision", "--stage",
-                                    "--offload-optimizer", "--offload-param", "--config", "--device-memory",
-                                    "--host-memory", "--nvme-bytes", "--json"});
-      return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     }
   }
   if (params.has_value() == model.has_value()) return fail("expected one of --params P or --model mingpt:L,C[,V,T]");
   if (!stage && (off_opt != "none" || off_param != "none")) return fail("--offload-optimizer and --offload-param go with --stage");
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
-  bool precision_given = false;
-  for (const auto& a : args) precision_given = precision_given || a == "--precision";
   if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
   if (model) {
     const double L = static_cast<double>((*model)[0]), C = static_cast<double>((*model)[1]);
