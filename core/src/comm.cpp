@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <exception>
 #include <cstdlib>
 #include <condition_variable>
 #include <mutex>
@@ -133,9 +134,26 @@ class Liveness {
 };
 }  // namespace detail
 
+// NOTE [failed collectives]
+// When one collective fails on a rank (a peer died, a timeout, an allocation
+// inside the backend), that rank's process group is of no further use, and
+// the run is ending: its exception unwinds through destructors that own
+// works still in flight. Waiting for each of them would cost a full
+// collective timeout apiece while the peers, blocked on this rank, wait too;
+// so after the first failure a work that has not completed is given up
+// (abandoned) at once: wait() throws saying an earlier collective failed, and
+// a destructor lets it go in silence. A destructor run by an exception
+// (std::uncaught_exceptions) does the same whatever failed: this rank's
+// main thread may have run out of memory between a collective's launch and
+// its wait, and the peers may be blocked on one of this rank's that will
+// never come. An abandoned c10d work keeps its tensors, so nothing it still
+// writes is freed under it. The rank exits promptly, its sockets close, and
+// its peers fail at once instead of at their timeout.
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
-                   std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live)
-    : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout), live_(std::move(live)) {}
+                   std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live,
+                   std::shared_ptr<std::atomic<bool>> comm_failed)
+    : work_(std::move(work)), what_(std::move(what)), rank_(rank), timeout_(timeout), live_(std::move(live)),
+      comm_failed_(std::move(comm_failed)) {}
 
 CommWork::CommWork(CommWork&& o) noexcept { *this = std::move(o); }
 
@@ -153,12 +171,18 @@ CommWork& CommWork::operator=(CommWork&& o) noexcept {
     rank_ = o.rank_;
     timeout_ = o.timeout_;
     live_ = std::move(o.live_);
+    comm_failed_ = std::move(o.comm_failed_);
   }
   return *this;
 }
 
 CommWork::~CommWork() {
   if (!work_) return;
+  // NOTE [failed collectives]: unwinding, or after a failure, nothing waits.
+  if ((std::uncaught_exceptions() > 0 || (comm_failed_ && comm_failed_->load())) && !work_->isCompleted()) {
+    abandon();
+    return;
+  }
   try {
     wait();
   } catch (const std::exception& e) {
@@ -174,11 +198,22 @@ void CommWork::abandon() {
 
 void CommWork::wait() {
   if (!work_) return;
+  if (comm_failed_ && comm_failed_->load() && !work_->isCompleted()) {
+    abandon();  // NOTE [failed collectives]
+    throw CommunicationError(what_ + " on rank " + std::to_string(rank_) +
+                             " given up: an earlier collective of this rank failed (its error says why)");
+  }
   auto work = std::move(work_);
   work_.reset();
   try {
     work->wait();
   } catch (const std::exception& e) {
+    if (comm_failed_) comm_failed_->store(true);
+    // An allocation of this rank's part failed inside the backend: this rank
+    // is out of memory, and its peers are not the story.
+    const std::string text = error_text(e);
+    if (text.find("out of memory on the") != std::string::npos)
+      throw OutOfMemoryError(what_ + " on rank " + std::to_string(rank_) + ": " + text);
     std::ostringstream m;
     m << what_ << " failed on rank " << rank_ << " (collective timeout "
       << timeout_.count() / 1000 << " s, ZERO_COMM_TIMEOUT_S): " << error_text(e)
@@ -411,12 +446,12 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
   at::Tensor in = at::full({1}, value, at::kLong);
   Exchange e;
   e.out = at::empty({env_.world_size}, at::kLong);
-  e.work = CommWork(control_->_allgather_base(e.out, in), what, env_.rank, env_.timeout, live_);
+  e.work = CommWork(control_->_allgather_base(e.out, in), what, env_.rank, env_.timeout, live_, failed_);
   return e;
 }
 
 CommWork Comm::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t) {
-  return CommWork(std::move(work), describe(op, t), env_.rank, env_.timeout, live_);
+  return CommWork(std::move(work), describe(op, t), env_.rank, env_.timeout, live_, failed_);
 }
 
 CommWork Comm::all_reduce_sum(at::Tensor& tensor) {
@@ -440,6 +475,8 @@ CommWork Comm::reduce_scatter_sum(at::Tensor& output, const at::Tensor& input) {
   o.reduceOp = c10d::ReduceOp::SUM;
   return wrap(backend_->_reduce_scatter_base(output, in, o), "reduce_scatter", input);
 }
+
+bool Comm::reduce_scatter_copies_input() const { return backend_->getBackendName() == "gloo"; }
 
 CommWork Comm::all_gather(at::Tensor& output, const at::Tensor& input) {
   ZERO_CHECK(output.numel() == input.numel() * env_.world_size, "all_gather sizes");

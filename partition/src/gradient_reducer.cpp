@@ -167,7 +167,9 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor send = dtype == st.scalar_type() ? st : st.to(dtype);
     if (options_.pre_scale != 1.0) send.mul_(options_.pre_scale);
     Scatter s{g, at::Tensor(), at::Tensor(), CommWork()};
-    if (options_.reduce_scatter) {
+    // The bucket is scratch: where a reduce-scatter would copy it whole
+    // (Gloo), it is all-reduced in place (Comm::reduce_scatter_copies_input).
+    if (options_.reduce_scatter && !comm_->reduce_scatter_copies_input()) {
       s.out = LedgerAlloc::empty(ledger_, group.chunk_numel, dtype, options_.device, Tier::kDevice,
                                  Kind::kCommBuffers, "stage-2 reduced chunk");
       s.work = comm_->reduce_scatter_sum(s.out, send);

@@ -356,7 +356,13 @@ double ZeroOptimizer::parameter_l2() const {
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   for (size_t g = 0; g < flat_->groups().size(); ++g) {
     const at::Tensor values = flat_->stage3() ? shard(g) : flat_->group_of(flat_->flat(), g);
-    sumsq.add_(at::linalg_vector_norm(values, 2, c10::nullopt, false, at::kDouble).to(options_.device).pow(2));
+    // In slices: a norm in double makes a double copy of its input on the CPU
+    // (twice a 32-bit group's bytes), which a run near its memory budget lacks.
+    constexpr int64_t kSlice = int64_t{1} << 20;
+    for (int64_t off = 0; off < values.numel(); off += kSlice) {
+      const auto slice = values.narrow(0, off, std::min(kSlice, values.numel() - off));
+      sumsq.add_(at::linalg_vector_norm(slice, 2, c10::nullopt, false, at::kDouble).to(options_.device).pow(2));
+    }
     if (flat_->stage3()) shard_done(g);
   }
   // Stage 3: each rank has its shards; padding is zero.

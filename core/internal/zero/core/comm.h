@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,12 +34,15 @@ class Liveness;  // NOTE [liveness] in comm.cpp
 }
 
 /// A collective in flight. Move-only; destroying an unwaited work waits for it
-/// (errors are then logged, not thrown).
+/// (errors are then logged, not thrown). Once a collective of its Comm has
+/// failed, a work not yet complete is given up instead of waited for
+/// (NOTE [failed collectives] in comm.cpp).
 class CommWork {
  public:
   CommWork() = default;
   CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
-           std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live = nullptr);
+           std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live = nullptr,
+           std::shared_ptr<std::atomic<bool>> comm_failed = nullptr);
   CommWork(CommWork&&) noexcept;
   CommWork& operator=(CommWork&&) noexcept;
   ~CommWork();
@@ -57,6 +61,7 @@ class CommWork {
   int rank_ = 0;
   std::chrono::milliseconds timeout_{0};
   std::shared_ptr<const detail::Liveness> live_;  // names the ranks that stopped answering
+  std::shared_ptr<std::atomic<bool>> comm_failed_;  // set by the first collective of the Comm that fails
 };
 
 class Comm {
@@ -86,6 +91,11 @@ class Comm {
   /// input: world_size * output.numel() elements; rank r receives the sum of
   /// every rank's r-th chunk in `output`.
   CommWork reduce_scatter_sum(at::Tensor& output, const at::Tensor& input);
+  /// Whether reduce_scatter_sum makes a whole copy of its input (Gloo's does:
+  /// it all-reduces a clone and keeps a chunk). Where it does, a caller whose
+  /// input is scratch all-reduces it in place instead: the same sums, the
+  /// same traffic, one bucket less in memory.
+  bool reduce_scatter_copies_input() const;
   /// output: world_size * input.numel() elements, rank r's input at chunk r.
   CommWork all_gather(at::Tensor& output, const at::Tensor& input);
   CommWork broadcast(at::Tensor& tensor, int root);
@@ -126,6 +136,7 @@ class Comm {
   int64_t check_counter_ = 0;
   at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
   std::shared_ptr<detail::Liveness> live_;
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace zero
