@@ -21,9 +21,11 @@
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include "data.h"
+#include "find_max.h"
 #include "model.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
@@ -70,6 +72,20 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --stop_after_steps N     end the run after N optimizer steps in all (the schedule is still
                            the whole run's): a stop to --resume from; 0 with --load_weights or
                            --resume and --save_dir: save what was loaded, train nothing
+  --device-memory BYTES    per-rank budgets ("512MiB", "80e9", "2GiB"): past one, the run ends
+  --host-memory BYTES      with an out-of-memory error (exit status 3) naming the tier, the
+  --nvme-bytes BYTES       bytes asked, the cap and the config keys that would help. Device: on
+                           CUDA the caching allocator's memory fraction, on the CPU every CPU
+                           tensor not on a host tier; host: pinned and pageable together; NVMe:
+                           the swap files
+  --find-max-params        search for the largest model that trains with --config and the
+                           budgets (on the CPU --device-memory is required): runs a few steps
+                           of each size tried, printing a line per probe; --summary-json FILE
+                           writes the search's report (README.md, "The max-parameter benchmark")
+  --nproc N                with --find-max-params: ranks per probe (zero launch; default 1)
+  --probe_steps N          with --find-max-params: optimizer steps per probe (default 3)
+  --head_dim N             with --find-max-params: n_embd moves in steps of N, n_head = n_embd / N
+                           (default 64); --n_layer fixes the depth (default n_embd / N)
   -h, --help               this text
 
 Integers are decimal digits (not 1e3 or 0x10), each within its range: --n_layer
@@ -99,6 +115,11 @@ struct Args {
   std::string save_dir, resume, resume_tag, load_weights;
   int64_t save_every = 0;
   std::optional<int64_t> stop_after_steps;
+  std::optional<int64_t> device_memory, host_memory, nvme_bytes;
+  bool find_max = false;
+  int64_t nproc = 1, probe_steps = 3, head_dim = 64;
+  bool n_layer_given = false, n_embd_given = false, n_head_given = false;
+  std::vector<std::string> forward;  // flags a --find-max-params probe gets as given
   // Test seam (not in --help): "RANK:POINT:N" kills rank RANK at point POINT
   // of its N-th save (CheckpointHooks::at), as a crash would.
   std::string test_kill_save;
@@ -145,7 +166,8 @@ double parse_double(const std::string& flag, const std::string& v, double min_va
 // machine, low enough that sizes computed from them cannot overflow.
 constexpr int64_t kMaxLayers = 100000, kMaxWidth = 1 << 20, kMaxBatch = 1 << 24, kMaxBlock = 1 << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 40;  // epochs, batches, steps
-constexpr int64_t kMaxDigits = 4;                // the addition task enumerates (10^n)^2 pairs
+constexpr int64_t kMaxDigits = 4;
+constexpr int kOutOfMemoryStatus = 3;  // find_max.cpp tells "does not fit" from other failures by it                // the addition task enumerates (10^n)^2 pairs
 
 // An output file is checked before the run, not found unwritable after it:
 // its folder exists and takes files, and the name is not a folder.
@@ -170,16 +192,26 @@ Args parse_args(int argc, char** argv) {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
-      "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save"};
+      "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save",
+      "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--head_dim"};
+  // What a --find-max-params probe is given as the user gave it.
+  const std::vector<std::string> forwarded = {"--batch_size", "--precision", "--lr", "--data", "--ndigit", "--seed",
+                                              "--dropout", "--device", "--cpu_copy_mode", "--block_size"};
   std::map<std::string, std::string> seen;  // flag -> the value given first
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
     if (flag == "--checkpoint") {
       a.checkpoint = true;
+      a.forward.push_back(flag);
       continue;
     }
     if (flag == "--tie_weights") {
       a.tie_weights = true;
+      a.forward.push_back(flag);
+      continue;
+    }
+    if (flag == "--find-max-params") {
+      a.find_max = true;
       continue;
     }
     if (flag == "-h" || flag == "--help") {
@@ -197,10 +229,18 @@ Args parse_args(int argc, char** argv) {
       if (auto [it, fresh] = seen.emplace(flag, value); !fresh)
         usage_error(flag + " given twice (\"" + it->second + "\" and \"" + value + "\"): give it once");
     }
+    if (std::find(forwarded.begin(), forwarded.end(), flag) != forwarded.end()) a.forward.insert(a.forward.end(), {flag, value});
     if (flag == "--config") a.config = value;
-    else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1, kMaxLayers);
-    else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1, kMaxWidth);
-    else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1, kMaxWidth);
+    else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1, kMaxLayers), a.n_layer_given = true;
+    else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1, kMaxWidth), a.n_head_given = true;
+    else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1, kMaxWidth), a.n_embd_given = true;
+    else if (flag == "--device-memory" || flag == "--host-memory" || flag == "--nvme-bytes") {
+      const auto n = zero::parse_byte_size(value);
+      if (!n) usage_error(flag + ": expected a byte count such as 512MiB, 2GiB or 80e9; got \"" + value + "\"");
+      (flag == "--device-memory" ? a.device_memory : flag == "--host-memory" ? a.host_memory : a.nvme_bytes) = *n;
+    } else if (flag == "--nproc") a.nproc = parse_int(flag, value, 1, 1024);
+    else if (flag == "--probe_steps") a.probe_steps = parse_int(flag, value, 1, 1000);
+    else if (flag == "--head_dim") a.head_dim = parse_int(flag, value, 1, kMaxWidth);
     else if (flag == "--block_size") a.block_size = parse_int(flag, value, 1, kMaxBlock);
     else if (flag == "--batch_size") a.batch_size = parse_int(flag, value, 1, kMaxBatch), a.batch_size_given = true;
     else if (flag == "--limit_train_batches") a.limit_train_batches = parse_int(flag, value, 1, kMaxCount);
@@ -243,6 +283,16 @@ Args parse_args(int argc, char** argv) {
   if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
   if (a.block_size && a.data.empty())
     usage_error("--block_size applies to --data only: the addition task's context is set by --ndigit (3 x ndigit)");
+  if (a.find_max) {
+    for (const auto& [given, name] : std::vector<std::pair<bool, std::string>>{
+             {a.n_embd_given, "--n_embd"}, {a.n_head_given, "--n_head"}, {a.limit_train_batches.has_value(), "--limit_train_batches"},
+             {a.stop_after_steps.has_value(), "--stop_after_steps"}, {seen.count("--max_epochs") > 0, "--max_epochs"},
+             {!a.save_dir.empty(), "--save_dir"}, {!a.resume.empty(), "--resume"}, {!a.load_weights.empty(), "--load_weights"}})
+      if (given) usage_error(name + " does not go with --find-max-params: the search sets the width and the steps of each probe");
+  } else {
+    for (const char* f : {"--nproc", "--probe_steps", "--head_dim"})
+      if (seen.count(f)) usage_error(std::string(f) + " goes with --find-max-params only");
+  }
   if (a.n_head > a.n_embd || a.n_embd % a.n_head != 0)
     usage_error("--n_embd " + std::to_string(a.n_embd) + " must be a multiple of --n_head " + std::to_string(a.n_head));
   if (!a.resume.empty() && !a.load_weights.empty())
@@ -252,6 +302,42 @@ Args parse_args(int argc, char** argv) {
 
 const char* precision_name(torch::ScalarType t) {
   return t == torch::kHalf ? "16" : t == torch::kBFloat16 ? "bf16" : "32";
+}
+
+// --find-max-params: the search runs this binary once per size (find_max.cpp).
+int find_max(const Args& args, const mingpt::GPTConfig& gcfg, const zero::InitOptions& opts) {
+  mingpt::FindMaxOptions f;
+  char self[4096] = {0};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw zero::IoError(std::string("readlink /proc/self/exe: ") + std::strerror(errno));
+  f.self = std::string(self, static_cast<size_t>(n));
+  f.launcher = f.self.substr(0, f.self.rfind('/') + 1) + "zero";
+  if (args.nproc > 1 && ::access(f.launcher.c_str(), X_OK) != 0)
+    usage_error("--nproc " + std::to_string(args.nproc) + " runs the probes with " + f.launcher + ", which is not there");
+  f.nproc = args.nproc;
+  f.config = args.config;
+  zero::config::LoadOptions lo;
+  lo.world_size = args.nproc;
+  lo.auto_values = opts.auto_values;
+  lo.auto_values.total_num_steps = 1;
+  lo.auto_values.warmup_num_steps = 1;
+  f.resolved = zero::config::load_file(args.config, lo);
+  f.vocab_size = gcfg.vocab_size;
+  f.block_size = gcfg.block_size;
+  f.tie_weights = gcfg.tie_weights;
+  f.device_memory = args.device_memory;
+  f.host_memory = args.host_memory;
+  f.nvme_bytes = args.nvme_bytes;
+  f.on_cuda = args.device ? torch::Device(*args.device).is_cuda() : torch::cuda::is_available();
+  if (!f.on_cuda && !f.device_memory)
+    usage_error("--find-max-params on the CPU needs --device-memory BYTES (the budget a GPU's memory would set)");
+  if (args.n_layer_given) f.n_layer = args.n_layer;
+  f.head_dim = args.head_dim;
+  f.steps = args.probe_steps;
+  f.forward = args.forward;
+  f.json_path = args.summary_json;
+  if (!f.json_path.empty()) check_writable("--summary-json", f.json_path);
+  return mingpt::find_max_params(f);
 }
 
 }  // namespace
@@ -282,6 +368,10 @@ int main(int argc, char** argv) {
     opts.tokens_per_sample = task->block_size();
     if (args.device) opts.device = torch::Device(*args.device);
     opts.cpu_copy_mode = args.cpu_copy_mode;
+    opts.device_memory_limit_bytes = args.device_memory;
+    opts.host_memory_limit_bytes = args.host_memory;
+    opts.nvme_limit_bytes = args.nvme_bytes;
+    if (args.find_max) return find_max(args, gcfg, opts);
     // A schedule's "auto" total_num_steps depends on the resolved batch: resolve
     // the config once to learn it, then build the engine with the real total.
     auto micro_batches_per_epoch = [&](const zero::config::BatchConfig& b) {
@@ -429,8 +519,9 @@ int main(int argc, char** argv) {
     bool stopped = args.stop_after_steps && engine.global_steps() >= *args.stop_after_steps;
     int64_t end_epoch = start_epoch, end_step = start_step;  // the data position after the last step run
     for (int64_t epoch = start_epoch; epoch < args.max_epochs && !stopped; ++epoch) {
-      engine.reset_peak_bytes();
       const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
+      // After the data order (the host's, made once per epoch), as a GPU run counts.
+      engine.reset_peak_bytes();
       const int64_t first_mb = epoch == start_epoch ? start_step * gas : 0;
       std::optional<zero::ProgressLine> progress;
       if (rank == 0) progress.emplace("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.max_epochs),
@@ -458,8 +549,9 @@ int main(int argc, char** argv) {
           if (!args.save_dir.empty() && args.save_every > 0 && done % args.save_every == 0) save(epoch, end_step);
           step_start = std::chrono::steady_clock::now();  // a save is not a step
         }
-        char note[64];
-        std::snprintf(note, sizeof note, "loss %.4f", last_loss);
+        // No loss is shown until an optimizer step has one (not "loss nan").
+        char note[64] = "";
+        if (!std::isnan(last_loss)) std::snprintf(note, sizeof note, "loss %.4f", last_loss);
         if (progress) progress->update(mb + 1 - first_mb, note);
         if (stopped) break;
       }
@@ -619,6 +711,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
     }
     return 0;
+  } catch (const zero::OutOfMemoryError& e) {
+    std::cerr << "mingpt: " << zero::error_text(e) << "\n";
+    return kOutOfMemoryStatus;
+  } catch (const c10::OutOfMemoryError& e) {
+    std::cerr << "mingpt: out of memory on the device: " << zero::error_text(e) << "\n";
+    return kOutOfMemoryStatus;
   } catch (const zero::Error& e) {
     std::cerr << "mingpt: " << zero::error_text(e) << "\n";
     return 1;

@@ -39,36 +39,55 @@ const char* to_string(Kind kind) {
 }
 
 
+namespace {
+// Bytes on the pinned and pageable host tiers of every ledger in the process:
+// CPU tensor memory that is not a CPU run's device memory
+// (NOTE [emulated device memory]).
+std::atomic<int64_t> g_host_tier_bytes{0};
+bool is_host(Tier t) { return t == Tier::kPinnedHost || t == Tier::kHost; }
+}  // namespace
+
 struct MemoryLedger::Shared {
   mutable std::mutex mu;
   std::array<std::array<LedgerCounter, kNumKinds>, kNumTiers> cells{};
   std::array<LedgerCounter, kNumTiers> tiers{};
   std::array<int64_t, kNumTiers> limits{};
   std::array<std::string, kNumTiers> limit_keys;
+  int64_t host_limit = 0;  // pinned + pageable
+  std::string host_limit_key;
+
+  [[noreturn]] static void refuse(const std::string& where, const std::string& what, int64_t n, int64_t used,
+                                  int64_t limit, const std::string& key) {
+    std::ostringstream m;
+    m << "out of memory on the " << where << ": " << what << " needs " << format_bytes(n) << ", "
+      << format_bytes(used) << " already in use, limit " << format_bytes(limit);
+    if (!key.empty()) m << " (set by " << key << ")";
+    throw OutOfMemoryError(m.str());
+  }
 
   void add(Tier t, Kind k, int64_t n, const std::string& what) {
     std::lock_guard<std::mutex> lock(mu);
     auto& tier = tiers[static_cast<int>(t)];
     int64_t limit = limits[static_cast<int>(t)];
-    if (limit > 0 && tier.current_bytes + n > limit) {
-      std::ostringstream m;
-      m << "out of memory on the " << to_string(t) << " tier: " << what << " needs "
-        << format_bytes(n) << ", " << format_bytes(tier.current_bytes) << " already in use, limit "
-        << format_bytes(limit);
-      const auto& key = limit_keys[static_cast<int>(t)];
-      if (!key.empty()) m << " (set by " << key << ")";
-      throw OutOfMemoryError(m.str());
+    if (limit > 0 && tier.current_bytes + n > limit)
+      refuse(std::string(to_string(t)) + " tier", what, n, tier.current_bytes, limit, limit_keys[static_cast<int>(t)]);
+    if (is_host(t) && host_limit > 0) {
+      const int64_t host = tiers[static_cast<int>(Tier::kPinnedHost)].current_bytes +
+                           tiers[static_cast<int>(Tier::kHost)].current_bytes;
+      if (host + n > host_limit) refuse("host (pinned and pageable)", what, n, host, host_limit, host_limit_key);
     }
     auto& cell = cells[static_cast<int>(t)][static_cast<int>(k)];
     cell.current_bytes += n;
     cell.peak_bytes = std::max(cell.peak_bytes, cell.current_bytes);
     tier.current_bytes += n;
     tier.peak_bytes = std::max(tier.peak_bytes, tier.current_bytes);
+    if (is_host(t)) g_host_tier_bytes.fetch_add(n, std::memory_order_relaxed);
   }
   void sub(Tier t, Kind k, int64_t n) {
     std::lock_guard<std::mutex> lock(mu);
     cells[static_cast<int>(t)][static_cast<int>(k)].current_bytes -= n;
     tiers[static_cast<int>(t)].current_bytes -= n;
+    if (is_host(t)) g_host_tier_bytes.fetch_sub(n, std::memory_order_relaxed);
   }
 };
 
@@ -110,6 +129,8 @@ at::Tensor LedgerAlloc::host_empty(MemoryLedger& ledger, int64_t numel, at::Scal
     try {
       return empty(ledger, numel, dtype, at::kCPU, Tier::kPinnedHost, kind, what);
     } catch (const OutOfMemoryError& e) {
+      // Past the host cap, pageable memory is no way out.
+      if (std::string(e.what()).find("out of memory on the host (pinned and pageable)") != std::string::npos) throw;
       log::warning_once("offload.pinned", std::string(e.what()) +
                                               "; using pageable host memory for the rest (slower copies)");
     }
@@ -148,6 +169,12 @@ void MemoryLedger::set_limit(Tier tier, int64_t nbytes, const std::string& confi
   std::lock_guard<std::mutex> lock(shared_->mu);
   shared_->limits[static_cast<int>(tier)] = nbytes > 0 ? nbytes : 0;
   shared_->limit_keys[static_cast<int>(tier)] = config_key;
+}
+
+void MemoryLedger::set_host_limit(int64_t nbytes, const std::string& config_key) {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  shared_->host_limit = nbytes > 0 ? nbytes : 0;
+  shared_->host_limit_key = config_key;
 }
 
 LedgerCounter MemoryLedger::get(Tier tier, Kind kind) const {
@@ -213,6 +240,21 @@ std::atomic<int64_t> g_cpu_current{0};
 std::atomic<int64_t> g_cpu_peak{0};
 std::atomic<int64_t> g_cpu_allocs{0};
 std::atomic<bool> g_installed{false};
+// NOTE [emulated device memory]
+// A CPU run has no device, yet the max-parameter search and the memory tests
+// need a device budget to hit. Its device memory is every CPU tensor byte
+// that no ledger counts on a host tier: what a GPU run would keep in device
+// memory (the states the ledger puts on the device tier, and the activations,
+// gathered layers and temporaries the ledger never sees). The counting
+// allocator sees every CPU tensor; a ledger's host-tier bytes are counted
+// before their tensor is allocated (LedgerAlloc::empty), so at each
+// allocation device = counted bytes + this allocation - host-tier bytes. A
+// cap turns the allocation past it into zero::OutOfMemoryError, as the CUDA
+// caching allocator's memory fraction does on a GPU.
+std::atomic<int64_t> g_device_peak{0};
+std::atomic<int64_t> g_device_cap{0};
+std::mutex g_device_help_mu;
+std::string g_device_help;  // under g_device_help_mu
 
 // Each allocation carries a header of kHeader bytes before the data, holding
 // its size, so the data pointer can be its own context (LibTorch's
@@ -238,8 +280,24 @@ void counted_free(void* data) {
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    char* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
     const auto n = static_cast<int64_t>(nbytes);
+    const int64_t device = g_cpu_current.load(std::memory_order_relaxed) + n -
+                           g_host_tier_bytes.load(std::memory_order_relaxed);
+    const int64_t cap = g_device_cap.load(std::memory_order_relaxed);
+    if (cap > 0 && device > cap) {
+      std::string help;
+      {
+        std::lock_guard<std::mutex> lock(g_device_help_mu);
+        help = g_device_help;
+      }
+      throw OutOfMemoryError("out of memory on the device (a CPU run's device memory, NOTE [emulated device memory]): " +
+                             format_bytes(n) + " asked, " + format_bytes(device - n) + " in use, limit " +
+                             format_bytes(cap) + (help.empty() ? "" : " (" + help + ")"));
+    }
+    int64_t peak = g_device_peak.load(std::memory_order_relaxed);
+    while (device > peak && !g_device_peak.compare_exchange_weak(peak, device, std::memory_order_relaxed)) {
+    }
+    char* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
     std::memcpy(base, &n, sizeof n);
     void* data = base + kHeader;
     update_peak(g_cpu_current.fetch_add(n, std::memory_order_relaxed) + n);
@@ -268,6 +326,22 @@ CpuAllocatorStats cpu_allocator_stats() {
   return {g_installed.load(), g_cpu_current.load(), g_cpu_peak.load(), g_cpu_allocs.load()};
 }
 
-void reset_cpu_allocator_peak() { g_cpu_peak.store(g_cpu_current.load()); }
+void reset_cpu_allocator_peak() {
+  g_cpu_peak.store(g_cpu_current.load());
+  g_device_peak.store(g_cpu_current.load() - g_host_tier_bytes.load());
+}
+
+CpuDeviceStats cpu_device_stats() {
+  return {g_cpu_current.load() - g_host_tier_bytes.load(), g_device_peak.load(), g_device_cap.load()};
+}
+
+void limit_cpu_device_memory(int64_t nbytes, const std::string& help) {
+  install_counting_cpu_allocator();
+  {
+    std::lock_guard<std::mutex> lock(g_device_help_mu);
+    g_device_help = help;
+  }
+  g_device_cap.store(nbytes > 0 ? nbytes : 0);
+}
 
 }  // namespace zero

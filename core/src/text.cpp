@@ -46,4 +46,29 @@ std::string format_bytes(int64_t nbytes) {
   return buf;
 }
 
+std::optional<int64_t> parse_byte_size(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},          {"B", 1},          {"KB", 1e3},           {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},      {"KiB", 1024.0},       {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  const auto digits_end = text.find_first_not_of("0123456789.eE+-");
+  const std::string number = text.substr(0, digits_end), unit = digits_end == std::string::npos ? "" : text.substr(digits_end);
+  if (number.empty() || number.find_first_of("0123456789") == std::string::npos) return std::nullopt;
+  double v = 0;
+  try {
+    size_t used = 0;
+    v = std::stod(number, &used);
+    if (used != number.size()) return std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  for (const auto& [name, mult] : kUnits) {
+    if (unit != name) continue;
+    const double bytes = v * mult;
+    if (!(bytes >= 1) || bytes > 9e18) return std::nullopt;
+    return static_cast<int64_t>(bytes);
+  }
+  return std::nullopt;
+}
+
 }  // namespace zero

@@ -6,7 +6,79 @@
 #include "zero/core/ledger_alloc.h"
 #include "zero/partition/zero_optimizer.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
 namespace zero::detail {
+
+namespace {
+
+// The device's memory, as the caching allocator's fraction counts it.
+int64_t cuda_total_memory(const torch::Device& device) {
+  c10::cuda::CUDAGuard guard(device.index());
+  size_t free_bytes = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<int64_t>(total);
+}
+
+std::string join_or(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
+  return out;
+}
+
+}  // namespace
+
+std::string memory_help(const config::Config& cfg, Tier tier) {
+  const auto& z = cfg.zero;
+  std::vector<std::string> keys;
+  if (tier == Tier::kDevice) {
+    if (z.stage < 3) keys.push_back("zero_optimization.stage 3 (partitions the parameters)");
+    if (z.stage >= 1 && z.offload_optimizer.device == config::OffloadDevice::kNone)
+      keys.push_back("zero_optimization.offload_optimizer.device \"cpu\"");
+    if (z.stage == 3 && z.offload_param.device == config::OffloadDevice::kNone)
+      keys.push_back("zero_optimization.offload_param.device \"cpu\"");
+    keys.push_back("activation checkpointing or a smaller micro-batch (train_micro_batch_size_per_gpu)");
+  } else if (tier == Tier::kHost) {
+    if (z.offload_optimizer.device == config::OffloadDevice::kCpu)
+      keys.push_back("zero_optimization.offload_optimizer.device \"nvme\"");
+    if (z.offload_param.device == config::OffloadDevice::kCpu)
+      keys.push_back("zero_optimization.offload_param.device \"nvme\"");
+    if (z.offload_param.device == config::OffloadDevice::kNvme)
+      keys.push_back("a smaller zero_optimization.offload_param.max_in_cpu or buffer_count");
+    if (z.offload_optimizer.device == config::OffloadDevice::kNvme)
+      keys.push_back("a smaller zero_optimization.sub_group_size or offload_optimizer.buffer_count");
+    if (z.stage < 3) keys.push_back("zero_optimization.stage 3");
+  } else if (tier == Tier::kNvme) {
+    keys.push_back("more ranks (states are partitioned across them)");
+  }
+  return keys.empty() ? "" : "would help: " + join_or(keys);
+}
+
+void apply_memory_budgets(const config::Config& cfg, const InitOptions& options, const torch::Device& device,
+                          MemoryLedger& ledger) {
+  if (auto cap = options.device_memory_limit_bytes) {
+    ZERO_CHECK(*cap > 0, "InitOptions::device_memory_limit_bytes must be positive");
+    const std::string help = "set by InitOptions::device_memory_limit_bytes; " + memory_help(cfg, Tier::kDevice);
+    if (device.is_cuda()) {
+      const int64_t total = cuda_total_memory(device);
+      if (*cap < total)
+        c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(*cap) / static_cast<double>(total),
+                                                           device.index());
+    } else {
+      limit_cpu_device_memory(*cap, help);
+    }
+  }
+  if (auto cap = options.host_memory_limit_bytes) {
+    ZERO_CHECK(*cap > 0, "InitOptions::host_memory_limit_bytes must be positive");
+    ledger.set_host_limit(*cap, "InitOptions::host_memory_limit_bytes; " + memory_help(cfg, Tier::kHost));
+  }
+  if (auto cap = options.nvme_limit_bytes) {
+    ZERO_CHECK(*cap > 0, "InitOptions::nvme_limit_bytes must be positive");
+    ledger.set_limit(Tier::kNvme, *cap, "InitOptions::nvme_limit_bytes; " + memory_help(cfg, Tier::kNvme));
+  }
+}
 
 RunContext make_context(config::Config config, InitOptions options) {
   RunContext c;
@@ -24,6 +96,7 @@ RunContext make_context(config::Config config, InitOptions options) {
   if (c.device.is_cpu()) install_counting_cpu_allocator();
   c.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
                       "InitOptions::pinned_memory_limit_bytes");
+  apply_memory_budgets(c.config, options, c.device, *c.ledger);
   c.options = std::move(options);
   return c;
 }

@@ -36,4 +36,13 @@ struct RunContext {
 /// and on the CPU the process-wide counting allocator. Throws ConfigError.
 RunContext make_context(config::Config config, InitOptions options);
 
+/// The config keys that would make a run fit when `tier` is full ("would
+/// help: ..."), for out-of-memory messages.
+std::string memory_help(const config::Config& cfg, Tier tier);
+
+/// Applies InitOptions' device, host and NVMe budgets (NOTE [emulated device
+/// memory] for the device on the CPU).
+void apply_memory_budgets(const config::Config& cfg, const InitOptions& options, const torch::Device& device,
+                          MemoryLedger& ledger);
+
 }  // namespace zero::detail

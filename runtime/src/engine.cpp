@@ -320,12 +320,10 @@ int64_t Engine::peak_bytes(Tier tier) const {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
     return std::max<int64_t>(ledger_peak, stats.allocated_bytes[0].peak);
   }
-  // The device is the CPU: every CPU tensor counts, less what the ledger put
-  // on the host tiers (which also live in CPU memory).
-  auto cpu = cpu_allocator_stats();
-  if (!cpu.installed) return ledger_peak;
-  const int64_t host = s.ledger().get(Tier::kHost).peak_bytes + s.ledger().get(Tier::kPinnedHost).peak_bytes;
-  return std::max<int64_t>(ledger_peak, cpu.peak_bytes - host);
+  // The device is the CPU: every CPU tensor counts, less what the ledgers put
+  // on the host tiers (NOTE [emulated device memory]).
+  if (!cpu_allocator_stats().installed) return ledger_peak;
+  return std::max<int64_t>(ledger_peak, cpu_device_stats().peak_bytes);
 }
 
 void Engine::reset_peak_bytes() {

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <sys/wait.h>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <torch/utils.h>
@@ -150,6 +152,123 @@ TEST(MinGPTBinary, UnknownFlagSuggestsTheNearestOne) {
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("did you mean --n_layer"), std::string::npos) << text;
+}
+
+// The first progress line comes before any optimizer step has a loss: it shows
+// none rather than "loss nan" (gradient_accumulation_steps 2: the first
+// micro-batch ends no step).
+TEST(MinGPTBinary, NoLossIsShownBeforeTheFirstStep) {
+  const std::string bin = std::string(ZERO_BINARY_DIR) + "/bin/mingpt";
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests";
+  const std::string cfg = dir + "/mingpt_gas2_test.json", log = dir + "/mingpt_gas2_test.log";
+  {
+    std::ofstream c(cfg);
+    c << R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+             "optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}, "steps_per_print": 1000})";
+  }
+  const std::string cmd = bin + " --config " + cfg +
+                          " --n_layer 1 --n_embd 32 --n_head 2 --limit_train_batches 3 > " + log + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("epoch 1/1 ["), std::string::npos) << text;  // a progress line was drawn
+  EXPECT_NE(text.find("loss "), std::string::npos) << text;         // and a loss once there was one
+  EXPECT_EQ(text.find("nan"), std::string::npos) << text;
+  std::remove(cfg.c_str());
+  std::remove(log.c_str());
+}
+
+// Runs `args` through the shell with output to a log; the exit status and the log.
+std::pair<int, std::string> run_logged(const std::string& args, const std::string& name) {
+  const std::string log = std::string(ZERO_BINARY_DIR) + "/tests/" + name + ".log";
+  const int rc = std::system((args + " > " + log + " 2>&1").c_str());
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(log.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc), text};
+}
+
+const std::string kMingpt = std::string(ZERO_BINARY_DIR) + "/bin/mingpt";
+const std::string kConfigs = std::string(ZERO_SOURCE_DIR) + "/benchmarks/max_params/";
+const std::string kTiny = " --n_layer 2 --n_embd 64 --n_head 2 --batch_size 4 --limit_train_batches 2";
+
+// A budget too small: exit status 3 and a message naming the tier, the bytes
+// asked, the cap and the config keys that would help.
+TEST(MinGPTBudgets, DeviceBudgetTooSmallNamesTheTierCapAndKeys) {
+  auto [rc, text] = run_logged(kMingpt + " --config " + kConfigs + "ddp.json" + kTiny + " --device-memory 1MiB", "budget_dev");
+  EXPECT_EQ(rc, 3) << text;
+  EXPECT_NE(text.find("out of memory on the device"), std::string::npos) << text;
+  EXPECT_NE(text.find("asked"), std::string::npos) << text;
+  EXPECT_NE(text.find("limit 1.00 MiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("device_memory_limit_bytes"), std::string::npos) << text;
+  EXPECT_NE(text.find("zero_optimization.stage 3"), std::string::npos) << text;
+}
+
+TEST(MinGPTBudgets, HostBudgetTooSmallNamesNvmeOffload) {
+  auto [rc, text] =
+      run_logged(kMingpt + " --config " + kConfigs + "zero3_offload.json" + kTiny + " --host-memory 64KiB", "budget_host");
+  EXPECT_EQ(rc, 3) << text;
+  EXPECT_NE(text.find("out of memory on the host (pinned and pageable)"), std::string::npos) << text;
+  EXPECT_NE(text.find("limit 64.00 KiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("offload_optimizer.device \"nvme\""), std::string::npos) << text;
+}
+
+TEST(MinGPTBudgets, BudgetsThatFitChangeNothing) {
+  auto [rc, text] = run_logged(kMingpt + " --config " + kConfigs + "zero3_offload.json" + kTiny +
+                                   " --device-memory 1GiB --host-memory 1GiB --nvme-bytes 1GiB",
+                               "budget_fit");
+  EXPECT_EQ(rc, 0) << text;
+}
+
+TEST(MinGPTBudgets, BadByteCountsAreUsageErrors) {
+  auto [rc, text] = run_logged(kMingpt + " --config x.json --device-memory 12XB", "budget_bad");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--device-memory: expected a byte count"), std::string::npos) << text;
+  std::tie(rc, text) = run_logged(kMingpt + " --config " + kConfigs + "ddp.json --find-max-params", "find_nodev");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("needs --device-memory"), std::string::npos) << text;
+  std::tie(rc, text) = run_logged(kMingpt + " --config " + kConfigs + "ddp.json --find-max-params --n_embd 64 --device-memory 1GiB", "find_embd");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--n_embd does not go with --find-max-params"), std::string::npos) << text;
+  std::tie(rc, text) = run_logged(kMingpt + " --config " + kConfigs + "ddp.json --nproc 2", "find_nproc");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--nproc goes with --find-max-params only"), std::string::npos) << text;
+}
+
+// The search on 2 ranks: the size it reports trains, one layer more at that
+// width does not (it was tried), and its peak is within the budget.
+TEST(MinGPTFindMaxParams, FindsTheLargestThatTrainsOnTwoRanks) {
+  const std::string report = std::string(ZERO_BINARY_DIR) + "/tests/find_max_test.json";
+  std::remove(report.c_str());
+  auto [rc, text] = run_logged(kMingpt + " --config " + kConfigs + "zero3.json --find-max-params --nproc 2 --head_dim 32"
+                                   " --batch_size 4 --probe_steps 2 --device-memory 40MiB --summary-json " + report,
+                               "find_max");
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("find-max-params: probe 1:"), std::string::npos) << text;  // progress, per probe
+  EXPECT_NE(text.find("largest: n_layer"), std::string::npos) << text;
+  std::ifstream in(report);
+  ASSERT_TRUE(in.good()) << text;
+  const auto j = nlohmann::json::parse(in);
+  const auto& best = j["largest"];
+  const int64_t L = best["n_layer"], C = best["n_embd"];
+  EXPECT_EQ(best["n_head"].get<int64_t>(), C / 32);
+  EXPECT_GT(best["step_time_s"].get<double>(), 0);
+  EXPECT_LE(best["peak_bytes"]["device"].get<int64_t>(), 40 << 20);
+  EXPECT_GT(best["peak_bytes"]["device"].get<int64_t>(), 20 << 20);  // the budget binds
+  bool next_layer_tried = false;
+  for (const auto& p : j["probes"]) {
+    if (p["n_embd"] == C && p["n_layer"] == L + 1) {
+      next_layer_tried = true;
+      EXPECT_FALSE(p["fits"].get<bool>());
+      EXPECT_NE(p["out_of_memory"].get<std::string>().find("out of memory on the device"), std::string::npos);
+    }
+    if (p["fits"].get<bool>()) EXPECT_LE(p["num_parameters"], best["num_parameters"]);
+  }
+  EXPECT_TRUE(next_layer_tried) << j.dump(1);
+  const double ratio = j["capacity"]["ratio"];
+  EXPECT_GT(ratio, 0.3);
+  EXPECT_LE(ratio, 1.0);
+  std::remove(report.c_str());
 }
 
 }  // namespace

@@ -39,6 +39,10 @@ class MemoryLedger {
   /// pass it throws zero::OutOfMemoryError naming what was needed, what is in
   /// use, the limit and `config_key` (the setting that would help).
   void set_limit(Tier tier, int64_t nbytes, const std::string& config_key = "");
+  /// Caps the pinned and pageable host tiers together (each tier's own cap
+  /// still applies): a pinned buffer refused by this cap does not fall back
+  /// to pageable memory, it is out of host memory.
+  void set_host_limit(int64_t nbytes, const std::string& config_key = "");
 
   LedgerCounter get(Tier tier, Kind kind) const;
   /// Tier totals: current sum over kinds, and the peak of that sum.

@@ -74,7 +74,24 @@ struct CpuAllocatorStats {
 /// Tensors allocated before the call are not counted, and are freed normally.
 void install_counting_cpu_allocator();
 CpuAllocatorStats cpu_allocator_stats();
-/// Sets the CPU peak to the current value.
+/// Sets the CPU peak (and the emulated device peak) to the current value.
 void reset_cpu_allocator_peak();
+
+/// A CPU run's "device" memory: CPU tensor bytes that no ledger counts on its
+/// pinned or pageable host tier (parameters, gradients and states kept "on the
+/// device", activations, temporaries). NOTE [emulated device memory].
+struct CpuDeviceStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t limit_bytes = 0;  // 0: no cap
+};
+CpuDeviceStats cpu_device_stats();
+
+/// Caps a CPU run's device memory at `nbytes` (<= 0 removes the cap): an
+/// allocation past it throws zero::OutOfMemoryError naming the bytes asked,
+/// the bytes in use, the cap and `help` (the option that set it and the
+/// config keys that would make the run fit). Needs the counting allocator
+/// (installs it). Process-wide, as the allocator.
+void limit_cpu_device_memory(int64_t nbytes, const std::string& help);
 
 }  // namespace zero

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,10 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 
 /// Human-readable bytes: "1.50 GiB".
 std::string format_bytes(int64_t nbytes);
+
+/// A byte count as a user writes it: "80e9", "512MiB", "2GiB", "1.5TB", "4096"
+/// (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB). Empty when it is not one, or
+/// below one byte or past 9e18.
+std::optional<int64_t> parse_byte_size(const std::string& text);
 
 }  // namespace zero

@@ -56,6 +56,16 @@ struct InitOptions {
   /// Cap on page-locked host memory for offloaded states; past it, buffers
   /// fall back to pageable memory with a warning. Default: half of physical memory.
   std::optional<int64_t> pinned_memory_limit_bytes;
+  /// Per-rank memory budgets, to find what fits a smaller machine (mingpt
+  /// --find-max-params): past one, an allocation throws zero::OutOfMemoryError
+  /// naming the tier, the bytes asked, the cap and the config keys that would
+  /// help. Device: on CUDA the caching allocator's per-process memory fraction
+  /// (c10's OutOfMemoryError then); on the CPU every CPU tensor byte not on a
+  /// host tier (NOTE [emulated device memory]). Host: pinned and pageable
+  /// host tiers together. NVMe: the swap files.
+  std::optional<int64_t> device_memory_limit_bytes;
+  std::optional<int64_t> host_memory_limit_bytes;
+  std::optional<int64_t> nvme_limit_bytes;
   /// ZeRO stage 3: modules to gather layer by layer besides the children of
   /// ModuleList and Sequential containers; their forward must run through
   /// zero::forward / zero::layer_forward (zero/partition/layer.h).

@@ -1,0 +1,392 @@
+// NOTE [max-parameter search]
+// The largest minGPT that trains is found by training it: each probe runs
+// this binary (under `zero launch` for several ranks) for a few optimizer
+// steps of one shape with the budgets applied (InitOptions'
+// device/host/NVMe limits: on a GPU the caching allocator's memory fraction,
+// on the CPU the ledger's tiers and NOTE [emulated device memory]), so every
+// allocation is real and the first one past a budget ends the probe with
+// exit status 3 (out of memory). Any other failure ends the search.
+//
+// Shapes: n_embd on a grid of head_dim (n_head = n_embd / head_dim) and,
+// unless --n_layer fixes it, n_layer = n_embd / head_dim (64 wide per layer,
+// about GPT-2's proportions). Parameters grow with the grid index k as k^3,
+// so the search runs in two phases:
+//   1. the largest k that fits: start where the estimator's model states
+//      fit (runtime/include/zero/runtime/estimate.h), step up or down until
+//      the answer changes, bisect;
+//   2. at that width and the next one, the largest n_layer that fits
+//      (bisected), which refines the answer to about one layer.
+// Each shape is run once (results are cached). The report names the largest
+// shape, its parameters, step time and peak memory per tier, and the
+// estimator's capacity at that width: the largest model whose model states
+// alone fit the budgets, so found / capacity says what activations, buffers
+// and fragmentation cost.
+#include "find_max.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "zero/core/error.h"
+#include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/estimate.h"
+
+extern char** environ;
+
+namespace mingpt {
+namespace {
+
+constexpr int kOutOfMemoryStatus = 3;  // mingpt's exit status for zero::OutOfMemoryError
+
+struct Shape {
+  int64_t n_layer = 0, n_embd = 0;
+  bool operator<(const Shape& o) const { return std::tie(n_layer, n_embd) < std::tie(o.n_layer, o.n_embd); }
+};
+
+struct Probe {
+  Shape shape;
+  int64_t num_parameters = 0;
+  bool fits = false;
+  std::string oom;       // the out-of-memory message when it did not fit
+  double step_s = 0;     // mean over the steps after the first
+  int64_t peak_device = 0, peak_host = 0, peak_nvme = 0;  // the largest over ranks
+  double seconds = 0;    // the probe's wall time
+};
+
+// Removes the search's scratch folder however the search ends.
+class Scratch {
+ public:
+  Scratch() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mingpt-find-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr)
+      throw zero::IoError("mkdtemp " + pattern + ": " + std::strerror(errno));
+    dir_ = pattern;
+  }
+  ~Scratch() {
+    try {
+      zero::ckpt::remove_tree(dir_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "find-max-params: %s\n", e.what());
+    }
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string tail(const std::string& text, size_t lines) {
+  size_t pos = text.size();
+  for (size_t n = 0; n <= lines && pos > 0; ++n) {
+    pos = text.rfind('\n', pos - 1);
+    if (pos == std::string::npos) return text;
+  }
+  return text.substr(pos + 1);
+}
+
+// Runs argv with stdout and stderr into `log`; its exit status (128 + signal).
+int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string bytes_arg(int64_t n) { return std::to_string(n); }
+
+class Search {
+ public:
+  Search(const FindMaxOptions& o, std::string scratch) : o_(o), scratch_(std::move(scratch)) {}
+
+  Shape shape_at(int64_t k) const { return {o_.n_layer ? *o_.n_layer : k, k * o_.head_dim}; }
+
+  int64_t parameters(const Shape& s) const {
+    int64_t n = 0;
+    for (const auto& p : zero::mingpt_parameters(s.n_layer, s.n_embd, o_.vocab_size, o_.block_size, o_.tie_weights))
+      n += p.numel;
+    return n;
+  }
+
+  // Whether the estimator's model states alone fit the budgets.
+  bool states_fit(const Shape& s) const {
+    const auto e = zero::estimate_model_states(
+        o_.resolved, zero::mingpt_parameters(s.n_layer, s.n_embd, o_.vocab_size, o_.block_size, o_.tie_weights));
+    return (!o_.device_memory || e.device.total() <= *o_.device_memory) &&
+           (!o_.host_memory || e.host.total() <= *o_.host_memory) && (!o_.nvme_bytes || e.nvme.total() <= *o_.nvme_bytes);
+  }
+
+  const Probe& probe(const Shape& s) {
+    if (auto it = cache_.find(s); it != cache_.end()) return it->second;
+    Probe p;
+    p.shape = s;
+    p.num_parameters = parameters(s);
+    const int n = static_cast<int>(cache_.size()) + 1;
+    std::fprintf(stderr, "find-max-params: probe %d: n_layer %lld, n_embd %lld (%s parameters) ...", n,
+                 static_cast<long long>(s.n_layer), static_cast<long long>(s.n_embd), human(p.num_parameters).c_str());
+    std::fflush(stderr);
+    const std::string summary = scratch_ + "/probe" + std::to_string(n) + ".json";
+    const std::string log = scratch_ + "/probe" + std::to_string(n) + ".log";
+    std::vector<std::string> argv;
+    if (o_.nproc > 1) argv = {o_.launcher, "launch", "--nproc_per_node", std::to_string(o_.nproc), "--"};
+    argv.push_back(o_.self);
+    argv.insert(argv.end(), o_.forward.begin(), o_.forward.end());
+    const int64_t gas = o_.resolved.batch.gradient_accumulation_steps;
+    for (const auto& a : std::vector<std::string>{
+             "--config", o_.config, "--n_layer", std::to_string(s.n_layer), "--n_embd", std::to_string(s.n_embd),
+             "--n_head", std::to_string(s.n_embd / o_.head_dim), "--limit_train_batches", std::to_string(o_.steps * gas),
+             "--stop_after_steps", std::to_string(o_.steps), "--summary-json", summary})
+      argv.push_back(a);
+    if (o_.device_memory) argv.insert(argv.end(), {"--device-memory", bytes_arg(*o_.device_memory)});
+    if (o_.host_memory) argv.insert(argv.end(), {"--host-memory", bytes_arg(*o_.host_memory)});
+    if (o_.nvme_bytes) argv.insert(argv.end(), {"--nvme-bytes", bytes_arg(*o_.nvme_bytes)});
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = run_logged(argv, log);
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string text = read_text(log);
+    const auto oom_at = text.find("out of memory");
+    if (status == 0) {
+      std::ifstream in(summary);
+      const auto j = nlohmann::json::parse(in);
+      p.fits = true;
+      const auto& times = j.at("step_time_s");
+      double sum = 0;
+      size_t count = 0;
+      for (size_t i = times.size() > 1 ? 1 : 0; i < times.size(); ++i) sum += times[i].get<double>(), ++count;
+      p.step_s = count ? sum / static_cast<double>(count) : 0;
+      for (const auto& r : j.at("ranks")) {
+        const auto& pk = r.at("peak_bytes");
+        p.peak_device = std::max(p.peak_device, pk.at("device").get<int64_t>());
+        p.peak_host = std::max(p.peak_host, pk.at("pinned_host").get<int64_t>() + pk.at("host").get<int64_t>());
+        p.peak_nvme = std::max(p.peak_nvme, pk.at("nvme").get<int64_t>());
+      }
+      std::fprintf(stderr, " fits | step %.3f s | peak device %s, host %s, nvme %s | %.1f s\n", p.step_s,
+                   zero::format_bytes(p.peak_device).c_str(), zero::format_bytes(p.peak_host).c_str(),
+                   zero::format_bytes(p.peak_nvme).c_str(), p.seconds);
+    } else if (status == kOutOfMemoryStatus || (oom_at != std::string::npos && status != 127)) {
+      const auto eol = text.find('\n', oom_at);
+      p.oom = oom_at == std::string::npos ? "out of memory" : text.substr(oom_at, eol - oom_at);
+      std::fprintf(stderr, " does not fit | %s | %.1f s\n", p.oom.substr(0, 160).c_str(), p.seconds);
+    } else {
+      std::fprintf(stderr, " failed\n");
+      std::string cmd;
+      for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+      throw zero::Error(zero::ErrorKind::kInternal, "the probe failed with exit status " + std::to_string(status) +
+                                                        " for a reason other than memory:\n  " + cmd + "\n" +
+                                                        tail(text, 15));
+    }
+    return cache_.emplace(s, std::move(p)).first->second;
+  }
+
+  bool fits(const Shape& s) { return probe(s).fits; }
+
+  const std::map<Shape, Probe>& probes() const { return cache_; }
+
+  static std::string human(int64_t n) {
+    char buf[32];
+    const double v = static_cast<double>(n);
+    if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", v / 1e9);
+    else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+    else std::snprintf(buf, sizeof buf, "%.1fK", v / 1e3);
+    return buf;
+  }
+
+ private:
+  const FindMaxOptions& o_;
+  std::string scratch_;
+  std::map<Shape, Probe> cache_;
+};
+
+// The largest x in [lo, hi] with ok(x), given ok(lo) and !ok(hi + 1) unknown:
+// bisects on a predicate that is true up to a point.
+template <class F>
+int64_t last_true(int64_t lo, int64_t hi, F ok) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (ok(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace
+
+int find_max_params(const FindMaxOptions& o) {
+  Scratch scratch;
+  Search search(o, scratch.dir());
+  const auto t0 = std::chrono::steady_clock::now();
+  constexpr int64_t kMaxGrid = 2048;  // n_embd up to 2048 x head_dim
+
+  // Phase 1: the grid index. The estimator's largest index is where the model
+  // states alone fill a budget; the real limit is at or below it.
+  int64_t k_est = 0;
+  while (k_est < kMaxGrid && search.states_fit(search.shape_at(k_est + 1))) ++k_est;
+  std::fprintf(stderr, "find-max-params: %s on %lld rank(s); the estimator's model states fit up to n_embd %lld\n",
+               o.config.c_str(), static_cast<long long>(o.nproc), static_cast<long long>(k_est * o.head_dim));
+  int64_t k = std::max<int64_t>(1, k_est);
+  int64_t lo = 0, hi = kMaxGrid + 1;  // fits(lo) (0: nothing yet), !fits(hi)
+  if (search.fits(search.shape_at(k))) {
+    lo = k;
+    for (int64_t step = 1; lo < kMaxGrid; step *= 2) {
+      const int64_t next = std::min(kMaxGrid, lo + step);
+      if (!search.fits(search.shape_at(next))) {
+        hi = next;
+        break;
+      }
+      lo = next;
+    }
+  } else {
+    hi = k;
+    for (int64_t step = 1; hi > 1; step *= 2) {
+      const int64_t next = std::max<int64_t>(1, hi - step);
+      if (search.fits(search.shape_at(next))) {
+        lo = next;
+        break;
+      }
+      hi = next;
+    }
+  }
+  if (lo == 0) {
+    const auto& smallest = search.probes().at(search.shape_at(1));
+    std::fprintf(stderr, "find-max-params: not even n_embd %lld fits: %s\n", static_cast<long long>(o.head_dim),
+                 smallest.oom.c_str());
+    return 1;
+  }
+  if (hi > lo + 1) lo = last_true(lo, hi - 1, [&](int64_t x) { return search.fits(search.shape_at(x)); });
+
+  // Phase 2: depth at this width and the next.
+  Shape best = search.shape_at(lo);
+  if (!o.n_layer) {
+    for (int64_t kk : {lo, lo + 1}) {
+      if (kk > kMaxGrid) continue;
+      const int64_t width = kk * o.head_dim;
+      auto ok = [&](int64_t L) { return L >= 1 && search.fits({L, width}); };
+      int64_t l_lo = kk == lo ? lo : 0, l_hi = 0;  // ok(l_lo) (0: none yet), !ok(l_hi)
+      if (kk == lo) {
+        for (int64_t step = 1;; step *= 2) {
+          if (!ok(l_lo + step)) {
+            l_hi = l_lo + step;
+            break;
+          }
+          l_lo += step;
+        }
+      } else {
+        l_hi = kk;  // shape_at(lo + 1) did not fit
+        // Below the previous width's depth a wider model has no more parameters.
+        const int64_t floor_l = std::max<int64_t>(1, best.n_layer * best.n_embd * best.n_embd / (width * width));
+        if (!ok(floor_l)) continue;
+        l_lo = floor_l;
+      }
+      const int64_t L = last_true(l_lo, l_hi - 1, ok);
+      if (search.parameters({L, width}) > search.parameters(best)) best = {L, width};
+    }
+  }
+
+  // The estimator's capacity at the chosen width: the most layers whose model
+  // states alone fit.
+  int64_t cap_layers = 0;
+  if (o.n_layer) {
+    cap_layers = k_est;  // widths, for a fixed depth
+  } else {
+    int64_t hi_l = 1;
+    while (hi_l < (int64_t{1} << 20) && search.states_fit({hi_l, best.n_embd})) hi_l *= 2;
+    cap_layers = hi_l == 1 ? 0 : last_true(hi_l / 2, hi_l - 1, [&](int64_t L) { return search.states_fit({L, best.n_embd}); });
+  }
+  const int64_t capacity = o.n_layer ? (cap_layers ? search.parameters(search.shape_at(cap_layers)) : 0)
+                                     : (cap_layers ? search.parameters({cap_layers, best.n_embd}) : 0);
+  const bool capacity_bounded = o.n_layer ? k_est < kMaxGrid : cap_layers < (int64_t{1} << 20) - 1;
+
+  const auto& b = search.probes().at(best);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double tokens = static_cast<double>(o.resolved.batch.train_batch_size * o.block_size);
+  std::printf("largest: n_layer %lld, n_embd %lld, n_head %lld: %lld parameters (%s)\n",
+              static_cast<long long>(best.n_layer), static_cast<long long>(best.n_embd),
+              static_cast<long long>(best.n_embd / o.head_dim), static_cast<long long>(b.num_parameters),
+              Search::human(b.num_parameters).c_str());
+  std::printf("step time %.3f s (%.0f tokens/s); peak per rank: device %s, host %s, nvme %s\n", b.step_s,
+              b.step_s > 0 ? tokens / b.step_s : 0.0, zero::format_bytes(b.peak_device).c_str(),
+              zero::format_bytes(b.peak_host).c_str(), zero::format_bytes(b.peak_nvme).c_str());
+  if (capacity_bounded && capacity > 0)
+    std::printf("estimator's capacity (model states alone fill a budget) at n_embd %lld: %s parameters; found %.1f%% of it\n",
+                static_cast<long long>(best.n_embd), Search::human(capacity).c_str(),
+                100.0 * static_cast<double>(b.num_parameters) / static_cast<double>(capacity));
+  std::printf("%zu probes in %.1f s\n", search.probes().size(), secs);
+  std::fflush(stdout);
+
+  if (!o.json_path.empty()) {
+    auto probes = nlohmann::json::array();
+    for (const auto& [shape, p] : search.probes()) {
+      nlohmann::json row = {{"n_layer", shape.n_layer}, {"n_embd", shape.n_embd}, {"num_parameters", p.num_parameters},
+                            {"fits", p.fits}, {"seconds", p.seconds}};
+      if (p.fits)
+        row.update({{"step_time_s", p.step_s},
+                    {"peak_bytes", {{"device", p.peak_device}, {"host", p.peak_host}, {"nvme", p.peak_nvme}}}});
+      else row["out_of_memory"] = p.oom;
+      probes.push_back(row);
+    }
+    auto opt = [](const std::optional<int64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+    nlohmann::json report = {
+        {"config", o.config},
+        {"ranks", o.nproc},
+        {"budgets", {{"device", opt(o.device_memory)}, {"host", opt(o.host_memory)}, {"nvme", opt(o.nvme_bytes)}}},
+        {"zero_stage", o.resolved.zero.stage},
+        {"largest",
+         {{"n_layer", best.n_layer}, {"n_embd", best.n_embd}, {"n_head", best.n_embd / o.head_dim},
+          {"num_parameters", b.num_parameters}, {"step_time_s", b.step_s},
+          {"tokens_per_step", o.resolved.batch.train_batch_size * o.block_size},
+          {"peak_bytes", {{"device", b.peak_device}, {"host", b.peak_host}, {"nvme", b.peak_nvme}}}}},
+        {"capacity", {{"num_parameters", capacity_bounded ? nlohmann::json(capacity) : nlohmann::json(nullptr)},
+                      {"ratio", capacity_bounded && capacity > 0
+                                    ? nlohmann::json(static_cast<double>(b.num_parameters) / static_cast<double>(capacity))
+                                    : nlohmann::json(nullptr)}}},
+        {"probes", probes},
+        {"seconds", secs}};
+    const std::string tmp = o.json_path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << report.dump(2) << "\n";
+      if (!out.flush()) {
+        std::remove(tmp.c_str());
+        throw zero::IoError("write " + tmp + ": " + std::strerror(errno));
+      }
+    }
+    if (std::rename(tmp.c_str(), o.json_path.c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      throw zero::IoError("rename " + tmp + " -> " + o.json_path + ": " + std::strerror(err));
+    }
+  }
+  return 0;
+}
+
+}  // namespace mingpt
