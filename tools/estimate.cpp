@@ -44,9 +44,15 @@ tables), or for one.
                              each configuration fits, and the largest model
                              whose states do (minGPT: the most blocks at
                              width C; --params: the most parameters)
+  --micro-batch B            with --model: the micro-batch per rank (default 1) for the
+  --checkpointing            peak of a training step: the states plus activations (every
+  --n_head H                 block checkpointed with --checkpointing; H heads, default
+  --backend nccl|gloo        C / 64) and the engine's buffers (NOTE [peak estimate];
+                             default nccl, as on GPUs); budgets then bound the peak
   --json FILE                the same as JSON
 
-Activations, communication buckets and prefetch buffers are not included.
+With --params only the model states are counted (a model known by its size
+has no activations to count).
 )";
 
 struct Setup {
@@ -77,28 +83,7 @@ std::optional<double> parse_count(const std::string& s) {
   }
 }
 
-std::optional<int64_t> parse_bytes(const std::string& s) {
-  for (const auto& [unit, mult] : {std::pair<std::string, double>{"TiB", 1099511627776.0}, {"TB", 1e12}}) {
-    if (s.size() > unit.size() && s.compare(s.size() - unit.size(), unit.size(), unit) == 0) {
-      try {
-        size_t used = 0;
-        const std::string num = s.substr(0, s.size() - unit.size());
-        const double v = std::stod(num, &used);
-        if (used == num.size() && v > 0 && v * mult < 9e18) return static_cast<int64_t>(v * mult);
-      } catch (const std::exception&) {
-      }
-      return std::nullopt;
-    }
-  }
-  if (auto n = parse_size(s)) return n;
-  try {  // a plain number of bytes: 80e9
-    size_t used = 0;
-    const double v = std::stod(s, &used);
-    if (used == s.size() && v >= 1 && v < 9e18) return static_cast<int64_t>(v);
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
+std::optional<int64_t> parse_bytes(const std::string& s) { return zero::parse_byte_size(s); }
 
 config::Config config_for(const Setup& s, const std::string& precision, int64_t world) {
   nlohmann::json z = {{"stage", s.stage}};
@@ -131,6 +116,9 @@ int estimate(const std::vector<std::string>& args) {
   std::optional<int> stage;
   std::string off_opt = "none", off_param = "none";
   std::optional<int64_t> device_budget, host_budget, nvme_budget;
+  int64_t micro_batch = 1;
+  std::optional<int64_t> n_head;
+  bool checkpointing = false, nccl = true, workload_given = false;
   auto fail = [](const std::string& m) {
     std::cerr << "zero estimate: " << m << "\n(zero estimate --help for the options)\n";
     return 2;
@@ -141,9 +129,14 @@ int estimate(const std::vector<std::string>& args) {
       std::cout << kEstimateUsage;
       return 0;
     }
+    if (a == "--checkpointing") {
+      checkpointing = workload_given = true;
+      continue;
+    }
     const std::vector<std::string> known = {"--params", "--model", "--ranks-per-node", "--nodes", "--precision",
                                             "--stage", "--offload-optimizer", "--offload-param", "--config",
-                                            "--device-memory", "--host-memory", "--nvme-bytes", "--json"};
+                                            "--device-memory", "--host-memory", "--nvme-bytes", "--json",
+                                            "--micro-batch", "--n_head", "--backend", "--checkpointing"};
     if (std::find(known.begin(), known.end(), a) == known.end()) {
       const auto near = nearest(a, known);
       return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
@@ -204,6 +197,14 @@ int estimate(const std::vector<std::string>& args) {
       auto b = parse_bytes(v);
       if (!b) return fail(a + ": expected a size such as 80GiB, 1.5e9 or 512MiB; got \"" + v + "\"");
       (a == "--device-memory" ? device_budget : a == "--host-memory" ? host_budget : nvme_budget) = *b;
+    } else if (a == "--micro-batch" || a == "--n_head") {
+      auto x = integer(1, 1 << 24);
+      if (!x) return fail(a + ": expected an integer in 1.." + std::to_string(1 << 24) + "; got \"" + v + "\"");
+      (a == "--micro-batch" ? micro_batch : n_head.emplace()) = *x;
+      workload_given = true;
+    } else if (a == "--backend") {
+      if (v != "nccl" && v != "gloo") return fail("--backend: expected nccl or gloo; got \"" + v + "\"");
+      nccl = v == "nccl";
     } else if (a == "--config") {
       config_path = v;
     } else {  // --json: the options were checked against `known` above
@@ -211,6 +212,10 @@ int estimate(const std::vector<std::string>& args) {
     }
   }
   if (params.has_value() == model.has_value()) return fail("expected one of --params P or --model mingpt:L,C[,V,T]");
+  if (workload_given && !model)
+    return fail("--micro-batch, --n_head and --checkpointing describe a minGPT step: they go with --model");
+  if (model && n_head && (*model)[1] % *n_head != 0)
+    return fail("--n_head " + std::to_string(*n_head) + " must divide the width " + std::to_string((*model)[1]));
   if (!stage && (off_opt != "none" || off_param != "none")) return fail("--offload-optimizer and --offload-param go with --stage");
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
@@ -260,9 +265,32 @@ int estimate(const std::vector<std::string>& args) {
     };
     const int64_t size = model ? (*model)[0] : static_cast<int64_t>(*params);
     const bool budgets = device_budget || host_budget || nvme_budget;
-    auto fits = [&](const MemoryEstimate& e) {
-      return (!device_budget || e.device.total() <= *device_budget) && (!host_budget || e.host.total() <= *host_budget) &&
-             (!nvme_budget || e.nvme.total() <= *nvme_budget);
+    auto workload = [&](int64_t n_layer) {
+      MinGPTWorkload w;
+      w.n_layer = n_layer;
+      w.n_embd = (*model)[1];
+      w.vocab_size = (*model)[2];
+      w.block_size = (*model)[3];
+      w.n_head = n_head.value_or(std::max<int64_t>(1, w.n_embd / 64));
+      w.micro_batch = micro_batch;
+      w.checkpointing = checkpointing;
+      return w;
+    };
+    // Per rank: with --model the peak of a step, with --params the model states.
+    struct Need {
+      int64_t device, host, nvme;
+    };
+    auto need = [&](const config::Config& cfg, int64_t n) {
+      if (model) {
+        const auto pk = estimate_peak(cfg, workload(n), nccl);
+        return Need{pk.device(), pk.host(), pk.nvme()};
+      }
+      const auto e = estimate_model_states(cfg, shapes_for(n));
+      return Need{e.device.total(), e.host.total(), e.nvme.total()};
+    };
+    auto fits_need = [&](const Need& e) {
+      return (!device_budget || e.device <= *device_budget) && (!host_budget || e.host <= *host_budget) &&
+             (!nvme_budget || e.nvme <= *nvme_budget);
     };
 
     auto gb = [](int64_t b) { return static_cast<double>(b) / 1e9; };
@@ -302,7 +330,7 @@ int estimate(const std::vector<std::string>& args) {
             model ? std::max<int64_t>(1, std::min<int64_t>(100000, static_cast<int64_t>(
                                                                        1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
                   : static_cast<int64_t>(1e16);
-        auto ok = [&](int64_t n) { return fits(estimate_model_states(cfg, shapes_for(n))); };
+        auto ok = [&](int64_t n) { return fits_need(need(cfg, n)); };
         while (hi < limit && ok(hi)) lo = hi, hi *= 2;
         if (hi >= limit && ok(limit)) lo = limit;
         else
@@ -311,26 +339,38 @@ int estimate(const std::vector<std::string>& args) {
             (ok(mid) ? lo : hi) = mid;
           }
         const int64_t largest_params = lo == 0 ? 0 : estimate_model_states(cfg, shapes_for(lo)).num_parameters;
-        row["fits"] = fits(e);
+        const bool fit = fits_need(need(cfg, size));
+        row["fits"] = fit;
         row["largest"] = model ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
                                : nlohmann::json{{"num_parameters", largest_params}};
         char buf[96];
         const bool unbounded = lo >= limit;  // no budget given binds this configuration
         row["largest"]["unbounded"] = unbounded;
-        if (unbounded) std::snprintf(buf, sizeof buf, "   %-4s   unbounded by these budgets", fits(e) ? "yes" : "no");
-        else if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fits(e) ? "yes" : "no",
+        if (unbounded) std::snprintf(buf, sizeof buf, "   %-4s   unbounded by these budgets", fit ? "yes" : "no");
+        else if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fit ? "yes" : "no",
                                       static_cast<long long>(lo), static_cast<double>(largest_params));
-        else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fits(e) ? "yes" : "no", static_cast<double>(largest_params));
+        else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fit ? "yes" : "no", static_cast<double>(largest_params));
         extra = buf;
       }
       char nvme[32];
       std::snprintf(nvme, sizeof nvme, "%.2f", gb(e.nvme.total()));
       std::printf("  %-54s %22s %22s %10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
                   e.nvme.total() == 0 ? "0" : nvme, extra.c_str());
+      if (model) {
+        const auto pk = estimate_peak(cfg, workload(size), nccl);
+        std::printf("  %-54s device %.2f (+%.2f activations +%.2f buffers), host %.2f (+%.2f +%.2f), nvme %.2f\n",
+                    "  peak of a step:", gb(pk.device()), gb(pk.activations), gb(pk.device_buffers), gb(pk.host()),
+                    gb(pk.host_activations), gb(pk.host_buffers), gb(pk.nvme()));
+        row["peak"] = {{"device", pk.device()},          {"host", pk.host()},
+                       {"nvme", pk.nvme()},              {"activations", pk.activations},
+                       {"host_activations", pk.host_activations}, {"device_buffers", pk.device_buffers},
+                       {"host_buffers", pk.host_buffers}};
+      }
       out["configurations"].push_back(row);
     }
     if (budgets)
-      std::printf("budgets per rank: device %s, host %s, nvme %s (model states only)\n",
+      std::printf(model ? "budgets per rank: device %s, host %s, nvme %s (the peak of a step)\n"
+                        : "budgets per rank: device %s, host %s, nvme %s (model states only)\n",
                   device_budget ? format_bytes(*device_budget).c_str() : "-",
                   host_budget ? format_bytes(*host_budget).c_str() : "-",
                   nvme_budget ? format_bytes(*nvme_budget).c_str() : "-");

@@ -51,6 +51,48 @@ int64_t aligned(int64_t bytes) { return (bytes + kDiskBlock - 1) / kDiskBlock * 
 
 int64_t bytes_of(const std::string& dtype) { return dtype == "fp16" || dtype == "bf16" ? 2 : 4; }
 
+// The flat layout's groups (padded numel) and stage 3's whole group 0.
+struct Layout {
+  std::vector<int64_t> groups;
+  int64_t group0_whole = 0;
+  int64_t largest_parameter = 0;
+};
+
+Layout layout_of(const config::Config& c, const std::vector<ParameterShape>& params) {
+  const auto& z = c.zero;
+  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t layout_ranks = z.stage == 0 ? 1 : N;
+  Layout out;
+  auto& groups = out.groups;
+  for (const auto& q : params) out.largest_parameter = std::max(out.largest_parameter, q.numel);
+  if (z.stage < 3) {
+    const int64_t cap = std::max<int64_t>(
+        1, z.stage == 0 ? z.reduce_bucket_size : std::min(z.reduce_bucket_size, z.allgather_bucket_size));
+    int64_t used = 0;
+    for (const auto& q : params) {
+      if (used > 0 && used + q.numel > cap) groups.push_back(padded(used, layout_ranks)), used = 0;
+      used += q.numel;
+    }
+    if (used > 0) groups.push_back(padded(used, layout_ranks));
+  } else {
+    partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
+    std::vector<int64_t> layer_numel;
+    for (const auto& q : params) {
+      const bool whole = keep.keep_whole(q.numel);  // spends the model's budget outside layers too
+      if (q.layer < 0 || whole) {
+        out.group0_whole += q.numel;
+        continue;
+      }
+      if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
+      layer_numel[static_cast<size_t>(q.layer)] += q.numel;
+    }
+    groups.push_back(padded(out.group0_whole, N));  // group 0 exists even when empty
+    for (int64_t n : layer_numel)
+      if (n > 0) groups.push_back(padded(n, N));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<ParameterShape> mingpt_parameters(int64_t L, int64_t C, int64_t V, int64_t T, bool tie) {
@@ -90,34 +132,10 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   for (const auto& q : params) e.num_parameters += q.numel;
 
   // Groups of the flat layout, and this rank's chunk of each.
-  std::vector<int64_t> groups;  // padded numel
-  int64_t group0_whole = 0;     // stage 3: always gathered
+  const Layout lay = layout_of(c, params);
+  const auto& groups = lay.groups;
+  const int64_t group0_whole = lay.group0_whole;
   const int64_t layout_ranks = z.stage == 0 ? 1 : N;
-  if (z.stage < 3) {
-    const int64_t cap = std::max<int64_t>(
-        1, z.stage == 0 ? z.reduce_bucket_size : std::min(z.reduce_bucket_size, z.allgather_bucket_size));
-    int64_t used = 0;
-    for (const auto& q : params) {
-      if (used > 0 && used + q.numel > cap) groups.push_back(padded(used, layout_ranks)), used = 0;
-      used += q.numel;
-    }
-    if (used > 0) groups.push_back(padded(used, layout_ranks));
-  } else {
-    partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
-    std::vector<int64_t> layer_numel;
-    for (const auto& q : params) {
-      const bool whole = keep.keep_whole(q.numel);  // spends the model's budget outside layers too
-      if (q.layer < 0 || whole) {
-        group0_whole += q.numel;
-        continue;
-      }
-      if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
-      layer_numel[static_cast<size_t>(q.layer)] += q.numel;
-    }
-    groups.push_back(padded(group0_whole, N));  // group 0 exists even when empty
-    for (int64_t n : layer_numel)
-      if (n > 0) groups.push_back(padded(n, N));
-  }
   int64_t flat = 0, part = 0;  // padded elements; this rank's
   for (int64_t n : groups) flat += n, part += n / layout_ranks;
 
@@ -181,6 +199,97 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     e.nvme.optimizer_states = states * file;
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
     e.host.optimizer_states = buffers * states * aligned(4 * largest);
+  }
+  return e;
+}
+
+// NOTE [peak estimate]
+// A training step's peak per rank is the model states (NOTE [memory
+// estimate]) plus what exists only while it runs, written down from the
+// engine and minGPT (p the compute dtype's bytes, g the gradients'; B x T
+// tokens a micro-batch, C wide, H heads, L blocks, V the vocabulary):
+// - Activations autograd keeps for backward, per block: the block's input,
+//   both LayerNorms' outputs, q, k, v, attention's output and its contiguous
+//   copy, the residual sum, the MLP's two 4C-wide tensors: 17 x B T C x p;
+//   two dropout masks, 2 x B T C bytes; attention's B H T^2 probabilities
+//   and mask, (p + 1) x B H T^2. Outside the blocks: the embedding's sum and
+//   mask, ln_f, and the logits with their fp32 copy and log-softmax,
+//   B T (3C p + 9V). Checkpointing every block keeps each block's input
+//   (B T C x p, on the host with cpu_checkpointing) and one block's
+//   activations while it is recomputed.
+// - A parameter's gradient between autograd's accumulation and the hook
+//   that moves it into the flat buffers: the largest parameter, p bytes each.
+// - Gradient buckets (stages 2-3): the one being filled, two being reduced,
+//   and one spare (fewer when there are fewer groups), each the largest
+//   group (stage 3: the largest layer) in g bytes; under NCCL each of the two
+//   reductions also writes into a chunk (group / N). Stages 0 and 1
+//   all-reduce the flat gradients in place.
+// - Stage 3's gathered layers, in p bytes, with offload_param a device copy
+//   of the shard being sent. When stage3_max_reuse_distance spans the
+//   layers, forward's layers stay gathered for backward, as many as
+//   stage3_max_live_parameters holds (at least one): the peak is at the
+//   start of backward, with them and the two buckets being reduced.
+//   Otherwise each layer goes after its use and the largest is followed by
+//   what min(stage3_prefetch_bucket_size, stage3_max_live_parameters - it)
+//   prefetches; the layers peak in forward, the buckets in backward: the
+//   larger of the two counts.
+// - Offloaded optimizer: two pinned buffers of the largest chunk for the
+//   reduced gradients (g), and two for the new values going to the device
+//   (p) unless stage 3's shards live on the host.
+PeakEstimate estimate_peak(const config::Config& c, const MinGPTWorkload& w, bool nccl) {
+  const auto& z = c.zero;
+  const auto params = mingpt_parameters(w.n_layer, w.n_embd, w.vocab_size, w.block_size, w.tie_weights);
+  PeakEstimate e;
+  e.states = estimate_model_states(c, params);
+  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
+  const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
+  const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
+  const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
+
+  // Activations.
+  const int64_t B = w.micro_batch, T = w.block_size, C = w.n_embd, H = std::max<int64_t>(1, w.n_head), L = w.n_layer;
+  const int64_t block = B * T * C * (17 * p + 2) + B * H * T * T * (p + 1);
+  const int64_t outside = B * T * (3 * C * p + 9 * w.vocab_size);
+  if (!w.checkpointing) {
+    e.activations = L * block + outside;
+  } else {
+    const int64_t inputs = L * B * T * C * p;
+    e.activations = block + outside + (c.activation_checkpointing.cpu_checkpointing ? 0 : inputs);
+    if (c.activation_checkpointing.cpu_checkpointing) e.host_activations = inputs;
+  }
+
+  // Buffers.
+  const Layout lay = layout_of(c, params);
+  const int64_t layout_ranks = z.stage == 0 ? 1 : N;
+  int64_t largest_group = 0;  // stage 3: the largest layer
+  for (size_t i = z.stage == 3 ? 1 : 0; i < lay.groups.size(); ++i)
+    largest_group = std::max(largest_group, lay.groups[i]);
+  // Gradient buckets and gathered layers.
+  int64_t buckets = 0, in_flight = 0, gathered = 0, layer_total = 0;
+  const int64_t n_groups = static_cast<int64_t>(lay.groups.size()) - (z.stage == 3 ? 1 : 0);
+  for (size_t i = z.stage == 3 ? 1 : 0; i < lay.groups.size(); ++i) layer_total += lay.groups[i];
+  if (z.stage >= 2) {
+    const int64_t chunks = nccl && N > 1 ? g * (largest_group / N) : 0;
+    buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * chunks;
+    in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks);
+  }
+  bool kept = false;  // gathered layers stay for backward
+  if (z.stage == 3 && largest_group > 0) {
+    kept = z.max_reuse_distance >= layer_total;
+    const int64_t live = kept ? std::max<int64_t>(1, z.max_live_parameters / largest_group)
+                              : 1 + std::max<int64_t>(0, std::min(z.prefetch_bucket_size,
+                                                                  z.max_live_parameters - largest_group)) / largest_group;
+    gathered = p * std::min(layer_total, live * largest_group);
+    if (off_param) gathered += p * (largest_group / N);  // the shard's device copy being sent
+  }
+  e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));
+  if (off_opt) {
+    int64_t chunk = 0;
+    for (int64_t n : lay.groups) chunk = std::max(chunk, n / layout_ranks);
+    chunk = std::min(chunk, std::max<int64_t>(1, z.sub_group_size));
+    e.host_buffers += 2 * g * chunk;
+    if (!off_param) e.host_buffers += 2 * p * chunk;
   }
   return e;
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -106,6 +107,109 @@ INSTANTIATE_TEST_SUITE_P(
                  "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 100000,
                                    "buffer_count": 3, "buffer_size": 200000}})"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The peak of a training step (NOTE [peak estimate]): minGPT on two ranks
+// with activations worth counting (micro-batch 32, context 9) at each stage
+// and offload tier; the device peak (every CPU tensor off the host tiers,
+// NOTE [emulated device memory]) and the host peak (pinned and pageable)
+// must be within 15% of `zero estimate --micro-batch 32 --backend gloo`.
+struct PeakCase {
+  const char* name;
+  const char* precision;
+  const char* zero;
+  bool checkpointing = false;
+};
+
+class EstimatePeak : public ::testing::TestWithParam<PeakCase> {};
+
+TEST_P(EstimatePeak, EveryTierWithin15Percent) {
+  const PeakCase c = GetParam();
+  TempDir dir;
+  std::string zero = c.zero;
+  for (size_t at; (at = zero.find("NVME")) != std::string::npos;) zero.replace(at, 4, dir.path());
+  nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 32},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization", nlohmann::json::parse(zero)}};
+  if (c.checkpointing) cfg["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
+  std::ofstream(dir.file("c.json")) << cfg.dump();
+  const std::string flags = c.checkpointing ? " --checkpoint" : "";
+  const std::string run = kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + dir.file("c.json") +
+                          " --n_layer 3 --n_embd 128 --n_head 4 --ndigit 3 --limit_train_batches 3 --stop_after_steps 3" + flags +
+                          " --summary-json " + dir.file("s.json") + " > " + dir.file("run.log") + " 2>&1";
+  ASSERT_EQ(sh("OMP_NUM_THREADS=1 " + run), 0) << read_text(dir.file("run.log"));
+  // The addition task with 3 digits: vocabulary 10, context 9.
+  const std::string est = kBin + "zero estimate --model mingpt:3,128,10,9 --n_head 4 --micro-batch 32 --backend gloo" +
+                          (c.checkpointing ? " --checkpointing" : "") + " --ranks-per-node 2 --config " +
+                          dir.file("c.json") + " --json " + dir.file("e.json") + " > " + dir.file("e.log") + " 2>&1";
+  ASSERT_EQ(sh(est), 0) << read_text(dir.file("e.log"));
+  const auto measured = nlohmann::json::parse(read_text(dir.file("s.json")));
+  const auto estimated = nlohmann::json::parse(read_text(dir.file("e.json")));
+  const auto& peak = estimated["configurations"][0]["peak"];
+  for (const auto& rank : measured["ranks"]) {
+    const auto& pk = rank["peak_bytes"];
+    const double device = pk["device"].get<double>(), host = pk["pinned_host"].get<double>() + pk["host"].get<double>();
+    for (const auto& [tier, got, want] : {std::tuple{"device", device, peak["device"].get<double>()},
+                                          std::tuple{"host", host, peak["host"].get<double>()},
+                                          std::tuple{"nvme", pk["nvme"].get<double>(), peak["nvme"].get<double>()}}) {
+      // Within 15%, or both under 256 KiB.
+      EXPECT_TRUE(std::abs(want - got) <= 0.15 * std::max(want, got) || std::max(want, got) < 256 * 1024)
+          << c.name << " rank " << rank["rank"] << " " << tier << ": estimated " << want << ", measured " << got
+          << " (activations " << peak["activations"] << ", device buffers " << peak["device_buffers"]
+          << ", host buffers " << peak["host_buffers"] << ")";
+      if (std::string(tier) == "device" && rank["rank"] == 0)
+        std::printf("peak %s: device estimated %.2f MiB, measured %.2f MiB (%+.1f%%)\n", c.name, want / 1048576,
+                    got / 1048576, 100 * (want - got) / got);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, EstimatePeak,
+    ::testing::Values(
+        PeakCase{"stage0_fp32", "fp32", R"({"stage": 0})"},
+        PeakCase{"stage1_fp32", "fp32", R"({"stage": 1})"},
+        PeakCase{"stage2_fp32", "fp32", R"({"stage": 2, "reduce_bucket_size": 100000, "allgather_bucket_size": 100000})"},
+        PeakCase{"stage2_bf16_cpu", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"},
+        PeakCase{"stage3_fp32", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                                            "stage3_prefetch_bucket_size": 100000, "stage3_max_live_parameters": 400000})"},
+        PeakCase{"stage3_fp32_prefetch_all", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
+        PeakCase{"stage3_fp32_cpu_cpu", "fp32",
+                 R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                     "offload_param": {"device": "cpu"}})"},
+        PeakCase{"stage3_fp32_cpu_ckpt", "fp32",
+                 R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                     "offload_param": {"device": "cpu"}})", true},
+        PeakCase{"stage3_fp32_nvme", "fp32",
+                 R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 30000,
+                     "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"},
+                     "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 100000,
+                                       "buffer_count": 3, "buffer_size": 200000}})"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The largest model the estimator predicts for budgets against the largest
+// that trains (mingpt --find-max-params) on two ranks: within 10%. Narrow
+// heads (--head_dim 8) give more layers, so one layer is a small step.
+TEST(EstimatePeak, LargestModelWithin10PercentOfFindMaxParams) {
+  TempDir dir;
+  const std::string cfg = std::string(ZERO_SOURCE_DIR) + "/benchmarks/max_params/zero3.json";
+  const std::string find = kBin + "mingpt --config " + cfg + " --find-max-params --nproc 2 --head_dim 8 --batch_size 8"
+                           " --probe_steps 2 --device-memory 48MiB --summary-json " + dir.file("f.json") + " > " +
+                           dir.file("f.log") + " 2>&1";
+  ASSERT_EQ(sh("OMP_NUM_THREADS=1 " + find), 0) << read_text(dir.file("f.log"));
+  const auto found = nlohmann::json::parse(read_text(dir.file("f.json")))["largest"];
+  const int64_t C = found["n_embd"];
+  const std::string est = kBin + "zero estimate --model mingpt:1," + std::to_string(C) + ",10,6 --n_head " +
+                          std::to_string(C / 8) + " --micro-batch 8 --backend gloo --ranks-per-node 2 --config " + cfg +
+                          " --device-memory 48MiB --json " + dir.file("e.json") + " > " + dir.file("e.log") + " 2>&1";
+  ASSERT_EQ(sh(est), 0) << read_text(dir.file("e.log"));
+  const auto predicted = nlohmann::json::parse(read_text(dir.file("e.json")))["configurations"][0]["largest"];
+  const double want = predicted["num_parameters"], got = found["num_parameters"];
+  std::printf("largest at n_embd %lld: estimated n_layer %lld (%.0f parameters), found n_layer %lld (%.0f): %+.1f%%\n",
+              static_cast<long long>(C), static_cast<long long>(predicted["n_layer"].get<int64_t>()), want,
+              static_cast<long long>(found["n_layer"].get<int64_t>()), got, 100 * (want - got) / got);
+  EXPECT_LE(std::abs(want - got), 0.10 * got) << read_text(dir.file("f.log")) << read_text(dir.file("e.log"));
+}
 
 // The table: every configuration, the budgets' largest model growing with
 // what is offloaded, and usage errors that name the option.

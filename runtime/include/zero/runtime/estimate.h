@@ -7,8 +7,8 @@
 // `zero estimate` prints it; tests/tools/estimate_test.cpp holds it to the
 // memory ledger's figures.
 //
-// Not included (yet): activations, communication buckets and prefetch
-// buffers, which depend on the model's code and the batch.
+// estimate_peak adds, for minGPT, the activations and the engine's buffers
+// of a training step (NOTE [peak estimate]).
 #pragma once
 
 #include <cstdint>
@@ -50,5 +50,30 @@ struct MemoryEstimate {
 /// The model states of one rank for `config` (its stage, precision, offload
 /// settings, thresholds and swap settings; config.world_size ranks).
 MemoryEstimate estimate_model_states(const config::Config& config, const std::vector<ParameterShape>& params);
+
+/// One micro-batch of minGPT (benchmarks/mingpt) on each rank.
+struct MinGPTWorkload {
+  int64_t n_layer = 1, n_embd = 64, n_head = 1, vocab_size = 0, block_size = 0;
+  bool tie_weights = false;
+  int64_t micro_batch = 1;
+  bool checkpointing = false;  // every block (mingpt --checkpoint), as the config's activation_checkpointing says
+};
+
+/// A training step's peak per rank: the model states and what exists only
+/// while a step runs (NOTE [peak estimate] in runtime/src/estimate.cpp).
+struct PeakEstimate {
+  MemoryEstimate states;
+  int64_t activations = 0;       // on the device
+  int64_t host_activations = 0;  // cpu_checkpointing's block inputs
+  int64_t device_buffers = 0;    // gradient buckets, gathered layers, a gradient before its hook
+  int64_t host_buffers = 0;      // pinned staging of offloaded gradients and new values
+  int64_t device() const { return states.device.total() + activations + device_buffers; }
+  int64_t host() const { return states.host.total() + host_activations + host_buffers; }
+  int64_t nvme() const { return states.nvme.total(); }
+};
+
+/// `nccl`: the collectives run on NCCL (a reduce-scatter writes a separate
+/// chunk; Gloo's is an in-place all-reduce of the bucket).
+PeakEstimate estimate_peak(const config::Config& config, const MinGPTWorkload& workload, bool nccl = false);
 
 }  // namespace zero
