@@ -50,6 +50,7 @@ def load(out, names):
             "budgets": found["budgets"],
             "largest": largest,
             "capacity": found["capacity"],
+            "predicted": found.get("predicted"),
             "probes": len(found["probes"]),
             "search_s": found["seconds"],
             "common": {
@@ -62,6 +63,13 @@ def load(out, names):
     return rows
 
 
+def predicted_cell(predicted, found):
+    if not predicted:
+        return "-"
+    n = predicted["num_parameters"]
+    return f"{human(n)} ({100 * (n - found) / found:+.0f}%)"
+
+
 def markdown(rows, seconds):
     base = rows[0]
     b = base["budgets"]
@@ -69,13 +77,14 @@ def markdown(rows, seconds):
         f"Per rank: device {mib(b['device']) if b['device'] else 'the whole GPU'}, host {mib(b['host'])}, "
         f"NVMe {mib(b['nvme'])}; {base['ranks']} rank(s). Largest: the largest minGPT whose training steps run "
         f"(`mingpt --find-max-params`); capacity: the largest whose model states alone fit the budgets "
-        f"(`zero estimate`'s formulas) at the same width. Step time at n_layer "
+        f"(`zero estimate`'s formulas) at the same width; predicted: the largest whose estimated peak of a step "
+        f"(states, activations, buffers) fits, against the largest found. Step time at n_layer "
         f"{base['common_shape'][0]}, n_embd {base['common_shape'][1]} "
         f"({human(base['common']['num_parameters'])} parameters). {seconds:.0f} s in all.",
         "",
-        "| configuration | largest (L x C) | parameters | x plain DP | of capacity | peak device | peak host | peak NVMe "
-        "| step at common size | x plain DP |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| configuration | largest (L x C) | parameters | x plain DP | of capacity | estimator predicted "
+        "| peak device | peak host | peak NVMe | step at common size | x plain DP |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         l, c = r["largest"], r["common"]
@@ -84,6 +93,7 @@ def markdown(rows, seconds):
             f"| {r['label']} | {l['n_layer']} x {l['n_embd']} | {human(l['num_parameters'])} "
             f"| {l['num_parameters'] / base['largest']['num_parameters']:.2f} "
             f"| {'-' if ratio is None else f'{100 * ratio:.0f}%'} "
+            f"| {predicted_cell(r['predicted'], l['num_parameters'])} "
             f"| {mib(l['peak_bytes']['device'])} | {mib(l['peak_bytes']['host'])} | {mib(l['peak_bytes']['nvme'])} "
             f"| {c['step_time_s']:.3f} s | {c['step_time_s'] / base['common']['step_time_s']:.2f} |")
     return "\n".join(lines) + "\n"

@@ -326,6 +326,30 @@ int find_max_params(const FindMaxOptions& o) {
                                      : (cap_layers ? search.parameters({cap_layers, best.n_embd}) : 0);
   const bool capacity_bounded = o.n_layer ? k_est < kMaxGrid : cap_layers < (int64_t{1} << 20) - 1;
 
+  // The estimator's prediction at that width: the most layers whose peak of
+  // a step (states, activations, buffers; NOTE [peak estimate]) fits.
+  auto peak_fits = [&](int64_t L) {
+    zero::MinGPTWorkload w;
+    w.n_layer = L;
+    w.n_embd = best.n_embd;
+    w.n_head = best.n_embd / o.head_dim;
+    w.vocab_size = o.vocab_size;
+    w.block_size = o.block_size;
+    w.tie_weights = o.tie_weights;
+    w.micro_batch = o.resolved.batch.train_micro_batch_size_per_gpu;
+    w.checkpointing = o.checkpointing;
+    const auto e = zero::estimate_peak(o.resolved, w, /*nccl=*/o.on_cuda && o.nproc > 1);
+    return (!o.device_memory || e.device() <= *o.device_memory) && (!o.host_memory || e.host() <= *o.host_memory) &&
+           (!o.nvme_bytes || e.nvme() <= *o.nvme_bytes);
+  };
+  int64_t predicted_layers = 0;
+  if (!o.n_layer && peak_fits(1)) {
+    int64_t hi_l = 1;
+    while (hi_l < (int64_t{1} << 20) && peak_fits(hi_l)) hi_l *= 2;
+    predicted_layers = peak_fits(hi_l) ? hi_l : last_true(hi_l / 2, hi_l - 1, peak_fits);
+  }
+  const int64_t predicted = predicted_layers ? search.parameters({predicted_layers, best.n_embd}) : 0;
+
   const auto& b = search.probes().at(best);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double tokens = static_cast<double>(o.resolved.batch.train_batch_size * o.block_size);
@@ -340,6 +364,11 @@ int find_max_params(const FindMaxOptions& o) {
     std::printf("estimator's capacity (model states alone fill a budget) at n_embd %lld: %s parameters; found %.1f%% of it\n",
                 static_cast<long long>(best.n_embd), Search::human(capacity).c_str(),
                 100.0 * static_cast<double>(b.num_parameters) / static_cast<double>(capacity));
+  if (predicted > 0 && predicted_layers < (int64_t{1} << 20))
+    std::printf("estimator's prediction (peak of a step) at n_embd %lld: n_layer %lld, %s parameters (%+.1f%% of found)\n",
+                static_cast<long long>(best.n_embd), static_cast<long long>(predicted_layers),
+                Search::human(predicted).c_str(),
+                100.0 * static_cast<double>(predicted - b.num_parameters) / static_cast<double>(b.num_parameters));
   std::printf("%zu probes in %.1f s\n", search.probes().size(), secs);
   std::fflush(stdout);
 
@@ -369,6 +398,9 @@ int find_max_params(const FindMaxOptions& o) {
                       {"ratio", capacity_bounded && capacity > 0
                                     ? nlohmann::json(static_cast<double>(b.num_parameters) / static_cast<double>(capacity))
                                     : nlohmann::json(nullptr)}}},
+        {"predicted", o.n_layer || predicted == 0 ? nlohmann::json(nullptr)
+                                                  : nlohmann::json{{"n_layer", predicted_layers},
+                                                                   {"num_parameters", predicted}}},
         {"probes", probes},
         {"seconds", secs}};
     const std::string tmp = o.json_path + ".tmp";

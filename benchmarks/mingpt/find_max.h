@@ -20,6 +20,7 @@ struct FindMaxOptions {
   zero::config::Config resolved;  // it, resolved for nproc ranks (the estimator reads it)
   int64_t vocab_size = 0, block_size = 0;
   bool tie_weights = false;
+  bool checkpointing = false;  // --checkpoint: every block (for the estimator's prediction)
   // Per-rank budgets; on the CPU the device budget is required.
   std::optional<int64_t> device_memory, host_memory, nvme_bytes;
   bool on_cuda = false;

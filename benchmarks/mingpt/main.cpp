@@ -325,6 +325,7 @@ int find_max(const Args& args, const mingpt::GPTConfig& gcfg, const zero::InitOp
   f.vocab_size = gcfg.vocab_size;
   f.block_size = gcfg.block_size;
   f.tie_weights = gcfg.tie_weights;
+  f.checkpointing = args.checkpoint;
   f.device_memory = args.device_memory;
   f.host_memory = args.host_memory;
   f.nvme_bytes = args.nvme_bytes;

@@ -195,13 +195,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                     static_cast<long long>(b.always_params));
       log::info(buf);
     }
+    // The parameter swapper takes Init's swap file over and counts all of
+    // it: Init's count goes first, or the file would count twice against an
+    // NVMe budget while the optimizer's swap files are made.
+    if (init != nullptr) init->swap_disk = {};
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
     if (init != nullptr) {  // the shards now live in the partition (or its swap file)
       init->built.layers.clear();
       init->built.swap_file.reset();
       init->aio.reset();
-      init->swap_disk = {};  // counted by the parameter swapper now
     }
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
