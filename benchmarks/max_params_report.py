@@ -106,7 +106,7 @@ def have_matplotlib():
     except ImportError:
         pass
     print("max_params: installing matplotlib from PyPI for the chart", file=sys.stderr)
-    ok = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"],
+    ok = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--retries", "0", "--timeout", "10", "matplotlib"],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     if not ok:
         print("max_params: matplotlib is not available (pip install matplotlib failed): no chart", file=sys.stderr)

@@ -7,6 +7,9 @@
 #   scripts/gpu/run.sh test     configure, build everything, run the CTest suite
 #   scripts/gpu/run.sh bench    configure, build mingpt and zero, run scripts/gpu/bench.py
 #   scripts/gpu/run.sh all      both
+#   scripts/gpu/run.sh maxparams  build mingpt and zero, run benchmarks/max_params.sh on the
+#                               one GPU with budgets from ZERO_MAXP_ARGS (default: device
+#                               8GiB, host 16GiB, NVMe 24GiB, bf16): max_params.{md,json,png}
 #
 # Environment: OUT (where results go; default ./gpu-out), ZERO_DEPS_PREFIX
 # (default ./.gpu-deps), ZERO_GPU_BUILD (default ./build-gpu), ZERO_COMMIT
@@ -21,7 +24,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 mode=${1:-all}
-case "$mode" in test|bench|all) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all" >&2; exit 2 ;; esac
+case "$mode" in test|bench|all|maxparams) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all|maxparams" >&2; exit 2 ;; esac
 out=${OUT:-$root/gpu-out}
 deps=${ZERO_DEPS_PREFIX:-$root/.gpu-deps}
 build=${ZERO_GPU_BUILD:-$root/build-gpu}
@@ -168,7 +171,23 @@ run_bench() {
   return $rc
 }
 
+run_maxparams() {
+  build mingpt zero_cli || return 1
+  say "max-parameter benchmark ($(elapsed))"
+  local rc=0 tmp="$out/max_params.tmp"
+  mkdir -p "${ZERO_NVME_DIR:-/tmp/zero-nvme}"
+  # shellcheck disable=SC2086  # ZERO_MAXP_ARGS is a list of options
+  "$root/benchmarks/max_params.sh" --ranks 1 --bin "$build/bin" --out "$tmp" --nvme-path "${ZERO_NVME_DIR:-/tmp/zero-nvme}" \
+    ${ZERO_MAXP_ARGS:---device-memory 8GiB --host-memory 16GiB --nvme-bytes 24GiB --precision bf16} >"$out/maxparams.log" 2>&1 || rc=1
+  for f in max_params.md max_params.json max_params.png; do [ -f "$tmp/$f" ] && cp "$tmp/$f" "$out/$f"; done
+  rm -rf "$tmp"
+  [ -f "$out/max_params.md" ] && cat "$out/max_params.md" >>"$summary"
+  [ "$rc" -eq 0 ] || { say "error: the max-parameter benchmark failed; the end of maxparams.log:"; tail -30 "$out/maxparams.log" >&2; }
+  return $rc
+}
+
 case "$mode" in
+  maxparams) run_maxparams || status=1 ;;
   test) run_tests || status=1 ;;
   bench) run_bench || status=1 ;;
   all) run_tests || status=1; run_bench || status=1 ;;
