@@ -24,7 +24,7 @@ precision="" batch=8 bin="$root/build/bin"
 configs="ddp zero2 zero3 zero3_offload zero3_offload_ckpt zero3_nvme"
 device_given=0
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) ranks=$2; shift 2 ;;
@@ -50,6 +50,7 @@ mkdir -p "$out"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/max-params-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 [ -n "$nvme_path" ] || { nvme_path="$scratch/nvme"; mkdir -p "$nvme_path"; }
+nvme_sed=$(printf '%s' "$nvme_path" | sed 's/[\\&|]/\\&/g')  # the path as sed's replacement text
 
 # On a GPU without --device-memory the device budget is the device itself.
 budgets=(--host-memory "$host" --nvme-bytes "$nvme")
@@ -62,12 +63,21 @@ device_text=$device; [ "$device_given" = 0 ] && [ "$on_gpu" = 1 ] && device_text
 echo "max_params: $ranks rank(s); per rank: device $device_text, host $host, nvme $nvme; configurations: $configs"
 start=$(date +%s)
 for c in $configs; do
-  sed "s|@NVME_PATH@|$nvme_path|g" "$here/max_params/$c.json" > "$out/$c.config.json"
+  sed "s|@NVME_PATH@|$nvme_sed|g" "$here/max_params/$c.json" > "$out/$c.config.json"
   extra=()
   case "$c" in *ckpt*|*nvme*) extra+=(--checkpoint) ;; esac
   echo "== $c: searching"
-  "$bin/mingpt" --config "$out/$c.config.json" --find-max-params "${common[@]}" "${extra[@]}" "${budgets[@]}" \
-    --summary-json "$out/$c.find.json" 2>&1 | tee "$out/$c.find.log" | grep --line-buffered -E "^find-max-params|^largest|^step time|^estimator"
+  set +e
+  "$bin/mingpt" --config "$out/$c.config.json" --find-max-params "${common[@]}" ${extra[@]+"${extra[@]}"} "${budgets[@]}" \
+    --summary-json "$out/$c.find.json" 2>&1 | tee "$out/$c.find.log" |
+    { grep --line-buffered -E "^find-max-params|^largest|^step time|^estimator" || true; }
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    echo "max_params.sh: the search for $c failed (exit status $rc); the end of $out/$c.find.log:" >&2
+    tail -20 "$out/$c.find.log" >&2
+    exit 1
+  fi
 done
 
 # Step time at one common size: the plain data-parallel largest (or the
@@ -86,7 +96,7 @@ for c in $configs; do
   run=("$bin/mingpt" --config "$out/$c.config.json" --n_layer "$L" --n_embd "$C" --n_head "$H" --batch_size "$batch"
        --limit_train_batches 6 --stop_after_steps 6 --summary-json "$out/$c.common.json")
   [ -n "$precision" ] && run+=(--precision "$precision")
-  run+=("${extra[@]}")
+  run+=(${extra[@]+"${extra[@]}"})
   run+=("${budgets[@]}")
   echo "== $c: 6 steps at n_layer $L, n_embd $C"
   if [ "$ranks" -gt 1 ]; then

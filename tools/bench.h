@@ -2,8 +2,13 @@
 // --json FILE, writes the same figures as JSON (units in the key names).
 #pragma once
 
+#include <array>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "probe.h"  // benchmarks/mingpt: ScratchDir, runs of minGPT
 
 namespace zero::tools {
 
@@ -22,6 +27,14 @@ int bench_overlap(const std::vector<std::string>& args);
 int bench_adam(const std::vector<std::string>& args);
 /// zero estimate: model-state memory per rank for each ZeRO configuration (tools/estimate.cpp).
 int estimate(const std::vector<std::string>& args);
+
+/// zero tune: the fastest config that fits a model and per-rank budgets,
+/// chosen by the estimator and short runs on real ranks (tools/tune.cpp).
+int tune(const std::vector<std::string>& args);
+
+/// --model mingpt:L,C[,V,T] (V default 50257, T default 1024); nullopt with
+/// `error` set when malformed.
+std::optional<std::array<int64_t, 4>> parse_mingpt_model(const std::string& text, std::string& error);
 
 /// zero bench stage3: ZeRO stage 3 on real ranks with prefetch on and off
 /// (and stage 2 for reference): step time, the time the training thread
@@ -81,11 +94,11 @@ class ScratchDir {
   ~ScratchDir();
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return dir_.path(); }
   void also_remove(std::string path) { extra_.push_back(std::move(path)); }
 
  private:
-  std::string path_;
+  mingpt::ScratchDir dir_;  // removed after the extra paths
   std::vector<std::string> extra_;
 };
 

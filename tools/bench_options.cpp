@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 #include "bench.h"
+#include "probe.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
@@ -25,13 +27,7 @@ std::string self_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
-ScratchDir::ScratchDir(const std::string& name) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/zero-bench-" + name + "-XXXXXX";
-  if (::mkdtemp(templ.data()) == nullptr)
-    throw IoError("create a scratch folder " + templ + ": " + std::strerror(errno));
-  path_ = templ;
-}
+ScratchDir::ScratchDir(const std::string& name) : dir_(mingpt::temp_parent(), "zero-bench-" + name) {}
 
 ScratchDir::~ScratchDir() {
   for (const auto& p : extra_) {
@@ -41,27 +37,16 @@ ScratchDir::~ScratchDir() {
       std::cerr << "warning: could not remove " << p << ": " << error_text(e) << "\n";
     }
   }
-  try {
-    ckpt::remove_tree(path_);
-  } catch (const std::exception& e) {
-    std::cerr << "warning: could not remove " << path_ << ": " << error_text(e) << "\n";
-  }
 }
 
 namespace {
-// The last lines of a failed run's log that say something: no progress
-// redraws, at most `max_lines`.
+// The last lines of a failed run's log that say something, indented.
 std::string log_tail(const std::string& path, size_t max_lines) {
   std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (const auto cr = line.rfind('\r'); cr != std::string::npos) line = line.substr(cr + 1);
-    if (line.empty()) continue;
-    lines.push_back(line);
-  }
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::istringstream lines(mingpt::last_lines(text, max_lines));
   std::string out;
-  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i)
-    out += "  | " + lines[i] + "\n";
+  for (std::string line; std::getline(lines, line);) out += "  | " + line + "\n";
   return out.empty() ? "  (the run printed nothing)\n" : out;
 }
 }  // namespace

@@ -23,11 +23,6 @@
 // and fragmentation cost.
 #include "find_max.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,15 +36,12 @@
 
 #include "zero/core/error.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/estimate.h"
 
-extern char** environ;
+#include "probe.h"
 
 namespace mingpt {
 namespace {
-
-constexpr int kOutOfMemoryStatus = 3;  // mingpt's exit status for zero::OutOfMemoryError
 
 struct Shape {
   int64_t n_layer = 0, n_embd = 0;
@@ -66,63 +58,6 @@ struct Probe {
   double seconds = 0;    // the probe's wall time
 };
 
-// Removes the search's scratch folder however the search ends.
-class Scratch {
- public:
-  Scratch() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mingpt-find-XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw zero::IoError("mkdtemp " + pattern + ": " + std::strerror(errno));
-    dir_ = pattern;
-  }
-  ~Scratch() {
-    try {
-      zero::ckpt::remove_tree(dir_);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "find-max-params: %s\n", e.what());
-    }
-  }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::string tail(const std::string& text, size_t lines) {
-  size_t pos = text.size();
-  for (size_t n = 0; n <= lines && pos > 0; ++n) {
-    pos = text.rfind('\n', pos - 1);
-    if (pos == std::string::npos) return text;
-  }
-  return text.substr(pos + 1);
-}
-
-// Runs argv with stdout and stderr into `log`; its exit status (128 + signal).
-int run_logged(const std::vector<std::string>& argv, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::string bytes_arg(int64_t n) { return std::to_string(n); }
 
 class Search {
@@ -138,11 +73,29 @@ class Search {
     return n;
   }
 
+  // NVMe offload of parameters swaps each layer's shard through buffers of
+  // offload_param.buffer_size elements: past that a shape cannot run at all
+  // (the engine refuses it), whatever the budgets. The refusal, or "".
+  std::string swap_buffer_refusal(const Shape& s) const {
+    const auto& op = o_.resolved.zero.offload_param;
+    if (o_.resolved.zero.stage != 3 || op.device != zero::config::OffloadDevice::kNvme) return "";
+    std::map<int, int64_t> layers;
+    for (const auto& p : zero::mingpt_parameters(s.n_layer, s.n_embd, o_.vocab_size, o_.block_size, o_.tie_weights))
+      layers[p.layer] += p.numel;
+    int64_t largest = 0;
+    for (const auto& [layer, n] : layers) largest = std::max(largest, (n + o_.nproc - 1) / o_.nproc);
+    if (largest <= op.buffer_size) return "";
+    return "a layer's shard of " + std::to_string(largest) +
+           " elements is over zero_optimization.offload_param.buffer_size " + std::to_string(op.buffer_size);
+  }
+
   // Whether the estimator's model states alone fit the budgets.
   bool states_fit(const Shape& s) const {
+    if (!swap_buffer_refusal(s).empty()) return false;
     const auto e = zero::estimate_model_states(
         o_.resolved, zero::mingpt_parameters(s.n_layer, s.n_embd, o_.vocab_size, o_.block_size, o_.tie_weights));
-    return (!o_.device_memory || e.device.total() <= *o_.device_memory) &&
+    const auto device_budget = o_.device_memory ? o_.device_memory : o_.device_total;
+    return (!device_budget || e.device.total() <= *device_budget) &&
            (!o_.host_memory || e.host.total() <= *o_.host_memory) && (!o_.nvme_bytes || e.nvme.total() <= *o_.nvme_bytes);
   }
 
@@ -151,59 +104,49 @@ class Search {
     Probe p;
     p.shape = s;
     p.num_parameters = parameters(s);
+    if (const std::string refusal = swap_buffer_refusal(s); !refusal.empty()) {
+      p.oom = refusal + " (not run)";
+      return cache_.emplace(s, std::move(p)).first->second;
+    }
     const int n = static_cast<int>(cache_.size()) + 1;
     std::fprintf(stderr, "find-max-params: probe %d: n_layer %lld, n_embd %lld (%s parameters) ...", n,
                  static_cast<long long>(s.n_layer), static_cast<long long>(s.n_embd), human(p.num_parameters).c_str());
     std::fflush(stderr);
-    const std::string summary = scratch_ + "/probe" + std::to_string(n) + ".json";
-    const std::string log = scratch_ + "/probe" + std::to_string(n) + ".log";
-    std::vector<std::string> argv;
-    if (o_.nproc > 1) argv = {o_.launcher, "launch", "--nproc_per_node", std::to_string(o_.nproc), "--"};
-    argv.push_back(o_.self);
-    argv.insert(argv.end(), o_.forward.begin(), o_.forward.end());
+    ProbeRun run;
+    run.trainer = o_.self;
+    run.launcher = o_.launcher;
+    run.nproc = o_.nproc;
+    run.summary_path = scratch_ + "/probe" + std::to_string(n) + ".json";
+    run.log_path = scratch_ + "/probe" + std::to_string(n) + ".log";
+    run.flags = o_.forward;
     const int64_t gas = o_.resolved.batch.gradient_accumulation_steps;
     for (const auto& a : std::vector<std::string>{
              "--config", o_.config, "--n_layer", std::to_string(s.n_layer), "--n_embd", std::to_string(s.n_embd),
              "--n_head", std::to_string(s.n_embd / o_.head_dim), "--limit_train_batches", std::to_string(o_.steps * gas),
-             "--stop_after_steps", std::to_string(o_.steps), "--summary-json", summary})
-      argv.push_back(a);
-    if (o_.device_memory) argv.insert(argv.end(), {"--device-memory", bytes_arg(*o_.device_memory)});
-    if (o_.host_memory) argv.insert(argv.end(), {"--host-memory", bytes_arg(*o_.host_memory)});
-    if (o_.nvme_bytes) argv.insert(argv.end(), {"--nvme-bytes", bytes_arg(*o_.nvme_bytes)});
-    const auto t0 = std::chrono::steady_clock::now();
-    const int status = run_logged(argv, log);
-    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::string text = read_text(log);
-    const auto oom_at = text.find("out of memory");
-    if (status == 0) {
-      std::ifstream in(summary);
-      const auto j = nlohmann::json::parse(in);
+             "--stop_after_steps", std::to_string(o_.steps)})
+      run.flags.push_back(a);
+    if (o_.device_memory) run.flags.insert(run.flags.end(), {"--device-memory", bytes_arg(*o_.device_memory)});
+    if (o_.host_memory) run.flags.insert(run.flags.end(), {"--host-memory", bytes_arg(*o_.host_memory)});
+    if (o_.nvme_bytes) run.flags.insert(run.flags.end(), {"--nvme-bytes", bytes_arg(*o_.nvme_bytes)});
+    const ProbeResult r = run_probe(run);
+    p.seconds = r.seconds;
+    if (r.outcome == ProbeResult::Outcome::kTrained) {
       p.fits = true;
-      const auto& times = j.at("step_time_s");
-      double sum = 0;
-      size_t count = 0;
-      for (size_t i = times.size() > 1 ? 1 : 0; i < times.size(); ++i) sum += times[i].get<double>(), ++count;
-      p.step_s = count ? sum / static_cast<double>(count) : 0;
-      for (const auto& r : j.at("ranks")) {
-        const auto& pk = r.at("peak_bytes");
-        p.peak_device = std::max(p.peak_device, pk.at("device").get<int64_t>());
-        p.peak_host = std::max(p.peak_host, pk.at("pinned_host").get<int64_t>() + pk.at("host").get<int64_t>());
-        p.peak_nvme = std::max(p.peak_nvme, pk.at("nvme").get<int64_t>());
-      }
+      p.step_s = r.step_s;
+      p.peak_device = r.peak_device;
+      p.peak_host = r.peak_host;
+      p.peak_nvme = r.peak_nvme;
       std::fprintf(stderr, " fits | step %.3f s | peak device %s, host %s, nvme %s | %.1f s\n", p.step_s,
                    zero::format_bytes(p.peak_device).c_str(), zero::format_bytes(p.peak_host).c_str(),
                    zero::format_bytes(p.peak_nvme).c_str(), p.seconds);
-    } else if (status == kOutOfMemoryStatus || (oom_at != std::string::npos && status != 127)) {
-      const auto eol = text.find('\n', oom_at);
-      p.oom = oom_at == std::string::npos ? "out of memory" : text.substr(oom_at, eol - oom_at);
+    } else if (r.outcome == ProbeResult::Outcome::kOutOfMemory) {
+      p.oom = r.message;
       std::fprintf(stderr, " does not fit | %s | %.1f s\n", p.oom.substr(0, 160).c_str(), p.seconds);
     } else {
       std::fprintf(stderr, " failed\n");
-      std::string cmd;
-      for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-      throw zero::Error(zero::ErrorKind::kInternal, "the probe failed with exit status " + std::to_string(status) +
-                                                        " for a reason other than memory:\n  " + cmd + "\n" +
-                                                        tail(text, 15));
+      throw zero::Error(zero::ErrorKind::kInternal, "the probe failed with exit status " + std::to_string(r.status) +
+                                                        " for a reason other than memory:\n  " + r.command + "\n" +
+                                                        r.message);
     }
     return cache_.emplace(s, std::move(p)).first->second;
   }
@@ -242,8 +185,9 @@ int64_t last_true(int64_t lo, int64_t hi, F ok) {
 }  // namespace
 
 int find_max_params(const FindMaxOptions& o) {
-  Scratch scratch;
-  Search search(o, scratch.dir());
+  CatchStopSignals stop;  // the scratch folder goes however the search is stopped
+  ScratchDir scratch(temp_parent(), "mingpt-find");
+  Search search(o, scratch.path());
   const auto t0 = std::chrono::steady_clock::now();
   constexpr int64_t kMaxGrid = 2048;  // n_embd up to 2048 x head_dim
 
@@ -338,8 +282,10 @@ int find_max_params(const FindMaxOptions& o) {
     w.tie_weights = o.tie_weights;
     w.micro_batch = o.resolved.batch.train_micro_batch_size_per_gpu;
     w.checkpointing = o.checkpointing;
+    if (!search.swap_buffer_refusal({L, best.n_embd}).empty()) return false;
     const auto e = zero::estimate_peak(o.resolved, w, /*nccl=*/o.on_cuda && o.nproc > 1);
-    return (!o.device_memory || e.device() <= *o.device_memory) && (!o.host_memory || e.host() <= *o.host_memory) &&
+    const auto device_budget = o.device_memory ? o.device_memory : o.device_total;
+    return (!device_budget || e.device() <= *device_budget) && (!o.host_memory || e.host() <= *o.host_memory) &&
            (!o.nvme_bytes || e.nvme() <= *o.nvme_bytes);
   };
   int64_t predicted_layers = 0;
@@ -398,7 +344,7 @@ int find_max_params(const FindMaxOptions& o) {
                       {"ratio", capacity_bounded && capacity > 0
                                     ? nlohmann::json(static_cast<double>(b.num_parameters) / static_cast<double>(capacity))
                                     : nlohmann::json(nullptr)}}},
-        {"predicted", o.n_layer || predicted == 0 ? nlohmann::json(nullptr)
+        {"predicted", o.n_layer || predicted == 0 || predicted_layers >= (int64_t{1} << 20) ? nlohmann::json(nullptr)
                                                   : nlohmann::json{{"n_layer", predicted_layers},
                                                                    {"num_parameters", predicted}}},
         {"probes", probes},

@@ -24,6 +24,9 @@ struct FindMaxOptions {
   // Per-rank budgets; on the CPU the device budget is required.
   std::optional<int64_t> device_memory, host_memory, nvme_bytes;
   bool on_cuda = false;
+  // On a GPU without a device budget: its memory, for the estimator alone
+  // (the probes use the whole device).
+  std::optional<int64_t> device_total;
   std::optional<int64_t> n_layer;  // a fixed depth: only the width is searched
   int64_t head_dim = 64;           // n_embd moves in steps of head_dim, n_head = n_embd / head_dim
   int64_t steps = 3;               // optimizer steps each probe trains

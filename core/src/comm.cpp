@@ -146,9 +146,12 @@ class Liveness {
 // (std::uncaught_exceptions) does the same whatever failed: this rank's
 // main thread may have run out of memory between a collective's launch and
 // its wait, and the peers may be blocked on one of this rank's that will
-// never come. An abandoned c10d work keeps its tensors, so nothing it still
-// writes is freed under it. The rank exits promptly, its sockets close, and
-// its peers fail at once instead of at their timeout.
+// never come; and since the rank is then out of step with its peers, its
+// later waits are refused as after a failure. An abandoned c10d work keeps
+// its tensors, so nothing it still writes is freed under it. The rank exits
+// promptly, its sockets close, and its peers fail at once instead of at
+// their timeout (when their own works can end: the backend's destructor
+// still joins its worker threads).
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
                    std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live,
                    std::shared_ptr<std::atomic<bool>> comm_failed)
@@ -180,6 +183,9 @@ CommWork::~CommWork() {
   if (!work_) return;
   // NOTE [failed collectives]: unwinding, or after a failure, nothing waits.
   if ((std::uncaught_exceptions() > 0 || (comm_failed_ && comm_failed_->load())) && !work_->isCompleted()) {
+    // A collective left behind puts this rank out of step with its peers:
+    // later waits are refused too, not matched against the wrong work.
+    if (comm_failed_) comm_failed_->store(true);
     abandon();
     return;
   }

@@ -118,8 +118,8 @@ at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarTyp
   return at::from_blob(
       data, {numel},
       [raw, state, tier, kind, nbytes](void*) mutable {
+        raw.reset();  // freed first: the ledger never shows memory that is still held
         state->sub(tier, kind, nbytes);
-        raw.reset();
       },
       raw.options());
 }

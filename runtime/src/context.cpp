@@ -5,22 +5,27 @@
 #include "zero/core/error.h"
 #include "zero/core/ledger_alloc.h"
 #include "zero/partition/zero_optimizer.h"
+#include "zero/runtime/estimate.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
-namespace zero::detail {
-
-namespace {
+namespace zero {
 
 // The device's memory, as the caching allocator's fraction counts it.
-int64_t cuda_total_memory(const torch::Device& device) {
+int64_t cuda_total_memory(const c10::Device& device) {
   c10::cuda::CUDAGuard guard(device.index());
   size_t free_bytes = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
   return static_cast<int64_t>(total);
 }
+
+}  // namespace zero
+
+namespace zero::detail {
+
+namespace {
 
 std::string join_or(const std::vector<std::string>& v) {
   std::string out;
@@ -62,13 +67,17 @@ void apply_memory_budgets(const config::Config& cfg, const InitOptions& options,
     ZERO_CHECK(*cap > 0, "InitOptions::device_memory_limit_bytes must be positive");
     const std::string help = "set by InitOptions::device_memory_limit_bytes; " + memory_help(cfg, Tier::kDevice);
     if (device.is_cuda()) {
-      const int64_t total = cuda_total_memory(device);
+      const int64_t total = zero::cuda_total_memory(device);
       if (*cap < total)
         c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(*cap) / static_cast<double>(total),
                                                            device.index());
     } else {
       limit_cpu_device_memory(*cap, help);
     }
+  } else if (device.is_cpu()) {
+    // The cap is process-wide: an earlier engine's budget does not outlive it
+    // into one built without a budget.
+    limit_cpu_device_memory(0, "");
   }
   if (auto cap = options.host_memory_limit_bytes) {
     ZERO_CHECK(*cap > 0, "InitOptions::host_memory_limit_bytes must be positive");

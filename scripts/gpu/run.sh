@@ -180,6 +180,9 @@ run_maxparams() {
   "$root/benchmarks/max_params.sh" --ranks 1 --bin "$build/bin" --out "$tmp" --nvme-path "${ZERO_NVME_DIR:-/tmp/zero-nvme}" \
     ${ZERO_MAXP_ARGS:---device-memory 8GiB --host-memory 16GiB --nvme-bytes 24GiB --precision bf16} >"$out/maxparams.log" 2>&1 || rc=1
   for f in max_params.md max_params.json max_params.png; do [ -f "$tmp/$f" ] && cp "$tmp/$f" "$out/$f"; done
+  if [ "$rc" -ne 0 ]; then  # the searches' own logs, into the one that comes back
+    for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "== $(basename "$f"), its last 40 lines"; tail -40 "$f"; }; done >>"$out/maxparams.log"
+  fi
   rm -rf "$tmp"
   [ -f "$out/max_params.md" ] && cat "$out/max_params.md" >>"$summary"
   [ "$rc" -eq 0 ] || { say "error: the max-parameter benchmark failed; the end of maxparams.log:"; tail -30 "$out/maxparams.log" >&2; }

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "zero/config/config.h"
 
 namespace zero {
@@ -75,5 +77,9 @@ struct PeakEstimate {
 /// `nccl`: the collectives run on NCCL (a reduce-scatter writes a separate
 /// chunk; Gloo's is an in-place all-reduce of the bucket).
 PeakEstimate estimate_peak(const config::Config& config, const MinGPTWorkload& workload, bool nccl = false);
+
+/// A CUDA device's memory in bytes (what a budget of the whole card is, as
+/// the caching allocator's memory fraction counts it).
+int64_t cuda_total_memory(const c10::Device& device);
 
 }  // namespace zero

@@ -1,0 +1,206 @@
+#include "probe.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "zero/core/error.h"
+#include "zero/runtime/checkpoint_format.h"
+
+extern char** environ;
+
+namespace mingpt {
+namespace {
+
+// The run in flight and the first stop signal seen while it runs (the
+// handler may only touch these).
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_signal = 0;
+
+void forward_signal(int sig) {
+  if (g_signal == 0) {
+    g_signal = sig;
+    if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+constexpr std::array<int, 3> kStopSignals = {SIGINT, SIGTERM, SIGHUP};
+
+CatchStopSignals::CatchStopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < kStopSignals.size(); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+  if (old_[0].sa_handler != forward_signal) g_signal = 0;  // the outermost: a fresh start
+}
+
+CatchStopSignals::~CatchStopSignals() {
+  for (size_t i = 0; i < kStopSignals.size(); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+}
+
+void check_stop() {
+  if (g_signal != 0) throw Interrupted(g_signal);
+}
+
+Interrupted::Interrupted(int signal)
+    : std::runtime_error(std::string("interrupted by ") + (signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "SIGHUP")),
+      signal_(signal) {}
+
+std::string temp_parent() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
+ScratchDir::ScratchDir(const std::string& parent, const std::string& prefix) {
+  std::string pattern = parent + "/" + prefix + "-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr)
+    throw zero::IoError("cannot make a scratch folder " + pattern + ": " + std::strerror(errno));
+  path_ = pattern;
+}
+
+ScratchDir::~ScratchDir() {
+  try {
+    zero::ckpt::remove_tree(path_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cannot remove the scratch folder %s: %s\n", path_.c_str(), e.what());
+  }
+}
+
+std::string last_lines(const std::string& text, size_t max_lines) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (const auto cr = line.rfind('\r'); cr != std::string::npos) line = line.substr(cr + 1);  // a progress redraw
+    if (!line.empty()) lines.push_back(line);
+  }
+  std::string out;
+  for (size_t i = lines.size() > max_lines ? lines.size() - max_lines : 0; i < lines.size(); ++i) out += lines[i] + "\n";
+  return out;
+}
+
+int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group: a terminal's Ctrl-C reaches us only, and we pass it on once
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  CatchStopSignals stop;
+  check_stop();  // one that came before this run
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
+  g_child = pid;
+  if (g_signal != 0) ::kill(pid, g_signal);  // arrived while it was being started
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      g_child = 0;
+      throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
+    }
+  }
+  g_child = 0;
+  if (g_signal != 0) throw Interrupted(g_signal);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+ProbeResult run_probe(const ProbeRun& run) {
+  ProbeResult r;
+  std::vector<std::string> argv;
+  if (run.nproc > 1) argv = {run.launcher, "launch", "--nproc_per_node", std::to_string(run.nproc), "--"};
+  argv.push_back(run.trainer);
+  argv.insert(argv.end(), run.flags.begin(), run.flags.end());
+  argv.insert(argv.end(), {"--summary-json", run.summary_path});
+  for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + a;
+  std::remove(run.summary_path.c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  r.status = run_logged(argv, run.log_path);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string text = read_text(run.log_path);
+  // mingpt's own error line (a warning that mentions memory is not one);
+  // the launcher's status is the first failing rank's, which may be a peer's.
+  const std::string kOomLine = "mingpt: out of memory";
+  const auto oom_at = text.rfind(kOomLine);
+  if (r.status == 0) {
+    std::ifstream in(run.summary_path);
+    if (!in) {
+      r.message = "it ended with status 0 but wrote no summary " + run.summary_path + "\n" + last_lines(text, 15);
+      return r;
+    }
+    int64_t applied = 0;
+    try {
+      const auto j = nlohmann::json::parse(in);
+      applied = j.value("steps", int64_t{0}) - j.value("skipped_steps", int64_t{0});
+      for (const auto& t : j.at("step_time_s")) r.step_times.push_back(t.get<double>());
+      double sum = 0;
+      size_t count = 0;
+      for (size_t i = r.step_times.size() > 1 ? 1 : 0; i < r.step_times.size(); ++i) sum += r.step_times[i], ++count;
+      r.step_s = count ? sum / static_cast<double>(count) : 0;
+      r.tokens_per_step = j.at("tokens_per_step").get<int64_t>();
+      for (const auto& rank : j.at("ranks")) {
+        const auto& pk = rank.at("peak_bytes");
+        r.peak_device = std::max(r.peak_device, pk.at("device").get<int64_t>());
+        r.peak_host = std::max(r.peak_host, pk.at("pinned_host").get<int64_t>() + pk.at("host").get<int64_t>());
+        r.peak_nvme = std::max(r.peak_nvme, pk.at("nvme").get<int64_t>());
+      }
+    } catch (const nlohmann::json::exception& e) {
+      r.message = "its summary " + run.summary_path + " is not mingpt's: " + e.what();
+      return r;
+    }
+    if (r.step_times.empty()) {
+      r.message = "it trained no optimizer step\n" + last_lines(text, 15);
+      return r;
+    }
+    // fp16's first steps may all overflow and be skipped: then no optimizer
+    // step ran (no CPU Adam, no swap of states) and the peak is short of one.
+    if (applied < 1) {
+      r.message = "every optimizer step was skipped (fp16 overflow), so its peak lacks an optimizer step: run more "
+                  "steps or lower fp16.initial_scale_power";
+      return r;
+    }
+    r.outcome = ProbeResult::Outcome::kTrained;
+  } else if (r.status == kOutOfMemoryStatus || oom_at != std::string::npos) {
+    r.outcome = ProbeResult::Outcome::kOutOfMemory;
+    r.message = "out of memory";
+    if (oom_at != std::string::npos) {
+      const size_t from = oom_at + 8;  // past "mingpt: "
+      r.message = text.substr(from, text.find('\n', from) - from);
+    }
+  } else {
+    r.message = last_lines(text, 15);
+  }
+  return r;
+}
+
+}  // namespace mingpt

@@ -1,0 +1,101 @@
+// Short training runs of minGPT in a child process, for the searches that
+// train to find out (mingpt --find-max-params, zero tune): the run's
+// outcome (trained, out of memory, failed), its step times and its peak
+// memory per tier, read from the run's --summary-json.
+#pragma once
+
+#include <signal.h>
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mingpt {
+
+/// A search stopped by SIGINT, SIGTERM or SIGHUP (after its run ended).
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(int signal);
+  int signal() const noexcept { return signal_; }
+
+ private:
+  int signal_;
+};
+
+/// While one lives, SIGINT, SIGTERM and SIGHUP do not end this process: the
+/// first is recorded and passed on to the run in flight (run_logged), and
+/// check_stop() or the next run_logged throws Interrupted, so a search's
+/// scratch folders go however it is stopped. Nests (the outermost resets).
+class CatchStopSignals {
+ public:
+  CatchStopSignals();
+  ~CatchStopSignals();
+  CatchStopSignals(const CatchStopSignals&) = delete;
+  CatchStopSignals& operator=(const CatchStopSignals&) = delete;
+
+ private:
+  std::array<struct sigaction, 3> old_{};
+};
+
+/// Throws Interrupted when a stop signal came while a CatchStopSignals lived.
+void check_stop();
+
+/// A fresh folder `parent/prefix-XXXXXX`, removed with everything in it when
+/// this goes (so the runs' logs, summaries and swap files never stay).
+class ScratchDir {
+ public:
+  ScratchDir(const std::string& parent, const std::string& prefix);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/// $TMPDIR, or /tmp.
+std::string temp_parent();
+
+/// Runs argv (argv[0] a path) in its own process group with stdout and
+/// stderr into `log`, and returns its exit status (128 + signal when a
+/// signal ended it). SIGINT, SIGTERM and SIGHUP received meanwhile are passed
+/// on to the run once (a terminal's Ctrl-C reaches only this process: the run
+/// has its own group); when the run has ended, Interrupted is thrown, so the
+/// caller's ScratchDir goes (CatchStopSignals).
+int run_logged(const std::vector<std::string>& argv, const std::string& log);
+
+/// What to run: `trainer` (mingpt) with `flags`, on `nproc` ranks through
+/// `launcher launch --nproc_per_node N --` when nproc > 1.
+struct ProbeRun {
+  std::string trainer, launcher;
+  int64_t nproc = 1;
+  std::vector<std::string> flags;  // everything but --summary-json
+  std::string summary_path, log_path;
+};
+
+struct ProbeResult {
+  enum class Outcome { kTrained, kOutOfMemory, kFailed };
+  Outcome outcome = Outcome::kFailed;
+  int status = 0;
+  std::string message;            // out of memory: the error's line; failed: the log's last lines
+  std::string command;            // the command line, for messages
+  std::vector<double> step_times;  // seconds, every optimizer step
+  double step_s = 0;               // mean over the steps after the first (the first, if only one)
+  int64_t tokens_per_step = 0;     // global batch x context
+  int64_t peak_device = 0, peak_host = 0, peak_nvme = 0;  // the largest over ranks; host: pinned + pageable
+  double seconds = 0;              // the run's wall time
+};
+
+/// mingpt's exit status for zero::OutOfMemoryError (and c10's).
+constexpr int kOutOfMemoryStatus = 3;
+
+ProbeResult run_probe(const ProbeRun& run);
+
+/// The last `max_lines` lines of a run's output that say something: no
+/// progress redraws (up to a carriage return), no empty lines.
+std::string last_lines(const std::string& text, size_t max_lines);
+
+}  // namespace mingpt
