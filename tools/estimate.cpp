@@ -2,6 +2,7 @@
 // the model's size or shape (runtime/include/zero/runtime/estimate.h), and
 // with budgets the largest model whose states fit each configuration.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -107,6 +108,29 @@ nlohmann::json to_json(const StateBytes& b) {
 
 }  // namespace
 
+std::optional<std::array<int64_t, 4>> parse_mingpt_model(const std::string& v, std::string& error) {
+  std::vector<int64_t> dims;
+  error = "--model: expected mingpt:L,C[,V,T]; got \"" + v + "\"";
+  if (v.rfind("mingpt:", 0) != 0) return std::nullopt;
+  std::stringstream ss(v.substr(7));
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size() || x < 1 || x > (int64_t{1} << 24)) throw std::invalid_argument(item);
+      dims.push_back(x);
+    } catch (const std::exception&) {
+      error = "--model: expected positive integers in mingpt:L,C[,V,T]; got \"" + item + "\"";
+      return std::nullopt;
+    }
+  }
+  if (dims.size() < 2 || dims.size() > 4) return std::nullopt;
+  if (dims.size() < 3) dims.push_back(50257);
+  if (dims.size() < 4) dims.push_back(1024);
+  error.clear();
+  return std::array<int64_t, 4>{dims[0], dims[1], dims[2], dims[3]};
+}
+
 int estimate(const std::vector<std::string>& args) {
   std::optional<double> params;
   std::optional<std::vector<int64_t>> model;  // L, C, V, T
@@ -161,23 +185,10 @@ int estimate(const std::vector<std::string>& args) {
       params = parse_count(v);
       if (!params) return fail("--params: expected a parameter count such as 1.3e9, 1300M or 1.3B; got \"" + v + "\"");
     } else if (a == "--model") {
-      std::vector<int64_t> dims;
-      if (v.rfind("mingpt:", 0) != 0) return fail("--model: expected mingpt:L,C[,V,T]; got \"" + v + "\"");
-      std::stringstream ss(v.substr(7));
-      for (std::string item; std::getline(ss, item, ',');) {
-        try {
-          size_t used = 0;
-          const long long x = std::stoll(item, &used);
-          if (used != item.size() || x < 1 || x > (int64_t{1} << 24)) throw std::invalid_argument(item);
-          dims.push_back(x);
-        } catch (const std::exception&) {
-          return fail("--model: expected positive integers in mingpt:L,C[,V,T]; got \"" + item + "\"");
-        }
-      }
-      if (dims.size() < 2 || dims.size() > 4) return fail("--model: expected mingpt:L,C[,V,T]; got \"" + v + "\"");
-      if (dims.size() < 3) dims.push_back(50257);
-      if (dims.size() < 4) dims.push_back(1024);
-      model = dims;
+      std::string error;
+      auto dims = parse_mingpt_model(v, error);
+      if (!dims) return fail(error);
+      model = std::vector<int64_t>(dims->begin(), dims->end());
     } else if (a == "--ranks-per-node" || a == "--nodes") {
       auto x = integer(1, 1 << 20);
       if (!x) return fail(a + ": expected an integer >= 1; got \"" + v + "\"");

@@ -71,6 +71,10 @@ commands:
       Model-state memory per rank on the device, the host and NVMe for each
       ZeRO configuration, and with --device-memory/--host-memory/--nvme-bytes
       the largest model whose states fit each. 'zero estimate --help'.
+  tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [--nvme-path DIR --ranks N ...]
+      The fastest config that fits: candidates the estimator says fit, the
+      ones no other beats by construction trained a few steps on real ranks;
+      writes ds_config.json and a table of what it ran. 'zero tune --help'.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -211,8 +215,9 @@ int run(const std::vector<std::string>& args) {
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   if (args[0] == "estimate") return zero::tools::estimate({args.begin() + 1, args.end()});
+  if (args[0] == "tune") return zero::tools::tune({args.begin() + 1, args.end()});
   if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate"});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate", "tune"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

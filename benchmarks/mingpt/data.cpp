@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -106,6 +108,26 @@ class AdditionTask final : public Task {
   std::vector<int64_t> train_, test_;
 };
 
+// Greedy next-token accuracy of the model over `items`, batch_size at a
+// time, `make` turning a chunk of them into a batch; in eval mode, no grad.
+double next_token_accuracy(GPT& model, torch::Device device, int64_t batch_size, const std::vector<int64_t>& items,
+                           const std::function<Batch(const std::vector<int64_t>&)>& make) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model->is_training();
+  model->eval();
+  int64_t correct = 0, total = 0;
+  for (size_t s = 0; s < items.size(); s += static_cast<size_t>(batch_size)) {
+    const std::vector<int64_t> chunk(items.begin() + static_cast<std::ptrdiff_t>(s),
+                                     items.begin() + static_cast<std::ptrdiff_t>(std::min(items.size(), s + batch_size)));
+    auto b = make(chunk);
+    auto pred = model->forward(b.x.to(device)).argmax(-1).to(torch::kCPU);
+    correct += pred.eq(b.y).sum().item<int64_t>();
+    total += b.y.numel();
+  }
+  if (was_training) model->train();
+  return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+}
+
 class TextTask final : public Task {
  public:
   TextTask(const std::string& path, int64_t block_size) : path_(path), block_size_(block_size) {
@@ -145,25 +167,13 @@ class TextTask final : public Task {
   }
 
   double evaluate(GPT& model, torch::Device device, int64_t batch_size) const override {
-    torch::NoGradGuard no_grad;
-    const bool was_training = model->is_training();
-    model->eval();
     const int64_t n_eval = static_cast<int64_t>(ids_.size()) - n_train_ - block_size_ - 1;
     // At most 64 windows spread over the held-out text.
     const int64_t count = std::min<int64_t>(64, n_eval + 1);
     std::vector<int64_t> starts;
     for (int64_t i = 0; i < count; ++i) starts.push_back(i * std::max<int64_t>(1, n_eval / count));
-    int64_t correct = 0, total = 0;
-    for (size_t s = 0; s < starts.size(); s += batch_size) {
-      std::vector<int64_t> chunk(starts.begin() + s,
-                                 starts.begin() + std::min(starts.size(), s + batch_size));
-      auto b = windows(chunk, n_train_);
-      auto pred = model->forward(b.x.to(device)).argmax(-1).to(torch::kCPU);
-      correct += pred.eq(b.y).sum().item<int64_t>();
-      total += b.y.numel();
-    }
-    if (was_training) model->train();
-    return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+    return next_token_accuracy(model, device, batch_size, starts,
+                               [&](const std::vector<int64_t>& chunk) { return windows(chunk, n_train_); });
   }
 
  private:
@@ -189,6 +199,58 @@ class TextTask final : public Task {
   std::vector<int64_t> ids_;
 };
 
+// Uniformly random tokens, the same for every rank and run (a counter-based
+// hash of sample and position): a workload of any vocabulary and context for
+// throughput and memory (zero tune, the max-parameter search), with nothing
+// to learn, so its held-out accuracy stays near 1 / vocab_size.
+class RandomTask final : public Task {
+ public:
+  RandomTask(int64_t vocab_size, int64_t block_size, int64_t train_size)
+      : vocab_size_(vocab_size), block_size_(block_size), train_size_(train_size) {}
+  std::string name() const override {
+    return "random tokens (vocabulary " + std::to_string(vocab_size_) + ", context " + std::to_string(block_size_) + ")";
+  }
+  int64_t vocab_size() const override { return vocab_size_; }
+  int64_t block_size() const override { return block_size_; }
+  int64_t train_size() const override { return train_size_; }
+  Batch train_batch(const std::vector<int64_t>& indices) const override { return sequences(indices, 0); }
+
+  double evaluate(GPT& model, torch::Device device, int64_t batch_size) const override {
+    std::vector<int64_t> held_out(64);  // the 64 samples past the training set
+    std::iota(held_out.begin(), held_out.end(), 0);
+    return next_token_accuracy(model, device, batch_size, held_out,
+                               [&](const std::vector<int64_t>& chunk) { return sequences(chunk, train_size_); });
+  }
+
+ private:
+  static uint64_t mix(uint64_t z) {  // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  Batch sequences(const std::vector<int64_t>& indices, int64_t base) const {
+    const int64_t B = static_cast<int64_t>(indices.size()), T = block_size_;
+    auto x = torch::empty({B, T}, torch::kLong);
+    auto y = torch::empty({B, T}, torch::kLong);
+    auto xa = x.accessor<int64_t, 2>();
+    auto ya = y.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < B; ++i) {
+      const uint64_t sample = static_cast<uint64_t>(base + indices[i]) * static_cast<uint64_t>(T + 1);
+      auto token = [&](int64_t t) {
+        return static_cast<int64_t>(mix(sample + static_cast<uint64_t>(t) + 0x9e3779b97f4a7c15ULL) %
+                                    static_cast<uint64_t>(vocab_size_));
+      };
+      for (int64_t t = 0; t < T; ++t) {
+        xa[i][t] = token(t);
+        ya[i][t] = token(t + 1);
+      }
+    }
+    return {x, y};
+  }
+
+  int64_t vocab_size_, block_size_, train_size_;
+};
+
 }  // namespace
 
 std::unique_ptr<Task> make_addition_task(int64_t ndigit) {
@@ -197,6 +259,12 @@ std::unique_ptr<Task> make_addition_task(int64_t ndigit) {
 
 std::unique_ptr<Task> make_text_task(const std::string& path, int64_t block_size) {
   return std::make_unique<TextTask>(path, block_size);
+}
+
+std::unique_ptr<Task> make_random_task(int64_t vocab_size, int64_t block_size, int64_t train_size) {
+  if (vocab_size < 2 || block_size < 1 || train_size < 1)
+    throw std::runtime_error("random tokens: expected vocab_size >= 2, block_size >= 1, train_size >= 1");
+  return std::make_unique<RandomTask>(vocab_size, block_size, train_size);
 }
 
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {

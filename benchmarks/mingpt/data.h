@@ -5,6 +5,8 @@
 //    of greedy decoding on a fixed test split.
 //  - text (--data FILE): character-level language modelling on any text file;
 //    the last 10% is held out. Held-out metric: next-character accuracy.
+//  - random (--vocab_size V): uniformly random tokens of a vocabulary of V,
+//    for throughput and memory at any model shape (nothing to learn).
 #pragma once
 
 #include <memory>
@@ -38,6 +40,9 @@ class Task {
 std::unique_ptr<Task> make_addition_task(int64_t ndigit);
 /// Throws std::runtime_error naming the path when it cannot be read or is too short.
 std::unique_ptr<Task> make_text_task(const std::string& path, int64_t block_size);
+
+/// `train_size` samples of `block_size` random tokens in [0, vocab_size).
+std::unique_ptr<Task> make_random_task(int64_t vocab_size, int64_t block_size, int64_t train_size);
 
 /// The order of the training set in `epoch`: a permutation drawn from `seed`
 /// and the epoch alone, so every rank and every world size agrees.

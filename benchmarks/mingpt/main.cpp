@@ -27,9 +27,11 @@
 #include "data.h"
 #include "find_max.h"
 #include "model.h"
+#include "probe.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
 #include "zero/runtime/engine_internal.h"
+#include "zero/runtime/estimate.h"
 #include "zero/zero.h"
 
 namespace {
@@ -37,19 +39,22 @@ namespace {
 const char* kUsage = R"(usage: mingpt --config FILE [options]
 
 Trains minGPT through zero with a DeepSpeed config. Default task: 2-digit
-addition (no download); --data FILE trains a character-level model on a text file.
+addition (no download); --data FILE trains a character-level model on a text file;
+--vocab_size V trains on random tokens (throughput and memory at any shape).
 
   --config FILE            DeepSpeed JSON config (required)
   --n_layer N              transformer blocks (default 2)
   --n_head N               attention heads (default 4)
   --n_embd N               embedding width (default 128)
-  --block_size N           context length (default: the task's; 128 for --data)
+  --block_size N           context length (default: the task's; 128 for --data and --vocab_size)
   --batch_size N           micro-batch per rank; fills "auto" train_micro_batch_size_per_gpu (default 64)
   --limit_train_batches N  micro-batches per epoch at most (default: the whole training set)
   --max_epochs N           epochs (default 1)
   --precision 32|16|bf16   compute precision; fills "auto" fp16/bf16 (default: as the config says)
   --lr X                   fills "auto" optimizer lr (default 5e-4)
   --data FILE              character-level text task instead of addition
+  --vocab_size V           random tokens of a vocabulary of V (2 to 1048576), 65536 samples
+                           an epoch, instead of addition (what zero tune's runs train)
   --ndigit N               digits per operand of the addition task (default 2, at most 4)
   --seed N                 initialisation and data order (default 42)
   --summary-json FILE      write the run's summary (rank 0)
@@ -104,6 +109,7 @@ struct Args {
   std::optional<std::string> precision;
   double lr = 5e-4;
   std::string data;
+  std::optional<int64_t> vocab_size;
   int64_t ndigit = 2;
   uint64_t seed = 42;
   std::string summary_json;
@@ -166,8 +172,9 @@ double parse_double(const std::string& flag, const std::string& v, double min_va
 // machine, low enough that sizes computed from them cannot overflow.
 constexpr int64_t kMaxLayers = 100000, kMaxWidth = 1 << 20, kMaxBatch = 1 << 24, kMaxBlock = 1 << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 40;  // epochs, batches, steps
-constexpr int64_t kMaxDigits = 4;
-constexpr int kOutOfMemoryStatus = 3;  // find_max.cpp tells "does not fit" from other failures by it                // the addition task enumerates (10^n)^2 pairs
+constexpr int64_t kMaxDigits = 4;  // the addition task enumerates (10^n)^2 pairs
+// probe.h's kOutOfMemoryStatus: the searches tell "does not fit" from other failures by it.
+using mingpt::kOutOfMemoryStatus;
 
 // An output file is checked before the run, not found unwritable after it:
 // its folder exists and takes files, and the name is not a folder.
@@ -190,12 +197,12 @@ Args parse_args(int argc, char** argv) {
   Args a;
   const std::vector<std::string> flags = {
       "--config", "--n_layer", "--n_head", "--n_embd", "--block_size", "--batch_size",
-      "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--ndigit",
+      "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--vocab_size", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
       "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save",
       "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--head_dim"};
   // What a --find-max-params probe is given as the user gave it.
-  const std::vector<std::string> forwarded = {"--batch_size", "--precision", "--lr", "--data", "--ndigit", "--seed",
+  const std::vector<std::string> forwarded = {"--batch_size", "--precision", "--lr", "--data", "--vocab_size", "--ndigit", "--seed",
                                               "--dropout", "--device", "--cpu_copy_mode", "--block_size"};
   std::map<std::string, std::string> seen;  // flag -> the value given first
   for (int i = 1; i < argc; ++i) {
@@ -251,6 +258,7 @@ Args parse_args(int argc, char** argv) {
       a.precision = value;
     } else if (flag == "--lr") a.lr = parse_double(flag, value, 0, 1e3);
     else if (flag == "--data") a.data = value;
+    else if (flag == "--vocab_size") a.vocab_size = parse_int(flag, value, 2, kMaxWidth);
     else if (flag == "--ndigit") a.ndigit = parse_int(flag, value, 1, kMaxDigits);
     else if (flag == "--seed") a.seed = static_cast<uint64_t>(parse_int(flag, value, 0, std::numeric_limits<int64_t>::max()));
     else if (flag == "--summary-json") a.summary_json = value;
@@ -281,8 +289,10 @@ Args parse_args(int argc, char** argv) {
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
   if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
   if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
-  if (a.block_size && a.data.empty())
-    usage_error("--block_size applies to --data only: the addition task's context is set by --ndigit (3 x ndigit)");
+  if (!a.data.empty() && a.vocab_size)
+    usage_error("--data and --vocab_size each choose the task (a text file, random tokens): give one");
+  if (a.block_size && a.data.empty() && !a.vocab_size)
+    usage_error("--block_size applies to --data and --vocab_size only: the addition task's context is set by --ndigit (3 x ndigit)");
   if (a.find_max) {
     for (const auto& [given, name] : std::vector<std::pair<bool, std::string>>{
              {a.n_embd_given, "--n_embd"}, {a.n_head_given, "--n_head"}, {a.limit_train_batches.has_value(), "--limit_train_batches"},
@@ -330,6 +340,8 @@ int find_max(const Args& args, const mingpt::GPTConfig& gcfg, const zero::InitOp
   f.host_memory = args.host_memory;
   f.nvme_bytes = args.nvme_bytes;
   f.on_cuda = args.device ? torch::Device(*args.device).is_cuda() : torch::cuda::is_available();
+  if (f.on_cuda && !f.device_memory)
+    f.device_total = zero::cuda_total_memory(args.device ? torch::Device(*args.device) : torch::Device(torch::kCUDA, 0));
   if (!f.on_cuda && !f.device_memory)
     usage_error("--find-max-params on the CPU needs --device-memory BYTES (the budget a GPU's memory would set)");
   if (args.n_layer_given) f.n_layer = args.n_layer;
@@ -347,8 +359,9 @@ int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
   try {
     std::unique_ptr<mingpt::Task> task =
-        args.data.empty() ? mingpt::make_addition_task(args.ndigit)
-                          : mingpt::make_text_task(args.data, args.block_size.value_or(128));
+        args.vocab_size ? mingpt::make_random_task(*args.vocab_size, args.block_size.value_or(128), 65536)
+        : args.data.empty() ? mingpt::make_addition_task(args.ndigit)
+                            : mingpt::make_text_task(args.data, args.block_size.value_or(128));
     mingpt::GPTConfig gcfg;
     gcfg.vocab_size = task->vocab_size();
     gcfg.block_size = task->block_size();
@@ -712,6 +725,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
     }
     return 0;
+  } catch (const mingpt::Interrupted& e) {
+    std::cerr << "mingpt: " << e.what() << "; the search's runs are ended and their files removed\n";
+    return 128 + e.signal();
   } catch (const zero::OutOfMemoryError& e) {
     std::cerr << "mingpt: " << zero::error_text(e) << "\n";
     return kOutOfMemoryStatus;
@@ -722,7 +738,13 @@ int main(int argc, char** argv) {
     std::cerr << "mingpt: " << zero::error_text(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "mingpt: " << zero::error_text(e) << "\n";
+    // LibTorch's CPU allocator refusing memory is out of memory on the host.
+    const std::string text = zero::error_text(e);
+    if (text.find("DefaultCPUAllocator: not enough memory") != std::string::npos) {
+      std::cerr << "mingpt: out of memory on the host: " << text << "\n";
+      return kOutOfMemoryStatus;
+    }
+    std::cerr << "mingpt: " << text << "\n";
     return 1;
   }
 }

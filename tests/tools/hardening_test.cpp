@@ -149,7 +149,7 @@ TEST(Hardening, SmallerFlagMistakesAreNamed) {
   EXPECT_TRUE(has(r.out, "--config given twice")) << r.out;
   r = run(base + "--block_size 16");
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(has(r.out, "--block_size applies to --data only")) << r.out;
+  EXPECT_TRUE(has(r.out, "--block_size applies to --data and --vocab_size only")) << r.out;
   r = run(base + "--data " + dir.path());
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(has(r.out, "expected a regular text file; got a directory")) << r.out;

@@ -1,0 +1,180 @@
+// zero tune (issue 16): candidates the estimator says fit, the frontier run on
+// two real ranks, the fastest written as a config; a run that fails or runs
+// out of memory is reported and skipped; nothing stays behind, Ctrl-C
+// included. The trainer is mingpt, or a script in front of it that fails or
+// hangs on chosen runs.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tool_test_util.h"
+
+namespace zero::test {
+namespace {
+
+const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
+
+int sh(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+// Entries of a folder ("." and ".." left out).
+std::set<std::string> entries(const std::string& path) {
+  std::set<std::string> out;
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out.insert(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+// A trainer in front of mingpt: `cases` is a shell case body on "$*".
+std::string write_trainer(const TempDir& dir, const std::string& cases) {
+  const std::string path = dir.file("trainer.sh");
+  std::ofstream(path) << "#!/bin/sh\ncase \"$*\" in\n" << cases << "\nesac\nexec " << kBin << "mingpt \"$@\"\n";
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+// A small grid on 2 ranks: micro-batches 2 and 8 (stages and offload as each
+// test says). 12 MiB of device memory per rank holds micro-batch 2 only.
+const std::string kGrid =
+    " --model mingpt:2,128,64,64 --ranks 2 --device-memory 12MiB --host-memory 1GiB"
+    " --checkpointing none --micro-batches 2,8 --steps 2";
+
+TEST(Tune, RunsTheFrontierWritesTheFastestAndLeavesNothing) {
+  TempDir dir, tmp;
+  const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune" + kGrid +
+                          " --stages 0,3 --offload none,cpu --out " + dir.file("ds_config.json") + " --json " + dir.file("report.json") + " > " +
+                          dir.file("log") + " 2>&1";
+  ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
+  const std::string log = read_text(dir.file("log"));
+  EXPECT_NE(log.find("zero tune: run 1 ("), std::string::npos) << log;  // progress, a line per run
+  EXPECT_NE(log.find("best: "), std::string::npos) << log;
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+
+  const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
+  const auto config = nlohmann::json::parse(read_text(dir.file("ds_config.json")));
+  double best = 0;
+  int trained = 0, dominated = 0, not_fitting = 0;
+  for (const auto& c : report["candidates"]) {
+    const std::string status = c["status"];
+    if (status == "trained") {
+      ++trained;
+      EXPECT_LE(c["measured"]["peak_bytes"]["device"].get<int64_t>(), 12 << 20) << c.dump();
+      best = std::max(best, c["measured"]["tokens_per_s"].get<double>());
+    }
+    dominated += status == "dominated";
+    not_fitting += status == "does not fit (estimate)";
+    EXPECT_EQ(c["fits_estimate"].get<bool>(), status != "does not fit (estimate)") << c.dump();
+  }
+  EXPECT_GE(trained, 2);
+  EXPECT_GE(not_fitting, 1);  // micro-batch 8
+  EXPECT_GE(dominated, 1);    // stage 3 at micro-batch 2, with or without CPU offload
+  EXPECT_LT(report["runs"].get<int>(), static_cast<int>(report["fit_estimate"].get<int64_t>()));
+  EXPECT_DOUBLE_EQ(report["best"]["tokens_per_s"].get<double>(), best);
+  // The winner as a config: it loads, and trains as it was measured.
+  const int best_order = report["best"]["run_order"];
+  for (const auto& c : report["candidates"])
+    if (c["run_order"] == best_order) {
+      EXPECT_EQ(config["train_micro_batch_size_per_gpu"], c["micro_batch"]);
+      EXPECT_EQ(config["zero_optimization"]["stage"], c["stage"]);
+      EXPECT_EQ(config["zero_optimization"]["reduce_bucket_size"], c["bucket_size"]);
+    }
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("ds_config.json") + " --world-size 2 > " + dir.file("check") +
+               " 2>&1"),
+            0)
+      << read_text(dir.file("check"));
+}
+
+// Run 1 (stage 3) fails, run 2 (stage 3 + NVMe offload) runs out of memory:
+// each is reported and skipped, the one without offload ends, the NVMe one
+// goes on with smaller buckets (run 3), and its swap files go with the
+// tuner's scratch folder under --nvme-path.
+TEST(Tune, ReportsAndSkipsFailedRunsAndRemovesSwapFiles) {
+  TempDir dir, tmp, nvme;
+  const std::string trainer = write_trainer(
+      dir, "  *run1.json*) echo 'mingpt: something else broke' >&2; exit 1 ;;\n"
+           "  *run2.json*) echo 'mingpt: out of memory on the device: a test said so' >&2; exit 3 ;;");
+  const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune" + kGrid +
+                          " --stages 3 --offload none,nvme --nvme-path " + nvme.path() + " --nvme-bytes 1GiB --trainer " +
+                          trainer + " --out " + dir.file("ds_config.json") + " --json " + dir.file("report.json") +
+                          " > " + dir.file("log") + " 2>&1";
+  ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
+  const std::string log = read_text(dir.file("log"));
+  EXPECT_NE(log.find("failed (skipped), exit status 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("something else broke"), std::string::npos) << log;
+  EXPECT_NE(log.find("out of memory (skipped): out of memory on the device: a test said so"), std::string::npos) << log;
+  EXPECT_TRUE(entries(tmp.path()).empty());
+  EXPECT_TRUE(entries(nvme.path()).empty()) << "swap files left under --nvme-path";
+  const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
+  std::map<int, std::string> by_order;
+  for (const auto& c : report["candidates"])
+    if (c["run_order"].get<int>() > 0) by_order[c["run_order"].get<int>()] = c["status"];
+  ASSERT_GE(by_order.size(), 3u) << log;
+  EXPECT_EQ(by_order[1], "failed");
+  EXPECT_EQ(by_order[2], "out of memory");
+  EXPECT_EQ(by_order[3], "trained");
+  EXPECT_EQ(report["best"]["run_order"].get<int>(), 3);
+  // The config written names the user's folder, not the scratch one.
+  const std::string written = read_text(dir.file("ds_config.json"));
+  EXPECT_EQ(written.find("zero-tune-swap"), std::string::npos) << written;
+}
+
+// SIGTERM while a run is in flight: the run is ended, the scratch folders
+// removed, no config written, exit status 128 + 15.
+TEST(Tune, InterruptedLeavesNothing) {
+  TempDir dir, tmp, nvme;
+  const std::string trainer = write_trainer(dir, "  *run1.json*) exec sleep 60 ;;");
+  const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune" + kGrid +
+                          " --stages 0,3 --nvme-path " + nvme.path() + " --trainer " + trainer + " --out " +
+                          dir.file("ds_config.json") + " > " + dir.file("log") + " 2>&1 & pid=$!; sleep 3; kill -TERM $pid;"
+                          " wait $pid; echo $? > " + dir.file("status");
+  sh(cmd);
+  EXPECT_EQ(read_text(dir.file("status")), "143\n") << read_text(dir.file("log"));
+  EXPECT_NE(read_text(dir.file("log")).find("interrupted by SIGTERM"), std::string::npos) << read_text(dir.file("log"));
+  EXPECT_TRUE(entries(tmp.path()).empty());
+  EXPECT_TRUE(entries(nvme.path()).empty());
+  EXPECT_FALSE(std::ifstream(dir.file("ds_config.json")).good());
+}
+
+TEST(Tune, UsageErrorsNameTheOption) {
+  TempDir dir;
+  const std::string t = kBin + "zero tune ";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--device-memory 1GiB --host-memory 1GiB", "--model mingpt:L,C[,V,T] is required"},
+           {"--model mingpt:2,64 --host-memory 1GiB", "--device-memory and --host-memory are required"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --offload nvme", "--offload nvme needs --nvme-path"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --offload disk", "--offload: expected none, cpu or nvme"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --stages 4", "--stages: expected stages 0 to 3"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --n_head 3", "--n_head 3 must divide the width 64"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --micro-batches 2,,4", "--micro-batches: expected"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ranks 2 --ranks 2", "--ranks given twice"},
+           {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
+    EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
+    EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
+  }
+  // Budgets nothing fits: said, with what would help, and no config.
+  EXPECT_EQ(sh(t + "--model mingpt:2,64,64,32 --device-memory 64KiB --host-memory 1GiB --out " + dir.file("c.json") +
+               " > " + dir.file("n.log") + " 2>&1"),
+            1);
+  EXPECT_NE(read_text(dir.file("n.log")).find("nothing fits"), std::string::npos) << read_text(dir.file("n.log"));
+  EXPECT_FALSE(std::ifstream(dir.file("c.json")).good());
+}
+
+}  // namespace
+}  // namespace zero::test

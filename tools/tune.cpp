@@ -1,0 +1,736 @@
+// zero tune: the fastest ZeRO config that fits a minGPT and per-rank memory
+// budgets, chosen by the estimator and short training runs on real ranks.
+//
+// NOTE [config tuner]
+// The grid: each ZeRO setup of DeepSpeed's estimator tables (stage 0-3, the
+// optimizer states and at stage 3 the parameters offloaded to the CPU or to
+// NVMe), activation checkpointing (none, every block, every block with
+// cpu_checkpointing), micro-batches and bucket sizes (reduce/allgather
+// buckets; at stage 3 the prefetch bucket, twice that live). Three steps:
+//   1. fit: estimate_peak (NOTE [peak estimate]) of each candidate against
+//      the budgets; those over one are dropped, never run.
+//   2. prune: a candidate is dominated when another one that fits does no
+//      more of the work that costs time (stage 3's gathers, offload to the
+//      CPU, to NVMe, checkpointing's recomputation and copies) at a
+//      micro-batch at least as large: the other is at least as fast per
+//      token, so it is not run. Bucket sizes are left out of this (each
+//      point takes the largest that fits) and tried on the winner.
+//   3. measure: the frontier that is left, least work and largest
+//      micro-batch first, each trained for a few optimizer steps (mingpt on
+//      random tokens of the model's vocabulary and context, through zero
+//      launch, with the budgets applied: probe.h); up to --trials runs. A run
+//      out of memory (the estimate was short) is reported and skipped, and
+//      the candidates it dominated come back into the frontier. Then the
+//      winner's other bucket sizes.
+// The fastest measured (tokens per second) is written as ds_config.json;
+// --exhaustive measures every candidate that fits instead (the benchmark of
+// the tuner: its choice against the fastest of the whole grid).
+// Runs, configs, logs and swap files live in scratch folders (under $TMPDIR
+// and under --nvme-path) that go when the tuner ends, Ctrl-C included.
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+
+#include "bench.h"
+#include "probe.h"
+#include "zero/config/config.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/estimate.h"
+
+namespace zero::tools {
+namespace {
+
+const char* kTuneUsage = R"(usage: zero tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [options]
+
+Proposes the fastest ZeRO config that fits: lists candidates (stage, offload
+of optimizer states and parameters, activation checkpointing, micro-batch,
+bucket sizes), drops those the estimator says do not fit the budgets, skips
+those another candidate beats on every count, trains a few steps of the rest
+on real ranks (most promising first, a line per run), and writes the fastest
+as a DeepSpeed config with a table of what it tried and measured. Runs and
+swap files are removed however it ends.
+
+  --model mingpt:L,C[,V,T]   minGPT with L blocks of width C, vocabulary V
+                             (default 50257) and context T (default 1024);
+                             the runs train on random tokens
+  --n_head H                 attention heads (default C / 64, at least 1)
+  --device-memory B          per-rank budgets (512MiB, 80GB, 1.5e9): the GPU's
+  --host-memory B            memory (on the CPU, emulated) and host memory
+  --nvme-path DIR            also try NVMe offload, swap files in a scratch
+                             folder under DIR; the config written names DIR
+  --nvme-bytes B             NVMe budget per rank (default: DIR's free space
+                             shared by the ranks)
+  --ranks N                  ranks on this machine (default 1)
+  --config FILE              base config: its optimizer, scheduler, clipping,
+                             precision and other keys are kept, the tuned
+                             keys replaced (default: AdamW, clipping 1.0)
+  --precision fp32|fp16|bf16 (default: the base config's; else bf16 on a GPU,
+                             fp32 on the CPU)
+  --device cpu|cuda          where the ranks train (default: cuda when there is one)
+  --micro-batches LIST       micro-batches per rank to try (default 1,2,4,8,16,32)
+  --stages LIST              ZeRO stages to try (default 0,1,2,3)
+  --offload LIST             offload devices to try: none,cpu,nvme (default none,cpu,
+                             and nvme with --nvme-path)
+  --checkpointing LIST       none,blocks,cpu: none, every block, every block with
+                             cpu_checkpointing (default none,blocks)
+  --bucket-sizes LIST        elements (2e6,5e7): reduce/allgather buckets and stage 3's
+                             prefetch bucket (default: 1/16 and 1/4 of the parameters)
+  --steps N                  optimizer steps per run, the first untimed (default 4)
+  --trials N                 runs of the frontier at most (default 8); the winner's
+                             other bucket sizes are run besides
+  --exhaustive               run every candidate that fits (to check the tuner)
+  --out FILE                 the winning config (default ds_config.json)
+  --json FILE                every candidate: its estimate, outcome and figures
+)";
+
+// 3.6M, 1.2B, 950K: a count for people.
+std::string human_count(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3gB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.3gM", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.3gK", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+constexpr const char* kLevelName[] = {"none", "cpu", "nvme"};
+constexpr const char* kCheckpointName[] = {"none", "blocks", "cpu"};
+
+struct Family {
+  int stage = 0, opt = 0, param = 0;  // offload levels: 0 none, 1 cpu, 2 nvme
+};
+// DeepSpeed's estimator tables (zero estimate's list).
+const std::vector<Family> kFamilies = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {2, 1, 0}, {2, 2, 0},
+                                       {3, 0, 0}, {3, 1, 0}, {3, 1, 1}, {3, 2, 2}};
+
+std::string family_name(const Family& f) {
+  std::string s = "stage " + std::to_string(f.stage);
+  if (f.opt) s += std::string(" + optimizer ") + kLevelName[f.opt];
+  if (f.param) s += std::string(" + params ") + kLevelName[f.param];
+  return s;
+}
+
+enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed };
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::kNotRun: return "not run";
+    case Status::kDoesNotFit: return "does not fit (estimate)";
+    case Status::kDominated: return "dominated";
+    case Status::kTrained: return "trained";
+    case Status::kOutOfMemory: return "out of memory";
+    case Status::kFailed: return "failed";
+  }
+  return "?";
+}
+
+struct Candidate {
+  int family = 0;  // index into kFamilies
+  int checkpointing = 0;
+  int64_t micro_batch = 1, bucket = 0;
+  PeakEstimate estimate;
+  bool fits = false;
+  Status status = Status::kNotRun;
+  mingpt::ProbeResult run;
+  int order = 0;  // 1-based position among the runs (0: not run)
+  double tokens_per_s() const { return run.step_s > 0 ? static_cast<double>(run.tokens_per_step) / run.step_s : 0; }
+  // The work that costs time besides the model's own, per component.
+  std::array<int, 4> work() const {
+    const Family& f = kFamilies[family];
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing};
+  }
+  int work_sum() const {
+    const auto w = work();
+    return w[0] + w[1] + w[2] + w[3];
+  }
+};
+
+// a beats b on every count: no more work in any component, a micro-batch at
+// least as large, and better in one of them (equal work and micro-batch at
+// stages 0, 1 and 2 are measured, not guessed).
+bool dominates(const Candidate& a, const Candidate& b) {
+  const auto wa = a.work(), wb = b.work();
+  bool less = false;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    if (wa[i] > wb[i]) return false;
+    less = less || wa[i] < wb[i];
+  }
+  if (a.micro_batch < b.micro_batch) return false;
+  return less || a.micro_batch > b.micro_batch;
+}
+
+std::string describe(const Candidate& c) {
+  std::string s = family_name(kFamilies[c.family]);
+  if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
+  s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
+  return s;
+}
+
+std::optional<std::vector<std::string>> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::stringstream ss(v);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) return std::nullopt;
+    out.push_back(item);
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+std::optional<int64_t> parse_positive(const std::string& v, int64_t max_value) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used == v.size() && x >= 1 && x <= max_value) return x;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+// 2e6, 2000000, 1.5e7: a positive element count.
+std::optional<int64_t> parse_elements(const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(x) && x >= 1 && x <= 1e13 && x == std::floor(x)) return static_cast<int64_t>(x);
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+// Two significant digits: configs read 1200000, not 1193046.
+int64_t round2(double x) {
+  if (x < 100) return std::max<int64_t>(1, static_cast<int64_t>(std::llround(x)));
+  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 1);
+  return static_cast<int64_t>(std::llround(x / scale) * scale);
+}
+
+struct Plan {
+  int64_t n_layer = 0, n_embd = 0, vocab = 0, block = 0, n_head = 1;
+  int64_t ranks = 1;
+  int64_t device_budget = 0, host_budget = 0, nvme_budget = 0;
+  std::string nvme_path;  // the user's (written into the winner); empty: no NVMe
+  std::string precision;  // fp32 | fp16 | bf16
+  std::optional<std::string> device;
+  bool on_cuda = false;
+  int64_t steps = 4, gas = 1;
+  nlohmann::json base;
+  int64_t largest_layer = 0;  // elements of the largest stage-3 layer
+};
+
+// The base config with the candidate's keys; `nvme_path` for its swap files.
+nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path) {
+  const Family& f = kFamilies[c.family];
+  nlohmann::json j = plan.base;
+  j.erase("train_batch_size");
+  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  j["gradient_accumulation_steps"] = plan.gas;
+  j["fp16"] = {{"enabled", plan.precision == "fp16"}};
+  j["bf16"] = {{"enabled", plan.precision == "bf16"}};
+  nlohmann::json z = j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
+  for (const char* k : {"offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
+                        "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                        "prefetch_bucket_size", "max_live_parameters", "max_reuse_distance"})
+    z.erase(k);
+  z["stage"] = f.stage;
+  z["reduce_bucket_size"] = c.bucket;
+  z["allgather_bucket_size"] = c.bucket;
+  if (f.stage == 3) {
+    z["stage3_prefetch_bucket_size"] = c.bucket;
+    z["stage3_max_live_parameters"] = 2 * c.bucket;
+    z["stage3_max_reuse_distance"] = 2 * c.bucket;
+  }
+  if (f.opt) {
+    z["offload_optimizer"] = {{"device", kLevelName[f.opt]}, {"pin_memory", true}};
+    if (f.opt == 2) z["offload_optimizer"]["nvme_path"] = nvme_path;
+  }
+  if (f.param) {
+    z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};
+    if (f.param == 2) {
+      // The swap buffers hold this rank's shard of the largest layer.
+      const int64_t shard = (plan.largest_layer + plan.ranks - 1) / plan.ranks;
+      const int64_t buffer = round2(static_cast<double>(shard) * 1.05 + 4096);
+      z["offload_param"].update({{"nvme_path", nvme_path}, {"buffer_count", 5}, {"buffer_size", buffer},
+                                 {"max_in_cpu", buffer}});
+    }
+  }
+  j["zero_optimization"] = z;
+  if (f.opt == 2 || f.param == 2) {
+    if (!j.contains("aio"))
+      j["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}, {"single_submit", false}, {"overlap_events", true}};
+  } else {
+    j.erase("aio");
+  }
+  if (c.checkpointing == 0) j.erase("activation_checkpointing");
+  else
+    j["activation_checkpointing"] = {{"partition_activations", c.checkpointing == 2},
+                                     {"cpu_checkpointing", c.checkpointing == 2},
+                                     {"contiguous_memory_optimization", false}};
+  return j;
+}
+
+int64_t free_bytes(const std::string& path) {
+  struct statvfs st {};
+  if (::statvfs(path.c_str(), &st) != 0) throw IoError("statvfs " + path + ": " + std::strerror(errno));
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+std::string mib(int64_t b) { return format_bytes(b); }
+
+}  // namespace
+
+int tune(const std::vector<std::string>& args) {
+  auto fail = [](const std::string& m) {
+    std::cerr << "zero tune: " << m << "\n(zero tune --help for the options)\n";
+    return 2;
+  };
+  Plan plan;
+  std::optional<std::array<int64_t, 4>> model;
+  std::optional<int64_t> device_budget, host_budget, nvme_budget, n_head;
+  std::string config_path, out_path = "ds_config.json", json_path, trainer;
+  std::optional<std::string> precision, device;
+  std::vector<int64_t> micro_batches = {1, 2, 4, 8, 16, 32}, bucket_sizes;
+  std::set<int> stages = {0, 1, 2, 3}, checkpointing = {0, 1};
+  std::optional<std::set<int>> offload;
+  int64_t trials = 8;
+  bool exhaustive = false;
+  const std::vector<std::string> known = {
+      "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
+      "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
+      "--bucket-sizes", "--steps", "--trials", "--exhaustive", "--out", "--json", "--trainer"};
+  std::set<std::string> seen;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << kTuneUsage;
+      return 0;
+    }
+    if (std::find(known.begin(), known.end(), a) == known.end()) {
+      const auto near = nearest(a, known);
+      return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
+    }
+    if (!seen.insert(a).second) return fail(a + " given twice: give it once");
+    if (a == "--exhaustive") {
+      exhaustive = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) return fail(a + ": expected a value");
+    const std::string& v = args[++i];
+    if (a == "--model") {
+      std::string error;
+      model = parse_mingpt_model(v, error);
+      if (!model) return fail(error);
+    } else if (a == "--n_head") {
+      n_head = parse_positive(v, 1 << 20);
+      if (!n_head) return fail("--n_head: expected a positive integer; got \"" + v + "\"");
+    } else if (a == "--device-memory" || a == "--host-memory" || a == "--nvme-bytes") {
+      auto b = parse_byte_size(v);
+      if (!b) return fail(a + ": expected a size such as 80GiB, 1.5e9 or 512MiB; got \"" + v + "\"");
+      (a == "--device-memory" ? device_budget : a == "--host-memory" ? host_budget : nvme_budget) = *b;
+    } else if (a == "--nvme-path") {
+      plan.nvme_path = v;
+    } else if (a == "--ranks" || a == "--steps" || a == "--trials") {
+      auto x = parse_positive(v, a == "--ranks" ? 1024 : 1000);
+      if (!x) return fail(a + ": expected a positive integer; got \"" + v + "\"");
+      (a == "--ranks" ? plan.ranks : a == "--steps" ? plan.steps : trials) = *x;
+    } else if (a == "--config") {
+      config_path = v;
+    } else if (a == "--precision") {
+      if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
+      precision = v;
+    } else if (a == "--device") {
+      if (v != "cpu" && v != "cuda") return fail("--device: expected cpu or cuda; got \"" + v + "\"");
+      device = v;
+    } else if (a == "--micro-batches" || a == "--bucket-sizes") {
+      auto items = split_list(v);
+      if (!items) return fail(a + ": expected a comma-separated list; got \"" + v + "\"");
+      auto& list = a == "--micro-batches" ? micro_batches : bucket_sizes;
+      list.clear();
+      for (const auto& item : *items) {
+        auto x = a == "--micro-batches" ? parse_positive(item, 1 << 20) : parse_elements(item);
+        if (!x) return fail(a + ": expected positive integers (" + (a == "--micro-batches" ? "4" : "2e6") + "); got \"" + item + "\"");
+        list.push_back(*x);
+      }
+    } else if (a == "--stages" || a == "--offload" || a == "--checkpointing") {
+      auto items = split_list(v);
+      if (!items) return fail(a + ": expected a comma-separated list; got \"" + v + "\"");
+      std::set<int> set;
+      for (const auto& item : *items) {
+        int x = -1;
+        if (a == "--stages") {
+          if (item.size() == 1 && item[0] >= '0' && item[0] <= '3') x = item[0] - '0';
+        } else {
+          const auto* names = a == "--offload" ? kLevelName : kCheckpointName;
+          for (int k = 0; k < 3; ++k)
+            if (item == names[k]) x = k;
+        }
+        if (x < 0)
+          return fail(a + ": expected " +
+                      (a == "--stages" ? "stages 0 to 3" : a == "--offload" ? "none, cpu or nvme" : "none, blocks or cpu") +
+                      "; got \"" + item + "\"");
+        set.insert(x);
+      }
+      (a == "--stages" ? stages : a == "--offload" ? offload.emplace() : checkpointing) = set;
+    } else if (a == "--out") {
+      out_path = v;
+    } else if (a == "--json") {
+      json_path = v;
+    } else {  // --trainer: the mingpt binary (default: beside this one)
+      trainer = v;
+    }
+  }
+  if (!model) return fail("--model mingpt:L,C[,V,T] is required");
+  if (!device_budget || !host_budget) return fail("--device-memory and --host-memory are required (per rank)");
+  if (nvme_budget && plan.nvme_path.empty()) return fail("--nvme-bytes goes with --nvme-path DIR");
+  if (offload && offload->count(2) && plan.nvme_path.empty()) return fail("--offload nvme needs --nvme-path DIR");
+  if (!offload) offload = plan.nvme_path.empty() ? std::set<int>{0, 1} : std::set<int>{0, 1, 2};
+  plan.n_layer = (*model)[0], plan.n_embd = (*model)[1], plan.vocab = (*model)[2], plan.block = (*model)[3];
+  plan.n_head = n_head.value_or(std::max<int64_t>(1, plan.n_embd / 64));
+  if (plan.n_embd % plan.n_head != 0)
+    return fail("--n_head " + std::to_string(plan.n_head) + " must divide the width " + std::to_string(plan.n_embd));
+  plan.device_budget = *device_budget;
+  plan.host_budget = *host_budget;
+  plan.device = device;
+  plan.on_cuda = device ? *device == "cuda" : torch::cuda::is_available();
+  if (trainer.empty()) trainer = self_dir() + "/mingpt";
+  if (::access(trainer.c_str(), X_OK) != 0) return fail("the runs train with " + trainer + ", which is not there (build mingpt)");
+  const std::string launcher = self_dir() + "/zero";
+
+  try {
+    if (!plan.nvme_path.empty()) {
+      if (!ckpt::path_exists(plan.nvme_path)) return fail("--nvme-path " + plan.nvme_path + ": no such folder");
+      plan.nvme_budget = nvme_budget.value_or(free_bytes(plan.nvme_path) / plan.ranks);
+    }
+    // The base config, checked as `zero config check` does.
+    if (!config_path.empty()) {
+      const std::string text = ckpt::read_small_file(config_path);
+      config::LoadOptions lo;
+      lo.world_size = plan.ranks;
+      lo.auto_stand_ins = true;
+      const auto checked = config::load_string(text, lo, config_path);
+      plan.base = nlohmann::json::parse(text);
+      if (!precision) precision = checked.bf16.enabled ? "bf16" : checked.fp16.enabled ? "fp16" : std::optional<std::string>();
+      plan.gas = checked.batch.gradient_accumulation_steps;
+    } else {
+      plan.base = {{"gradient_clipping", 1.0},
+                   {"optimizer",
+                    {{"type", "AdamW"},
+                     {"params", {{"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
+                   {"zero_optimization", {{"overlap_comm", true}, {"contiguous_gradients", true}}}};
+    }
+    plan.precision = precision.value_or(plan.on_cuda ? "bf16" : "fp32");
+
+    const auto shapes = mingpt_parameters(plan.n_layer, plan.n_embd, plan.vocab, plan.block);
+    int64_t num_parameters = 0;
+    std::map<int, int64_t> layer_sizes;
+    for (const auto& p : shapes) num_parameters += p.numel, layer_sizes[p.layer] += p.numel;
+    for (const auto& [layer, n] : layer_sizes) plan.largest_layer = std::max(plan.largest_layer, n);
+    if (bucket_sizes.empty())
+      bucket_sizes = {round2(static_cast<double>(num_parameters) / 16), round2(static_cast<double>(num_parameters) / 4)};
+    std::sort(bucket_sizes.begin(), bucket_sizes.end());
+    bucket_sizes.erase(std::unique(bucket_sizes.begin(), bucket_sizes.end()), bucket_sizes.end());
+    std::sort(micro_batches.begin(), micro_batches.end());
+    micro_batches.erase(std::unique(micro_batches.begin(), micro_batches.end()), micro_batches.end());
+
+    // 1. The grid, and what fits by the estimate.
+    std::vector<Candidate> all;
+    for (size_t f = 0; f < kFamilies.size(); ++f) {
+      const Family& fam = kFamilies[f];
+      if (!stages.count(fam.stage) || !offload->count(fam.opt) || !offload->count(fam.param)) continue;
+      for (int ck : checkpointing)
+        for (int64_t mb : micro_batches)
+          for (int64_t bucket : bucket_sizes) {
+            Candidate c;
+            c.family = static_cast<int>(f);
+            c.checkpointing = ck;
+            c.micro_batch = mb;
+            c.bucket = bucket;
+            config::LoadOptions lo;
+            lo.world_size = plan.ranks;
+            lo.auto_stand_ins = true;
+            const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
+                                                 lo, "zero tune (" + describe(c) + ")");
+            MinGPTWorkload w;
+            w.n_layer = plan.n_layer;
+            w.n_embd = plan.n_embd;
+            w.n_head = plan.n_head;
+            w.vocab_size = plan.vocab;
+            w.block_size = plan.block;
+            w.micro_batch = mb;
+            w.checkpointing = ck > 0;
+            c.estimate = estimate_peak(cfg, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
+                     (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
+            if (!c.fits) c.status = Status::kDoesNotFit;
+            all.push_back(std::move(c));
+          }
+    }
+    const int64_t fitting = std::count_if(all.begin(), all.end(), [](const Candidate& c) { return c.fits; });
+    std::fprintf(stderr,
+                 "zero tune: mingpt:%lld,%lld,%lld,%lld (%s parameters, n_head %lld) on %lld rank(s), %s, %s; per rank: "
+                 "device %s, host %s%s\n",
+                 static_cast<long long>(plan.n_layer), static_cast<long long>(plan.n_embd),
+                 static_cast<long long>(plan.vocab), static_cast<long long>(plan.block),
+                 human_count(static_cast<double>(num_parameters)).c_str(), static_cast<long long>(plan.n_head),
+                 static_cast<long long>(plan.ranks), plan.on_cuda ? "cuda" : "cpu", plan.precision.c_str(),
+                 mib(plan.device_budget).c_str(), mib(plan.host_budget).c_str(),
+                 plan.nvme_path.empty() ? "" : (", nvme " + mib(plan.nvme_budget) + " under " + plan.nvme_path).c_str());
+    std::fprintf(stderr, "zero tune: %zu candidates; %lld fit the estimate\n", all.size(), static_cast<long long>(fitting));
+    if (fitting == 0) {
+      std::fprintf(stderr,
+                   "zero tune: nothing fits: raise a budget, allow more offload (--offload, --nvme-path), checkpointing "
+                   "(--checkpointing) or smaller micro-batches (--micro-batches)\n");
+      return 1;
+    }
+
+    // Scratch: configs, logs and summaries under $TMPDIR; swap files under
+    // --nvme-path; removed however the tuner ends, a stop signal included.
+    mingpt::CatchStopSignals stop;
+    mingpt::ScratchDir scratch(mingpt::temp_parent(), "zero-tune");
+    std::optional<mingpt::ScratchDir> nvme_scratch;
+    if (!plan.nvme_path.empty()) nvme_scratch.emplace(plan.nvme_path, "zero-tune-swap");
+    const auto t0 = std::chrono::steady_clock::now();
+    int runs = 0;
+    double run_seconds = 0;
+
+    auto measure = [&](Candidate& c, int64_t left) {
+      mingpt::check_stop();
+      c.order = ++runs;
+      const std::string tag = "run" + std::to_string(runs);
+      const std::string cfg_path = scratch.path() + "/" + tag + ".json";
+      const std::string swap = nvme_scratch ? nvme_scratch->path() : "/nvme";
+      ckpt::write_file_atomically(cfg_path, candidate_config(plan, c, swap).dump(2) + "\n");
+      std::fprintf(stderr, "zero tune: run %d (%lld more at most): %s ...", runs, static_cast<long long>(left),
+                   describe(c).c_str());
+      std::fflush(stderr);
+      mingpt::ProbeRun run;
+      run.trainer = trainer;
+      run.launcher = launcher;
+      run.nproc = plan.ranks;
+      run.summary_path = scratch.path() + "/" + tag + ".summary.json";
+      run.log_path = scratch.path() + "/" + tag + ".log";
+      run.flags = {"--config", cfg_path, "--vocab_size", std::to_string(plan.vocab), "--block_size",
+                   std::to_string(plan.block), "--n_layer", std::to_string(plan.n_layer), "--n_embd",
+                   std::to_string(plan.n_embd), "--n_head", std::to_string(plan.n_head), "--batch_size",
+                   std::to_string(c.micro_batch), "--precision",
+                   plan.precision == "fp32" ? "32" : plan.precision == "fp16" ? "16" : "bf16", "--limit_train_batches",
+                   std::to_string(plan.steps * plan.gas), "--stop_after_steps", std::to_string(plan.steps),
+                   "--device-memory", std::to_string(plan.device_budget), "--host-memory",
+                   std::to_string(plan.host_budget)};
+      if (!plan.nvme_path.empty()) run.flags.insert(run.flags.end(), {"--nvme-bytes", std::to_string(plan.nvme_budget)});
+      if (c.checkpointing) run.flags.push_back("--checkpoint");
+      if (plan.device) run.flags.insert(run.flags.end(), {"--device", *plan.device});
+      c.run = mingpt::run_probe(run);
+      run_seconds += c.run.seconds;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      char eta[96];
+      std::snprintf(eta, sizeof eta, "%.0f s so far, at most about %.0f s to go", elapsed,
+                    run_seconds / runs * static_cast<double>(left));
+      switch (c.run.outcome) {
+        case mingpt::ProbeResult::Outcome::kTrained:
+          c.status = Status::kTrained;
+          std::fprintf(stderr, " %.0f tokens/s (step %.3f s) | peak device %s (estimate %s), host %s (%s) | %.1f s | %s\n",
+                       c.tokens_per_s(), c.run.step_s, mib(c.run.peak_device).c_str(), mib(c.estimate.device()).c_str(),
+                       mib(c.run.peak_host).c_str(), mib(c.estimate.host()).c_str(), c.run.seconds, eta);
+          break;
+        case mingpt::ProbeResult::Outcome::kOutOfMemory:
+          c.status = Status::kOutOfMemory;
+          std::fprintf(stderr, " out of memory (skipped): %s | %.1f s | %s\n", c.run.message.c_str(),
+                       c.run.seconds, eta);
+          break;
+        case mingpt::ProbeResult::Outcome::kFailed:
+          c.status = Status::kFailed;
+          std::fprintf(stderr, " failed (skipped), exit status %d:\n%s  %s\n", c.run.status, c.run.message.c_str(), eta);
+          break;
+      }
+    };
+    auto best_trained = [&]() -> Candidate* {
+      Candidate* best = nullptr;
+      for (auto& c : all)
+        if (c.status == Status::kTrained && (!best || c.tokens_per_s() > best->tokens_per_s())) best = &c;
+      return best;
+    };
+    // Least work first, then the largest micro-batch, then the stage.
+    auto promising = [](const Candidate* a, const Candidate* b) {
+      return std::make_tuple(a->work_sum(), -a->micro_batch, kFamilies[a->family].stage, -a->bucket) <
+             std::make_tuple(b->work_sum(), -b->micro_batch, kFamilies[b->family].stage, -b->bucket);
+    };
+
+    int64_t frontier_runs = 0, dominated = 0;
+    if (exhaustive) {
+      std::vector<Candidate*> order;
+      for (auto& c : all)
+        if (c.fits) order.push_back(&c);
+      std::sort(order.begin(), order.end(), promising);
+      for (size_t i = 0; i < order.size(); ++i) measure(*order[i], static_cast<int64_t>(order.size() - i - 1));
+    } else {
+      // 2-3. One point per (setup, checkpointing, micro-batch): its buckets
+      // that fit, largest first. A point stands for its largest bucket not
+      // out of memory (a smaller one needs less); a run that failed
+      // otherwise ends the point.
+      std::map<std::tuple<int, int, int64_t>, std::vector<Candidate*>> points;
+      for (auto& c : all)
+        if (c.fits) points[{c.family, c.checkpointing, c.micro_batch}].push_back(&c);
+      for (auto& [key, v] : points)
+        std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
+      auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
+        for (Candidate* c : v) {
+          if (c->status == Status::kFailed) return nullptr;
+          if (c->status != Status::kOutOfMemory) return c;
+        }
+        return nullptr;
+      };
+      auto reps = [&]() {
+        std::vector<Candidate*> out;
+        for (auto& [key, v] : points)
+          if (Candidate* r = representative(v)) out.push_back(r);
+        return out;
+      };
+      while (frontier_runs < trials) {
+        const auto live = reps();
+        std::vector<Candidate*> frontier;
+        for (Candidate* p : live) {
+          if (p->status != Status::kNotRun) continue;
+          const bool beaten = std::any_of(live.begin(), live.end(), [&](const Candidate* q) { return q != p && dominates(*q, *p); });
+          if (!beaten) frontier.push_back(p);
+        }
+        if (frontier.empty()) break;
+        std::sort(frontier.begin(), frontier.end(), promising);
+        measure(*frontier.front(),
+                std::min<int64_t>(static_cast<int64_t>(frontier.size()) - 1, trials - frontier_runs - 1) +
+                    static_cast<int64_t>(bucket_sizes.size()) - 1);
+        ++frontier_runs;
+      }
+      const auto live = reps();
+      for (Candidate* p : live)
+        if (p->status == Status::kNotRun &&
+            std::any_of(live.begin(), live.end(),
+                        [&](const Candidate* q) { return q->status == Status::kTrained && dominates(*q, *p); })) {
+          p->status = Status::kDominated;
+          ++dominated;
+        }
+      // The winner's other bucket sizes.
+      if (Candidate* best = best_trained()) {
+        const Candidate winner = *best;
+        std::vector<Candidate*> others;
+        for (auto& c : all)
+          if (c.fits && c.status == Status::kNotRun && c.family == winner.family &&
+              c.checkpointing == winner.checkpointing && c.micro_batch == winner.micro_batch && c.bucket != winner.bucket)
+            others.push_back(&c);
+        for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));
+      }
+    }
+
+    // The table, the winner, the files.
+    std::vector<const Candidate*> ran;
+    for (const auto& c : all)
+      if (c.order) ran.push_back(&c);
+    std::sort(ran.begin(), ran.end(), [](const Candidate* a, const Candidate* b) {
+      if ((a->status == Status::kTrained) != (b->status == Status::kTrained)) return a->status == Status::kTrained;
+      return a->status == Status::kTrained ? a->tokens_per_s() > b->tokens_per_s() : a->order < b->order;
+    });
+    const Candidate* best = best_trained();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%-54s %5s %11s %11s %11s %11s %8s %10s %7s\n", "candidate (run order)", "run", "est device",
+                "peak device", "est host", "peak host", "step s", "tokens/s", "vs best");
+    for (const Candidate* c : ran) {
+      std::string name = family_name(kFamilies[c->family]);
+      if (c->checkpointing) name += std::string(", ckpt ") + kCheckpointName[c->checkpointing];
+      name += ", mb " + std::to_string(c->micro_batch) + ", b " + human_count(static_cast<double>(c->bucket));
+      if (c->status == Status::kTrained)
+        std::printf("%-54s %5d %11s %11s %11s %11s %8.3f %10.0f %6.1f%%\n", name.c_str(), c->order,
+                    mib(c->estimate.device()).c_str(), mib(c->run.peak_device).c_str(), mib(c->estimate.host()).c_str(),
+                    mib(c->run.peak_host).c_str(), c->run.step_s, c->tokens_per_s(),
+                    100.0 * c->tokens_per_s() / best->tokens_per_s());
+      else
+        std::printf("%-54s %5d %11s %11s %11s %11s  %s\n", name.c_str(), c->order, mib(c->estimate.device()).c_str(), "-",
+                    mib(c->estimate.host()).c_str(), "-", status_name(c->status));
+    }
+    std::printf("%zu candidates: %lld fit the estimate, %lld dominated by a faster-by-construction one, %d run in %.0f s\n",
+                all.size(), static_cast<long long>(fitting), static_cast<long long>(dominated), runs, secs);
+    if (!best) {
+      std::fprintf(stderr, "zero tune: no candidate trained (see the lines above); no config written\n");
+      return 1;
+    }
+    ckpt::write_file_atomically(out_path, candidate_config(plan, *best, plan.nvme_path).dump(2) + "\n");
+    std::printf("best: %s: %.0f tokens/s (step %.3f s, %lld tokens); written to %s%s\n", describe(*best).c_str(),
+                best->tokens_per_s(), best->run.step_s, static_cast<long long>(best->run.tokens_per_step),
+                out_path.c_str(),
+                best->checkpointing ? " (its activation_checkpointing takes effect where the model checkpoints its blocks)"
+                                    : "");
+    std::fflush(stdout);
+
+    if (!json_path.empty()) {
+      auto rows = nlohmann::json::array();
+      for (const auto& c : all) {
+        const Family& f = kFamilies[c.family];
+        nlohmann::json row = {{"stage", f.stage},
+                              {"offload_optimizer", kLevelName[f.opt]},
+                              {"offload_param", kLevelName[f.param]},
+                              {"checkpointing", kCheckpointName[c.checkpointing]},
+                              {"micro_batch", c.micro_batch},
+                              {"bucket_size", c.bucket},
+                              {"estimate_bytes",
+                               {{"device", c.estimate.device()}, {"host", c.estimate.host()}, {"nvme", c.estimate.nvme()}}},
+                              {"fits_estimate", c.fits},
+                              {"status", status_name(c.status)},
+                              {"run_order", c.order}};
+        if (c.status == Status::kTrained)
+          row["measured"] = {{"step_time_s", c.run.step_s},
+                             {"step_times_s", c.run.step_times},
+                             {"tokens_per_step", c.run.tokens_per_step},
+                             {"tokens_per_s", c.tokens_per_s()},
+                             {"peak_bytes", {{"device", c.run.peak_device}, {"host", c.run.peak_host}, {"nvme", c.run.peak_nvme}}},
+                             {"run_s", c.run.seconds}};
+        else if (c.order)
+          row["error"] = c.run.message;
+        rows.push_back(row);
+      }
+      nlohmann::json report = {
+          {"model", {{"n_layer", plan.n_layer}, {"n_embd", plan.n_embd}, {"n_head", plan.n_head}, {"vocab_size", plan.vocab},
+                     {"block_size", plan.block}, {"num_parameters", num_parameters}}},
+          {"ranks", plan.ranks},
+          {"device", plan.on_cuda ? "cuda" : "cpu"},
+          {"precision", plan.precision},
+          {"budgets_bytes", {{"device", plan.device_budget}, {"host", plan.host_budget},
+                             {"nvme", plan.nvme_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(plan.nvme_budget)}}},
+          {"mode", exhaustive ? "exhaustive" : "tuned"},
+          {"steps_per_run", plan.steps},
+          {"candidates", rows},
+          {"fit_estimate", fitting},
+          {"runs", runs},
+          {"seconds", secs},
+          {"best", {{"run_order", best->order}, {"tokens_per_s", best->tokens_per_s()}, {"config", out_path}}}};
+      ckpt::write_file_atomically(json_path, report.dump(2) + "\n");
+    }
+    return 0;
+  } catch (const mingpt::Interrupted& e) {
+    std::cerr << "zero tune: " << e.what() << "; its runs are ended and their files removed, no config written\n";
+    return 128 + e.signal();
+  } catch (const ConfigError& e) {
+    std::cerr << "zero tune: " << error_text(e) << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "zero tune: " << error_text(e) << "\n";
+    return 1;
+  }
+}
+
+}  // namespace zero::tools
