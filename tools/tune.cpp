@@ -397,6 +397,10 @@ int tune(const std::vector<std::string>& args) {
     }
   }
   if (!model) return fail("--model mingpt:L,C[,V,T] is required");
+  // The outputs come at the end of a long search: checked now.
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--out", out_path}, {"--json", json_path}})
+    if (!path.empty())
+      if (const std::string problem = mingpt::output_path_problem(flag, path); !problem.empty()) return fail(problem);
   if (!device_budget || !host_budget) return fail("--device-memory and --host-memory are required (per rank)");
   if (nvme_budget && plan.nvme_path.empty()) return fail("--nvme-bytes goes with --nvme-path DIR");
   if (offload && offload->count(2) && plan.nvme_path.empty()) return fail("--offload nvme needs --nvme-path DIR");

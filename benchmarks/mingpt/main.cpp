@@ -179,18 +179,7 @@ using mingpt::kOutOfMemoryStatus;
 // An output file is checked before the run, not found unwritable after it:
 // its folder exists and takes files, and the name is not a folder.
 void check_writable(const std::string& flag, const std::string& path) {
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    usage_error(flag + " " + path + ": the folder " + dir + " does not exist" +
-                (errno == ENOENT ? "" : std::string(" (") + std::strerror(errno) + ")"));
-  }
-  if (!S_ISDIR(st.st_mode)) usage_error(flag + " " + path + ": " + dir + " is not a folder");
-  if (::access(dir.c_str(), W_OK) != 0)
-    usage_error(flag + " " + path + ": cannot write in " + dir + ": " + std::strerror(errno));
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-    usage_error(flag + " " + path + ": is a folder; expected a file name");
+  if (const std::string problem = mingpt::output_path_problem(flag, path); !problem.empty()) usage_error(problem);
 }
 
 Args parse_args(int argc, char** argv) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +88,19 @@ ScratchDir::~ScratchDir() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cannot remove the scratch folder %s: %s\n", path_.c_str(), e.what());
   }
+}
+
+std::string output_path_problem(const std::string& flag, const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return flag + " " + path + ": the folder " + dir + " does not exist" +
+           (errno == ENOENT ? "" : std::string(" (") + std::strerror(errno) + ")");
+  if (!S_ISDIR(st.st_mode)) return flag + " " + path + ": " + dir + " is not a folder";
+  if (::access(dir.c_str(), W_OK) != 0) return flag + " " + path + ": cannot write in " + dir + ": " + std::strerror(errno);
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return flag + " " + path + ": is a folder; expected a file name";
+  return "";
 }
 
 std::string last_lines(const std::string& text, size_t max_lines) {

@@ -94,6 +94,11 @@ constexpr int kOutOfMemoryStatus = 3;
 
 ProbeResult run_probe(const ProbeRun& run);
 
+/// Why `path`, an output file named by option `flag`, cannot be written
+/// ("--out x/y.json: the folder x does not exist"), or "" when it can:
+/// checked before a long run, not found out after it.
+std::string output_path_problem(const std::string& flag, const std::string& path);
+
 /// The last `max_lines` lines of a run's output that say something: no
 /// progress redraws (up to a carriage return), no empty lines.
 std::string last_lines(const std::string& text, size_t max_lines);

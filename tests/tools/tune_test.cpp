@@ -164,6 +164,8 @@ TEST(Tune, UsageErrorsNameTheOption) {
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --n_head 3", "--n_head 3 must divide the width 64"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --micro-batches 2,,4", "--micro-batches: expected"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ranks 2 --ranks 2", "--ranks given twice"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --out /no/such/dir/c.json",
+            "--out /no/such/dir/c.json: the folder /no/such/dir does not exist"},
            {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
