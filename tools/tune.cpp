@@ -20,8 +20,9 @@
 //      random tokens of the model's vocabulary and context, through zero
 //      launch, with the budgets applied: probe.h); up to --trials runs. A run
 //      out of memory (the estimate was short) is reported and skipped, and
-//      the candidates it dominated come back into the frontier. Then the
-//      winner's other bucket sizes.
+//      the candidates it dominated come back into the frontier; one that
+//      failed, or ran past --run-timeout (stopped: a hung run), ends its
+//      point. Then the winner's other bucket sizes.
 // The fastest measured (tokens per second) is written as ds_config.json;
 // --exhaustive measures every candidate that fits instead (the benchmark of
 // the tuner: its choice against the fastest of the whole grid).
@@ -32,9 +33,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -96,6 +99,8 @@ swap files are removed however it ends.
   --steps N                  optimizer steps per run, the first untimed (default 4)
   --trials N                 runs of the frontier at most (default 8); the winner's
                              other bucket sizes are run besides
+  --run-timeout S            a run still going after S seconds is stopped, reported
+                             and skipped (default 600; 0: no limit)
   --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
@@ -128,7 +133,7 @@ std::string family_name(const Family& f) {
   return s;
 }
 
-enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed };
+enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed, kTimedOut };
 const char* status_name(Status s) {
   switch (s) {
     case Status::kNotRun: return "not run";
@@ -137,6 +142,7 @@ const char* status_name(Status s) {
     case Status::kTrained: return "trained";
     case Status::kOutOfMemory: return "out of memory";
     case Status::kFailed: return "failed";
+    case Status::kTimedOut: return "timed out";
   }
   return "?";
 }
@@ -310,11 +316,12 @@ int tune(const std::vector<std::string>& args) {
   std::set<int> stages = {0, 1, 2, 3}, checkpointing = {0, 1};
   std::optional<std::set<int>> offload;
   int64_t trials = 8;
+  double run_timeout = 600;
   bool exhaustive = false;
   const std::vector<std::string> known = {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
-      "--bucket-sizes", "--steps", "--trials", "--exhaustive", "--out", "--json", "--trainer"};
+      "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer"};
   std::set<std::string> seen;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -350,6 +357,13 @@ int tune(const std::vector<std::string>& args) {
       auto x = parse_positive(v, a == "--ranks" ? 1024 : 1000);
       if (!x) return fail(a + ": expected a positive integer; got \"" + v + "\"");
       (a == "--ranks" ? plan.ranks : a == "--steps" ? plan.steps : trials) = *x;
+    } else if (a == "--run-timeout") {
+      char* end = nullptr;
+      errno = 0;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || errno != 0 || !(x >= 0) || x > 1e7)
+        return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
+      run_timeout = x;
     } else if (a == "--config") {
       config_path = v;
     } else if (a == "--precision") {
@@ -530,6 +544,7 @@ int tune(const std::vector<std::string>& args) {
       run.nproc = plan.ranks;
       run.summary_path = scratch.path() + "/" + tag + ".summary.json";
       run.log_path = scratch.path() + "/" + tag + ".log";
+      run.timeout_s = run_timeout;
       run.flags = {"--config", cfg_path, "--vocab_size", std::to_string(plan.vocab), "--block_size",
                    std::to_string(plan.block), "--n_layer", std::to_string(plan.n_layer), "--n_embd",
                    std::to_string(plan.n_embd), "--n_head", std::to_string(plan.n_head), "--batch_size",
@@ -562,6 +577,10 @@ int tune(const std::vector<std::string>& args) {
         case mingpt::ProbeResult::Outcome::kFailed:
           c.status = Status::kFailed;
           std::fprintf(stderr, " failed (skipped), exit status %d:\n%s  %s\n", c.run.status, c.run.message.c_str(), eta);
+          break;
+        case mingpt::ProbeResult::Outcome::kTimedOut:
+          c.status = Status::kTimedOut;
+          std::fprintf(stderr, " timed out (skipped; --run-timeout): %s  %s\n", c.run.message.c_str(), eta);
           break;
       }
     };
@@ -596,7 +615,7 @@ int tune(const std::vector<std::string>& args) {
         std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
       auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
         for (Candidate* c : v) {
-          if (c->status == Status::kFailed) return nullptr;
+          if (c->status == Status::kFailed || c->status == Status::kTimedOut) return nullptr;
           if (c->status != Status::kOutOfMemory) return c;
         }
         return nullptr;

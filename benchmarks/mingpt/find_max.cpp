@@ -5,7 +5,8 @@
 // device/host/NVMe limits: on a GPU the caching allocator's memory fraction,
 // on the CPU the ledger's tiers and NOTE [emulated device memory]), so every
 // allocation is real and the first one past a budget ends the probe with
-// exit status 3 (out of memory). Any other failure ends the search.
+// exit status 3 (out of memory). Any other failure ends the search, and so
+// does a probe still running after --probe_timeout (a hung run).
 //
 // Shapes: n_embd on a grid of head_dim (n_head = n_embd / head_dim) and,
 // unless --n_layer fixes it, n_layer = n_embd / head_dim (64 wide per layer,
@@ -119,6 +120,7 @@ class Search {
     run.summary_path = scratch_ + "/probe" + std::to_string(n) + ".json";
     run.log_path = scratch_ + "/probe" + std::to_string(n) + ".log";
     run.flags = o_.forward;
+    run.timeout_s = o_.probe_timeout_s;
     const int64_t gas = o_.resolved.batch.gradient_accumulation_steps;
     for (const auto& a : std::vector<std::string>{
              "--config", o_.config, "--n_layer", std::to_string(s.n_layer), "--n_embd", std::to_string(s.n_embd),
@@ -142,6 +144,12 @@ class Search {
     } else if (r.outcome == ProbeResult::Outcome::kOutOfMemory) {
       p.oom = r.message;
       std::fprintf(stderr, " does not fit | %s | %.1f s\n", p.oom.substr(0, 160).c_str(), p.seconds);
+    } else if (r.outcome == ProbeResult::Outcome::kTimedOut) {
+      std::fprintf(stderr, " timed out\n");
+      const auto nl = r.message.find('\n');  // the limit's line, then the log's last lines
+      throw zero::Error(zero::ErrorKind::kInternal, "the probe was " + r.message.substr(0, nl) +
+                                                        " (--probe_timeout S sets the limit):\n  " + r.command + "\n" +
+                                                        (nl == std::string::npos ? "" : r.message.substr(nl + 1)));
     } else {
       std::fprintf(stderr, " failed\n");
       throw zero::Error(zero::ErrorKind::kInternal, "the probe failed with exit status " + std::to_string(r.status) +

@@ -30,6 +30,7 @@ struct FindMaxOptions {
   std::optional<int64_t> n_layer;  // a fixed depth: only the width is searched
   int64_t head_dim = 64;           // n_embd moves in steps of head_dim, n_head = n_embd / head_dim
   int64_t steps = 3;               // optimizer steps each probe trains
+  double probe_timeout_s = 1800;   // a probe running longer is stopped and ends the search; 0: no limit
   std::vector<std::string> forward;  // flags every probe gets (precision, batch size, ...)
   std::string json_path;             // the search's report (empty: none)
 };

@@ -89,6 +89,8 @@ addition (no download); --data FILE trains a character-level model on a text fil
                            writes the search's report (README.md, "The max-parameter benchmark")
   --nproc N                with --find-max-params: ranks per probe (zero launch; default 1)
   --probe_steps N          with --find-max-params: optimizer steps per probe (default 3)
+  --probe_timeout S        with --find-max-params: a probe still running after S seconds
+                           is stopped and ends the search (default 1800; 0: no limit)
   --head_dim N             with --find-max-params: n_embd moves in steps of N, n_head = n_embd / N
                            (default 64); --n_layer fixes the depth (default n_embd / N)
   -h, --help               this text
@@ -124,6 +126,7 @@ struct Args {
   std::optional<int64_t> device_memory, host_memory, nvme_bytes;
   bool find_max = false;
   int64_t nproc = 1, probe_steps = 3, head_dim = 64;
+  double probe_timeout = 1800;
   bool n_layer_given = false, n_embd_given = false, n_head_given = false;
   std::vector<std::string> forward;  // flags a --find-max-params probe gets as given
   // Test seam (not in --help): "RANK:POINT:N" kills rank RANK at point POINT
@@ -189,7 +192,7 @@ Args parse_args(int argc, char** argv) {
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--vocab_size", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
       "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save",
-      "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--head_dim"};
+      "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--probe_timeout", "--head_dim"};
   // What a --find-max-params probe is given as the user gave it.
   const std::vector<std::string> forwarded = {"--batch_size", "--precision", "--lr", "--data", "--vocab_size", "--ndigit", "--seed",
                                               "--dropout", "--device", "--cpu_copy_mode", "--block_size"};
@@ -236,6 +239,7 @@ Args parse_args(int argc, char** argv) {
       (flag == "--device-memory" ? a.device_memory : flag == "--host-memory" ? a.host_memory : a.nvme_bytes) = *n;
     } else if (flag == "--nproc") a.nproc = parse_int(flag, value, 1, 1024);
     else if (flag == "--probe_steps") a.probe_steps = parse_int(flag, value, 1, 1000);
+    else if (flag == "--probe_timeout") a.probe_timeout = static_cast<double>(parse_int(flag, value, 0, 10000000));
     else if (flag == "--head_dim") a.head_dim = parse_int(flag, value, 1, kMaxWidth);
     else if (flag == "--block_size") a.block_size = parse_int(flag, value, 1, kMaxBlock);
     else if (flag == "--batch_size") a.batch_size = parse_int(flag, value, 1, kMaxBatch), a.batch_size_given = true;
@@ -289,7 +293,7 @@ Args parse_args(int argc, char** argv) {
              {!a.save_dir.empty(), "--save_dir"}, {!a.resume.empty(), "--resume"}, {!a.load_weights.empty(), "--load_weights"}})
       if (given) usage_error(name + " does not go with --find-max-params: the search sets the width and the steps of each probe");
   } else {
-    for (const char* f : {"--nproc", "--probe_steps", "--head_dim"})
+    for (const char* f : {"--nproc", "--probe_steps", "--probe_timeout", "--head_dim"})
       if (seen.count(f)) usage_error(std::string(f) + " goes with --find-max-params only");
   }
   if (a.n_head > a.n_embd || a.n_embd % a.n_head != 0)
@@ -336,6 +340,7 @@ int find_max(const Args& args, const mingpt::GPTConfig& gcfg, const zero::InitOp
   if (args.n_layer_given) f.n_layer = args.n_layer;
   f.head_dim = args.head_dim;
   f.steps = args.probe_steps;
+  f.probe_timeout_s = args.probe_timeout;
   f.forward = args.forward;
   f.json_path = args.summary_json;
   if (!f.json_path.empty()) check_writable("--summary-json", f.json_path);

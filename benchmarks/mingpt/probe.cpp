@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,7 +116,9 @@ std::string last_lines(const std::string& text, size_t max_lines) {
   return out;
 }
 
-int run_logged(const std::vector<std::string>& argv, const std::string& log) {
+int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double grace_s,
+               bool* timed_out) {
+  if (timed_out != nullptr) *timed_out = false;
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -137,12 +140,31 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log) {
   if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
   g_child = pid;
   if (g_signal != 0) ::kill(pid, g_signal);  // arrived while it was being started
+  // Without a limit, one blocking wait; with one, a poll every 20 ms: past
+  // the limit SIGTERM, past the grace SIGKILL to the run's group.
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  enum { kRunning, kTermSent, kKillSent } stage = kRunning;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
+  for (;;) {
+    const pid_t got = ::waitpid(pid, &status, timeout_s > 0 ? WNOHANG : 0);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) {
       g_child = 0;
       throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
     }
+    if (timeout_s <= 0 || got < 0) continue;
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (stage == kRunning && waited >= timeout_s) {
+      if (timed_out != nullptr) *timed_out = true;
+      ::kill(pid, SIGTERM);
+      stage = kTermSent;
+    } else if (stage == kTermSent && waited >= timeout_s + grace_s) {
+      ::kill(-pid, SIGKILL);
+      stage = kKillSent;
+    }
+    const struct timespec tick = {0, 20 * 1000 * 1000};
+    ::nanosleep(&tick, nullptr);
   }
   g_child = 0;
   if (g_signal != 0) throw Interrupted(g_signal);
@@ -159,13 +181,22 @@ ProbeResult run_probe(const ProbeRun& run) {
   for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + a;
   std::remove(run.summary_path.c_str());
   const auto t0 = std::chrono::steady_clock::now();
-  r.status = run_logged(argv, run.log_path);
+  bool timed_out = false;
+  r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = read_text(run.log_path);
   // mingpt's own error line (a warning that mentions memory is not one);
   // the launcher's status is the first failing rank's, which may be a peer's.
   const std::string kOomLine = "mingpt: out of memory";
   const auto oom_at = text.rfind(kOomLine);
+  if (timed_out) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", run.timeout_s);
+    r.outcome = ProbeResult::Outcome::kTimedOut;
+    r.message = std::string("still running after its time limit of ") + limit + " s, so it was stopped\n" +
+                last_lines(text, 15);
+    return r;
+  }
   if (r.status == 0) {
     std::ifstream in(run.summary_path);
     if (!in) {

@@ -64,8 +64,12 @@ std::string temp_parent();
 /// signal ended it). SIGINT, SIGTERM and SIGHUP received meanwhile are passed
 /// on to the run once (a terminal's Ctrl-C reaches only this process: the run
 /// has its own group); when the run has ended, Interrupted is thrown, so the
-/// caller's ScratchDir goes (CatchStopSignals).
-int run_logged(const std::vector<std::string>& argv, const std::string& log);
+/// caller's ScratchDir goes (CatchStopSignals). With `timeout_s` > 0 a run
+/// still going after that long gets SIGTERM (zero launch passes it to its
+/// ranks and ends them), and SIGKILL to its group `grace_s` later;
+/// `*timed_out` then says so.
+int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s = 0,
+               double grace_s = 20, bool* timed_out = nullptr);
 
 /// What to run: `trainer` (mingpt) with `flags`, on `nproc` ranks through
 /// `launcher launch --nproc_per_node N --` when nproc > 1.
@@ -74,13 +78,15 @@ struct ProbeRun {
   int64_t nproc = 1;
   std::vector<std::string> flags;  // everything but --summary-json
   std::string summary_path, log_path;
+  double timeout_s = 0;  // a run longer than this is stopped (kTimedOut); 0: no limit
+  double grace_s = 20;   // then SIGTERM, and SIGKILL this much later
 };
 
 struct ProbeResult {
-  enum class Outcome { kTrained, kOutOfMemory, kFailed };
+  enum class Outcome { kTrained, kOutOfMemory, kFailed, kTimedOut };
   Outcome outcome = Outcome::kFailed;
   int status = 0;
-  std::string message;            // out of memory: the error's line; failed: the log's last lines
+  std::string message;            // out of memory: the error's line; failed, timed out: the log's last lines
   std::string command;            // the command line, for messages
   std::vector<double> step_times;  // seconds, every optimizer step
   double step_s = 0;               // mean over the steps after the first (the first, if only one)

@@ -233,6 +233,9 @@ TEST(MinGPTBudgets, BadByteCountsAreUsageErrors) {
   std::tie(rc, text) = run_logged(kMingpt + " --config " + kConfigs + "ddp.json --nproc 2", "find_nproc");
   EXPECT_EQ(rc, 2) << text;
   EXPECT_NE(text.find("--nproc goes with --find-max-params only"), std::string::npos) << text;
+  std::tie(rc, text) = run_logged(kMingpt + " --config " + kConfigs + "ddp.json --probe_timeout 60", "find_timeout");
+  EXPECT_EQ(rc, 2) << text;
+  EXPECT_NE(text.find("--probe_timeout goes with --find-max-params only"), std::string::npos) << text;
 }
 
 // The search on 2 ranks: the size it reports trains, one layer more at that
@@ -262,7 +265,9 @@ TEST(MinGPTFindMaxParams, FindsTheLargestThatTrainsOnTwoRanks) {
       EXPECT_FALSE(p["fits"].get<bool>());
       EXPECT_NE(p["out_of_memory"].get<std::string>().find("out of memory on the device"), std::string::npos);
     }
-    if (p["fits"].get<bool>()) EXPECT_LE(p["num_parameters"], best["num_parameters"]);
+    if (p["fits"].get<bool>()) {
+      EXPECT_LE(p["num_parameters"], best["num_parameters"]);
+    }
   }
   EXPECT_TRUE(next_layer_tried) << j.dump(1);
   const double ratio = j["capacity"]["ratio"];

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -152,6 +153,30 @@ TEST(Tune, InterruptedLeavesNothing) {
   EXPECT_FALSE(std::ifstream(dir.file("ds_config.json")).good());
 }
 
+// Run 1 hangs: past --run-timeout it is stopped (zero launch ends its
+// ranks), reported and skipped, and the tuner goes on to the next.
+TEST(Tune, ARunPastItsTimeLimitIsStoppedAndSkipped) {
+  TempDir dir, tmp;
+  const std::string trainer = write_trainer(dir, "  *run1.json*) echo 'mingpt: stuck'; exec sleep 60 ;;");
+  const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune" + kGrid +
+                          " --stages 0,3 --run-timeout 2 --trainer " + trainer + " --out " + dir.file("ds_config.json") +
+                          " --json " + dir.file("report.json") + " > " + dir.file("log") + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 50.0);
+  const std::string log = read_text(dir.file("log"));
+  EXPECT_NE(log.find("timed out (skipped; --run-timeout): still running after its time limit of 2 s"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("mingpt: stuck"), std::string::npos) << log;  // the run's last lines
+  EXPECT_TRUE(entries(tmp.path()).empty());
+  const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
+  std::map<int, std::string> by_order;
+  for (const auto& c : report["candidates"])
+    if (c["run_order"].get<int>() > 0) by_order[c["run_order"].get<int>()] = c["status"];
+  EXPECT_EQ(by_order[1], "timed out");
+  EXPECT_GT(report["best"]["run_order"].get<int>(), 1);
+}
+
 TEST(Tune, UsageErrorsNameTheOption) {
   TempDir dir;
   const std::string t = kBin + "zero tune ";
@@ -166,6 +191,7 @@ TEST(Tune, UsageErrorsNameTheOption) {
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ranks 2 --ranks 2", "--ranks given twice"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --out /no/such/dir/c.json",
             "--out /no/such/dir/c.json: the folder /no/such/dir does not exist"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --run-timeout -1", "--run-timeout: expected seconds"},
            {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
