@@ -108,12 +108,16 @@ class ScratchDir {
 nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero);
 
 /// Runs minGPT on `nproc` ranks (zero launch) with `config` (written to
-/// dir/name.json) and `mingpt_args`, its output in dir/name.log. Returns rank
-/// 0's summary; nullopt, having printed the end of the log (the error), when
-/// the run failed.
+/// dir/name.json) and `mingpt_args` (no shell between: paths may hold
+/// spaces), its output in dir/name.log. Returns rank 0's summary; nullopt,
+/// having printed the end of the log (the error), when the run failed.
+/// The run has its own process group; a stop signal is passed on to it and
+/// then thrown as mingpt::Interrupted (probe.h's run_logged), so the bench's
+/// ScratchDir goes: benches that run ranks are called under
+/// CatchStopSignals (zero_cli.cpp).
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
-                                               const std::string& mingpt_args);
+                                               const std::vector<std::string>& mingpt_args);
 
 /// "1GiB", "64MiB", "512KiB", "4096": bytes (at least 1); nullopt when
 /// malformed or below 1.
@@ -124,10 +128,6 @@ double seconds(const std::function<void()>& fn);
 
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);
-
-/// zero bench checkpoint-io: engine checkpoints' save and load GB/s per rank
-/// on N ranks, beside zero bench aio's (and fio's) rates on the same folder.
-int bench_checkpoint_io(const std::vector<std::string>& args);
 
 /// zero checkpoint consolidate|verify|info: engine checkpoints from the
 /// command line (docs/checkpoints.md).

@@ -29,14 +29,20 @@
 namespace zero::tools {
 namespace {
 
+// `s` as one word for sh: in single quotes, a quote inside as '\''.
+std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 // fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed.
 double fio_bw(const std::string& file, const std::string& rw, int64_t size, int64_t block, int64_t depth,
               bool overwrite, const std::string& log) {
   std::ostringstream cmd;
-  cmd << "fio --name=zero-bench --filename=" << file << " --rw=" << rw << " --bs=" << block << " --iodepth=" << depth
+  cmd << "fio --name=zero-bench --filename=" << shell_word(file) << " --rw=" << rw << " --bs=" << block << " --iodepth=" << depth
       << " --ioengine=io_uring --direct=1 --size=" << size << " --numjobs=1" << (overwrite ? " --overwrite=1" : "")
-      << " --output-format=json > " << log
-      << " 2>&1";
+      << " --output-format=json > " << shell_word(log) << " 2>&1";
   if (std::system(cmd.str().c_str()) != 0) return -1;
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

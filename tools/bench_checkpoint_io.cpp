@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "probe.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
 
@@ -73,14 +74,19 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
   const std::string ckpt_dir = path + "/zero-bench-checkpoint-io-" + std::to_string(::getpid());
   scratch_dir.also_remove(ckpt_dir);
   const nlohmann::json config = mingpt_bench_config(8, {{"stage", stage}});
-  const std::string model = "--n_layer " + std::to_string(ints["--n_layer"]) + " --n_embd " +
-                            std::to_string(ints["--n_embd"]) + " --n_head 8 --dropout 0 ";
+  // minGPT's flags: the model, then what each run adds.
+  auto model = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = {"--n_layer", std::to_string(ints["--n_layer"]), "--n_embd",
+                                  std::to_string(ints["--n_embd"]), "--n_head", "8", "--dropout", "0"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
   const std::string cmd = "zero bench checkpoint-io";
 
   // Saves: one after each of `rounds` steps.
   auto saved = run_mingpt_ranks(cmd, scratch, "save", nproc, config,
-                                model + "--limit_train_batches " + std::to_string(rounds) + " --save_dir " + ckpt_dir +
-                                    " --save_every 1");
+                                model({"--limit_train_batches", std::to_string(rounds), "--save_dir", ckpt_dir,
+                                       "--save_every", "1"}));
   if (!saved) return 1;
   std::vector<double> save_rate;  // per rank, GB/s over its saves
   int64_t save_bytes_per_rank = 0;
@@ -99,8 +105,8 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
   for (int64_t i = 0; i < rounds; ++i) {
     evict(ckpt_dir);
     auto loaded = run_mingpt_ranks(cmd, scratch, "load" + std::to_string(i), nproc, config,
-                                   model + "--limit_train_batches " + std::to_string(rounds) + " --resume " + ckpt_dir +
-                                       " --stop_after_steps " + std::to_string(rounds));
+                                   model({"--limit_train_batches", std::to_string(rounds), "--resume", ckpt_dir,
+                                          "--stop_after_steps", std::to_string(rounds)}));
     if (!loaded) return 1;
     double job_b = 0, job_s = 0;
     for (const auto& r : (*loaded)["ranks"]) {
@@ -116,11 +122,11 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
 
   // The AIO engine and fio on the same folder, one rank's file size.
   const std::string aio_json = scratch + "/aio.json";
-  const std::string aio_cmd = self_dir() + "/zero bench aio --path " + path + " --size " +
-                              std::to_string(std::max<int64_t>(save_bytes_per_rank, 1 << 20)) + " --rounds " +
-                              std::to_string(rounds) + " --json " + aio_json + " > " + scratch + "/aio.log 2>&1";
+  const std::vector<std::string> aio_cmd = {self_dir() + "/zero", "bench", "aio", "--path", path, "--size",
+                                            std::to_string(std::max<int64_t>(save_bytes_per_rank, 1 << 20)), "--rounds",
+                                            std::to_string(rounds), "--json", aio_json};
   std::fprintf(stderr, "%s: running zero bench aio on %s ...\n", cmd.c_str(), path.c_str());
-  if (std::system(aio_cmd.c_str()) != 0) {
+  if (mingpt::run_logged(aio_cmd, scratch + "/aio.log") != 0) {
     std::cerr << cmd << ": zero bench aio failed:\n" << std::ifstream(scratch + "/aio.log").rdbuf();
     return 1;
   }

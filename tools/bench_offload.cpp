@@ -15,7 +15,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -94,10 +93,10 @@ int bench_offload(const std::vector<std::string>& args) {
                               {"max_in_cpu", 0}};
       }
     }
-    std::ostringstream a;
-    a << "--n_layer " << ints["--n_layer"] << " --n_head 4 --n_embd " << ints["--n_embd"]
-      << " --dropout 0 --max_epochs 1 --limit_train_batches " << ints["--steps"];
-    auto r = run_mingpt_ranks("zero bench offload", dir, v.name, ints["--nproc"], c, a.str());
+    const std::vector<std::string> a = {"--n_layer", std::to_string(ints["--n_layer"]), "--n_head", "4", "--n_embd",
+                                        std::to_string(ints["--n_embd"]), "--dropout", "0", "--max_epochs", "1",
+                                        "--limit_train_batches", std::to_string(ints["--steps"])};
+    auto r = run_mingpt_ranks("zero bench offload", dir, v.name, ints["--nproc"], c, a);
     if (!r) return 1;
     results.push_back(std::move(*r));
   }

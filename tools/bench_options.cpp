@@ -60,16 +60,18 @@ nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero) {
 
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
-                                               const std::string& mingpt_args) {
+                                               const std::vector<std::string>& mingpt_args) {
   const std::string base = dir + "/" + name;
-  std::ofstream(base + ".json") << config.dump();
+  ckpt::write_file_atomically(base + ".json", config.dump());
   const std::string bin = self_dir();
-  std::ostringstream cmd;
-  cmd << bin << "/zero launch --nproc_per_node " << nproc << " -- " << bin << "/mingpt --config " << base << ".json "
-      << mingpt_args << " --summary-json " << base << ".summary.json > " << base << ".log 2>&1";
+  std::vector<std::string> argv = {bin + "/zero", "launch", "--nproc_per_node", std::to_string(nproc), "--",
+                                   bin + "/mingpt", "--config", base + ".json"};
+  argv.insert(argv.end(), mingpt_args.begin(), mingpt_args.end());
+  argv.insert(argv.end(), {"--summary-json", base + ".summary.json"});
   std::fprintf(stderr, "%s: running %s on %lld ranks ...\n", command.c_str(), name.c_str(), static_cast<long long>(nproc));
-  if (std::system(cmd.str().c_str()) != 0) {
-    std::cerr << command << ": the run " << name << " failed; the end of its output:\n" << log_tail(base + ".log", 15);
+  if (const int status = mingpt::run_logged(argv, base + ".log"); status != 0) {
+    std::cerr << command << ": the run " << name << " failed with exit status " << status
+              << "; the end of its output:\n" << log_tail(base + ".log", 15);
     return std::nullopt;
   }
   std::ifstream in(base + ".summary.json");

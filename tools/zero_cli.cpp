@@ -13,6 +13,7 @@
 
 #include "bench.h"
 #include "launch.h"
+#include "probe.h"
 #include "zero/config/config.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
@@ -202,15 +203,25 @@ int run(const std::vector<std::string>& args) {
   }
   if (args[0] == "nvme-tune") return zero::tools::nvme_tune({args.begin() + 1, args.end()});
   if (args[0] == "bench") {
+    // The benches that run minGPT on ranks: a stop signal ends the run in
+    // flight and then the bench, its scratch folder removed (bench.h).
+    using Bench = int (*)(const std::vector<std::string>&);
+    for (const auto& [name, bench] : std::vector<std::pair<std::string, Bench>>{
+             {"overlap", zero::tools::bench_overlap}, {"stage3", zero::tools::bench_stage3},
+             {"offload", zero::tools::bench_offload}, {"checkpoint-io", zero::tools::bench_checkpoint_io}}) {
+      if (args.size() < 2 || args[1] != name) continue;
+      try {
+        mingpt::CatchStopSignals stop;
+        return bench({args.begin() + 2, args.end()});
+      } catch (const mingpt::Interrupted& e) {
+        std::cerr << "zero bench " << name << ": " << e.what() << "; its runs are ended and their files removed\n";
+        return 128 + e.signal();
+      }
+    }
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
-    if (args.size() >= 2 && args[1] == "overlap") return zero::tools::bench_overlap({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "aio") return zero::tools::bench_aio({args.begin() + 2, args.end()});
-    if (args.size() >= 2 && args[1] == "stage3") return zero::tools::bench_stage3({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
-    if (args.size() >= 2 && args[1] == "checkpoint-io")
-      return zero::tools::bench_checkpoint_io({args.begin() + 2, args.end()});
-    if (args.size() >= 2 && args[1] == "offload") return zero::tools::bench_offload({args.begin() + 2, args.end()});
     return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});

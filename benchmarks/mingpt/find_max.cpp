@@ -53,10 +53,8 @@ struct Probe {
   Shape shape;
   int64_t num_parameters = 0;
   bool fits = false;
-  std::string oom;       // the out-of-memory message when it did not fit
-  double step_s = 0;     // mean over the steps after the first
-  int64_t peak_device = 0, peak_host = 0, peak_nvme = 0;  // the largest over ranks
-  double seconds = 0;    // the probe's wall time
+  std::string oom;  // why it did not fit: the out-of-memory message, or the refusal
+  ProbeResult run;  // its figures when it ran (step time, peaks, wall time)
 };
 
 std::string bytes_arg(int64_t n) { return std::to_string(n); }
@@ -130,20 +128,16 @@ class Search {
     if (o_.device_memory) run.flags.insert(run.flags.end(), {"--device-memory", bytes_arg(*o_.device_memory)});
     if (o_.host_memory) run.flags.insert(run.flags.end(), {"--host-memory", bytes_arg(*o_.host_memory)});
     if (o_.nvme_bytes) run.flags.insert(run.flags.end(), {"--nvme-bytes", bytes_arg(*o_.nvme_bytes)});
-    const ProbeResult r = run_probe(run);
-    p.seconds = r.seconds;
+    p.run = run_probe(run);
+    const ProbeResult& r = p.run;
     if (r.outcome == ProbeResult::Outcome::kTrained) {
       p.fits = true;
-      p.step_s = r.step_s;
-      p.peak_device = r.peak_device;
-      p.peak_host = r.peak_host;
-      p.peak_nvme = r.peak_nvme;
-      std::fprintf(stderr, " fits | step %.3f s | peak device %s, host %s, nvme %s | %.1f s\n", p.step_s,
-                   zero::format_bytes(p.peak_device).c_str(), zero::format_bytes(p.peak_host).c_str(),
-                   zero::format_bytes(p.peak_nvme).c_str(), p.seconds);
+      std::fprintf(stderr, " fits | step %.3f s | peak device %s, host %s, nvme %s | %.1f s\n", r.step_s,
+                   zero::format_bytes(r.peak_device).c_str(), zero::format_bytes(r.peak_host).c_str(),
+                   zero::format_bytes(r.peak_nvme).c_str(), r.seconds);
     } else if (r.outcome == ProbeResult::Outcome::kOutOfMemory) {
       p.oom = r.message;
-      std::fprintf(stderr, " does not fit | %s | %.1f s\n", p.oom.substr(0, 160).c_str(), p.seconds);
+      std::fprintf(stderr, " does not fit | %s | %.1f s\n", p.oom.substr(0, 160).c_str(), r.seconds);
     } else if (r.outcome == ProbeResult::Outcome::kTimedOut) {
       std::fprintf(stderr, " timed out\n");
       const auto nl = r.message.find('\n');  // the limit's line, then the log's last lines
@@ -311,9 +305,9 @@ int find_max_params(const FindMaxOptions& o) {
               static_cast<long long>(best.n_layer), static_cast<long long>(best.n_embd),
               static_cast<long long>(best.n_embd / o.head_dim), static_cast<long long>(b.num_parameters),
               Search::human(b.num_parameters).c_str());
-  std::printf("step time %.3f s (%.0f tokens/s); peak per rank: device %s, host %s, nvme %s\n", b.step_s,
-              b.step_s > 0 ? tokens / b.step_s : 0.0, zero::format_bytes(b.peak_device).c_str(),
-              zero::format_bytes(b.peak_host).c_str(), zero::format_bytes(b.peak_nvme).c_str());
+  std::printf("step time %.3f s (%.0f tokens/s); peak per rank: device %s, host %s, nvme %s\n", b.run.step_s,
+              b.run.step_s > 0 ? tokens / b.run.step_s : 0.0, zero::format_bytes(b.run.peak_device).c_str(),
+              zero::format_bytes(b.run.peak_host).c_str(), zero::format_bytes(b.run.peak_nvme).c_str());
   if (capacity_bounded && capacity > 0)
     std::printf("estimator's capacity (model states alone fill a budget) at n_embd %lld: %s parameters; found %.1f%% of it\n",
                 static_cast<long long>(best.n_embd), Search::human(capacity).c_str(),
@@ -330,10 +324,10 @@ int find_max_params(const FindMaxOptions& o) {
     auto probes = nlohmann::json::array();
     for (const auto& [shape, p] : search.probes()) {
       nlohmann::json row = {{"n_layer", shape.n_layer}, {"n_embd", shape.n_embd}, {"num_parameters", p.num_parameters},
-                            {"fits", p.fits}, {"seconds", p.seconds}};
+                            {"fits", p.fits}, {"seconds", p.run.seconds}};
       if (p.fits)
-        row.update({{"step_time_s", p.step_s},
-                    {"peak_bytes", {{"device", p.peak_device}, {"host", p.peak_host}, {"nvme", p.peak_nvme}}}});
+        row.update({{"step_time_s", p.run.step_s},
+                    {"peak_bytes", {{"device", p.run.peak_device}, {"host", p.run.peak_host}, {"nvme", p.run.peak_nvme}}}});
       else row["out_of_memory"] = p.oom;
       probes.push_back(row);
     }
@@ -345,9 +339,9 @@ int find_max_params(const FindMaxOptions& o) {
         {"zero_stage", o.resolved.zero.stage},
         {"largest",
          {{"n_layer", best.n_layer}, {"n_embd", best.n_embd}, {"n_head", best.n_embd / o.head_dim},
-          {"num_parameters", b.num_parameters}, {"step_time_s", b.step_s},
+          {"num_parameters", b.num_parameters}, {"step_time_s", b.run.step_s},
           {"tokens_per_step", o.resolved.batch.train_batch_size * o.block_size},
-          {"peak_bytes", {{"device", b.peak_device}, {"host", b.peak_host}, {"nvme", b.peak_nvme}}}}},
+          {"peak_bytes", {{"device", b.run.peak_device}, {"host", b.run.peak_host}, {"nvme", b.run.peak_nvme}}}}},
         {"capacity", {{"num_parameters", capacity_bounded ? nlohmann::json(capacity) : nlohmann::json(nullptr)},
                       {"ratio", capacity_bounded && capacity > 0
                                     ? nlohmann::json(static_cast<double>(b.num_parameters) / static_cast<double>(capacity))

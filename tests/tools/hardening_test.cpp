@@ -3,6 +3,7 @@
 // nothing left behind (support/leak_check.cpp checks the last part for every
 // test). The binaries run as processes: build/bin/zero and build/bin/mingpt.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -349,6 +351,31 @@ TEST(Hardening, BenchesFailCleanly) {
           120);
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "sub_group_size: expected at least 1024 with offload_optimizer nvme")) << r.out;
+}
+
+// A bench that runs ranks, on a folder whose name has a space, stopped by
+// SIGTERM: the run in flight ends, then the bench (143), and neither its
+// scratch folder nor its checkpoints stay.
+TEST(Hardening, ABenchStoppedBySigtermLeavesNothing) {
+  TempDir dir, tmp;
+  const std::string spaced = dir.path() + "/a folder";
+  ASSERT_EQ(::mkdir(spaced.c_str(), 0755), 0);
+  const std::string script = write(dir, "stop.sh",
+                                   "TMPDIR=" + tmp.path() + " " + kBin + "zero bench checkpoint-io --path '" + spaced +
+                                       "' --nproc 2 --n_layer 1 --n_embd 64 --rounds 8 & pid=$!\n"
+                                       "sleep 2; kill -TERM $pid; wait $pid; echo \"status $?\"\n");
+  const Outcome r = run("sh " + script, 120);
+  EXPECT_TRUE(has(r.out, "status 143")) << r.out;
+  EXPECT_TRUE(has(r.out, "interrupted by SIGTERM; its runs are ended and their files removed")) << r.out;
+  for (const std::string& d : {tmp.path(), spaced}) {
+    DIR* listing = ::opendir(d.c_str());
+    ASSERT_NE(listing, nullptr) << d;
+    int left = 0;
+    while (dirent* e = ::readdir(listing)) left += std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0;
+    ::closedir(listing);
+    EXPECT_EQ(left, 0) << "left behind in " << d;
+  }
+  ::rmdir(spaced.c_str());
 }
 
 }  // namespace
