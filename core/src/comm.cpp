@@ -150,8 +150,9 @@ class Liveness {
 // later waits are refused as after a failure. An abandoned c10d work keeps
 // its tensors, so nothing it still writes is freed under it. The rank exits
 // promptly, its sockets close, and its peers fail at once instead of at
-// their timeout (when their own works can end: the backend's destructor
-// still joins its worker threads).
+// their timeout. The backend itself is not destroyed after a failure (its
+// destructor joins worker threads that may be blocked in a collective the
+// peers never join): ~Comm lets it go.
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
                    std::chrono::milliseconds timeout, std::shared_ptr<const detail::Liveness> live,
                    std::shared_ptr<std::atomic<bool>> comm_failed)
@@ -232,7 +233,19 @@ Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_pt
            at::Device device)
     : env_(std::move(env)), store_(std::move(store)), backend_(std::move(backend)), device_(device) {}
 
-Comm::~Comm() = default;
+Comm::~Comm() {
+  // NOTE [failed collectives]: after a failure (or a work abandoned while
+  // unwinding, which counts as one) the backend's worker threads
+  // may sit in a collective no peer will match (each rank was in another one
+  // when the run broke), and destroying the backend joins them: every rank
+  // would wait out the collective timeout in its destructor. The backend is
+  // let go instead (the process is ending; its sockets close at exit, which
+  // ends the peers' waits at once).
+  if (failed_->load()) {
+    (void)backend_.release();
+    (void)control_.release();
+  }
+}
 
 // NOTE [rendezvous]
 // Joining the job says what it waits for. A rank that does not run the
