@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <cuda_runtime_api.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 #include "zero/core/error.h"
@@ -55,6 +56,8 @@ struct MemoryLedger::Shared {
   std::array<std::string, kNumTiers> limit_keys;
   int64_t host_limit = 0;  // pinned + pageable
   std::string host_limit_key;
+  // The pinned tier is page-locked (NOTE [pinned host memory]): a CUDA run's.
+  std::atomic<bool> page_locking{at::globalContext().hasCUDA()};
 
   [[noreturn]] static void refuse(const std::string& where, const std::string& what, int64_t n, int64_t used,
                                   int64_t limit, const std::string& key) {
@@ -94,18 +97,44 @@ struct MemoryLedger::Shared {
 MemoryLedger::MemoryLedger() : shared_(std::make_shared<Shared>()) {}
 MemoryLedger::~MemoryLedger() = default;
 
+// NOTE [pinned host memory]
+// The pinned tier of a CUDA run is page-locked memory of exactly the size
+// asked, from cudaHostAlloc. LibTorch's pinned allocator (at::empty with
+// pinned_memory, Tensor::pin_memory) rounds every block up to a power of
+// two: a 9 GiB partition of optimizer states would hold 16 GiB. Our buffers
+// are few and long-lived, so its caching buys nothing. cudaFreeHost waits for
+// the device, so a buffer is never freed under a copy still reading it
+// (CopyStream also keeps a copy's tensors alive until its event). A
+// cudaHostAlloc that fails is an OutOfMemoryError: host_empty then uses
+// pageable memory. A CPU run's pinned tier is ordinary host memory, counted
+// as pinned_host (MemoryLedger::set_page_locking).
 at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarType dtype, at::Device device, Tier tier,
                                Kind kind, const std::string& what) {
   ZERO_CHECK(numel >= 0, what);
   const int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  auto options = at::TensorOptions().dtype(dtype).device(device);
+  if (numel == 0) return at::empty({0}, options);  // nothing to count (and no pointer for from_blob)
   ledger.shared_->add(tier, kind, nbytes, what);
+  auto state = ledger.shared_;
+  if (tier == Tier::kPinnedHost && device.is_cpu() && ledger.shared_->page_locking) {
+    void* data = nullptr;
+    const cudaError_t err = cudaHostAlloc(&data, static_cast<size_t>(nbytes), cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it: the run goes on (pageable memory)
+      ledger.shared_->sub(tier, kind, nbytes);
+      throw OutOfMemoryError("cannot page-lock " + format_bytes(nbytes) + " of host memory for " + what +
+                             ": cudaHostAlloc: " + cudaGetErrorString(err));
+    }
+    return at::from_blob(
+        data, {numel},
+        [state, tier, kind, nbytes](void* p) {
+          (void)cudaFreeHost(p);  // freed first: the ledger never shows memory that is still held
+          state->sub(tier, kind, nbytes);
+        },
+        options);
+  }
   at::Tensor raw;
   try {
-    auto options = at::TensorOptions().dtype(dtype).device(device);
-    // The pinned tier is page-locked host memory where CUDA can pin it; on a
-    // machine without CUDA it is ordinary host memory, counted as pinned_host.
-    if (tier == Tier::kPinnedHost && device.is_cpu() && at::globalContext().hasCUDA())
-      options = options.pinned_memory(true);
     raw = at::empty({numel}, options);
   } catch (...) {
     ledger.shared_->sub(tier, kind, nbytes);
@@ -113,7 +142,6 @@ at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarTyp
   }
   // The returned tensor shares raw's memory; its deleter keeps raw alive and
   // takes the bytes off the ledger when the last user lets go.
-  auto state = ledger.shared_;
   void* data = raw.data_ptr();
   return at::from_blob(
       data, {numel},
@@ -164,6 +192,8 @@ LedgerReservation LedgerAlloc::reserve(MemoryLedger& ledger, Tier tier, Kind kin
   r.nbytes_ = nbytes;
   return r;
 }
+
+void MemoryLedger::set_page_locking(bool on) { shared_->page_locking = on; }
 
 void MemoryLedger::set_limit(Tier tier, int64_t nbytes, const std::string& config_key) {
   std::lock_guard<std::mutex> lock(shared_->mu);

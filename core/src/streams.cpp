@@ -229,22 +229,36 @@ StreamEvent CopyStream::run(const std::function<void()>& fn) {
   return {};
 }
 
+// Each wait counts once: on the CPU its host time; on CUDA the larger of its
+// host time and the stream's stall between events recorded before and after
+// it. A wait that blocks the host (Gloo, or a finish() that synchronizes)
+// leaves an idle stream "stalled" for the same time, and one that blocks only
+// the stream (NCCL) takes no host time: the sum of the two would count the
+// first twice.
 struct WaitClock::Impl {
+  struct Pending {
+    at::cuda::CUDAEvent before, after;
+    double host_s = 0;
+  };
   bool cuda = false;
   c10::DeviceIndex device = 0;
-  double host_s = 0;
-  mutable double stall_s = 0;
-  // Events either side of a stream-side wait, read once the second is done.
-  mutable std::deque<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> pending;
+  mutable double total_s = 0;
+  // Waits whose stream-side events are not read yet (done in order).
+  mutable std::deque<Pending> pending;
+
+  void settle(Pending& p) const {
+    const double stall_s = static_cast<double>(p.before.elapsed_time(p.after)) / 1e3;
+    total_s += std::max(p.host_s, stall_s);
+  }
 
   void resolve(bool wait_all) const {
     while (!pending.empty()) {
-      auto& [before, after] = pending.front();
-      if (!after.query()) {
+      auto& p = pending.front();
+      if (!p.after.query()) {
         if (!wait_all) return;
-        after.synchronize();
+        p.after.synchronize();
       }
-      stall_s += static_cast<double>(before.elapsed_time(after)) / 1e3;
+      settle(p);
       pending.pop_front();
     }
   }
@@ -267,30 +281,32 @@ void WaitClock::time(const std::function<void()>& wait) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   wait();
-  s.host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (s.cuda) {
-    at::cuda::CUDAEvent after(cudaEventDefault);
-    after.record(c10::cuda::getCurrentCUDAStream(s.device));
-    s.pending.emplace_back(std::move(*before), std::move(after));
-    // Bounded: past 256, wait for the oldest (long done, as a rule).
-    while (s.pending.size() > 256) {
-      auto& [b, a] = s.pending.front();
-      a.synchronize();
-      s.stall_s += static_cast<double>(b.elapsed_time(a)) / 1e3;
-      s.pending.pop_front();
-    }
-    s.resolve(/*wait_all=*/false);
+  const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.cuda) {
+    s.total_s += host_s;
+    return;
   }
+  at::cuda::CUDAEvent after(cudaEventDefault);
+  after.record(c10::cuda::getCurrentCUDAStream(s.device));
+  s.pending.push_back(Impl::Pending{std::move(*before), std::move(after), host_s});
+  // Bounded: past 256, wait for the oldest (long done, as a rule).
+  while (s.pending.size() > 256) {
+    auto& p = s.pending.front();
+    p.after.synchronize();
+    s.settle(p);
+    s.pending.pop_front();
+  }
+  s.resolve(/*wait_all=*/false);
 }
 
 double WaitClock::seconds() const {
   impl_->resolve(/*wait_all=*/true);
-  return impl_->host_s + impl_->stall_s;
+  return impl_->total_s;
 }
 
 void WaitClock::reset() {
   impl_->resolve(/*wait_all=*/true);
-  impl_->host_s = impl_->stall_s = 0;
+  impl_->total_s = 0;
 }
 
 }  // namespace zero

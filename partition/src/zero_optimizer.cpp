@@ -203,11 +203,21 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   StepOutcome out;
   const size_t n_groups = flat_->groups().size();
   // Sum of squares of the owned gradients, over all ranks when partitioned.
+  // Gradients owned on the host (offloaded, on a GPU run) are summed there
+  // and moved once: a scalar per group from pageable memory would make the
+  // stream wait once per group.
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
+  at::Tensor host_sumsq;
   for (size_t g = 0; g < n_groups; ++g) {
     at::Tensor n = at::linalg_vector_norm(reducer_->owned(g), 2, c10::nullopt, false, at::kFloat);
-    sumsq.add_(n.to(options_.device, at::kDouble).pow(2));
+    if (n.device() == sumsq.device()) {
+      sumsq.add_(n.to(at::kDouble).pow(2));
+    } else {
+      if (!host_sumsq.defined()) host_sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+      host_sumsq.add_(n.to(at::kCPU, at::kDouble).pow(2));
+    }
   }
+  if (host_sumsq.defined()) sumsq.add_(host_sumsq.to(options_.device));
   if (partitioned()) comm_->all_reduce_sum(sumsq).wait();
   const double total_sumsq = sumsq.item<double>();
   // Reductions summed over ranks after the pre-scale: the rest of the

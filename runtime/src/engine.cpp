@@ -249,6 +249,7 @@ void Engine::backward(const torch::Tensor& loss) {
     throw UsageError("Engine::backward: expected a scalar loss; got a tensor of shape " +
                                         (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
   }
+  s.sync_for_breakdown();
   const auto t0 = Clock::now();
   s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
   {
@@ -264,6 +265,7 @@ void Engine::backward(const torch::Tensor& loss) {
   scaled.backward();
   s.optimizer->end_backward();
   s.checkpointer->end_micro_step();
+  s.sync_for_breakdown();
   s.phase_start = Clock::now();
   s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
 }
@@ -274,6 +276,7 @@ void Engine::step() {
   const bool boundary = is_gradient_accumulation_boundary();
   if (boundary) s.take_model_step();
   ++s.micro_steps;
+  s.sync_for_breakdown();
   s.phase_start = Clock::now();
   s.t_step += std::chrono::duration<double>(s.phase_start - t0).count();
 }

@@ -2,6 +2,7 @@
 // engine_checkpoint.cpp).
 #pragma once
 
+#include <torch/cuda.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,14 @@ struct Engine::Impl : detail::RunContext {
   double t_forward = 0, t_backward = 0, t_step = 0;
 
   int64_t gas() const { return config.batch.gradient_accumulation_steps; }
+
+  // wall_clock_breakdown on a GPU: the phases are timed by the host, so the
+  // device's queued work is waited for at each boundary (as DeepSpeed's
+  // timers do), or forward and backward would time only their launches.
+  // Off, nothing waits.
+  void sync_for_breakdown() const {
+    if (config.wall_clock_breakdown && device.is_cuda()) torch::cuda::synchronize(device.index());
+  }
 
   void print_progress() {
     const double elapsed = seconds_since(window_start);

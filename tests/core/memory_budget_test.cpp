@@ -80,6 +80,23 @@ TEST(MemoryBudget, CpuDeviceCapRefusesTheAllocationPastIt) {
   auto c = at::empty({7 * kMiB}, at::kByte);  // room again
 }
 
+// A CPU run's pinned tier is ordinary host memory counted as pinned_host
+// (NOTE [pinned host memory]); no buffer of zero elements is counted.
+TEST(MemoryBudget, PinnedTierWithoutPageLockingIsCountedHostMemory) {
+  zero::MemoryLedger ledger;
+  ledger.set_page_locking(false);
+  auto t = LedgerAlloc::host_empty(ledger, kMiB + 3, at::kFloat, /*pin=*/true, Kind::kCommBuffers, "ring");
+  EXPECT_FALSE(t.is_pinned());
+  EXPECT_EQ(ledger.get(Tier::kPinnedHost).current_bytes, (kMiB + 3) * 4);
+  t.fill_(1);
+  EXPECT_EQ(t.sum().item<double>(), static_cast<double>(kMiB + 3));
+  t.reset();
+  EXPECT_EQ(ledger.get(Tier::kPinnedHost).current_bytes, 0);
+  auto none = LedgerAlloc::empty(ledger, 0, at::kFloat, at::kCPU, Tier::kDevice, Kind::kActivations, "nothing");
+  EXPECT_EQ(none.numel(), 0);
+  EXPECT_EQ(ledger.get(Tier::kDevice).peak_bytes, 0);
+}
+
 TEST(MemoryBudget, ByteSizesAsUsersWriteThem) {
   EXPECT_EQ(zero::parse_byte_size("4096"), 4096);
   EXPECT_EQ(zero::parse_byte_size("80e9"), 80000000000);

@@ -13,12 +13,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include <ATen/cuda/Sleep.h>
 #include <nlohmann/json.hpp>
@@ -31,6 +33,8 @@
 #include "data.h"
 #include "model.h"
 #include "zero/core/comm.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/core/memory_ledger.h"
 #include "zero/core/streams.h"
 #include "zero/zero.h"
 
@@ -185,6 +189,9 @@ TEST(GpuOffload, CpuAndNvmeOptimizerOffloadEqualNoOffload) {
     const std::string s = R"("stage": )" + std::to_string(stage) + R"(, "sub_group_size": 20000)";
     const auto none = engine_loop(s, R"("bf16": {"enabled": true}, )");
     const auto cpu = engine_loop(s + R"(, "offload_optimizer": {"device": "cpu"})", R"("bf16": {"enabled": true}, )");
+    // The same with the host states page-locked (NOTE [pinned host memory]).
+    const auto pinned = engine_loop(s + R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})",
+                                    R"("bf16": {"enabled": true}, )");
     const std::string dir = nvme_dir("opt" + std::to_string(stage));
     const auto nvme = engine_loop(s + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
                                       R"(", "pipeline_read": true, "pipeline_write": true})",
@@ -192,6 +199,8 @@ TEST(GpuOffload, CpuAndNvmeOptimizerOffloadEqualNoOffload) {
     EXPECT_LT(rel(cpu.l2, none.l2), 1e-5) << "stage " << stage;
     EXPECT_EQ(nvme.l2, cpu.l2) << "stage " << stage;
     EXPECT_EQ(nvme.losses, cpu.losses) << "stage " << stage;
+    EXPECT_EQ(pinned.l2, cpu.l2) << "stage " << stage;
+    EXPECT_EQ(pinned.losses, cpu.losses) << "stage " << stage;
     // Master, moments (and the gradient partition) left the device: 2 of 18 bytes per parameter stay.
     EXPECT_LT(cpu.device_state_bytes, none.device_state_bytes / 4) << "stage " << stage;
     EXPECT_TRUE(std::filesystem::is_empty(dir));
@@ -360,6 +369,32 @@ TEST(GpuStreams, ACopyStreamCopyIsOrderedAndItsHostBufferReusable) {
   EXPECT_EQ(back[n - 1].item<float>(), static_cast<float>(n - 1));
 }
 
+// The pinned tier on a GPU: page-locked, exactly the size asked (LibTorch's
+// pinned allocator would hold the next power of two), copied asynchronously,
+// freed and taken off the ledger; zero elements on the device are no error.
+TEST(GpuMemory, PinnedBuffersArePageLockedExactAndCopied) {
+  REQUIRE_CUDA();
+  zero::MemoryLedger ledger;
+  ledger.set_page_locking(true);
+  const int64_t n = (3 << 20) + 5;
+  auto host = zero::LedgerAlloc::host_empty(ledger, n, torch::kFloat, /*pin=*/true, zero::Kind::kCommBuffers, "test ring");
+  EXPECT_TRUE(host.is_pinned());
+  EXPECT_EQ(ledger.get(zero::Tier::kPinnedHost).current_bytes, n * 4);
+  host.fill_(2);
+  auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).device(kCuda));
+  zero::CopyStream stream(kCuda);
+  stream.copy(dev, host, /*host_source=*/true).synchronize();
+  EXPECT_EQ(dev.sum(torch::kDouble).item<double>(), 2.0 * static_cast<double>(n));
+  stream.copy(host, dev.mul(3)).synchronize();
+  EXPECT_EQ(host[n - 1].item<float>(), 6.0f);
+  host.reset();
+  EXPECT_EQ(ledger.get(zero::Tier::kPinnedHost).current_bytes, 0);
+  auto none = zero::LedgerAlloc::empty(ledger, 0, torch::kBFloat16, kCuda, zero::Tier::kDevice, zero::Kind::kActivations,
+                                       "nothing");
+  EXPECT_EQ(none.numel(), 0);
+  EXPECT_TRUE(none.is_cuda());
+}
+
 TEST(GpuStreams, WaitClockMeasuresAStallOfTheStreamNotOfTheHost) {
   REQUIRE_CUDA();
   zero::CopyStream stream(kCuda);
@@ -370,6 +405,13 @@ TEST(GpuStreams, WaitClockMeasuresAStallOfTheStreamNotOfTheHost) {
   const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(host_s, 0.02);
   EXPECT_GT(clock.seconds(), 0.03) << "the stall measured by events";
+  // A wait that blocks the host while the stream idles (as Gloo's do):
+  // counted once, not as host time plus the same time of idle stream.
+  torch::cuda::synchronize();
+  clock.reset();
+  clock.time([] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); });
+  EXPECT_GT(clock.seconds(), 0.09);
+  EXPECT_LT(clock.seconds(), 0.15) << "counted twice";
 }
 
 // ---- two ranks on one GPU through Gloo --------------------------------------------

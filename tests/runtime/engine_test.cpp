@@ -382,7 +382,9 @@ TEST(Engine, NvmeParamsOfAWholeBuiltModelEqualCpuOffload) {
     if (stats != nullptr) {
       auto at_start = engine.nvme_stats();
       EXPECT_TRUE(at_start.has_value());
-      if (at_start) EXPECT_EQ(at_start->param_bytes_read, 0) << "the start-up read shards back";
+      if (at_start) {
+        EXPECT_EQ(at_start->param_bytes_read, 0) << "the start-up read shards back";
+      }
     }
     auto task = mingpt::make_addition_task(2);
     for (int s = 0; s < 3; ++s) {

@@ -16,7 +16,10 @@
 //     keeps 1/M and the group all-gathers them before the recompute;
 //   cpu_checkpointing: copied to host memory (pinned; on a GPU on a side
 //     stream, NOTE [device streams]) and copied back before the recompute,
-//     once that copy has ended (the compute stream waits for it, not the host);
+//     once that copy has ended (the compute stream waits for it, not the host).
+//     The copy out may still run when checkpoint() returns: an input written
+//     in place afterwards (x += ...) could be read half-written, so write to
+//     a new tensor (autograd refuses such writes to saved tensors anyway);
 //   contiguous_memory_optimization: placed in one preallocated buffer with
 //     number_checkpoints slots, reused every micro-step;
 //   synchronize_checkpoint_boundary: the device is synchronised at each

@@ -107,11 +107,12 @@ class CopyStream {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Time the training thread waits: the host time a wait blocks and, on a
-/// CUDA device, the time the current stream then stands still at the
-/// stream-side wait it queued (measured by CUDA events before and after it,
-/// read once they are done), so waits that block only a stream (NCCL) are
-/// counted too. Not thread-safe.
+/// Time the training thread waits. Each wait counts once: on the CPU the
+/// host time it blocks; on a CUDA device the larger of that and the time the
+/// current stream stands still at the wait (CUDA events before and after it,
+/// read once they are done), so a wait that blocks only the stream (NCCL)
+/// counts, and one that blocks the host while the stream idles (Gloo) is not
+/// counted twice. Not thread-safe.
 class WaitClock {
  public:
   explicit WaitClock(at::Device device);
