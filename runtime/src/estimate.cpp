@@ -222,8 +222,9 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 // - Gradient buckets (stages 2-3): the one being filled, two being reduced,
 //   and one spare (fewer when there are fewer groups), each the largest
 //   group (stage 3: the largest layer) in g bytes; under NCCL each of the two
-//   reductions also writes into a chunk (group / N). Stages 0 and 1
-//   all-reduce the flat gradients in place.
+//   reductions also writes into a chunk (group / N), unless reduce_scatter is
+//   false (an all-reduce in place, as under Gloo). Stages 0 and 1 all-reduce
+//   the flat gradients in place.
 // - Stage 3's gathered layers, in p bytes, with offload_param a device copy
 //   of the shard being sent. When stage3_max_reuse_distance spans the
 //   layers, forward's layers stay gathered for backward, as many as
@@ -270,7 +271,8 @@ PeakEstimate estimate_peak(const config::Config& c, const MinGPTWorkload& w, boo
   const int64_t n_groups = static_cast<int64_t>(lay.groups.size()) - (z.stage == 3 ? 1 : 0);
   for (size_t i = z.stage == 3 ? 1 : 0; i < lay.groups.size(); ++i) layer_total += lay.groups[i];
   if (z.stage >= 2) {
-    const int64_t chunks = nccl && N > 1 ? g * (largest_group / N) : 0;
+    // reduce_scatter false all-reduces the bucket in place, as Gloo always does.
+    const int64_t chunks = nccl && N > 1 && z.reduce_scatter ? g * (largest_group / N) : 0;
     buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * chunks;
     in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks);
   }

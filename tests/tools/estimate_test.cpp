@@ -213,6 +213,34 @@ TEST(EstimatePeak, LargestModelWithin10PercentOfFindMaxParams) {
 
 // The table: every configuration, the budgets' largest model growing with
 // what is offloaded, and usage errors that name the option.
+// Stage 2 under NCCL reduce-scatters each bucket into a chunk (bucket / N)
+// of its own; with reduce_scatter false it all-reduces the bucket in place:
+// the two reductions in flight hold two chunks less.
+TEST(EstimatePeak, ReduceScatterFalseHoldsNoChunks) {
+  TempDir dir;
+  auto device_buffers = [&](bool reduce_scatter) {
+    const nlohmann::json config = {
+        {"train_micro_batch_size_per_gpu", 1},
+        {"bf16", {{"enabled", true}}},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+        {"zero_optimization",
+         {{"stage", 2}, {"reduce_bucket_size", 1000000}, {"allgather_bucket_size", 1000000}, {"reduce_scatter", reduce_scatter}}}};
+    std::ofstream(dir.file("rs.json")) << config.dump();
+    EXPECT_EQ(sh(kBin + "zero estimate --model mingpt:4,256,512,64 --ranks-per-node 4 --micro-batch 1 --backend nccl --config " +
+                 dir.file("rs.json") + " --json " + dir.file("rs_e.json") + " > " + dir.file("rs.log") + " 2>&1"),
+              0)
+        << read_text(dir.file("rs.log"));
+    const auto e = nlohmann::json::parse(read_text(dir.file("rs_e.json")));
+    return e["configurations"][0]["peak"]["device_buffers"].get<int64_t>();
+  };
+  // Groups of at most 1e6 elements (parameters packed in model order; a
+  // block alone is 789760), fp32 gradients on 4 ranks: two chunks of a
+  // quarter of the largest group, 4 bytes an element.
+  const int64_t chunks = device_buffers(true) - device_buffers(false);
+  EXPECT_GE(chunks, 2 * 4 * (789760 / 4));
+  EXPECT_LE(chunks, 2 * 4 * (1000000 / 4));
+}
+
 TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   TempDir dir;
   const std::string e = kBin + "zero estimate ";
