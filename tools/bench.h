@@ -107,14 +107,19 @@ class ScratchDir {
 /// zero_optimization section.
 nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero);
 
+/// minGPT's flags for a bench run: L blocks of width C with 4 heads, no
+/// dropout, `steps` batches of one epoch, then `more`.
+std::vector<std::string> mingpt_bench_args(int64_t n_layer, int64_t n_embd, int64_t steps,
+                                           std::vector<std::string> more = {});
+
 /// Runs minGPT on `nproc` ranks (zero launch) with `config` (written to
 /// dir/name.json) and `mingpt_args` (no shell between: paths may hold
 /// spaces), its output in dir/name.log. Returns rank 0's summary; nullopt,
 /// having printed the end of the log (the error), when the run failed.
 /// The run has its own process group; a stop signal is passed on to it and
 /// then thrown as mingpt::Interrupted (probe.h's run_logged), so the bench's
-/// ScratchDir goes: benches that run ranks are called under
-/// CatchStopSignals (zero_cli.cpp).
+/// ScratchDir goes: the benches that run other programs (these, and bench
+/// aio's fio) are called under CatchStopSignals (zero_cli.cpp).
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::vector<std::string>& mingpt_args);

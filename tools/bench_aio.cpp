@@ -14,11 +14,11 @@
 #include <functional>
 #include <optional>
 #include <iostream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "probe.h"
 #include "zero/offload/aio.h"
 #include "zero/offload/swap_folder.h"
 #include "zero/core/error.h"
@@ -29,21 +29,20 @@
 namespace zero::tools {
 namespace {
 
-// `s` as one word for sh: in single quotes, a quote inside as '\''.
-std::string shell_word(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed.
+// fio's bandwidth (bytes/s) for rw = "write" or "read"; -1 when fio failed
+// or is not there. Run without a shell (probe.h), so a stop signal reaches it.
 double fio_bw(const std::string& file, const std::string& rw, int64_t size, int64_t block, int64_t depth,
               bool overwrite, const std::string& log) {
-  std::ostringstream cmd;
-  cmd << "fio --name=zero-bench --filename=" << shell_word(file) << " --rw=" << rw << " --bs=" << block << " --iodepth=" << depth
-      << " --ioengine=io_uring --direct=1 --size=" << size << " --numjobs=1" << (overwrite ? " --overwrite=1" : "")
-      << " --output-format=json > " << shell_word(log) << " 2>&1";
-  if (std::system(cmd.str().c_str()) != 0) return -1;
+  std::vector<std::string> argv = {"fio", "--name=zero-bench", "--filename=" + file, "--rw=" + rw,
+                                   "--bs=" + std::to_string(block), "--iodepth=" + std::to_string(depth),
+                                   "--ioengine=io_uring", "--direct=1", "--size=" + std::to_string(size),
+                                   "--numjobs=1", "--output-format=json"};
+  if (overwrite) argv.push_back("--overwrite=1");
+  try {
+    if (mingpt::run_logged(argv, log) != 0) return -1;
+  } catch (const IoError&) {  // no fio on this machine
+    return -1;
+  }
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto brace = text.find('{');  // fio may print notes before its JSON
@@ -155,6 +154,7 @@ int bench_aio(const std::vector<std::string>& args) {
     std::vector<double> ours_w_runs, ours_r_runs, fio_w_runs, fio_r_runs;
     ProgressLine progress("aio vs fio", rounds, "rounds");
     for (int64_t round = 0; round < rounds; ++round) {
+      mingpt::check_stop();  // a stop signal ends the bench here (zero_cli.cpp); Cleanup removes the files
       // In fresh mode each side starts with no file and leaves none behind,
       // closed and removed outside the timed part: freeing a 1 GiB file's
       // extents is disk work that must not land in the other side's timing.
@@ -166,6 +166,7 @@ int bench_aio(const std::vector<std::string>& args) {
         }
         ours_w_runs.push_back(size / seconds([&] { transfer(true); }));
         ::fsync(file->buffered_fd());
+        mingpt::check_stop();
         ours_r_runs.push_back(size / seconds([&] { transfer(false); }));
         if (!overwrite) {
           file.reset();
@@ -218,6 +219,8 @@ int bench_aio(const std::vector<std::string>& args) {
       std::ofstream(json_path) << j.dump(2) << "\n";
     }
     return 0;
+  } catch (const mingpt::Interrupted&) {
+    throw;  // zero_cli.cpp says so; Cleanup has removed the files
   } catch (const std::exception& e) {
     std::cerr << "zero bench aio: " << zero::error_text(e) << "\n";
     return 1;

@@ -93,9 +93,7 @@ int bench_offload(const std::vector<std::string>& args) {
                               {"max_in_cpu", 0}};
       }
     }
-    const std::vector<std::string> a = {"--n_layer", std::to_string(ints["--n_layer"]), "--n_head", "4", "--n_embd",
-                                        std::to_string(ints["--n_embd"]), "--dropout", "0", "--max_epochs", "1",
-                                        "--limit_train_batches", std::to_string(ints["--steps"])};
+    const auto a = mingpt_bench_args(ints["--n_layer"], ints["--n_embd"], ints["--steps"]);
     auto r = run_mingpt_ranks("zero bench offload", dir, v.name, ints["--nproc"], c, a);
     if (!r) return 1;
     results.push_back(std::move(*r));

@@ -58,6 +58,15 @@ nlohmann::json mingpt_bench_config(int64_t micro_batch, nlohmann::json zero) {
           {"zero_optimization", std::move(zero)}};
 }
 
+std::vector<std::string> mingpt_bench_args(int64_t n_layer, int64_t n_embd, int64_t steps,
+                                           std::vector<std::string> more) {
+  std::vector<std::string> a = {"--n_layer",   std::to_string(n_layer), "--n_head", "4", "--n_embd",
+                                std::to_string(n_embd), "--dropout", "0", "--max_epochs", "1",
+                                "--limit_train_batches", std::to_string(steps)};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,
                                                const std::string& name, int64_t nproc, const nlohmann::json& config,
                                                const std::vector<std::string>& mingpt_args) {

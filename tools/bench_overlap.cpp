@@ -37,9 +37,7 @@ int bench_overlap(const std::vector<std::string>& args) {
     nlohmann::json zero = {{"stage", v.stage}, {"overlap_comm", v.overlap}, {"reduce_bucket_size", ints["--bucket"]},
                             {"allgather_bucket_size", ints["--bucket"]}};
     nlohmann::json c = mingpt_bench_config(ints["--batch_size"], zero);
-    const std::vector<std::string> a = {"--n_layer", std::to_string(ints["--n_layer"]), "--n_head", "4", "--n_embd",
-                                        std::to_string(ints["--n_embd"]), "--dropout", "0", "--max_epochs", "1",
-                                        "--limit_train_batches", std::to_string(ints["--steps"])};
+    const auto a = mingpt_bench_args(ints["--n_layer"], ints["--n_embd"], ints["--steps"]);
     auto r = run_mingpt_ranks("zero bench overlap", dir,
                               "stage" + std::to_string(v.stage) + (v.overlap ? "_overlap" : ""), ints["--nproc"], c, a);
     if (!r) return 1;

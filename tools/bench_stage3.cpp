@@ -57,10 +57,8 @@ int bench_stage3(const std::vector<std::string>& args) {
                             {"stage3_max_reuse_distance", 0},
                             {"stage3_param_persistence_threshold", 0}};
     nlohmann::json c = mingpt_bench_config(ints["--batch_size"], zero);
-    const std::vector<std::string> a = {"--n_layer", std::to_string(ints["--n_layer"]), "--n_head", "4", "--n_embd",
-                                        std::to_string(ints["--n_embd"]), "--block_size", "64", "--data", text,
-                                        "--dropout", "0", "--max_epochs", "1", "--limit_train_batches",
-                                        std::to_string(ints["--steps"])};
+    const auto a = mingpt_bench_args(ints["--n_layer"], ints["--n_embd"], ints["--steps"],
+                                     {"--block_size", "64", "--data", text});
     auto r = run_mingpt_ranks("zero bench stage3", dir, "variant" + std::to_string(index++), ints["--nproc"], c, a);
     if (!r) return 1;
     results.push_back(std::move(*r));

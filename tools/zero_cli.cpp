@@ -203,23 +203,26 @@ int run(const std::vector<std::string>& args) {
   }
   if (args[0] == "nvme-tune") return zero::tools::nvme_tune({args.begin() + 1, args.end()});
   if (args[0] == "bench") {
-    // The benches that run minGPT on ranks: a stop signal ends the run in
-    // flight and then the bench, its scratch folder removed (bench.h).
+    // The benches that run other programs (minGPT on ranks, fio): a stop
+    // signal ends the run in flight and then the bench, its scratch files
+    // removed (bench.h).
     using Bench = int (*)(const std::vector<std::string>&);
     for (const auto& [name, bench] : std::vector<std::pair<std::string, Bench>>{
              {"overlap", zero::tools::bench_overlap}, {"stage3", zero::tools::bench_stage3},
-             {"offload", zero::tools::bench_offload}, {"checkpoint-io", zero::tools::bench_checkpoint_io}}) {
+             {"offload", zero::tools::bench_offload}, {"checkpoint-io", zero::tools::bench_checkpoint_io},
+             {"aio", zero::tools::bench_aio}}) {
       if (args.size() < 2 || args[1] != name) continue;
       try {
         mingpt::CatchStopSignals stop;
-        return bench({args.begin() + 2, args.end()});
+        const int status = bench({args.begin() + 2, args.end()});
+        mingpt::check_stop();  // one that came after the last run
+        return status;
       } catch (const mingpt::Interrupted& e) {
         std::cerr << "zero bench " << name << ": " << e.what() << "; its runs are ended and their files removed\n";
         return 128 + e.signal();
       }
     }
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
-    if (args.size() >= 2 && args[1] == "aio") return zero::tools::bench_aio({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
     return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam'");

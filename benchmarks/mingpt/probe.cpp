@@ -35,11 +35,23 @@ namespace {
 volatile sig_atomic_t g_child = 0;
 volatile sig_atomic_t g_signal = 0;
 
+// Every stop signal is passed on (a second Ctrl-C reaches zero launch,
+// which then ends its ranks at once), SIGHUP as SIGTERM: zero launch ends
+// its ranks on SIGINT and SIGTERM, and would die of a SIGHUP, leaving them.
 void forward_signal(int sig) {
-  if (g_signal == 0) {
-    g_signal = sig;
-    if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
-  }
+  if (g_signal == 0) g_signal = sig;
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig == SIGHUP ? SIGTERM : sig);
+}
+
+// `s` as one word for a shell, quoted only when it needs it (messages print
+// commands a user may paste back).
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 std::string read_text(const std::string& path) {
@@ -134,12 +146,12 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   CatchStopSignals stop;
   check_stop();  // one that came before this run
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ);
+  const int rc = posix_spawnp(&pid, args[0], &fa, &attr, args.data(), environ);  // a bare name: from PATH
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
   g_child = pid;
-  if (g_signal != 0) ::kill(pid, g_signal);  // arrived while it was being started
+  if (g_signal != 0) ::kill(pid, g_signal == SIGHUP ? SIGTERM : g_signal);  // arrived while it was being started
   // Without a limit, one blocking wait; with one, a poll every 20 ms: past
   // the limit SIGTERM, past the grace SIGKILL to the run's group.
   using Clock = std::chrono::steady_clock;
@@ -178,7 +190,7 @@ ProbeResult run_probe(const ProbeRun& run) {
   argv.push_back(run.trainer);
   argv.insert(argv.end(), run.flags.begin(), run.flags.end());
   argv.insert(argv.end(), {"--summary-json", run.summary_path});
-  for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + a;
+  for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + shell_word(a);
   std::remove(run.summary_path.c_str());
   const auto t0 = std::chrono::steady_clock::now();
   bool timed_out = false;

@@ -25,9 +25,10 @@ class Interrupted : public std::runtime_error {
 };
 
 /// While one lives, SIGINT, SIGTERM and SIGHUP do not end this process: the
-/// first is recorded and passed on to the run in flight (run_logged), and
-/// check_stop() or the next run_logged throws Interrupted, so a search's
-/// scratch folders go however it is stopped. Nests (the outermost resets).
+/// first is recorded, each is passed on to the run in flight (run_logged),
+/// and check_stop() or the next run_logged throws Interrupted, so a search's
+/// scratch folders go however it is stopped. Long work between runs calls
+/// check_stop() now and then. Nests (the outermost resets).
 class CatchStopSignals {
  public:
   CatchStopSignals();
@@ -59,15 +60,18 @@ class ScratchDir {
 /// $TMPDIR, or /tmp.
 std::string temp_parent();
 
-/// Runs argv (argv[0] a path) in its own process group with stdout and
-/// stderr into `log`, and returns its exit status (128 + signal when a
-/// signal ended it). SIGINT, SIGTERM and SIGHUP received meanwhile are passed
-/// on to the run once (a terminal's Ctrl-C reaches only this process: the run
-/// has its own group); when the run has ended, Interrupted is thrown, so the
-/// caller's ScratchDir goes (CatchStopSignals). With `timeout_s` > 0 a run
-/// still going after that long gets SIGTERM (zero launch passes it to its
-/// ranks and ends them), and SIGKILL to its group `grace_s` later;
-/// `*timed_out` then says so.
+/// Runs argv (argv[0] a path, or a name looked up in PATH) in its own
+/// process group with stdout and stderr into `log`, and returns its exit
+/// status (128 + signal when a signal ended it). SIGINT, SIGTERM and SIGHUP
+/// received meanwhile are passed on to the run (a terminal's Ctrl-C reaches
+/// only this process: the run has its own group), SIGHUP as SIGTERM; when the
+/// run has ended, Interrupted is thrown, so the caller's ScratchDir goes
+/// (CatchStopSignals). With `timeout_s` > 0 a run still going after that long
+/// gets SIGTERM (zero launch passes it to its ranks and ends them), and
+/// SIGKILL to its process group `grace_s` later; `*timed_out` then says so.
+/// That SIGKILL reaches the launcher, not zero launch's ranks, which have
+/// groups of their own: a launcher that ignores SIGTERM for `grace_s` may
+/// leave them running.
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s = 0,
                double grace_s = 20, bool* timed_out = nullptr);
 

@@ -235,15 +235,16 @@ Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_pt
 
 Comm::~Comm() {
   // NOTE [failed collectives]: after a failure (or a work abandoned while
-  // unwinding, which counts as one) the backend's worker threads
-  // may sit in a collective no peer will match (each rank was in another one
-  // when the run broke), and destroying the backend joins them: every rank
-  // would wait out the collective timeout in its destructor. The backend is
-  // let go instead (the process is ending; its sockets close at exit, which
-  // ends the peers' waits at once).
+  // unwinding, which counts as one) Gloo's worker threads may sit in a
+  // collective no peer will match (each rank was in another one when the run
+  // broke), and destroying the backend joins them: every rank would wait out
+  // the collective timeout in its destructor. A failed Gloo backend is let go
+  // instead: the process is ending, its sockets close at exit, and that ends
+  // the peers' waits at once. (NCCL's is destroyed as usual: its destructor
+  // aborts the communicator rather than waiting.)
   if (failed_->load()) {
-    (void)backend_.release();
-    (void)control_.release();
+    for (auto* b : {&backend_, &control_})
+      if (*b && (*b)->getBackendName() == "gloo") (void)b->release();
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -56,8 +57,9 @@ struct MemoryLedger::Shared {
   std::array<std::string, kNumTiers> limit_keys;
   int64_t host_limit = 0;  // pinned + pageable
   std::string host_limit_key;
-  // The pinned tier is page-locked (NOTE [pinned host memory]): a CUDA run's.
-  std::atomic<bool> page_locking{at::globalContext().hasCUDA()};
+  // The CUDA device whose run page-locks the pinned tier (NOTE [pinned host
+  // memory]), or -1: a CPU run's pinned tier is host memory.
+  std::atomic<int> page_lock_device{at::globalContext().hasCUDA() ? 0 : -1};
 
   [[noreturn]] static void refuse(const std::string& where, const std::string& what, int64_t n, int64_t used,
                                   int64_t limit, const std::string& key) {
@@ -98,16 +100,22 @@ MemoryLedger::MemoryLedger() : shared_(std::make_shared<Shared>()) {}
 MemoryLedger::~MemoryLedger() = default;
 
 // NOTE [pinned host memory]
-// The pinned tier of a CUDA run is page-locked memory of exactly the size
-// asked, from cudaHostAlloc. LibTorch's pinned allocator (at::empty with
-// pinned_memory, Tensor::pin_memory) rounds every block up to a power of
-// two: a 9 GiB partition of optimizer states would hold 16 GiB. Our buffers
-// are few and long-lived, so its caching buys nothing. cudaFreeHost waits for
-// the device, so a buffer is never freed under a copy still reading it
+// The pinned tier of a CUDA run is page-locked host memory. The long-lived
+// buffers (states, gradient and parameter partitions, staging rings, swap
+// arenas) are exactly the size asked, from cudaHostAlloc: LibTorch's pinned
+// allocator (at::empty with pinned_memory, Tensor::pin_memory) rounds every
+// block up to a power of two, so a 9 GiB partition of optimizer states would
+// hold 16 GiB, and its caching buys nothing for buffers made once. They are
+// freed after the device has finished its work (cudaDeviceSynchronize; few
+// frees, at the end of a run), so no copy still in flight reads freed memory
 // (CopyStream also keeps a copy's tensors alive until its event). A
 // cudaHostAlloc that fails is an OutOfMemoryError: host_empty then uses
-// pageable memory. A CPU run's pinned tier is ordinary host memory, counted
-// as pinned_host (MemoryLedger::set_page_locking).
+// pageable memory. Activations (cpu_checkpointing's kept inputs, made and
+// freed every micro-step) stay with LibTorch's caching pinned allocator,
+// whose reuse avoids a page-locking and a device-wide wait per buffer. Both
+// run under the engine's device (CUDAGuard), from whichever thread. A CPU
+// run's pinned tier is ordinary host memory, counted as pinned_host
+// (MemoryLedger::set_page_locking).
 at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarType dtype, at::Device device, Tier tier,
                                Kind kind, const std::string& what) {
   ZERO_CHECK(numel >= 0, what);
@@ -116,7 +124,10 @@ at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarTyp
   if (numel == 0) return at::empty({0}, options);  // nothing to count (and no pointer for from_blob)
   ledger.shared_->add(tier, kind, nbytes, what);
   auto state = ledger.shared_;
-  if (tier == Tier::kPinnedHost && device.is_cpu() && ledger.shared_->page_locking) {
+  const int cuda_device = ledger.shared_->page_lock_device.load();
+  const bool pin = tier == Tier::kPinnedHost && device.is_cpu() && cuda_device >= 0;
+  if (pin && kind != Kind::kActivations) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(cuda_device));
     void* data = nullptr;
     const cudaError_t err = cudaHostAlloc(&data, static_cast<size_t>(nbytes), cudaHostAllocDefault);
     if (err != cudaSuccess) {
@@ -125,14 +136,21 @@ at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarTyp
       throw OutOfMemoryError("cannot page-lock " + format_bytes(nbytes) + " of host memory for " + what +
                              ": cudaHostAlloc: " + cudaGetErrorString(err));
     }
-    return at::from_blob(
-        data, {numel},
-        [state, tier, kind, nbytes](void* p) {
-          (void)cudaFreeHost(p);  // freed first: the ledger never shows memory that is still held
-          state->sub(tier, kind, nbytes);
-        },
-        options);
+    auto free_pinned = [state, tier, kind, nbytes, cuda_device](void* p) {
+      const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(cuda_device));
+      (void)cudaDeviceSynchronize();  // no copy in flight reads it any more
+      (void)cudaFreeHost(p);          // freed first: the ledger never shows memory that is still held
+      (void)cudaGetLastError();
+      state->sub(tier, kind, nbytes);
+    };
+    try {
+      return at::from_blob(data, {numel}, free_pinned, options);
+    } catch (...) {
+      free_pinned(data);
+      throw;
+    }
   }
+  if (pin) options = options.pinned_memory(true);
   at::Tensor raw;
   try {
     raw = at::empty({numel}, options);
@@ -193,7 +211,7 @@ LedgerReservation LedgerAlloc::reserve(MemoryLedger& ledger, Tier tier, Kind kin
   return r;
 }
 
-void MemoryLedger::set_page_locking(bool on) { shared_->page_locking = on; }
+void MemoryLedger::set_page_locking(bool on, int cuda_device) { shared_->page_lock_device = on ? cuda_device : -1; }
 
 void MemoryLedger::set_limit(Tier tier, int64_t nbytes, const std::string& config_key) {
   std::lock_guard<std::mutex> lock(shared_->mu);

@@ -103,7 +103,8 @@ RunContext make_context(config::Config config, InitOptions options) {
   c.dtype = partition::compute_dtype(c.config);
   c.grad_accum_dtype = partition::grad_accum_dtype(c.config);
   if (c.device.is_cpu()) install_counting_cpu_allocator();
-  c.ledger->set_page_locking(c.device.is_cuda());  // a CPU run on a machine with a GPU pins nothing
+  // A CPU run on a machine with a GPU pins nothing.
+  c.ledger->set_page_locking(c.device.is_cuda(), c.device.is_cuda() && c.device.has_index() ? c.device.index() : 0);
   c.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
                       "InitOptions::pinned_memory_limit_bytes");
   apply_memory_budgets(c.config, options, c.device, *c.ledger);

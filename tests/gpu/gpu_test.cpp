@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/Sleep.h>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
@@ -369,17 +370,23 @@ TEST(GpuStreams, ACopyStreamCopyIsOrderedAndItsHostBufferReusable) {
   EXPECT_EQ(back[n - 1].item<float>(), static_cast<float>(n - 1));
 }
 
-// The pinned tier on a GPU: page-locked, exactly the size asked (LibTorch's
-// pinned allocator would hold the next power of two), copied asynchronously,
-// freed and taken off the ledger; zero elements on the device are no error.
+// The pinned tier on a GPU (NOTE [pinned host memory]): a long-lived buffer
+// is page-locked at exactly the size asked, not by LibTorch's caching host
+// allocator (which would hold the next power of two: 16 MiB here), copied
+// asynchronously, freed and taken off the ledger; an activation buffer comes
+// from that allocator (reused every micro-step); zero elements on the device
+// are no error.
 TEST(GpuMemory, PinnedBuffersArePageLockedExactAndCopied) {
   REQUIRE_CUDA();
   zero::MemoryLedger ledger;
-  ledger.set_page_locking(true);
+  ledger.set_page_locking(true, 0);
+  auto* torch_host = at::getHostAllocator(at::kCUDA);
+  const int64_t torch_active = torch_host->get_stats().active_bytes.current;
   const int64_t n = (3 << 20) + 5;
   auto host = zero::LedgerAlloc::host_empty(ledger, n, torch::kFloat, /*pin=*/true, zero::Kind::kCommBuffers, "test ring");
   EXPECT_TRUE(host.is_pinned());
   EXPECT_EQ(ledger.get(zero::Tier::kPinnedHost).current_bytes, n * 4);
+  EXPECT_EQ(torch_host->get_stats().active_bytes.current, torch_active) << "LibTorch's pinned allocator was used";
   host.fill_(2);
   auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kFloat).device(kCuda));
   zero::CopyStream stream(kCuda);
@@ -389,6 +396,11 @@ TEST(GpuMemory, PinnedBuffersArePageLockedExactAndCopied) {
   EXPECT_EQ(host[n - 1].item<float>(), 6.0f);
   host.reset();
   EXPECT_EQ(ledger.get(zero::Tier::kPinnedHost).current_bytes, 0);
+  auto act = zero::LedgerAlloc::empty(ledger, 1000, torch::kBFloat16, at::kCPU, zero::Tier::kPinnedHost,
+                                      zero::Kind::kActivations, "kept input");
+  EXPECT_TRUE(act.is_pinned());
+  EXPECT_GT(torch_host->get_stats().active_bytes.current, torch_active) << "activations use the caching allocator";
+  act.reset();
   auto none = zero::LedgerAlloc::empty(ledger, 0, torch::kBFloat16, kCuda, zero::Tier::kDevice, zero::Kind::kActivations,
                                        "nothing");
   EXPECT_EQ(none.numel(), 0);

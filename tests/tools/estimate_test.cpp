@@ -211,11 +211,10 @@ TEST(EstimatePeak, LargestModelWithin10PercentOfFindMaxParams) {
   EXPECT_LE(std::abs(want - got), 0.10 * got) << read_text(dir.file("f.log")) << read_text(dir.file("e.log"));
 }
 
-// The table: every configuration, the budgets' largest model growing with
-// what is offloaded, and usage errors that name the option.
 // Stage 2 under NCCL reduce-scatters each bucket into a chunk (bucket / N)
-// of its own; with reduce_scatter false it all-reduces the bucket in place:
-// the two reductions in flight hold two chunks less.
+// of its own; with reduce_scatter false it all-reduces the bucket in place
+// (gradient_reducer.cpp): the two reductions in flight hold two chunks less.
+// The estimate only: NCCL's chunks cannot be measured on the CPU's Gloo.
 TEST(EstimatePeak, ReduceScatterFalseHoldsNoChunks) {
   TempDir dir;
   auto device_buffers = [&](bool reduce_scatter) {
@@ -241,6 +240,8 @@ TEST(EstimatePeak, ReduceScatterFalseHoldsNoChunks) {
   EXPECT_LE(chunks, 2 * 4 * (1000000 / 4));
 }
 
+// The table: every configuration, the budgets' largest model growing with
+// what is offloaded, and usage errors that name the option.
 TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   TempDir dir;
   const std::string e = kBin + "zero estimate ";

@@ -355,7 +355,7 @@ TEST(Hardening, BenchesFailCleanly) {
 
 // A bench that runs ranks, on a folder whose name has a space, stopped by
 // SIGTERM: the run in flight ends, then the bench (143), and neither its
-// scratch folder nor its checkpoints stay.
+// scratch folder nor its checkpoints stay; the same for zero bench aio.
 TEST(Hardening, ABenchStoppedBySigtermLeavesNothing) {
   TempDir dir, tmp;
   const std::string spaced = dir.path() + "/a folder";
@@ -375,6 +375,20 @@ TEST(Hardening, ABenchStoppedBySigtermLeavesNothing) {
     ::closedir(listing);
     EXPECT_EQ(left, 0) << "left behind in " << d;
   }
+  // zero bench aio on its own, stopped between or inside its rounds (its own
+  // I/O, or fio's): its test file and fio's log go too.
+  const std::string aio = write(dir, "stop_aio.sh",
+                                kBin + "zero bench aio --path '" + spaced + "' --size 64MiB --rounds 200 & pid=$!\n"
+                                "sleep 2; kill -TERM $pid; wait $pid; echo \"status $?\"\n");
+  const Outcome a = run("sh " + aio, 120);
+  EXPECT_TRUE(has(a.out, "status 143")) << a.out;
+  EXPECT_TRUE(has(a.out, "zero bench aio: interrupted by SIGTERM")) << a.out;
+  DIR* listing = ::opendir(spaced.c_str());
+  ASSERT_NE(listing, nullptr);
+  int left = 0;
+  while (dirent* e = ::readdir(listing)) left += std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0;
+  ::closedir(listing);
+  EXPECT_EQ(left, 0) << "zero bench aio left files in " << spaced;
   ::rmdir(spaced.c_str());
 }
 

@@ -44,11 +44,11 @@ class MemoryLedger {
   /// to pageable memory, it is out of host memory.
   void set_host_limit(int64_t nbytes, const std::string& config_key = "");
 
-  /// Whether the pinned tier is page-locked memory (cudaHostAlloc; NOTE
-  /// [pinned host memory]) or ordinary host memory counted as pinned. The
-  /// engine turns it on for a CUDA run only; a new ledger has it where CUDA
-  /// is present.
-  void set_page_locking(bool on);
+  /// Whether the pinned tier is page-locked memory of CUDA device
+  /// `cuda_device` (NOTE [pinned host memory]) or ordinary host memory
+  /// counted as pinned. The engine turns it on for a CUDA run only; a new
+  /// ledger has it on (device 0) where CUDA is present.
+  void set_page_locking(bool on, int cuda_device = 0);
 
   LedgerCounter get(Tier tier, Kind kind) const;
   /// Tier totals: current sum over kinds, and the peak of that sum.

@@ -74,6 +74,9 @@ class Comm {
   /// process can share a c10d::HashStore (in-process tests). Throws
   /// zero::CommunicationError, zero::ConfigError (NCCL without a CUDA device).
   static std::unique_ptr<Comm> join(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
+  /// After a failed collective a Gloo backend is not destroyed but let go
+  /// (NOTE [failed collectives]): its threads and sockets stay until the
+  /// process exits, which a failed run is about to do.
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
