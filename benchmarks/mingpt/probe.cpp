@@ -54,6 +54,21 @@ std::string shell_word(const std::string& s) {
   return out + "'";
 }
 
+// The last of mingpt's error lines ("[rank N] mingpt: ...") that says out
+// of memory, from after "mingpt: "; "" when there is none.
+std::string out_of_memory_line(const std::string& text) {
+  const std::string kPrefix = "mingpt: ";
+  std::istringstream in(text);
+  std::string found;
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find(kPrefix);
+    if (at == std::string::npos) continue;
+    const std::string rest = line.substr(at + kPrefix.size());
+    if (rest.find("out of memory") != std::string::npos) found = rest;
+  }
+  return found;
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -197,10 +212,12 @@ ProbeResult run_probe(const ProbeRun& run) {
   r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = read_text(run.log_path);
-  // mingpt's own error line (a warning that mentions memory is not one);
-  // the launcher's status is the first failing rank's, which may be a peer's.
-  const std::string kOomLine = "mingpt: out of memory";
-  const auto oom_at = text.rfind(kOomLine);
+  // mingpt's own error line saying a rank ran out of memory ("mingpt: out
+  // of memory on the device: ...", or "mingpt: all_gather of ... on rank 1:
+  // out of memory on the device: ..." when it happened inside a collective);
+  // a warning that mentions memory is not one. The launcher's status is the
+  // first failing rank's, which may be a peer's.
+  const std::string oom_line = out_of_memory_line(text);
   if (timed_out) {
     char limit[32];
     std::snprintf(limit, sizeof limit, "%g", run.timeout_s);
@@ -247,13 +264,9 @@ ProbeResult run_probe(const ProbeRun& run) {
       return r;
     }
     r.outcome = ProbeResult::Outcome::kTrained;
-  } else if (r.status == kOutOfMemoryStatus || oom_at != std::string::npos) {
+  } else if (r.status == kOutOfMemoryStatus || !oom_line.empty()) {
     r.outcome = ProbeResult::Outcome::kOutOfMemory;
-    r.message = "out of memory";
-    if (oom_at != std::string::npos) {
-      const size_t from = oom_at + 8;  // past "mingpt: "
-      r.message = text.substr(from, text.find('\n', from) - from);
-    }
+    r.message = oom_line.empty() ? "out of memory" : oom_line;
   } else {
     r.message = last_lines(text, 15);
   }

@@ -51,6 +51,14 @@ TEST(Probe, OutcomesAreToldApart) {
   EXPECT_EQ(r.outcome, mingpt::ProbeResult::Outcome::kOutOfMemory);
   EXPECT_EQ(r.message, "out of memory on the device: 12 MiB asked");
 
+  // Out of memory inside a collective: mingpt's line names the collective first.
+  auto in_collective = script_run(
+      dir, "echo '[rank 1] mingpt: all_gather of 442368 Float elements on rank 1: out of memory on the device: 1.69 MiB "
+           "asked' >&2; echo '[rank 0] mingpt: all_gather failed on rank 0: Connection closed by peer' >&2; exit 1");
+  r = mingpt::run_probe(in_collective);
+  EXPECT_EQ(r.outcome, mingpt::ProbeResult::Outcome::kOutOfMemory);
+  EXPECT_EQ(r.message, "all_gather of 442368 Float elements on rank 1: out of memory on the device: 1.69 MiB asked");
+
   auto failed = script_run(dir, "echo 'a warning about memory'; echo 'mingpt: cannot open data.txt' >&2; exit 1");
   r = mingpt::run_probe(failed);
   EXPECT_EQ(r.outcome, mingpt::ProbeResult::Outcome::kFailed);
