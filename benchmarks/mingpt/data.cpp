@@ -108,6 +108,23 @@ class AdditionTask final : public Task {
   std::vector<int64_t> train_, test_;
 };
 
+// A next-token batch of `rows` sequences: x[i][t] = token(i, t) and
+// y[i][t] = token(i, t + 1) for t < T.
+template <class Token>
+Batch next_token_batch(int64_t rows, int64_t T, Token token) {
+  auto x = torch::empty({rows, T}, torch::kLong);
+  auto y = torch::empty({rows, T}, torch::kLong);
+  auto xa = x.accessor<int64_t, 2>();
+  auto ya = y.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t t = 0; t < T; ++t) {
+      xa[i][t] = token(i, t);
+      ya[i][t] = token(i, t + 1);
+    }
+  }
+  return {x, y};
+}
+
 // Greedy next-token accuracy of the model over `items`, batch_size at a
 // time, `make` turning a chunk of them into a batch; in eval mode, no grad.
 double next_token_accuracy(GPT& model, torch::Device device, int64_t batch_size, const std::vector<int64_t>& items,
@@ -178,18 +195,8 @@ class TextTask final : public Task {
 
  private:
   Batch windows(const std::vector<int64_t>& starts, int64_t base) const {
-    const int64_t B = static_cast<int64_t>(starts.size()), T = block_size_;
-    auto x = torch::empty({B, T}, torch::kLong);
-    auto y = torch::empty({B, T}, torch::kLong);
-    auto xa = x.accessor<int64_t, 2>();
-    auto ya = y.accessor<int64_t, 2>();
-    for (int64_t i = 0; i < B; ++i) {
-      for (int64_t t = 0; t < T; ++t) {
-        xa[i][t] = ids_[base + starts[i] + t];
-        ya[i][t] = ids_[base + starts[i] + t + 1];
-      }
-    }
-    return {x, y};
+    return next_token_batch(static_cast<int64_t>(starts.size()), block_size_,
+                            [&](int64_t i, int64_t t) { return ids_[base + starts[i] + t]; });
   }
 
   std::string path_;
@@ -229,23 +236,12 @@ class RandomTask final : public Task {
     return z ^ (z >> 31);
   }
   Batch sequences(const std::vector<int64_t>& indices, int64_t base) const {
-    const int64_t B = static_cast<int64_t>(indices.size()), T = block_size_;
-    auto x = torch::empty({B, T}, torch::kLong);
-    auto y = torch::empty({B, T}, torch::kLong);
-    auto xa = x.accessor<int64_t, 2>();
-    auto ya = y.accessor<int64_t, 2>();
-    for (int64_t i = 0; i < B; ++i) {
-      const uint64_t sample = static_cast<uint64_t>(base + indices[i]) * static_cast<uint64_t>(T + 1);
-      auto token = [&](int64_t t) {
-        return static_cast<int64_t>(mix(sample + static_cast<uint64_t>(t) + 0x9e3779b97f4a7c15ULL) %
-                                    static_cast<uint64_t>(vocab_size_));
-      };
-      for (int64_t t = 0; t < T; ++t) {
-        xa[i][t] = token(t);
-        ya[i][t] = token(t + 1);
-      }
-    }
-    return {x, y};
+    const uint64_t T = static_cast<uint64_t>(block_size_);
+    return next_token_batch(static_cast<int64_t>(indices.size()), block_size_, [&](int64_t i, int64_t t) {
+      const uint64_t sample = static_cast<uint64_t>(base + indices[i]) * (T + 1);
+      return static_cast<int64_t>(mix(sample + static_cast<uint64_t>(t) + 0x9e3779b97f4a7c15ULL) %
+                                  static_cast<uint64_t>(vocab_size_));
+    });
   }
 
   int64_t vocab_size_, block_size_, train_size_;
