@@ -150,7 +150,7 @@ class Liveness {
 // later waits are refused as after a failure. An abandoned c10d work keeps
 // its tensors, so nothing it still writes is freed under it. The rank exits
 // promptly, its sockets close, and its peers fail at once instead of at
-// their timeout. The backend itself is not destroyed after a failure (its
+// their timeout. A Gloo backend is not destroyed after a failure (its
 // destructor joins worker threads that may be blocked in a collective the
 // peers never join): ~Comm lets it go.
 CommWork::CommWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank,
@@ -240,8 +240,8 @@ Comm::~Comm() {
   // broke), and destroying the backend joins them: every rank would wait out
   // the collective timeout in its destructor. A failed Gloo backend is let go
   // instead: the process is ending, its sockets close at exit, and that ends
-  // the peers' waits at once. (NCCL's is destroyed as usual: its destructor
-  // aborts the communicator rather than waiting.)
+  // the peers' waits at once. An NCCL backend is destroyed as usual: its
+  // teardown is NCCL's own, and no test here (one GPU at most) fails one.
   if (failed_->load()) {
     for (auto* b : {&backend_, &control_})
       if (*b && (*b)->getBackendName() == "gloo") (void)b->release();
