@@ -3,6 +3,10 @@
 //   consolidate DIR OUT.safetensors   full weights by parameter name, streamed
 //   verify DIR                        every file read whole, every block checked
 //   info DIR                          what a checkpoint holds
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +19,7 @@
 #include "zero/core/error.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/checkpoint_io.h"
 
 namespace zero::tools {
@@ -22,17 +27,21 @@ namespace {
 
 const char* kCheckpointUsage = R"(usage: zero checkpoint COMMAND DIR [options]
 
-  consolidate DIR OUT.safetensors [--tag T] [--dtype fp32|bf16|fp16] [--state NAME]
+  consolidate DIR OUT.safetensors [--tag T] [--dtype fp32|bf16|fp16] [--state NAME] [--force]
       Writes the full weights of DIR's latest checkpoint (or tag T) to one
       safetensors file, by parameter name, with the model's buffers: what
       Python's safetensors, torch and Hugging Face tools read, and what
       Engine::load_weights and mingpt --load_weights start from. Reads the
       rank files piece by piece, so host memory stays bounded whatever the
       model's size; prints the peak. --state exp_avg (or another state of the
-      optimizer) writes that state instead of the fp32 weights.
-  verify DIR [--tag T]
+      optimizer) writes that state instead of the fp32 weights. OUT may not be
+      inside DIR; an existing OUT is replaced only when an earlier
+      consolidate wrote it, or with --force.
+  verify DIR [--tag T] [--clean]
       Reads every file of the checkpoint whole and checks its sizes and
-      checksums against meta.json; exits 1 naming the first damage.
+      checksums against meta.json; exits 1 naming the first damage. --clean
+      first removes what interrupted saves left in DIR (hidden .TAG.incoming
+      folders), unless a job is saving there now.
   info DIR [--tag T]
       Prints what the checkpoint holds: steps, world size, stage, optimizer,
       parameters, files.
@@ -51,18 +60,33 @@ int64_t proc_status_bytes(const char* key) {
 struct Parsed {
   std::vector<std::string> positional;
   std::string tag, dtype = "fp32", state = "fp32_master";
+  bool force = false, clean = false;
 };
 
 // Returns false (having printed why) on an unknown option or a missing value.
+// Flags without a value (--force, --clean) are in `options` too. Each
+// option once; a tag, when given, names one ("" is not "the latest").
 bool parse(const std::string& command, const std::vector<std::string>& args, const std::vector<std::string>& options,
            Parsed& out) {
+  std::vector<std::string> seen;
+  auto refuse = [&](const std::string& message) {
+    std::cerr << "zero checkpoint " << command << ": " << message << "\n\n" << kCheckpointUsage;
+    return false;
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) {
       out.positional.push_back(a);
       continue;
     }
-    if (std::find(options.begin(), options.end(), a) == options.end() || i + 1 >= args.size()) {
+    const bool known = std::find(options.begin(), options.end(), a) != options.end();
+    if (known && std::find(seen.begin(), seen.end(), a) != seen.end()) return refuse(a + " given twice: give it once");
+    seen.push_back(a);
+    if (known && (a == "--force" || a == "--clean")) {
+      (a == "--force" ? out.force : out.clean) = true;
+      continue;
+    }
+    if (!known || i + 1 >= args.size()) {
       const auto near = nearest(a, options);
       std::cerr << "zero checkpoint " << command << ": " << a << ": unknown option or missing value"
                 << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
@@ -70,6 +94,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
       return false;
     }
     const std::string& v = args[++i];
+    if (a == "--tag" && v.empty())
+      return refuse("--tag: expected a checkpoint's tag; got \"\" (leave --tag out for the latest)");
     if (a == "--tag") out.tag = v;
     else if (a == "--dtype") out.dtype = v;
     else if (a == "--state") out.state = v;
@@ -77,9 +103,77 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
   return true;
 }
 
+// Whether `path` is a safetensors file an earlier consolidate wrote: its
+// header's metadata has the "source" and "state" consolidate records.
+bool written_by_consolidate(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), 8) || n == 0 || n > (uint64_t{100} << 20)) return false;
+  std::string header(static_cast<size_t>(n), '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(n))) return false;
+  try {
+    const auto j = nlohmann::json::parse(header);
+    const auto& meta = j.at("__metadata__");
+    return meta.contains("source") && meta.contains("state") && meta.contains("global_steps");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : std::string();
+}
+
+// Why consolidate must not write `out` (checkpoint folder `dir`, the tag's
+// folder `tag_dir`), or "": an output that cannot be written, one inside the
+// checkpoint being read (a rank file overwritten is a checkpoint lost), a
+// file of the checkpoint under another name (a link), or an existing file
+// that no earlier consolidate wrote, unless `force`.
+std::string consolidate_output_problem(const std::string& dir, const std::string& tag_dir, const std::string& out,
+                                       bool force) {
+  if (std::string problem = ckpt::output_file_problem("OUT", out); !problem.empty()) return problem;
+  const auto slash = out.rfind('/');
+  const std::string parent = real_path(slash == std::string::npos ? "." : slash == 0 ? "/" : out.substr(0, slash));
+  const std::string base = slash == std::string::npos ? out : out.substr(slash + 1);
+  const std::string target = ckpt::path_exists(out) ? real_path(out) : parent + "/" + base;
+  for (const std::string& d : {dir, tag_dir}) {
+    const std::string root = real_path(d);
+    if (root.empty()) continue;
+    for (const std::string& p : {parent, target})
+      if (p == root || p.rfind(root + "/", 0) == 0)
+        return "OUT " + out + " is inside the checkpoint folder " + d + " being read: write it elsewhere";
+  }
+  struct stat o {};
+  if (::stat(out.c_str(), &o) != 0) return "";
+  for (const std::string& name : ckpt::list_folder(tag_dir)) {
+    struct stat f {};
+    if (::stat((tag_dir + "/" + name).c_str(), &f) == 0 && f.st_dev == o.st_dev && f.st_ino == o.st_ino)
+      return "OUT " + out + " is the checkpoint's file " + tag_dir + "/" + name + " (a link to it): write elsewhere";
+  }
+  if (!force && !written_by_consolidate(out))
+    return "OUT " + out + " exists and is not a file zero checkpoint consolidate wrote; give --force to replace it";
+  return "";
+}
+
+// verify --clean: what interrupted saves left in `dir`, removed when no job
+// holds its writer lock (NOTE [checkpoint commit]).
+void clean_interrupted_saves(const std::string& dir) {
+  if (!ckpt::is_folder(dir)) return;  // verify names the problem
+  std::string holder;
+  auto lock = ckpt::FolderLock::try_acquire(dir, &holder);
+  if (!lock) {
+    std::printf("%s: a job is saving checkpoints here (%s): nothing removed\n", dir.c_str(), holder.c_str());
+    return;
+  }
+  const auto removed = ckpt::remove_interrupted_saves(dir);
+  if (removed.empty()) std::printf("%s: nothing left by interrupted saves\n", dir.c_str());
+  for (const auto& name : removed) std::printf("%s: removed %s (left by an interrupted save)\n", dir.c_str(), name.c_str());
+}
+
 int consolidate_command(const std::vector<std::string>& args) {
   Parsed p;
-  if (!parse("consolidate", args, {"--tag", "--dtype", "--state"}, p)) return 2;
+  if (!parse("consolidate", args, {"--tag", "--dtype", "--state", "--force"}, p)) return 2;
   if (p.positional.size() != 2) {
     std::cerr << "zero checkpoint consolidate: expected DIR and OUT.safetensors\n\n" << kCheckpointUsage;
     return 2;
@@ -94,6 +188,11 @@ int consolidate_command(const std::vector<std::string>& args) {
   }
   const int64_t rss_before = proc_status_bytes("VmRSS");
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  if (const std::string problem = consolidate_output_problem(p.positional[0], tag_dir, p.positional[1], p.force);
+      !problem.empty()) {
+    std::cerr << "zero checkpoint consolidate: " << problem << "\n";
+    return 2;
+  }
   std::optional<ProgressLine> progress;
   ckpt::ConsolidateStats st;
   const double secs = seconds([&] {
@@ -115,11 +214,12 @@ int consolidate_command(const std::vector<std::string>& args) {
 
 int verify_command(const std::vector<std::string>& args) {
   Parsed p;
-  if (!parse("verify", args, {"--tag"}, p)) return 2;
+  if (!parse("verify", args, {"--tag", "--clean"}, p)) return 2;
   if (p.positional.size() != 1) {
     std::cerr << "zero checkpoint verify: expected DIR\n\n" << kCheckpointUsage;
     return 2;
   }
+  if (p.clean) clean_interrupted_saves(p.positional[0]);
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
   const auto meta = ckpt::read_meta(tag_dir);
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, offload::AioOptions{});

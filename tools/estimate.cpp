@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 #include "zero/config/config.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/estimate.h"
 
 namespace zero::tools {
@@ -56,32 +58,68 @@ With --params only the model states are counted (a model known by its size
 has no activations to count).
 )";
 
+// Ranks in all (--ranks-per-node x --nodes): per-rank byte counts of models
+// up to 1e16 parameters stay exact in int64 arithmetic up to here.
+constexpr int64_t kMaxRanks = int64_t{1} << 20;
+
 struct Setup {
   std::string name;
   int stage = 0;
   std::string offload_optimizer = "none", offload_param = "none";
 };
 
-std::optional<double> parse_count(const std::string& s) {
-  // 1.3e9, 1300M, 1.3B, 350K
-  double mult = 1;
-  std::string num = s;
-  if (!num.empty()) {
-    const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
-    if (last == 'K') mult = 1e3;
-    else if (last == 'M') mult = 1e6;
-    else if (last == 'B' || last == 'G') mult = 1e9;
-    else if (last == 'T') mult = 1e12;
-    if (mult != 1) num.pop_back();
+// A parameter count: decimal digits with an optional fraction and exponent
+// and a K/M/B/G/T suffix (1.3e9, 1300M, 1.3B, 350K), whose value is a whole
+// number in [1, kMaxParams]. Computed exactly from the digits: "1.5" and
+// "0.5" are refused alike (no count of parameters is a fraction).
+constexpr int64_t kMaxParams = 10'000'000'000'000'000;  // 1e16
+std::optional<int64_t> parse_count(const std::string& s) {
+  size_t i = 0;
+  std::string digits;  // mantissa digits, the point removed
+  int64_t frac = 0;    // digits after the point
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) digits += s[i];
+  if (i < s.size() && s[i] == '.') {
+    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) digits += s[i], ++frac;
   }
-  try {
-    size_t used = 0;
-    const double v = std::stod(num, &used);
-    if (used != num.size() || !std::isfinite(v) || v * mult < 1 || v * mult > 1e16) return std::nullopt;
-    return v * mult;
-  } catch (const std::exception&) {
-    return std::nullopt;
+  if (digits.empty() || digits.size() > 40) return std::nullopt;
+  int64_t exponent = 0;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    bool negative = false;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+    const size_t start = i;
+    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) && i - start < 4; ++i)
+      exponent = exponent * 10 + (s[i] - '0');
+    if (i == start) return std::nullopt;
+    if (negative) exponent = -exponent;
   }
+  if (i + 1 == s.size()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(s[i])));
+    if (unit == 'K') exponent += 3;
+    else if (unit == 'M') exponent += 6;
+    else if (unit == 'B' || unit == 'G') exponent += 9;
+    else if (unit == 'T') exponent += 12;
+    else return std::nullopt;
+    ++i;
+  }
+  if (i != s.size()) return std::nullopt;
+  exponent -= frac;
+  // digits x 10^exponent, whole and in range.
+  while (exponent < 0) {
+    if (digits.back() != '0') return std::nullopt;  // a fraction of a parameter
+    digits.pop_back();
+    ++exponent;
+    if (digits.empty()) return std::nullopt;
+  }
+  const auto first = digits.find_first_not_of('0');
+  if (first == std::string::npos) return std::nullopt;  // zero
+  digits = digits.substr(first);
+  if (static_cast<int64_t>(digits.size()) + exponent > 17) return std::nullopt;  // >= 1e17
+  int64_t v = 0;
+  for (char c : digits) v = v * 10 + (c - '0');
+  for (int64_t k = 0; k < exponent; ++k) v *= 10;
+  if (v < 1 || v > kMaxParams) return std::nullopt;
+  return v;
 }
 
 std::optional<int64_t> parse_bytes(const std::string& s) { return zero::parse_byte_size(s); }
@@ -132,7 +170,7 @@ std::optional<std::array<int64_t, 4>> parse_mingpt_model(const std::string& v, s
 }
 
 int estimate(const std::vector<std::string>& args) {
-  std::optional<double> params;
+  std::optional<int64_t> params;
   std::optional<std::vector<int64_t>> model;  // L, C, V, T
   int64_t per_node = 1, nodes = 1;
   std::string precision = "bf16", json_path, config_path;
@@ -143,6 +181,7 @@ int estimate(const std::vector<std::string>& args) {
   int64_t micro_batch = 1;
   std::optional<int64_t> n_head;
   bool checkpointing = false, nccl = true, workload_given = false;
+  std::map<std::string, std::string> given;  // option -> its value, each given once
   auto fail = [](const std::string& m) {
     std::cerr << "zero estimate: " << m << "\n(zero estimate --help for the options)\n";
     return 2;
@@ -154,6 +193,7 @@ int estimate(const std::vector<std::string>& args) {
       return 0;
     }
     if (a == "--checkpointing") {
+      if (checkpointing) return fail("--checkpointing given twice: give it once");
       checkpointing = workload_given = true;
       continue;
     }
@@ -167,6 +207,8 @@ int estimate(const std::vector<std::string>& args) {
     }
     if (i + 1 >= args.size()) return fail(a + ": expected a value");
     const std::string& v = args[++i];
+    if (auto [it, fresh] = given.emplace(a, v); !fresh)
+      return fail(a + " given twice (\"" + it->second + "\" and \"" + v + "\"): give it once");
     auto integer = [&](int64_t lo, int64_t hi) -> std::optional<int64_t> {
       try {
         size_t used = 0;
@@ -183,15 +225,17 @@ int estimate(const std::vector<std::string>& args) {
     };
     if (a == "--params") {
       params = parse_count(v);
-      if (!params) return fail("--params: expected a parameter count such as 1.3e9, 1300M or 1.3B; got \"" + v + "\"");
+      if (!params)
+        return fail("--params: expected a whole number of parameters in 1..1e16 such as 1.3e9, 1300M or 1.3B; got \"" + v +
+                    "\"");
     } else if (a == "--model") {
       std::string error;
       auto dims = parse_mingpt_model(v, error);
       if (!dims) return fail(error);
       model = std::vector<int64_t>(dims->begin(), dims->end());
     } else if (a == "--ranks-per-node" || a == "--nodes") {
-      auto x = integer(1, 1 << 20);
-      if (!x) return fail(a + ": expected an integer >= 1; got \"" + v + "\"");
+      auto x = integer(1, kMaxRanks);
+      if (!x) return fail(a + ": expected an integer in 1.." + std::to_string(kMaxRanks) + "; got \"" + v + "\"");
       (a == "--nodes" ? nodes : per_node) = *x;
     } else if (a == "--precision") {
       if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
@@ -236,7 +280,14 @@ int estimate(const std::vector<std::string>& args) {
     if (L > 100000 || 12.0 * L * C * C + 2.0 * C * static_cast<double>((*model)[2]) > 1e16)
       return fail("--model: at most 100000 blocks and 1e16 parameters");
   }
+  if (per_node * nodes > kMaxRanks)
+    return fail("--ranks-per-node " + std::to_string(per_node) + " x --nodes " + std::to_string(nodes) + " is " +
+                std::to_string(per_node * nodes) + " ranks; at most " + std::to_string(kMaxRanks) +
+                " (the per-rank figures stay exact up to there)");
   const int64_t world = per_node * nodes;
+  // The output is checked before the work, not found unwritable after it.
+  if (!json_path.empty())
+    if (const std::string problem = ckpt::output_file_problem("--json", json_path); !problem.empty()) return fail(problem);
 
   try {
     // The configurations, as DeepSpeed's estimator tables them, or the one asked for.
@@ -385,7 +436,7 @@ int estimate(const std::vector<std::string>& args) {
                   device_budget ? format_bytes(*device_budget).c_str() : "-",
                   host_budget ? format_bytes(*host_budget).c_str() : "-",
                   nvme_budget ? format_bytes(*nvme_budget).c_str() : "-");
-    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    if (!json_path.empty()) ckpt::write_file_atomically(json_path, out.dump(2) + "\n");
     return 0;
   } catch (const Error& e) {
     std::cerr << "zero estimate: " << error_text(e) << "\n";

@@ -1,19 +1,25 @@
 // zero launch: N local ranks of a program with torchrun's environment.
 //
 // One thread runs everything: a poll() loop over a signalfd (SIGCHLD, SIGINT,
-// SIGTERM) and the pipes that carry the ranks' stdout and stderr. With a
+// SIGTERM, SIGHUP) and the pipes that carry the ranks' stdout and stderr. With a
 // single writer, lines from different ranks cannot interleave mid-line, and no
 // lock or second thread is needed.
 //
 // NOTE [launch signals]
-// SIGINT, SIGTERM and SIGCHLD are blocked in the calling thread and read from
-// a signalfd, so a signal is an ordinary poll() event rather than a handler.
+// SIGINT, SIGTERM, SIGHUP and SIGCHLD are blocked in the calling thread and
+// read from a signalfd, so a signal is an ordinary poll() event rather than a
+// handler.
 // This needs every other thread of the process to block them too; the `zero`
 // binary runs launch() from main() before anything starts a thread. SIGCHLD is
 // set to its default (an inherited SIG_IGN would make the kernel reap the
 // ranks before we see their status) and SIGPIPE is ignored (a reader of our
 // stdout that goes away must not kill the launcher and orphan the ranks).
-// The ranks start with an empty signal mask and SIGPIPE/SIGCHLD at default.
+// The ranks start with an empty signal mask and SIGPIPE/SIGCHLD at default,
+// and with a parent-death signal (PR_SET_PDEATHSIG, SIGTERM): a launcher
+// killed with SIGKILL, which can forward nothing, still ends its ranks (the
+// rank's own process; what it started hears of it from the rank). The same
+// holds one level up: zero tune and mingpt --find-max-params start zero
+// launch with it.
 //
 // NOTE [launch shutdown]
 // Each rank leads its own process group (pgid == its pid), so a signal to the
@@ -24,7 +30,9 @@
 //   - The first rank that exits non-zero (or is killed) is reported; every
 //     rank still running gets SIGTERM; --kill-timeout later, SIGKILL.
 //   - SIGINT/SIGTERM to the launcher are forwarded to every group, followed by
-//     the same timeout and SIGKILL; a second one sends SIGKILL at once.
+//     the same timeout and SIGKILL; a second one sends SIGKILL at once. SIGHUP
+//     (a closed terminal or ssh session) is forwarded as SIGTERM: the ranks
+//     would otherwise outlive the launcher that died of it.
 //   - When every rank's leader has exited, what is left in the groups gets
 //     SIGKILL, the ranks are reaped, and the pipes are drained (up to
 //     kDrainTimeout, in case something escaped its group and holds a pipe).
@@ -34,9 +42,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -58,6 +64,7 @@
 #include <vector>
 
 #include "zero/core/error.h"
+#include "zero/core/process.h"
 #include "zero/core/text.h"
 
 extern char** environ;
@@ -76,18 +83,26 @@ constexpr size_t kMaxLineBytes = 64 * 1024;
 
 const char* kLaunchUsage = R"(usage: zero launch [OPTIONS] [--] PROGRAM ARGS...
 
-Starts N local ranks of PROGRAM, as torchrun does on one node: each rank gets
+Starts N local ranks of PROGRAM, as torchrun does on a node: each rank gets
 RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
 ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and OMP_NUM_THREADS if
 unset). Output lines are prefixed with "[rank K] ". When a rank fails, the
 others get SIGTERM, then SIGKILL after the kill timeout; the exit code is the
 failing rank's (128 + signal if it was killed). Processes the ranks leave
-behind in their process groups are killed when the ranks exit.
+behind in their process groups are killed when the ranks exit. SIGINT and
+SIGTERM are passed on to the ranks, SIGHUP as SIGTERM; a launcher that is
+killed outright ends its ranks too (each gets SIGTERM). Several nodes: run
+one launcher per node with the same --nnodes, --master_addr (node 0's
+address) and --master_port, and each node's --node_rank.
 
 options:
-  --nproc_per_node N      ranks to start (default 1)
+  --nproc_per_node N      ranks to start on this node (default 1)
+  --nnodes N              nodes in the job (default 1)
+  --node_rank K           this node's index, 0..N-1 (default 0): its ranks are
+                          K*nproc_per_node ... (K+1)*nproc_per_node-1
   --master_addr ADDR      MASTER_ADDR (default 127.0.0.1)
-  --master_port PORT      MASTER_PORT (default: a free port on 127.0.0.1)
+  --master_port PORT      MASTER_PORT (default: one node, a free port on
+                          127.0.0.1; several, 29500 as torchrun's)
   --kill-timeout SECONDS  SIGTERM-to-SIGKILL grace period (default 5)
   -h, --help              this text
 )";
@@ -98,13 +113,6 @@ options:
 class UsageError : public std::runtime_error {
  public:
   explicit UsageError(const std::string& message) : std::runtime_error(message) {}
-};
-
-// posix_spawn could not start PROGRAM; err is its errno (ENOENT, EACCES, ...).
-class SpawnError : public std::runtime_error {
- public:
-  SpawnError(const std::string& program, int err)
-      : std::runtime_error("cannot execute " + program + ": " + std::strerror(err)) {}
 };
 
 [[noreturn]] void throw_system(const std::string& operation, int err) {
@@ -171,7 +179,7 @@ std::string signal_name(int sig) {
   return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
-// See NOTE [launch signals]. Blocks SIGINT/SIGTERM/SIGCHLD in the calling
+// See NOTE [launch signals]. Blocks SIGINT/SIGTERM/SIGHUP/SIGCHLD in the calling
 // thread and reads them through a signalfd; restores the mask and the
 // SIGCHLD/SIGPIPE dispositions on destruction. One per launch() call.
 class SignalScope {
@@ -181,11 +189,12 @@ class SignalScope {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
     sigaddset(&set, SIGCHLD);
     // The only call here that can fail for a reason other than a bug goes
     // first, so that a throw leaves nothing to undo.
     fd_ = UniqueFd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
-    if (fd_.get() < 0) throw_system("signalfd for SIGINT, SIGTERM, SIGCHLD", errno);
+    if (fd_.get() < 0) throw_system("signalfd for SIGINT, SIGTERM, SIGHUP, SIGCHLD", errno);
     struct sigaction dfl = {};
     dfl.sa_handler = SIG_DFL;
     ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
@@ -240,38 +249,19 @@ struct ExitStatus {
 // without reaping (NOTE [launch shutdown]). Not thread-safe.
 class ChildProcess {
  public:
-  // Starts argv[0], searched in PATH, with environment `env`. Throws
-  // SpawnError when the program cannot be executed, IoError when the attribute
-  // setup fails.
+  // Starts argv[0], searched in PATH, with environment `env`, leading its
+  // own process group, with SIGTERM as its parent-death signal (NOTE
+  // [launch signals]). Throws SpawnError when the program cannot be
+  // executed, IoError when fork or the setup fails.
   static ChildProcess spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                             int stdout_fd, int stderr_fd) {
-    std::vector<char*> argv_c;
-    for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-    argv_c.push_back(nullptr);
-    std::vector<char*> env_c;
-    for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
-    env_c.push_back(nullptr);
-
-    SpawnSetup setup;
-    setup.check(posix_spawn_file_actions_adddup2(&setup.actions, stdout_fd, STDOUT_FILENO), "adddup2");
-    setup.check(posix_spawn_file_actions_adddup2(&setup.actions, stderr_fd, STDERR_FILENO), "adddup2");
-    sigset_t empty, defaults;
-    sigemptyset(&empty);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGCHLD);
-    setup.check(posix_spawnattr_setsigmask(&setup.attr, &empty), "setsigmask");
-    setup.check(posix_spawnattr_setsigdefault(&setup.attr, &defaults), "setsigdefault");
-    setup.check(posix_spawnattr_setpgroup(&setup.attr, 0), "setpgroup");
-    setup.check(posix_spawnattr_setflags(
-                    &setup.attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF),
-                "setflags");
-    pid_t pid = -1;
-    // glibc's posix_spawnp returns the exec's errno when the program cannot
-    // be run, so no error pipe is needed.
-    int err = ::posix_spawnp(&pid, argv_c[0], &setup.actions, &setup.attr, argv_c.data(), env_c.data());
-    if (err != 0) throw SpawnError(argv[0], err);
-    return ChildProcess(pid);
+    SpawnOptions o;
+    o.argv = argv;
+    o.env = &env;
+    o.stdout_fd = stdout_fd;
+    o.stderr_fd = stderr_fd;
+    o.death_signal = SIGTERM;
+    return ChildProcess(spawn_process(o));
   }
 
   ChildProcess(ChildProcess&& other) noexcept
@@ -322,23 +312,6 @@ class ChildProcess {
 
  private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
-
-  // posix_spawn's attribute objects, destroyed on every path.
-  struct SpawnSetup {
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attr;
-    SpawnSetup() {
-      posix_spawn_file_actions_init(&actions);
-      posix_spawnattr_init(&attr);
-    }
-    ~SpawnSetup() {
-      posix_spawn_file_actions_destroy(&actions);
-      posix_spawnattr_destroy(&attr);
-    }
-    void check(int err, const char* what) {
-      if (err != 0) throw_system(std::string("posix_spawn ") + what, err);
-    }
-  };
 
   pid_t pid_ = -1;  // -1 once reaped
   bool exited_ = false;
@@ -435,6 +408,8 @@ class OutputPump {
 struct LaunchOptions {
   bool help = false;
   int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;
   milliseconds kill_timeout = kDefaultKillTimeout;
@@ -471,8 +446,9 @@ std::string canonical(const std::string& option) {
 }
 
 LaunchOptions parse_options(const std::vector<std::string>& args) {
-  const std::vector<std::string> kNames = {"--nproc_per_node", "--master_addr", "--master_port",
-                                           "--kill-timeout", "--help"};
+  const std::vector<std::string> kNames = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr",
+                                           "--master_port", "--kill-timeout", "--help"};
+  std::vector<std::string> given;
   LaunchOptions options;
   size_t i = 0;
   bool dashes = false;  // PROGRAM follows "--", or (as torchrun) is the first non-option
@@ -500,6 +476,8 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
       throw UsageError(name + ": unknown option" +
                        (near.empty() ? "" : "; did you mean " + kNames[static_cast<size_t>(at)] + "?"));
     }
+    if (std::find(given.begin(), given.end(), *known) != given.end()) throw UsageError(*known + " given twice: give it once");
+    given.push_back(*known);
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
@@ -510,6 +488,10 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
     }
     if (*known == "--nproc_per_node") {
       options.nproc_per_node = parse_int(*known, value, 1, 1 << 16, "a number of ranks >= 1");
+    } else if (*known == "--nnodes") {
+      options.nnodes = parse_int(*known, value, 1, 1 << 16, "a number of nodes >= 1");
+    } else if (*known == "--node_rank") {
+      options.node_rank = parse_int(*known, value, 0, (1 << 16) - 1, "a node index >= 0");
     } else if (*known == "--master_addr") {
       if (value.empty()) throw UsageError("--master_addr: expected an address; got \"\"");
       options.master_addr = value;
@@ -519,6 +501,11 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
       options.kill_timeout = parse_seconds(*known, value);
     }
   }
+  if (options.node_rank >= options.nnodes)
+    throw UsageError("--node_rank " + std::to_string(options.node_rank) + ": expected 0.." +
+                     std::to_string(options.nnodes - 1) + " (--nnodes " + std::to_string(options.nnodes) + ")");
+  if (static_cast<int64_t>(options.nnodes) * options.nproc_per_node > (1 << 20))
+    throw UsageError("--nnodes x --nproc_per_node: at most " + std::to_string(1 << 20) + " ranks in all");
   if (i == args.size()) throw UsageError("expected PROGRAM ARGS... (or -- PROGRAM ARGS...) after the options");
   options.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + (dashes ? 1 : 0), args.end());
   if (options.command.empty()) throw UsageError("expected a PROGRAM after --");
@@ -545,14 +532,6 @@ int pick_free_port() {
     throw_system("MASTER_PORT: getsockname on 127.0.0.1:0", errno);
   }
   return ntohs(addr.sin_port);
-}
-
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 const std::vector<std::string> kRankVariables = {
@@ -591,37 +570,42 @@ std::string format_seconds(milliseconds d) {
 int run(const LaunchOptions& options) {
   SignalScope signals;
   OutputPump pump;
-  const int world_size = options.nproc_per_node;
-  const int port = options.master_port ? *options.master_port : pick_free_port();
+  const int local_world = options.nproc_per_node;
+  const int world_size = options.nnodes * local_world;
+  const int first_rank = options.node_rank * local_world;
+  // One node picks a free port; the nodes of a job must agree on one, so
+  // without --master_port they take torchrun's default.
+  const int port = options.master_port ? *options.master_port : options.nnodes > 1 ? 29500 : pick_free_port();
 
   std::vector<std::string> base_env = inherited_environment();
   // Configuration from the environment belongs to distributed start-up (STYLE.md); this is it.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cpus = usable_cpus();
-    const int threads = std::max(1, cpus / world_size);
+    const int threads = std::max(1, cpus / local_world);
     pump.message("OMP_NUM_THREADS is not set; setting it to " + std::to_string(threads) + " for each rank (" +
-                 std::to_string(cpus) + " CPUs / " + std::to_string(world_size) +
-                 " ranks); set it yourself to choose another value");
+                 std::to_string(cpus) + " CPUs / " + std::to_string(local_world) +
+                 " ranks on this node); set it yourself to choose another value");
     base_env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
   }
   auto add = [](std::vector<std::string>& env, const std::string& name, const std::string& value) {
     env.push_back(name + "=" + value);
   };
   add(base_env, "WORLD_SIZE", std::to_string(world_size));
-  add(base_env, "LOCAL_WORLD_SIZE", std::to_string(world_size));
-  add(base_env, "GROUP_RANK", "0");
-  add(base_env, "GROUP_WORLD_SIZE", "1");
+  add(base_env, "LOCAL_WORLD_SIZE", std::to_string(local_world));
+  add(base_env, "GROUP_RANK", std::to_string(options.node_rank));
+  add(base_env, "GROUP_WORLD_SIZE", std::to_string(options.nnodes));
   add(base_env, "ROLE_WORLD_SIZE", std::to_string(world_size));
   add(base_env, "MASTER_ADDR", options.master_addr);
   add(base_env, "MASTER_PORT", std::to_string(port));
 
   std::vector<ChildProcess> ranks;
-  ranks.reserve(static_cast<size_t>(world_size));
+  ranks.reserve(static_cast<size_t>(local_world));
   std::optional<int> exit_code;  // the first failure's
-  for (int rank = 0; rank < world_size; ++rank) {
+  for (int local = 0; local < local_world; ++local) {
+    const int rank = first_rank + local;
     std::vector<std::string> env = base_env;
     add(env, "RANK", std::to_string(rank));
-    add(env, "LOCAL_RANK", std::to_string(rank));
+    add(env, "LOCAL_RANK", std::to_string(local));
     add(env, "ROLE_RANK", std::to_string(rank));
     const std::string which = "rank " + std::to_string(rank);
     Pipe out = make_pipe(which + "'s stdout");
@@ -671,11 +655,12 @@ int run(const LaunchOptions& options) {
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) throw_system("poll", errno);
 
     for (int sig : signals.take()) {
-      if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: the exits are checked below
+      if (sig != SIGINT && sig != SIGTERM && sig != SIGHUP) continue;  // SIGCHLD: the exits are checked below
       if (!shutting_down) {
-        pump.message("received " + signal_name(sig) + "; forwarding it to the ranks");
+        pump.message("received " + signal_name(sig) +
+                     (sig == SIGHUP ? "; forwarding SIGTERM to the ranks" : "; forwarding it to the ranks"));
         launcher_signal = sig;
-        begin_shutdown(sig);
+        begin_shutdown(sig == SIGHUP ? SIGTERM : sig);
       } else if (!killed) {
         pump.message("received " + signal_name(sig) + " again; sending SIGKILL to the ranks");
         signal_running(SIGKILL);
@@ -688,7 +673,7 @@ int run(const LaunchOptions& options) {
       if (r.exited() || !r.poll_exit()) continue;
       // Exits caused by our own signals are not the failure to report.
       if (!r.status().ok() && !shutting_down) {
-        pump.message(describe(static_cast<int>(k), r.pid(), r.status()));
+        pump.message(describe(first_rank + static_cast<int>(k), r.pid(), r.status()));
         exit_code = r.status().exit_code();
         begin_shutdown(SIGTERM);
       }

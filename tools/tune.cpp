@@ -81,7 +81,8 @@ swap files are removed however it ends.
                              folder under DIR; the config written names DIR
   --nvme-bytes B             NVMe budget per rank (default: DIR's free space
                              shared by the ranks)
-  --ranks N                  ranks on this machine (default 1)
+  --ranks N                  ranks on this machine (default 1; at most 4 per
+                             processor unless --oversubscribe)
   --config FILE              base config: its optimizer, scheduler, clipping,
                              precision and other keys are kept, the tuned
                              keys replaced (default: AdamW, clipping 1.0)
@@ -317,11 +318,12 @@ int tune(const std::vector<std::string>& args) {
   std::optional<std::set<int>> offload;
   int64_t trials = 8;
   double run_timeout = 600;
-  bool exhaustive = false;
+  bool exhaustive = false, oversubscribe = false;
   const std::vector<std::string> known = {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
-      "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer"};
+      "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
+      "--oversubscribe"};
   std::set<std::string> seen;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -334,8 +336,8 @@ int tune(const std::vector<std::string>& args) {
       return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
     }
     if (!seen.insert(a).second) return fail(a + " given twice: give it once");
-    if (a == "--exhaustive") {
-      exhaustive = true;
+    if (a == "--exhaustive" || a == "--oversubscribe") {
+      (a == "--exhaustive" ? exhaustive : oversubscribe) = true;
       continue;
     }
     if (i + 1 >= args.size()) return fail(a + ": expected a value");
@@ -411,6 +413,8 @@ int tune(const std::vector<std::string>& args) {
     }
   }
   if (!model) return fail("--model mingpt:L,C[,V,T] is required");
+  if (const std::string problem = mingpt::too_many_ranks("--ranks", plan.ranks, oversubscribe); !problem.empty())
+    return fail(problem);
   // The outputs come at the end of a long search: checked now.
   for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--out", out_path}, {"--json", json_path}})
     if (!path.empty())

@@ -136,6 +136,7 @@ int config_check(const std::vector<std::string>& args) {
   std::string file;
   zero::config::LoadOptions options;
   options.auto_stand_ins = true;
+  options.for_training = true;  // the rules zero::initialize applies
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], v;
     const auto eq = a.find('=');

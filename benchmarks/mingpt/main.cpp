@@ -30,6 +30,7 @@
 #include "probe.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/estimate.h"
 #include "zero/zero.h"
@@ -87,7 +88,8 @@ addition (no download); --data FILE trains a character-level model on a text fil
                            budgets (on the CPU --device-memory is required): runs a few steps
                            of each size tried, printing a line per probe; --summary-json FILE
                            writes the search's report (README.md, "The max-parameter benchmark")
-  --nproc N                with --find-max-params: ranks per probe (zero launch; default 1)
+  --nproc N                with --find-max-params: ranks per probe (zero launch; default 1;
+                           at most 4 per processor unless --oversubscribe)
   --probe_steps N          with --find-max-params: optimizer steps per probe (default 3)
   --probe_timeout S        with --find-max-params: a probe still running after S seconds
                            is stopped and ends the search (default 1800; 0: no limit)
@@ -124,7 +126,7 @@ struct Args {
   int64_t save_every = 0;
   std::optional<int64_t> stop_after_steps;
   std::optional<int64_t> device_memory, host_memory, nvme_bytes;
-  bool find_max = false;
+  bool find_max = false, oversubscribe = false;
   int64_t nproc = 1, probe_steps = 3, head_dim = 64;
   double probe_timeout = 1800;
   bool n_layer_given = false, n_embd_given = false, n_head_given = false;
@@ -209,8 +211,9 @@ Args parse_args(int argc, char** argv) {
       a.forward.push_back(flag);
       continue;
     }
-    if (flag == "--find-max-params") {
-      a.find_max = true;
+    if (flag == "--find-max-params" || flag == "--oversubscribe") {
+      if (auto [it, fresh] = seen.emplace(flag, ""); !fresh) usage_error(flag + " given twice: give it once");
+      (flag == "--find-max-params" ? a.find_max : a.oversubscribe) = true;
       continue;
     }
     if (flag == "-h" || flag == "--help") {
@@ -281,7 +284,11 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.config.empty()) usage_error("--config FILE is required (e.g. configs/mingpt_zero0.json)");
   if (a.save_every > 0 && a.save_dir.empty()) usage_error("--save_every needs --save_dir DIR");
+  if (seen.count("--resume_tag") && a.resume_tag.empty())
+    usage_error("--resume_tag: expected a checkpoint's tag; got \"\" (leave --resume_tag out for the latest)");
   if (!a.resume_tag.empty() && a.resume.empty()) usage_error("--resume_tag needs --resume DIR");
+  for (const char* f : {"--save_dir", "--resume", "--config", "--data", "--load_weights", "--summary-json"})
+    if (seen.count(f) && seen[f].empty()) usage_error(std::string(f) + ": expected a path; got \"\"");
   if (!a.data.empty() && a.vocab_size)
     usage_error("--data and --vocab_size each choose the task (a text file, random tokens): give one");
   if (a.block_size && a.data.empty() && !a.vocab_size)
@@ -293,9 +300,11 @@ Args parse_args(int argc, char** argv) {
              {!a.save_dir.empty(), "--save_dir"}, {!a.resume.empty(), "--resume"}, {!a.load_weights.empty(), "--load_weights"}})
       if (given) usage_error(name + " does not go with --find-max-params: the search sets the width and the steps of each probe");
   } else {
-    for (const char* f : {"--nproc", "--probe_steps", "--probe_timeout", "--head_dim"})
+    for (const char* f : {"--nproc", "--probe_steps", "--probe_timeout", "--head_dim", "--oversubscribe"})
       if (seen.count(f)) usage_error(std::string(f) + " goes with --find-max-params only");
   }
+  if (const std::string problem = mingpt::too_many_ranks("--nproc", a.nproc, a.oversubscribe); !problem.empty())
+    usage_error(problem);
   if (a.n_head > a.n_embd || a.n_embd % a.n_head != 0)
     usage_error("--n_embd " + std::to_string(a.n_embd) + " must be a multiple of --n_head " + std::to_string(a.n_head));
   if (!a.resume.empty() && !a.load_weights.empty())
@@ -395,6 +404,10 @@ int main(int argc, char** argv) {
       // Only rank 0 writes the summary (other nodes need not have its folder):
       // checked now, not found unwritable after the run.
       if (!args.summary_json.empty() && opts.dist->rank == 0) check_writable("--summary-json", args.summary_json);
+      // So is the checkpoint folder (the engine then takes its writer lock).
+      if (!args.save_dir.empty() && opts.dist->rank == 0)
+        if (const auto problem = zero::ckpt::save_folder_problem("--save_dir", args.save_dir); !problem.empty())
+          usage_error(problem);
       probe.world_size = opts.dist->world_size;
       probe.auto_values = opts.auto_values;
       probe.auto_values.total_num_steps = 1;
@@ -420,6 +433,8 @@ int main(int argc, char** argv) {
                        : zero::initialize(model.ptr(), args.config, opts);
 
     if (args.checkpoint) model->set_checkpointer(&engine.checkpointer());
+    // Before the first step: another job saving into the folder is found now.
+    if (!args.save_dir.empty()) engine.open_checkpoint_dir(args.save_dir);
     const auto& batch = engine.config().batch;
     if (args.precision && *args.precision != precision_name(engine.compute_dtype())) {
       usage_error("--precision " + *args.precision + " conflicts with " + args.config +
@@ -456,18 +471,23 @@ int main(int argc, char** argv) {
     int64_t saves = 0, save_bytes = 0, load_bytes = 0, last_saved_step = -1;
     double save_s = 0, load_s = 0;
     if (!args.test_kill_save.empty()) {
-      const auto c1 = args.test_kill_save.find(':'), c2 = args.test_kill_save.rfind(':');
-      if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N");
-      const int64_t kill_rank = parse_int("--test_kill_save", args.test_kill_save.substr(0, c1), 0, ws - 1);
-      const std::string point = args.test_kill_save.substr(c1 + 1, c2 - c1 - 1);
-      const int64_t nth = parse_int("--test_kill_save", args.test_kill_save.substr(c2 + 1), 1, kMaxCount);
+      // RANK:POINT:N[:TERM]: SIGKILL, or SIGTERM (a stop the save catches).
+      std::string spec = args.test_kill_save;
+      int sig = SIGKILL;
+      if (spec.size() > 5 && spec.compare(spec.size() - 5, 5, ":TERM") == 0) sig = SIGTERM, spec.resize(spec.size() - 5);
+      const auto c1 = spec.find(':'), c2 = spec.rfind(':');
+      if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N[:TERM]");
+      const int64_t kill_rank = parse_int("--test_kill_save", spec.substr(0, c1), 0, ws - 1);
+      const std::string point = spec.substr(c1 + 1, c2 - c1 - 1);
+      const int64_t nth = parse_int("--test_kill_save", spec.substr(c2 + 1), 1, kMaxCount);
       zero::detail::CheckpointHooks hooks;
-      hooks.at = [&saves, rank, kill_rank, point, nth](const std::string& at) {
+      hooks.at = [&saves, rank, kill_rank, point, nth, sig](const std::string& at) {
         if (rank == kill_rank && at == point && saves + 1 == nth) {
-          std::fprintf(stderr, "mingpt: --test_kill_save: killing rank %lld at \"%s\" of save %lld\n",
-                       static_cast<long long>(rank), at.c_str(), static_cast<long long>(nth));
+          std::fprintf(stderr, "mingpt: --test_kill_save: %s to rank %lld at \"%s\" of save %lld\n",
+                       sig == SIGKILL ? "SIGKILL" : "SIGTERM", static_cast<long long>(rank), at.c_str(),
+                       static_cast<long long>(nth));
           std::fflush(stderr);
-          std::raise(SIGKILL);
+          std::raise(sig);
         }
       };
       zero::detail::set_checkpoint_hooks(engine, std::move(hooks));
@@ -622,7 +642,10 @@ int main(int argc, char** argv) {
 
     std::printf("Average Epoch time: %.2f seconds\n", avg_epoch);
     std::printf("Average Peak memory: %.2f MiB\n", avg_peak_mib);
-    std::printf("Held-out accuracy: %.2f%%\n", 100 * eval_accuracy);
+    if (std::isnan(eval_accuracy))  // no epoch ran to its end (--stop_after_steps): nothing was evaluated
+      std::printf("Held-out accuracy: not evaluated (no epoch finished)\n");
+    else
+      std::printf("Held-out accuracy: %.2f%%\n", 100 * eval_accuracy);
     std::fflush(stdout);
     std::cerr << engine.memory_summary();
 

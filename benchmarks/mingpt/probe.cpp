@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -17,15 +17,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "zero/core/error.h"
+#include "zero/core/process.h"
 #include "zero/runtime/checkpoint_format.h"
 
-extern char** environ;
 
 namespace mingpt {
 namespace {
@@ -34,6 +35,10 @@ namespace {
 // handler may only touch these).
 volatile sig_atomic_t g_child = 0;
 volatile sig_atomic_t g_signal = 0;
+
+// A run still going this long after a stop signal was passed on is killed
+// (its process group; zero launch's ranks by their parent-death signal).
+constexpr double kStopGraceS = 10;
 
 // Every stop signal is passed on (a second Ctrl-C reaches zero launch,
 // which then ends its ranks at once), SIGHUP as SIGTERM: zero launch ends
@@ -103,11 +108,59 @@ std::string temp_parent() {
   return tmp && *tmp ? tmp : "/tmp";
 }
 
+namespace {
+constexpr const char* kScratchLock = ".owner";
+
+// Takes the exclusive lock of `dir`'s owner file without waiting; -1 when
+// another process holds it (or there is no such file: a folder being made).
+int lock_scratch(const std::string& dir, bool create) {
+  const std::string path = dir + "/" + kScratchLock;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+}  // namespace
+
+std::vector<std::string> remove_abandoned_scratch(const std::string& parent, const std::string& prefix) {
+  std::vector<std::string> removed;
+  std::vector<std::string> names;
+  try {
+    names = zero::ckpt::list_folder(parent);
+  } catch (const std::exception&) {
+    return removed;
+  }
+  for (const auto& name : names) {
+    if (name.rfind(prefix + "-", 0) != 0 || name.size() != prefix.size() + 7) continue;  // prefix-XXXXXX
+    const std::string dir = parent + "/" + name;
+    const int fd = lock_scratch(dir, /*create=*/false);
+    if (fd < 0) continue;  // its owner lives (or is making it)
+    try {
+      zero::ckpt::remove_tree(dir);
+      removed.push_back(dir);
+    } catch (const std::exception&) {
+    }
+    ::close(fd);
+  }
+  return removed;
+}
+
 ScratchDir::ScratchDir(const std::string& parent, const std::string& prefix) {
+  for (const auto& dir : remove_abandoned_scratch(parent, prefix))
+    std::fprintf(stderr, "removed %s, the scratch folder of a run that was killed\n", dir.c_str());
   std::string pattern = parent + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr)
     throw zero::IoError("cannot make a scratch folder " + pattern + ": " + std::strerror(errno));
   path_ = pattern;
+  lock_fd_ = lock_scratch(path_, /*create=*/true);
+  if (lock_fd_ < 0) {
+    const int err = errno;
+    ::rmdir(path_.c_str());
+    throw zero::IoError("cannot lock the scratch folder " + path_ + ": " + std::strerror(err));
+  }
 }
 
 ScratchDir::~ScratchDir() {
@@ -116,19 +169,19 @@ ScratchDir::~ScratchDir() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cannot remove the scratch folder %s: %s\n", path_.c_str(), e.what());
   }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::string output_path_problem(const std::string& flag, const std::string& path) {
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0)
-    return flag + " " + path + ": the folder " + dir + " does not exist" +
-           (errno == ENOENT ? "" : std::string(" (") + std::strerror(errno) + ")");
-  if (!S_ISDIR(st.st_mode)) return flag + " " + path + ": " + dir + " is not a folder";
-  if (::access(dir.c_str(), W_OK) != 0) return flag + " " + path + ": cannot write in " + dir + ": " + std::strerror(errno);
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return flag + " " + path + ": is a folder; expected a file name";
-  return "";
+  return zero::ckpt::output_file_problem(flag, path);
+}
+
+std::string too_many_ranks(const std::string& flag, int64_t n, bool oversubscribe) {
+  const int cpus = zero::usable_cpus();
+  const int64_t limit = int64_t{4} * cpus;
+  if (oversubscribe || n <= limit) return "";
+  return flag + " " + std::to_string(n) + ": more than " + std::to_string(limit) + " ranks (4 per processor; this "
+         "machine runs this process on " + std::to_string(cpus) + ") would thrash; give --oversubscribe if you mean it";
 }
 
 std::string last_lines(const std::string& text, size_t max_lines) {
@@ -146,47 +199,64 @@ std::string last_lines(const std::string& text, size_t max_lines) {
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double grace_s,
                bool* timed_out) {
   if (timed_out != nullptr) *timed_out = false;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own group: a terminal's Ctrl-C reaches us only, and we pass it on once
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (in < 0 || out < 0) {
+    const int err = errno;
+    if (in >= 0) ::close(in);
+    if (out >= 0) ::close(out);
+    throw zero::IoError("open " + (in < 0 ? std::string("/dev/null") : log) + ": " + std::strerror(err));
+  }
   CatchStopSignals stop;
   check_stop();  // one that came before this run
+  zero::SpawnOptions so;
+  so.argv = argv;
+  so.stdin_fd = in;
+  so.stdout_fd = so.stderr_fd = out;
+  // Its own group: a terminal's Ctrl-C reaches us only, and we pass it on
+  // once. Its parent-death signal ends it (and zero launch its ranks) if
+  // this process is killed outright.
+  so.own_group = true;
+  so.death_signal = SIGTERM;
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &fa, &attr, args.data(), environ);  // a bare name: from PATH
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) throw zero::IoError("cannot run " + argv[0] + ": " + std::strerror(rc));
+  try {
+    pid = zero::spawn_process(so);
+  } catch (...) {
+    ::close(in);
+    ::close(out);
+    throw;
+  }
+  ::close(in);
+  ::close(out);
   g_child = pid;
   if (g_signal != 0) ::kill(pid, g_signal == SIGHUP ? SIGTERM : g_signal);  // arrived while it was being started
-  // Without a limit, one blocking wait; with one, a poll every 20 ms: past
-  // the limit SIGTERM, past the grace SIGKILL to the run's group.
+  // A poll every 20 ms: past the limit SIGTERM, past the grace SIGKILL to
+  // the run's group. A stop signal (passed on by the handler) gets the same
+  // grace, counted from its arrival, so a search ends within it whatever
+  // its run does; a launcher killed so ends its ranks by their
+  // parent-death signal.
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  std::optional<Clock::time_point> stop_seen;
   enum { kRunning, kTermSent, kKillSent } stage = kRunning;
   int status = 0;
   for (;;) {
-    const pid_t got = ::waitpid(pid, &status, timeout_s > 0 ? WNOHANG : 0);
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
     if (got == pid) break;
     if (got < 0 && errno != EINTR) {
       g_child = 0;
       throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
     }
-    if (timeout_s <= 0 || got < 0) continue;
-    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-    if (stage == kRunning && waited >= timeout_s) {
+    const auto now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (g_signal != 0 && !stop_seen) stop_seen = now;
+    const bool stop_overdue =
+        stop_seen && std::chrono::duration<double>(now - *stop_seen).count() >= std::min(grace_s, kStopGraceS);
+    if (stage == kRunning && timeout_s > 0 && waited >= timeout_s) {
       if (timed_out != nullptr) *timed_out = true;
       ::kill(pid, SIGTERM);
       stage = kTermSent;
-    } else if (stage == kTermSent && waited >= timeout_s + grace_s) {
+    } else if (stage != kKillSent && (stop_overdue || (stage == kTermSent && waited >= timeout_s + grace_s))) {
       ::kill(-pid, SIGKILL);
       stage = kKillSent;
     }

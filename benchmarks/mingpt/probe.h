@@ -44,7 +44,10 @@ class CatchStopSignals {
 void check_stop();
 
 /// A fresh folder `parent/prefix-XXXXXX`, removed with everything in it when
-/// this goes (so the runs' logs, summaries and swap files never stay).
+/// this goes (so the runs' logs, summaries and swap files never stay). It
+/// holds a lock (flock on its .owner file) while this lives; a process
+/// killed outright cannot remove its folder, so each new ScratchDir first
+/// removes the `prefix-*` folders in `parent` whose lock nobody holds.
 class ScratchDir {
  public:
   ScratchDir(const std::string& parent, const std::string& prefix);
@@ -55,7 +58,12 @@ class ScratchDir {
 
  private:
   std::string path_;
+  int lock_fd_ = -1;
 };
+
+/// Removes the folders `parent/prefix-*` that a ScratchDir made and whose
+/// owner is gone (their lock is free); returns their paths.
+std::vector<std::string> remove_abandoned_scratch(const std::string& parent, const std::string& prefix);
 
 /// $TMPDIR, or /tmp.
 std::string temp_parent();
@@ -66,12 +74,13 @@ std::string temp_parent();
 /// received meanwhile are passed on to the run (a terminal's Ctrl-C reaches
 /// only this process: the run has its own group), SIGHUP as SIGTERM; when the
 /// run has ended, Interrupted is thrown, so the caller's ScratchDir goes
-/// (CatchStopSignals). With `timeout_s` > 0 a run still going after that long
-/// gets SIGTERM (zero launch passes it to its ranks and ends them), and
-/// SIGKILL to its process group `grace_s` later; `*timed_out` then says so.
-/// That SIGKILL reaches the launcher, not zero launch's ranks, which have
-/// groups of their own: a launcher that ignores SIGTERM for `grace_s` may
-/// leave them running.
+/// (CatchStopSignals). A run still going min(`grace_s`, 10 s) after a stop
+/// signal gets SIGKILL to its process group. With `timeout_s` > 0 a run
+/// still going after that long gets SIGTERM (zero launch passes it to its
+/// ranks and ends them), and SIGKILL to its process group `grace_s` later;
+/// `*timed_out` then says so. The run gets SIGTERM if this process dies
+/// (its parent-death signal), and zero launch's ranks get it if the launcher
+/// dies: a search killed outright leaves no run going.
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s = 0,
                double grace_s = 20, bool* timed_out = nullptr);
 
@@ -108,6 +117,11 @@ ProbeResult run_probe(const ProbeRun& run);
 /// ("--out x/y.json: the folder x does not exist"), or "" when it can:
 /// checked before a long run, not found out after it.
 std::string output_path_problem(const std::string& flag, const std::string& path);
+
+/// Why `n` ranks on this machine (option `flag`) are refused, or "": more
+/// than four per usable processor starts a run that thrashes for minutes
+/// (each rank loads LibTorch), unless `oversubscribe` says it is meant.
+std::string too_many_ranks(const std::string& flag, int64_t n, bool oversubscribe);
 
 /// The last `max_lines` lines of a run's output that say something: no
 /// progress redraws (up to a carriage return), no empty lines.

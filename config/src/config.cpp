@@ -242,7 +242,22 @@ Config load_string(const std::string& json_text, const LoadOptions& given, const
   const LoadOptions options = given.auto_stand_ins ? with_stand_ins(given, stand_ins) : given;
   Context ctx(name, options);
   ctx.set_stand_ins(std::move(stand_ins));
-  const Json root = detail::parse_relaxed(json_text, name, ctx.problems());
+  detail::RelaxedSyntax relaxed;
+  const Json root = detail::parse_relaxed(json_text, name, ctx.problems(), &relaxed);
+  // Read as DeepSpeed reads a file (hjson: comments and trailing commas are
+  // fine), with a word for what other readers of the same file refuse.
+  const std::string strict_readers =
+      ": DeepSpeed reads it (hjson), but Hugging Face's Trainer and Accelerate read the file with Python's "
+      "json.load, which refuses it";
+  if (relaxed.bom)
+    ctx.warn("", "starts with a UTF-8 byte-order mark: zero skips it, but Python's json.load (Hugging Face's Trainer "
+                 "and Accelerate) refuses it");
+  if (relaxed.comment != std::string::npos)
+    ctx.warn("", "line " + std::to_string(detail::line_of(json_text, relaxed.comment)) + " has a comment" +
+                     strict_readers);
+  if (relaxed.trailing_comma != std::string::npos)
+    ctx.warn("", "line " + std::to_string(detail::line_of(json_text, relaxed.trailing_comma)) +
+                     " has a trailing comma" + strict_readers);
   if (!root.is_object()) {
     ctx.problem("", "expected a JSON object at the top level; got " + detail::show(root));
     throw ConfigError(ctx.problems());
@@ -258,6 +273,9 @@ Config load_string(const std::string& json_text, const LoadOptions& given, const
   detail::read_precision(top, config);
   read_scalars(top, config);
   detail::read_optimizer(top, config);
+  if (options.for_training && !config.optimizer)
+    ctx.problem("optimizer", "expected an optimizer section, e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; "
+                             "zero builds the optimizer from the config (client optimizers are not supported)");
   detail::read_scheduler(top, config);
   detail::read_aio(top, config);
   detail::read_activation_checkpointing(top, config);

@@ -1,6 +1,8 @@
 // DeepSpeed features zero does not implement, in one table, and the list of
 // DeepSpeed's top-level keys (for typo warnings).
 #include "sections.h"
+
+#include <unordered_set>
 #include "zero/core/text.h"
 
 namespace zero::config::detail {
@@ -216,13 +218,19 @@ void check_features(Context& ctx, const Json& root) {
 // and pass silently. Not errors: DeepSpeed ignores them.
 void check_top_level_keys(Context& ctx, const Json& root) {
   const std::vector<std::string>& keys = top_level_keys();
+  const std::unordered_set<std::string> known(keys.begin(), keys.end());
+  size_t unknown = 0;
   for (const auto& [key, value] : root.items()) {
-    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    if (known.count(key) != 0) continue;
     if (!key.empty() && key[0] == '_') continue;
+    if (++unknown > kMaxUnknownKeysShown) continue;  // counted below, without a suggestion's cost
     const std::string suggestion = key.size() >= 4 ? zero::nearest(key, keys, 2) : std::string();
     ctx.warn(key, "unknown top-level key, ignored as DeepSpeed does" +
                       (suggestion.empty() ? std::string() : "; did you mean " + suggestion + "?"));
   }
+  if (unknown > kMaxUnknownKeysShown)
+    ctx.warn("", "... and " + with_commas(unknown - kMaxUnknownKeysShown) +
+                     " more unknown top-level keys, ignored as DeepSpeed does");
 }
 
 }  // namespace zero::config::detail

@@ -198,12 +198,22 @@ bool scan_outside_strings(const std::string& text, size_t end, Visit visit, size
 
 }  // namespace
 
-bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string& error) {
+size_t line_of(const std::string& text, size_t offset) {
+  return static_cast<size_t>(std::count(text.begin(), text.begin() + std::min(offset, text.size()), '\n')) + 1;
+}
+
+bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string& error, RelaxedSyntax* found) {
+  RelaxedSyntax unused;
+  RelaxedSyntax& f = found != nullptr ? *found : unused;
+  f.bom = text.size() >= 3 && static_cast<unsigned char>(text[0]) == 0xEF &&
+          static_cast<unsigned char>(text[1]) == 0xBB && static_cast<unsigned char>(text[2]) == 0xBF;
   out = text;
   // Pass 1: comments. Blank them, keeping line breaks.
   bool unterminated = false;
   scan_outside_strings(out, out.size(), [&](size_t i) -> size_t {
     const char c = out[i];
+    const bool opens = c == '#' || (c == '/' && i + 1 < out.size() && (out[i + 1] == '/' || out[i + 1] == '*'));
+    if (opens && f.comment == std::string::npos) f.comment = i;
     if (c == '#' || (c == '/' && i + 1 < out.size() && out[i + 1] == '/')) {
       while (i < out.size() && out[i] != '\n' && out[i] != '\r') out[i++] = ' ';
       return i;
@@ -230,7 +240,10 @@ bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string
     if (out[i] == ',') {
       size_t j = i + 1;
       while (j < out.size() && is_space(out[j])) ++j;
-      if (j < out.size() && (out[j] == '}' || out[j] == ']')) out[i] = ' ';
+      if (j < out.size() && (out[j] == '}' || out[j] == ']')) {
+        out[i] = ' ';
+        if (f.trailing_comma == std::string::npos) f.trailing_comma = i;
+      }
     }
     return i + 1;
   });
@@ -238,10 +251,10 @@ bool strip_relaxed_syntax(const std::string& text, std::string& out, std::string
 }
 
 Json parse_relaxed(const std::string& text, const std::string& name,
-                   std::vector<std::string>& problems) {
+                   std::vector<std::string>& problems, RelaxedSyntax* found) {
   std::string stripped;
   std::string error;
-  if (!strip_relaxed_syntax(text, stripped, error)) throw ConfigError({name + ": " + error});
+  if (!strip_relaxed_syntax(text, stripped, error, found)) throw ConfigError({name + ": " + error});
 
   int depth = 0;
   size_t too_deep = std::string::npos;

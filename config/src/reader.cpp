@@ -33,8 +33,17 @@ void Context::problem(const std::string& path, const std::string& text) {
 }
 
 void Context::warn(const std::string& path, const std::string& text) {
-  const std::string w = line(path, text);
-  if (std::find(warnings_.begin(), warnings_.end(), w) == warnings_.end()) warnings_.push_back(w);
+  std::string w = line(path, text);
+  if (warned_.insert(w).second) warnings_.push_back(std::move(w));
+}
+
+std::string with_commas(size_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
 }
 
 void Context::record(const std::string& path, const Json& value, Origin origin) {
@@ -323,8 +332,10 @@ Got Section::read_enum(const Key& key, std::string& out, const std::vector<std::
 void Section::finish(const std::string& unknown_hint) {
   if (object_ == nullptr) return;
   const std::vector<std::string> candidates(known_.begin(), known_.end());
+  size_t unknown = 0;
   for (const auto& [key, value] : object_->items()) {
     if (known_.count(key) != 0) continue;
+    if (++unknown > kMaxUnknownKeysShown) continue;  // counted below, without a suggestion's cost
     std::string text = "unknown key";
     if (kind_ == Kind::kPlain) text += ", ignored as DeepSpeed does";
     if (auto suggestion = zero::nearest(key, candidates); !suggestion.empty()) {
@@ -337,6 +348,12 @@ void Section::finish(const std::string& unknown_hint) {
     } else {
       ctx_.problem(path_of(key), text);
     }
+  }
+  if (unknown > kMaxUnknownKeysShown) {
+    const std::string more = "... and " + with_commas(unknown - kMaxUnknownKeysShown) + " more unknown keys" +
+                             (kind_ == Kind::kPlain ? ", ignored as DeepSpeed does" : "");
+    if (kind_ == Kind::kPlain) ctx_.warn(path_, more);
+    else ctx_.problem(path_, more);
   }
 }
 

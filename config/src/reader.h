@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -56,10 +57,19 @@ class Context {
   const LoadOptions& options_;
   std::vector<std::string> problems_;
   std::vector<std::string> warnings_;
+  std::unordered_set<std::string> warned_;  // warnings_ as a set: each said once, in linear time
   std::vector<ResolvedValue> resolved_;
   Json canonical_ = Json::object();
   std::set<std::string> stand_ins_;
 };
+
+/// Unknown keys of one object named one by one, with a suggestion; the
+/// rest are counted in one line ("... and 199,990 more unknown keys"), so a
+/// file of a million wrong keys is read in time linear in its size and says
+/// what is wrong in a screenful.
+inline constexpr size_t kMaxUnknownKeysShown = 20;
+/// "199,990": a count with thousands separators.
+std::string with_commas(size_t n);
 
 /// What a section does with unknown keys and with "auto".
 enum class Kind {

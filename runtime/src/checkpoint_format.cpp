@@ -3,9 +3,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
 
 #include <algorithm>
 #include <array>
@@ -256,8 +259,14 @@ TensorFileWriter::TensorFileWriter(std::string path, Layout layout, offload::Aio
   written_.assign(layout_.tensors.size(), 0);
   for (size_t i = 0; i < layout_.tensors.size(); ++i) streams_.emplace_back(&sums_[i]);
   file_ = offload::AioFile::open(tmp(), /*create=*/true, /*try_direct=*/true, /*mode=*/0644);
-  file_->reserve(layout_.file_bytes());  // a full disk fails here, before the data
-  put(0, header.data(), static_cast<int64_t>(header.size()));
+  try {
+    file_->reserve(layout_.file_bytes());  // a full disk fails here, before the data
+    put(0, header.data(), static_cast<int64_t>(header.size()));
+  } catch (...) {  // no destructor runs for a constructor that throws: the temporary goes here
+    file_.reset();
+    ::unlink(tmp().c_str());
+    throw;
+  }
 }
 
 TensorFileWriter::~TensorFileWriter() {
@@ -459,6 +468,122 @@ std::vector<std::string> list_folder(const std::string& path) {
   ::closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+bool is_folder(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string output_file_problem(const std::string& flag, const std::string& path) {
+  const std::string head = flag + " " + path + ": ";
+  if (path.empty()) return flag + ": expected a file name; got \"\"";
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return head + "the folder " + dir + " does not exist" + (errno == ENOENT ? "" : " (" + errno_text(errno) + ")");
+  if (!S_ISDIR(st.st_mode)) return head + dir + " is not a folder";
+  if (::access(dir.c_str(), W_OK) != 0) return head + "cannot write in " + dir + ": " + errno_text(errno);
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return head + "is a folder; expected a file name";
+    if (!S_ISREG(st.st_mode)) return head + "is not a regular file (a device, pipe or socket); expected a file name";
+  }
+  return "";
+}
+
+std::string save_folder_problem(const std::string& flag, const std::string& dir) {
+  const std::string head = flag + " " + dir + ": ";
+  if (dir.empty()) return flag + ": expected a folder; got \"\"";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) return head + "is a file, not a folder";
+  try {
+    make_folders(dir);
+  } catch (const std::exception& e) {
+    return head + "cannot make the folder: " + e.what();
+  }
+  // A file made and removed: access() passes root on a read-only mount's
+  // folder modes, and says nothing of a full or read-only file system.
+  const std::string probe = dir + "/.zero-write-test." + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return head + "cannot write in the folder: " + errno_text(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+namespace {
+constexpr const char* kLockName = ".zero-lock";
+}  // namespace
+
+std::unique_ptr<FolderLock> FolderLock::try_acquire(const std::string& dir, std::string* holder) {
+  const std::string path = dir + "/" + kLockName;
+  int fd = -1;
+  for (;;) {  // the holder removes the file as it lets go: lock the file that is there
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError("open " + path + " (the folder's writer lock): " + errno_text(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) break;
+    struct stat mine {}, named {};
+    if (::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &named) == 0 && mine.st_ino == named.st_ino &&
+        mine.st_dev == named.st_dev)
+      break;
+    ::close(fd);  // locked a file its holder had just removed: again
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string text;
+    char buf[512];
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    if (n > 0) text.assign(buf, static_cast<size_t>(n));
+    ::close(fd);
+    if (err != EWOULDBLOCK) throw IoError("flock " + path + ": " + errno_text(err));
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    if (holder != nullptr) *holder = text.empty() ? "another process (it has not yet written its name)" : text;
+    return nullptr;
+  }
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = ::time(nullptr);
+  std::tm utc {};
+  char when[32] = "?";
+  if (::gmtime_r(&now, &utc) != nullptr) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  const std::string text = "pid " + std::to_string(::getpid()) + " on host " + host + ", since " + when + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    const int err = errno;
+    ::close(fd);
+    throw IoError("write " + path + " (the folder's writer lock): " + errno_text(err));
+  }
+  return std::unique_ptr<FolderLock>(new FolderLock(dir, fd));
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ < 0) return;
+  ::unlink((dir_ + "/" + kLockName).c_str());  // while still held: a waiter then locks a new file
+  ::close(fd_);
+}
+
+std::vector<std::string> remove_interrupted_saves(const std::string& dir) {
+  std::vector<std::string> removed;
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (const std::string& name : list_folder(dir)) {
+    bool stale = false;
+    if (name[0] == '.' && ends_with(name, ".incoming")) {
+      stale = true;
+    } else if (name[0] == '.' && ends_with(name, ".old")) {
+      // Moved aside by a save of the same tag: stale once DIR/TAG is whole.
+      const std::string tag = name.substr(1, name.size() - 5);
+      stale = file_size(dir + "/" + tag + "/meta.json") >= 0;
+    } else if (name.rfind("latest.tmp.", 0) == 0 || name.rfind(".zero-write-test.", 0) == 0) {
+      stale = true;
+    }
+    if (!stale) continue;
+    remove_tree(dir + "/" + name);
+    removed.push_back(name);
+  }
+  if (!removed.empty()) sync_path(dir);
+  return removed;
 }
 
 }  // namespace zero::ckpt

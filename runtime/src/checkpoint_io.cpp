@@ -199,8 +199,25 @@ struct Reads : PieceReader::Pending {
 
 class CheckpointReader final : public ReaderBase {
  public:
+  // One rule for whether a checkpoint is there, for verify, info and load
+  // alike: every file meta.json lists, and its checksums, exist at the size
+  // recorded, whether or not this reader will read it.
   CheckpointReader(std::string dir, nlohmann::json files, const offload::AioOptions& aio)
-      : ReaderBase(aio), dir_(std::move(dir)), files_meta_(std::move(files)) {}
+      : ReaderBase(aio), dir_(std::move(dir)), files_meta_(std::move(files)) {
+    if (!files_meta_.is_object() || files_meta_.empty())
+      throw IoError(dir_ + "/meta.json: lists no files: a damaged checkpoint");
+    for (const auto& [name, f] : files_meta_.items()) {
+      const std::string path = dir_ + "/" + name;
+      const int64_t want = f.value("bytes", int64_t{-1});
+      const int64_t have = file_size(path);
+      if (have < 0) throw IoError(path + ": missing (the checkpoint's meta.json lists it, " + std::to_string(want) + " bytes)");
+      if (have != want)
+        throw IoError(path + ": " + std::to_string(have) + " bytes, but the checkpoint's meta.json says " +
+                      std::to_string(want) + (have < want ? " (truncated)" : " (changed)"));
+      const std::string sums_path = dir_ + "/" + name.substr(0, name.rfind('.')) + ".sums";
+      if (file_size(sums_path) < 0) throw IoError(sums_path + ": missing (the block checksums of " + name + ")");
+    }
+  }
 
   std::unique_ptr<Pending> issue(const std::vector<std::string>& states, std::vector<Piece> pieces,
                                  int64_t len) override {
@@ -478,12 +495,11 @@ void check_tag(const std::string& tag) {
 
 std::string tag_folder(const std::string& dir, const std::string& tag_in) {
   std::string tag = tag_in;
+  if (!path_exists(dir)) throw IoError(dir + ": no such file or folder");
+  if (!is_folder(dir)) throw IoError(dir + ": not a folder (a checkpoint is the folder save_checkpoint wrote)");
   if (tag.empty()) {
-    if (file_size(dir + "/latest") < 0) {
-      throw IoError(dir + "/latest: missing: " +
-                    (path_exists(dir) ? "no complete checkpoint in " + dir + " (or give the tag)"
-                                                        : dir + " is not a folder"));
-    }
+    if (file_size(dir + "/latest") < 0)
+      throw IoError(dir + "/latest: missing: no complete checkpoint in " + dir + " (or give the tag)");
     tag = read_small_file(dir + "/latest");
     tag.erase(tag.find_last_not_of(" \n\r\t") + 1);
   }

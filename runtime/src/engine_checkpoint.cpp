@@ -13,13 +13,28 @@
 // naming a complete checkpoint: the previous tag until latest is rewritten;
 // the same tag, replaced, is read from DIR/.TAG.old while DIR/TAG is not yet
 // there (ckpt::tag_folder). A failure that is not a kill removes the incoming
-// folder; a kill leaves it, hidden, for the next save of that tag to remove.
-// A rank that fails tells the others through the same exchanges, so every
-// rank throws instead of waiting.
+// folder. A rank that fails tells the others through the same exchanges, so
+// every rank throws instead of waiting.
+//
+// One job writes a folder at a time: rank 0 holds DIR/.zero-lock (flock) from
+// the first save (or Engine::open_checkpoint_dir) until the engine goes, and
+// a second job is refused, naming the holder. Whoever takes the lock knows
+// every earlier writer is gone, so it removes what their interrupted saves
+// left (ckpt::remove_interrupted_saves): .TAG.incoming folders, a .TAG.old
+// beside a whole TAG, latest's temporaries; `zero checkpoint verify --clean`
+// does the same when no job holds the lock. SIGINT, SIGTERM and SIGHUP that
+// arrive during a save, in a process that left them at their default action
+// (a program with its own handler keeps them), are held: the save stops at
+// its next check, every rank agrees it failed, rank 0 removes the incoming
+// folder, and the signal is raised again, ending the process as it would
+// have. Only SIGKILL (or a crash) leaves an incoming folder, for the next
+// writer to remove.
+#include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -66,6 +81,53 @@ void agree(Comm* comm, const std::exception_ptr& mine, const std::string& what) 
       throw IoError(what + ": rank " + std::to_string(r) + " failed (its own error names the cause); nothing committed");
   }
 }
+
+// NOTE [checkpoint commit]: stop signals during a save.
+volatile sig_atomic_t g_save_signal = 0;
+void note_save_signal(int sig) {
+  if (g_save_signal == 0) g_save_signal = sig;
+}
+
+// While one lives, SIGINT/SIGTERM/SIGHUP left at their default action are
+// recorded instead of ending the process; check() throws once one came;
+// the destructor restores the actions and raises the signal again.
+class SaveSignals {
+ public:
+  SaveSignals() {
+    g_save_signal = 0;
+    for (size_t i = 0; i < kSignals.size(); ++i) {
+      struct sigaction now {};
+      if (::sigaction(kSignals[i], nullptr, &now) != 0 || (now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_DFL)
+        continue;
+      struct sigaction sa {};
+      sa.sa_handler = note_save_signal;
+      sigemptyset(&sa.sa_mask);
+      if (::sigaction(kSignals[i], &sa, &old_[i]) == 0) installed_[i] = true;
+    }
+  }
+  ~SaveSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i)
+      if (installed_[i]) ::sigaction(kSignals[i], &old_[i], nullptr);
+    const int sig = g_save_signal;
+    g_save_signal = 0;
+    if (sig != 0) ::raise(sig);  // its default action, now that the save's files are gone
+  }
+  SaveSignals(const SaveSignals&) = delete;
+  SaveSignals& operator=(const SaveSignals&) = delete;
+
+  /// Throws IoError when a held signal came.
+  static void check(const std::string& what) {
+    if (g_save_signal == 0) return;
+    const char* name = g_save_signal == SIGINT ? "SIGINT" : g_save_signal == SIGTERM ? "SIGTERM" : "SIGHUP";
+    throw IoError(what + ": stopped by " + name + "; the save's files are removed and the previous checkpoints are "
+                         "as they were");
+  }
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> old_{};
+  std::array<bool, 3> installed_{};
+};
 
 at::Tensor generator_state(at::Device d) { return at::globalContext().defaultGenerator(d).get_state(); }
 void set_generator_state(at::Device d, const at::Tensor& state) {
@@ -149,6 +211,36 @@ void detail::set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks) {
   engine.impl().checkpoint_hooks = std::move(hooks);
 }
 
+void Engine::open_checkpoint_dir(const std::string& dir) {
+  auto& s = *impl_;
+  if (s.save_folders.count(dir) != 0) return;
+  const std::string what = "checkpoint folder " + dir;
+  std::exception_ptr failed;
+  std::unique_ptr<ckpt::FolderLock> lock;
+  if (s.dist.rank == 0) {
+    try {
+      if (const std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
+        throw IoError(problem);
+      std::string holder;
+      lock = ckpt::FolderLock::try_acquire(dir, &holder);
+      if (!lock)
+        throw IoError(what + ": another job is saving checkpoints there (" + holder + ", holding " + dir +
+                      "/.zero-lock); two jobs saving into one folder would overwrite each other's files: give this "
+                      "one another folder, or stop the other");
+      const auto removed = ckpt::remove_interrupted_saves(dir);
+      if (!removed.empty()) {
+        std::string names;
+        for (const auto& n : removed) names += (names.empty() ? "" : ", ") + n;
+        log::info(what + ": removed what interrupted saves left: " + names);
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  agree(s.comm.get(), failed, what);
+  s.save_folders.emplace(dir, std::move(lock));
+}
+
 CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::string& tag_in,
                                         const std::string& client_state) {
   auto& s = *impl_;
@@ -169,6 +261,8 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   if (!client.is_object()) throw ConfigError({"save_checkpoint: client_state: expected a JSON object; got " +
                                               client_state.substr(0, 200)});
   const std::string what = "save_checkpoint " + dir + "/" + tag;
+  open_checkpoint_dir(dir);
+  SaveSignals signals;  // NOTE [checkpoint commit]: a stop signal ends the save cleanly
   Comm* comm = s.comm.get();
   const int rank = s.dist.rank;
   const std::string incoming = dir + "/." + tag + ".incoming";
@@ -214,7 +308,14 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   agree(comm, failed, what);
   // From here a failed save removes its folder (every rank has stopped
   // writing once they agree that one failed).
-  auto agree_or_clean = [&](const std::exception_ptr& mine) {
+  auto agree_or_clean = [&](std::exception_ptr mine, bool committed = false) {
+    if (!mine && !committed) {  // a signal after the commit stops nothing: the checkpoint is whole
+      try {
+        SaveSignals::check(what);
+      } catch (...) {
+        mine = std::current_exception();
+      }
+    }
     try {
       agree(comm, mine, what);
     } catch (...) {
@@ -254,6 +355,7 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
     if (holds_partition) {
       const auto& groups = store.sub_groups();
       opt.read_states([&](size_t k, at::Tensor m, std::vector<at::Tensor> st) {
+        SaveSignals::check(what);
         const size_t g = groups[k].group;
         w.append(w.tensor(store.names()[0] + "." + std::to_string(g)), m);
         for (size_t i = 0; i < st.size(); ++i) w.append(w.tensor(store.names()[i + 1] + "." + std::to_string(g)), st[i]);
@@ -328,7 +430,7 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
     // The replaced checkpoint back in its place.
     if (rank == 0 && !ckpt::path_exists(final_dir) && ckpt::path_exists(aside)) std::rename(aside.c_str(), final_dir.c_str());
   }
-  agree_or_clean(failed);
+  agree_or_clean(failed, /*committed=*/true);
   CheckpointStats out;
   out.dir = dir;
   out.tag = tag;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 #include "zero/optim/lr_scheduler.h"
 #include "zero/partition/zero_optimizer.h"
 #include "zero/runtime/engine.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/engine_internal.h"
 
 namespace zero {
@@ -39,6 +41,9 @@ struct Engine::Impl : detail::RunContext {
   optim::LossScaler scaler;
   std::unique_ptr<checkpointing::Checkpointer> checkpointer;
   detail::CheckpointHooks checkpoint_hooks;  // test seams (engine_internal.h)
+  // Checkpoint folders opened for saving (Engine::open_checkpoint_dir); rank
+  // 0 holds each one's writer lock, the other ranks a null.
+  std::map<std::string, std::unique_ptr<ckpt::FolderLock>> save_folders;
 
   int64_t micro_steps = 0;
   int64_t global_steps = 0;

@@ -50,6 +50,7 @@ inline config::Config load_config(const std::string& config, const InitOptions& 
   config::LoadOptions lo;
   lo.world_size = options.dist->world_size;
   lo.auto_values = options.auto_values;
+  lo.for_training = true;
   const auto first = config.find_first_not_of(" \t\r\n");
   const bool is_json = first != std::string::npos && config[first] == '{';
   return is_json ? config::load_string(config, lo) : config::load_file(config, lo);

@@ -28,7 +28,7 @@ namespace {
 
 std::vector<std::string> seeds() {
   std::vector<std::string> out;
-  for (const std::string dir : {std::string(ZERO_SOURCE_DIR) + "/configs/",
+  for (const std::string& dir : {std::string(ZERO_SOURCE_DIR) + "/configs/",
                                 std::string(ZERO_SOURCE_DIR) + "/tests/config/ds_configs/"}) {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) continue;

@@ -264,7 +264,7 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   EXPECT_EQ(t["configurations"][5]["fits"], true);
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"", "expected one of --params P or --model"},
-           {"--params 1.3Q", "--params: expected a parameter count"},
+           {"--params 1.3Q", "--params: expected a whole number of parameters"},
            {"--model gpt:2,3", "--model: expected mingpt:L,C[,V,T]"},
            {"--params 1e9 --offload-param cpu", "go with --stage"},
            {"--params 1e9 --stage 2 --offload-param cpu", "--offload-param needs --stage 3"},

@@ -284,7 +284,8 @@ TEST(Hardening, PathologicalJsonGivesAShortMessage) {
   EXPECT_LT(r.out.size(), 500u) << r.out.substr(0, 500);
   EXPECT_TRUE(has(r.out, "(100000 characters)")) << r.out;
   EXPECT_FALSE(has(r.out, "[json.exception")) << r.out;
-  const std::string key = write(dir, "key.json", "{\"train_batch_size\": 8, \"" + std::string(100000, 'k') + "\": 1}");
+  const std::string key = write(dir, "key.json", "{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"Adam\"}, \"" +
+                                                    std::string(100000, 'k') + "\": 1}");
   r = run(kBin + "zero config check " + key, 20);
   EXPECT_EQ(r.code, 0);
   std::istringstream lines(r.out);

@@ -47,7 +47,7 @@ TEST(NvmeTune, PrintsAnAioSectionTheConfigCheckAccepts) {
   const std::string section = text.substr(at, text.find('\n', at) - at);
   EXPECT_TRUE(entries(swap.path()).empty()) << "the tuner's file was left behind";
   const std::string config = work.file("ds.json");
-  std::ofstream(config) << "{\"train_batch_size\": 8, " << section << "}";
+  std::ofstream(config) << "{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"AdamW\"}, " << section << "}";
   const int check = std::system((kZero + " config check " + config + " > " + work.file("check.txt") + " 2>&1").c_str());
   EXPECT_EQ(check, 0) << section << "\n" << read_text(work.file("check.txt"));
   EXPECT_NE(read_text(json).find("\"best_aio\""), std::string::npos);

@@ -247,6 +247,11 @@ struct LoadOptions {
   /// stand-in are recorded with Origin::kAuto. A micro-batch or accumulation
   /// stand-in gives way to a train_batch_size the file gives.
   bool auto_stand_ins = false;
+  /// Checked as training reads it (zero::initialize, `zero config check`):
+  /// a config with no optimizer section is a problem too, since zero builds
+  /// the optimizer from it (client optimizers are not supported). Off for
+  /// tools that read a config for other keys (the estimator's layouts).
+  bool for_training = false;
 };
 
 /// Parses, validates and resolves a DeepSpeed config file. Throws

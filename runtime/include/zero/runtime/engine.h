@@ -234,6 +234,15 @@ class Engine {
   /// ConfigError (client_state not a JSON object), CommunicationError.
   CheckpointStats save_checkpoint(const std::string& dir, const std::string& tag = "",
                                   const std::string& client_state = "{}");
+  /// Makes `dir` this job's checkpoint folder, as the first save_checkpoint
+  /// into it does: checks that it is a folder rank 0 can write (making it if
+  /// needed), takes its writer lock for the engine's lifetime (rank 0 holds
+  /// DIR/.zero-lock: another job saving into DIR is refused, naming the
+  /// process that holds it), and removes what interrupted saves left there
+  /// (NOTE [checkpoint commit]). Call it before training to find a bad
+  /// folder before the first step, not at the first save. A collective; a
+  /// second call for the same folder does nothing. Throws IoError.
+  void open_checkpoint_dir(const std::string& dir);
   /// Restores a checkpoint (`tag` "" means the one `dir`/latest names),
   /// saved at any world size and any stage: each rank reads only the parts of
   /// the saved partitions its own partition needs (NOTE [checkpoint mapping]),

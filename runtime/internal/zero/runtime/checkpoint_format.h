@@ -158,5 +158,45 @@ void remove_tree(const std::string& path);
 void rename_path(const std::string& from, const std::string& to);
 /// The names in a folder (without "." and ".."), sorted. Throws IoError.
 std::vector<std::string> list_folder(const std::string& path);
+/// Whether `path` is a folder (following links).
+bool is_folder(const std::string& path);
+
+/// Why `path`, an output file named by option `flag`, cannot be written
+/// ("--json x/y.json: the folder x does not exist"), or "" when it can: its
+/// folder exists and takes files, and the name is not a folder nor anything
+/// but a regular file (a device such as /dev/full, a pipe). Checked before a
+/// long run, not found out after it.
+std::string output_file_problem(const std::string& flag, const std::string& path);
+/// Why checkpoints cannot be saved in `dir` (option `flag`): a file, a folder
+/// that cannot be made or written; "" when they can (the folder then exists).
+std::string save_folder_problem(const std::string& flag, const std::string& dir);
+
+/// The writer lock of a checkpoint folder (NOTE [checkpoint commit]): an
+/// exclusive flock(2) on DIR/.zero-lock, whose text names the holder (pid,
+/// host, start time) for the message a second writer gets. The lock goes
+/// with the process however it ends (the kernel drops it with the last
+/// descriptor; the descriptor is not inherited by children). Move-only.
+class FolderLock {
+ public:
+  /// Takes `dir`'s lock without waiting. Returns nullptr, with the holder's
+  /// text in `*holder`, when another process holds it. Throws IoError when
+  /// the lock file cannot be made.
+  static std::unique_ptr<FolderLock> try_acquire(const std::string& dir, std::string* holder);
+  ~FolderLock();
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  FolderLock(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
+  std::string dir_;
+  int fd_ = -1;
+};
+
+/// Removes what interrupted saves left in `dir` (NOTE [checkpoint commit]):
+/// hidden .TAG.incoming folders, a .TAG.old whose DIR/TAG is whole again,
+/// temporary files of `latest`. Only under `dir`'s FolderLock (their writer
+/// is then gone). Returns the names removed. Throws IoError.
+std::vector<std::string> remove_interrupted_saves(const std::string& dir);
 
 }  // namespace zero::ckpt
