@@ -19,7 +19,6 @@
 namespace zero::test {
 namespace {
 
-const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
 
 struct Case {
   const char* name;
