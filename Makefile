@@ -30,7 +30,9 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+# The demo builds what it runs (mingpt and the libraries under it), not the tests.
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target mingpt
 	$(BUILD_DIR)/bin/mingpt --config $(DEMO_CONFIG) $(DEMO_FLAGS) --summary-json $(BUILD_DIR)/demo-summary.json
 
 install: build

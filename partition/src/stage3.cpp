@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <optional>
+#include <unordered_map>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/variable.h>
@@ -48,6 +49,14 @@ std::shared_ptr<Stage3Coordinator> Stage3Coordinator::create(FlatParameters& par
   }
   for (size_t i = 0; i < c->units_.size(); ++i)
     c->units_[i].module->register_module(kLayerTag, std::make_shared<LayerTagImpl>(c, i));
+  // NOTE [ungathered use]: the layers' parameters (group 0's are always gathered).
+  std::unordered_map<const c10::TensorImpl*, UngatheredUseCheck::Param> watched;
+  const auto& slots = c->params_.slots();
+  for (size_t g = 1; g < c->params_.groups().size(); ++g)
+    for (size_t s : c->params_.groups()[g].slots)
+      watched.emplace(slots[s].param.unsafeGetTensorImpl(),
+                      UngatheredUseCheck::Param{slots[s].name, c->params_.groups()[g].name});
+  c->use_check_ = std::make_unique<UngatheredUseCheck>(std::move(watched));
   return c;
 }
 
@@ -399,6 +408,7 @@ void Stage3Coordinator::end_backward() {
   }
   current_.clear();
   cursor_ = 0;
+  use_check_.reset();  // the first micro-step has run: a missing zero::forward would have shown
 }
 
 void Stage3Coordinator::after_step() {

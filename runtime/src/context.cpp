@@ -105,7 +105,7 @@ RunContext make_context(config::Config config, InitOptions options) {
   if (c.device.is_cpu()) install_counting_cpu_allocator();
   // A CPU run on a machine with a GPU pins nothing.
   c.ledger->set_page_locking(c.device.is_cuda(), c.device.is_cuda() && c.device.has_index() ? c.device.index() : 0);
-  c.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(default_pinned_limit()),
+  c.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(default_pinned_limit(c.dist.local_world_size)),
                       "InitOptions::pinned_memory_limit_bytes");
   apply_memory_budgets(c.config, options, c.device, *c.ledger);
   c.options = std::move(options);

@@ -194,6 +194,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                     b.layout.units.size(), static_cast<long long>(b.layer_params),
                     static_cast<long long>(b.always_params));
       log::info(buf);
+      // DeepSpeed's defaults keep a small model whole: say so plainly, or a
+      // new user believes stage 3 is partitioning it.
+      if (b.layer_params == 0)
+        log::info("ZeRO stage 3 partitions nothing of this model: every parameter is outside the layers or has at "
+                  "most zero_optimization.stage3_param_persistence_threshold (" +
+                  std::to_string(s.config.zero.param_persistence_threshold) +
+                  ") elements, so every rank keeps all of them, as at stage 2; lower that key (0 partitions every "
+                  "layer parameter) to see stage 3 at work");
     }
     // The parameter swapper takes Init's swap file over and counts all of
     // it: Init's count goes first, or the file would count twice against an
@@ -217,8 +225,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
               " of host buffers");
   }
   if (const auto* ps = s.optimizer->param_swapper(); ps != nullptr && s.dist.rank == 0 && ps->swapped_numel() == 0) {
-    log::info("offload_param nvme: every layer shard of rank 0 fits within offload_param.max_in_cpu (" +
-              std::to_string(s.config.zero.offload_param.max_in_cpu) + " elements); nothing is swapped to disk");
+    log::info("offload_param nvme: every layer shard of rank 0 fits within zero_optimization.offload_param.max_in_cpu (" +
+              std::to_string(s.config.zero.offload_param.max_in_cpu) + " elements), so nothing goes to disk; lower "
+              "that key (0 puts every layer shard on NVMe) to see NVMe offload at work");
   } else if (ps != nullptr && s.dist.rank == 0) {
     log::info("stage-3 parameters on NVMe under " + s.config.zero.offload_param.nvme_path + ": " +
               std::to_string(ps->swapped_numel()) + " elements of rank 0's shards (" + format_bytes(ps->file_bytes()) +

@@ -38,11 +38,12 @@ inline torch::Device resolve_device(const std::optional<torch::Device>& asked, c
   return device;
 }
 
-// Pinned memory is bounded by default to half of physical memory, so pinning
-// never starves the host.
-inline int64_t default_pinned_limit() {
+// Pinned memory is bounded by default to half of physical memory, shared by
+// the ranks of the node (LOCAL_WORLD_SIZE), so pinning never starves the host
+// however many ranks run there.
+inline int64_t default_pinned_limit(int64_t local_world_size) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 : 0;
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page / 2 / std::max<int64_t>(1, local_world_size) : 0;
 }
 
 /// Loads `config` (a path, or JSON text starting with '{') for the job in `options.dist`.

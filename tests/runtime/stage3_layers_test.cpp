@@ -141,4 +141,43 @@ TEST(Stage3Layers, InitAndWholeBuiltModelsFollowTheSamePersistenceRule) {
   EXPECT_EQ(built, whole);
 }
 
+
+
+// NOTE [ungathered use]: a model whose forward calls its layers directly (no
+// zero::forward) uses their parameters empty. LibTorch's error names shapes
+// only; the engine names the parameter, its layer, the operator and the fix
+// first. A model that goes through zero::forward hears nothing of it.
+struct DirectImpl : torch::nn::Module {
+  DirectImpl() {
+    blocks = register_module("blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& b : *blocks) x = b->as<torch::nn::Linear>()->forward(x);  // the mistake: no zero::forward
+    return x;
+  }
+  torch::nn::ModuleList blocks{nullptr};
+};
+
+TEST(Stage3Layers, ALayerCalledWithoutZeroForwardIsNamed) {
+  torch::manual_seed(0);
+  auto model = std::make_shared<DirectImpl>();
+  auto engine = zero::initialize(model, kStage3, quiet());
+  testing::internal::CaptureStderr();
+  EXPECT_ANY_THROW(model->forward(torch::randn({4, 8})));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("parameter blocks.0.weight of layer blocks.0 is used by aten::"), std::string::npos) << err;
+  EXPECT_NE(err.find("while the layer is not gathered"), std::string::npos) << err;
+  EXPECT_NE(err.find("zero::forward(layer, inputs...)"), std::string::npos) << err;
+
+  auto good = tiny(1);
+  auto e2 = zero::initialize(good.ptr(), kStage3, quiet(&good));
+  testing::internal::CaptureStderr();
+  for (int s = 0; s < 2; ++s) {
+    e2.backward(loss_of(good));
+    e2.step();
+  }
+  const std::string quiet_err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet_err.find("not gathered"), std::string::npos) << quiet_err;
+}
+
 }  // namespace

@@ -77,7 +77,7 @@ TEST(Hardening, IntegerFlagsAreIntegersInRange) {
       {"--n_embd 32 --n_head 64", "--n_embd 32 must be a multiple of --n_head 64"},
   };
   for (const auto& [flags, message] : cases) {
-    const Outcome r = run(base + flags, 30);
+    const Outcome r = run(base + flags);
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out;
     EXPECT_TRUE(has(r.out, message)) << flags << "\n" << r.out;
   }
@@ -107,11 +107,11 @@ TEST(Hardening, SmallerFlagMistakesAreNamed) {
 TEST(Hardening, SummaryOutputIsCheckedUpFront) {
   TempDir dir;
   const std::string base = kBin + "mingpt --config " + kConfigs + "mingpt_zero0.json --limit_train_batches 100000 ";
-  Outcome r = run(base + "--summary-json " + dir.path() + "/missing/summary.json", 30);
+  Outcome r = run(base + "--summary-json " + dir.path() + "/missing/summary.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "the folder " + dir.path() + "/missing does not exist")) << r.out;
-  EXPECT_LT(r.seconds, 20);
-  r = run(base + "--summary-json " + dir.path(), 30);
+  EXPECT_FALSE(has(r.out, "epoch 1/")) << "the output was checked after training:\n" << r.out;
+  r = run(base + "--summary-json " + dir.path());
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "is a folder; expected a file name")) << r.out;
   struct stat st {};
@@ -126,7 +126,7 @@ TEST(Hardening, ConfigCheckReadsOnlyRegularFilesOfBoundedSize) {
   for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
            {"/dev/zero", "a character device"}, {"/dev/urandom", "a character device"},
            {fifo, "a pipe"}, {dir.path(), "a directory"}}) {
-    const Outcome r = run(kBin + "zero config check " + path, 10);
+    const Outcome r = run(kBin + "zero config check " + path);
     EXPECT_EQ(r.code, 1) << path << "\n" << r.out;
     EXPECT_TRUE(has(r.out, path + ": expected a regular JSON file; got " + kind)) << r.out;
   }
@@ -134,7 +134,7 @@ TEST(Hardening, ConfigCheckReadsOnlyRegularFilesOfBoundedSize) {
     std::ofstream big(dir.file("big.json"));
     big << "{\"x\": \"" << std::string(17 << 20, 'a') << "\"}";
   }
-  const Outcome r = run(kBin + "zero config check " + dir.file("big.json"), 10);
+  const Outcome r = run(kBin + "zero config check " + dir.file("big.json"));
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(has(r.out, "a config is at most 16777216 bytes")) << r.out.substr(0, 500);
 }
@@ -164,7 +164,7 @@ TEST(Hardening, ConfigCheckAndTrainingApplyTheSameRules) {
        "zero_optimization.offload_optimizer.nvme_path: expected a folder path; got \"a\\u0000b\" (a NUL character"},
   };
   for (const auto& [file, message] : refused) {
-    const Outcome check = run(kBin + "zero config check " + file, 10);
+    const Outcome check = run(kBin + "zero config check " + file);
     EXPECT_EQ(check.code, 1) << file << "\n" << check.out;
     EXPECT_TRUE(has(check.out, message)) << check.out;
     const Outcome train = run(kBin + "mingpt --config " + file + " " + kSmall, 60);
@@ -180,7 +180,7 @@ TEST(Hardening, ConfigCheckAndTrainingApplyTheSameRules) {
        "aio.block_size: 8192 bytes is far below the default 1048576"},
   };
   for (const auto& [file, message] : warned) {
-    const Outcome check = run(kBin + "zero config check " + file, 10);
+    const Outcome check = run(kBin + "zero config check " + file);
     EXPECT_EQ(check.code, 0) << file << "\n" << check.out;
     EXPECT_TRUE(has(check.out, message)) << check.out;
   }
@@ -196,21 +196,21 @@ TEST(Hardening, ConfigCheckAndTrainingApplyTheSameRules) {
 // values given) and passes; --no-auto is the strict reading.
 TEST(Hardening, ShippedConfigsPassTheCheck) {
   for (const char* name : {"mingpt_zero0.json", "mingpt_zero2.json"}) {
-    const Outcome r = run(kBin + "zero config check " + kConfigs + name, 10);
+    const Outcome r = run(kBin + "zero config check " + kConfigs + name);
     EXPECT_EQ(r.code, 0) << name << "\n" << r.out;
     EXPECT_TRUE(has(r.out, ": OK (world size 1)")) << r.out;
   }
-  Outcome r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json", 10);
+  Outcome r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json");
   EXPECT_TRUE(has(r.out, "auto: the program fills it at initialize")) << r.out;
-  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --auto lr=0.02 --auto train_micro_batch_size_per_gpu=4 --world-size 2", 10);
+  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --auto lr=0.02 --auto train_micro_batch_size_per_gpu=4 --world-size 2");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "0.02")) << r.out;
   EXPECT_TRUE(has(r.out, "train_batch_size")) << r.out;
   EXPECT_TRUE(has(r.out, "OK (world size 2)")) << r.out;
-  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --no-auto", 10);
+  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --no-auto");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(has(r.out, "the program must supply AutoValues::lr")) << r.out;
-  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --auto lrr=1", 10);
+  r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --auto lrr=1");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "did you mean lr?")) << r.out;
 }
@@ -219,19 +219,19 @@ TEST(Hardening, PathologicalJsonGivesAShortMessage) {
   TempDir dir;
   const std::string deep = write(dir, "deep.json",
                                  "{\"zero_optimization\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}");
-  Outcome r = run(kBin + "zero config check " + deep, 20);
+  Outcome r = run(kBin + "zero config check " + deep);
   EXPECT_EQ(r.code, 1) << r.out.substr(0, 300);
   EXPECT_TRUE(has(r.out, "nesting deeper than 256 levels")) << r.out.substr(0, 300);
   EXPECT_LT(r.out.size(), 1000u);
   const std::string big = write(dir, "big.json", "{\"train_batch_size\": " + std::string(100000, '9') + "}");
-  r = run(kBin + "zero config check " + big, 20);
+  r = run(kBin + "zero config check " + big);
   EXPECT_EQ(r.code, 1);
   EXPECT_LT(r.out.size(), 500u) << r.out.substr(0, 500);
   EXPECT_TRUE(has(r.out, "(100000 characters)")) << r.out;
   EXPECT_FALSE(has(r.out, "[json.exception")) << r.out;
   const std::string key = write(dir, "key.json", "{\"train_batch_size\": 8, \"optimizer\": {\"type\": \"Adam\"}, \"" +
                                                     std::string(100000, 'k') + "\": 1}");
-  r = run(kBin + "zero config check " + key, 20);
+  r = run(kBin + "zero config check " + key);
   EXPECT_EQ(r.code, 0);
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) EXPECT_LT(line.size(), 400u) << line.substr(0, 400);
@@ -290,7 +290,7 @@ TEST(Hardening, CollectiveTimeoutNamesTheStoppedRank) {
 // a failed bench run prints the run's error and removes its folder.
 TEST(Hardening, BenchesFailCleanly) {
   TempDir dir;
-  Outcome r = run(kBin + "zero bench aio --path " + dir.path() + " --size 100000000GiB", 30);
+  Outcome r = run(kBin + "zero bench aio --path " + dir.path() + " --size 100000000GiB");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(has(r.out, "free; the test file needs")) << r.out;
   r = run(kBin + "zero bench offload --path " + dir.path() + " --nproc 2 --n_layer 1 --n_embd 32 --steps 2 --sub_group 1",
@@ -306,11 +306,16 @@ TEST(Hardening, ABenchStoppedBySigtermLeavesNothing) {
   TempDir dir, tmp;
   const std::string spaced = dir.path() + "/a folder";
   ASSERT_EQ(::mkdir(spaced.c_str(), 0755), 0);
+  // SIGTERM once the bench runs (it says so after its stop handler is in
+  // place), however long the machine takes to get there.
+  const std::string blog = dir.file("bench.log");
   const std::string script = write(dir, "stop.sh",
                                    "TMPDIR=" + tmp.path() + " " + kBin + "zero bench checkpoint-io --path '" + spaced +
-                                       "' --nproc 2 --n_layer 1 --n_embd 64 --rounds 8 & pid=$!\n"
-                                       "sleep 2; kill -TERM $pid; wait $pid; echo \"status $?\"\n");
-  const Outcome r = run("sh " + script, 120);
+                                       "' --nproc 2 --n_layer 1 --n_embd 64 --rounds 8 > " + blog + " 2>&1 & pid=$!\n"
+                                       "i=0; until grep -q 'running save' " + blog + " || [ $i -ge 1200 ]; do sleep 0.1; "
+                                       "i=$((i+1)); done\n"
+                                       "kill -TERM $pid; wait $pid; echo \"status $?\"; cat " + blog + "\n");
+  const Outcome r = run("sh " + script, 300);
   EXPECT_TRUE(has(r.out, "status 143")) << r.out;
   EXPECT_TRUE(has(r.out, "interrupted by SIGTERM; its runs are ended and their files removed")) << r.out;
   for (const std::string& d : {tmp.path(), spaced}) {
@@ -323,10 +328,14 @@ TEST(Hardening, ABenchStoppedBySigtermLeavesNothing) {
   }
   // zero bench aio on its own, stopped between or inside its rounds (its own
   // I/O, or fio's): its test file and fio's log go too.
+  const std::string alog = dir.file("aio.log");
   const std::string aio = write(dir, "stop_aio.sh",
-                                kBin + "zero bench aio --path '" + spaced + "' --size 64MiB --rounds 200 & pid=$!\n"
-                                "sleep 2; kill -TERM $pid; wait $pid; echo \"status $?\"\n");
-  const Outcome a = run("sh " + aio, 120);
+                                kBin + "zero bench aio --path '" + spaced + "' --size 64MiB --rounds 200 > " + alog +
+                                    " 2>&1 & pid=$!\n"
+                                    "i=0; until grep -q 'queue depth' " + alog + " || [ $i -ge 1200 ]; do sleep 0.1; "
+                                    "i=$((i+1)); done\n"
+                                    "kill -TERM $pid; wait $pid; echo \"status $?\"; cat " + alog + "\n");
+  const Outcome a = run("sh " + aio, 300);
   EXPECT_TRUE(has(a.out, "status 143")) << a.out;
   EXPECT_TRUE(has(a.out, "zero bench aio: interrupted by SIGTERM")) << a.out;
   DIR* listing = ::opendir(spaced.c_str());

@@ -141,7 +141,7 @@ TEST(Hostile, OneWriterPerCheckpointFolder) {
     EXPECT_FALSE(has(r.out, "epoch 1/")) << r.out;
   }
   // The killed job's leftovers go with the next writer.
-  for (int i = 0; i < 1200 && ::kill(first, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int i = 0; i < 1200 && running(first); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const Outcome clean = run(kBin + "zero checkpoint verify " + ck + " --clean");  // no checkpoint to verify: 1
   EXPECT_TRUE(has(clean.out, ck + ": nothing left by interrupted saves")) << clean.out;
   EXPECT_TRUE(entries(ck).empty()) << "the lock file of the killed job stayed";
@@ -157,7 +157,9 @@ TEST(Hostile, AnInterruptedSaveLeavesNothingBehind) {
   const std::string train = kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + kConfigs +
                             "mingpt_zero2.json" + kTiny + "--limit_train_batches 8 --save_dir " + ck + " --save_every 2 ";
   const Outcome term = run(train + "--test_kill_save 1:rank_files:2:TERM");
-  EXPECT_EQ(term.code, 143) << term.out;
+  // Rank 1 dies of the signal (143), rank 0 fails the save with it (1): the
+  // launcher reports whichever it sees first.
+  EXPECT_TRUE(term.code == 143 || term.code == 1) << term.out;
   EXPECT_TRUE(has(term.out, "SIGTERM to rank 1")) << term.out;
   for (const auto& name : entries(ck)) EXPECT_NE(name[0], '.') << "left behind: " << name;
   EXPECT_EQ(read_text(ck + "/latest"), "global_step2\n");
@@ -197,8 +199,7 @@ TEST(Hostile, TheLauncherTakesItsRanksWithItOnSighupAndSigkill) {
       const pid_t rank = std::stoi(line);
       bool gone = false;
       for (int i = 0; i < 1200 && !gone; ++i) {
-        const std::string stat = read_text("/proc/" + line + "/stat");
-        gone = stat.empty() || stat[stat.rfind(')') + 2] == 'Z';
+        gone = !running(rank);
         if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       EXPECT_TRUE(gone) << "rank " << rank << " outlived a launcher given signal " << sig;

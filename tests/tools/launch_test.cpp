@@ -54,7 +54,7 @@ std::vector<std::string> lines_of(const std::string& text) {
 // True once `pid` no longer runs (gone, or a zombie nobody reaps: orphans in
 // a container may be reparented to a pid 1 that does not reap).
 bool process_gone(pid_t pid) {
-  const auto deadline = Clock::now() + 2s;
+  const auto deadline = Clock::now() + 30s;  // returns as soon as it is gone
   while (Clock::now() < deadline) {
     std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
     if (stat.empty()) return true;
@@ -79,7 +79,7 @@ struct Result {
 
 struct RunOptions {
   std::map<std::string, std::string> env;  // added to ours; OMP_NUM_THREADS and RANK etc. are removed first
-  std::chrono::seconds limit = 15s;
+  std::chrono::seconds limit = 120s;  // only a hang reaches it, however loaded the machine
   std::function<void(pid_t launcher)> while_running;  // called once the launcher started
 };
 
@@ -256,11 +256,12 @@ TEST(Launch, LinesFromManyRanksNeverInterleave) {
 TEST(Launch, FailingRankStopsTheOthersAndGivesItsStatus) {
   TempDir dir;
   Result r = run_launch(dir, sh({"--nproc_per_node", "3", "--kill-timeout", "1"},
-                                "if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; "
-                                "echo $$ > \"$1/pid$RANK\"; exec sleep 30",
+                                "if [ \"$RANK\" = 1 ]; then until [ -e \"$1/pid0\" ] && [ -e \"$1/pid2\" ]; do sleep 0.05; "
+                                "done; exit 3; fi; "
+                                "echo $$ > \"$1/pid$RANK.tmp\"; mv \"$1/pid$RANK.tmp\" \"$1/pid$RANK\"; exec sleep 300",
                                 dir));
   EXPECT_EQ(r.exit_code, 3) << r.err;
-  EXPECT_LT(r.seconds, 6.0) << "the sleeping ranks must be stopped, not waited for";
+  EXPECT_LT(r.seconds, 60.0) << "the sleeping ranks must be stopped, not waited for";
   std::smatch m;
   EXPECT_TRUE(
       std::regex_search(r.err, m, std::regex(R"(zero launch: rank 1 \(pid \d+\) exited with status 3\n)")))
@@ -276,12 +277,12 @@ TEST(Launch, FailingRankStopsTheOthersAndGivesItsStatus) {
 TEST(Launch, RankIgnoringSigtermIsKilledAfterTheKillTimeout) {
   TempDir dir;
   Result r = run_launch(dir, sh({"--nproc_per_node", "2", "--kill-timeout=1"},
-                                "if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; "
-                                "trap '' TERM; echo $$ > \"$1/pid0\"; exec sleep 30",
+                                "if [ \"$RANK\" = 1 ]; then until [ -e \"$1/pid0\" ]; do sleep 0.05; done; exit 3; fi; "
+                                "trap '' TERM; echo $$ > \"$1/pid0.tmp\"; mv \"$1/pid0.tmp\" \"$1/pid0\"; exec sleep 300",
                                 dir));
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_GE(r.seconds, 1.0) << "SIGKILL came before the kill timeout";
-  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_LT(r.seconds, 60.0);
   EXPECT_NE(r.err.find("zero launch: ranks still running 1 s after SIGTERM; sending SIGKILL"),
             std::string::npos)
       << r.err;
@@ -293,9 +294,9 @@ TEST(Launch, RankIgnoringSigtermIsKilledAfterTheKillTimeout) {
 TEST(Launch, RankKilledBySignalGives128PlusSignal) {
   TempDir dir;
   Result r = run_launch(dir, sh({"--nproc_per_node", "2", "--kill-timeout", "1"},
-                                "if [ \"$RANK\" = 1 ]; then sleep 0.2; kill -9 $$; fi; exec sleep 30", dir));
+                                "if [ \"$RANK\" = 1 ]; then sleep 0.2; kill -9 $$; fi; exec sleep 300", dir));
   EXPECT_EQ(r.exit_code, 137) << r.err;
-  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_LT(r.seconds, 60.0);
   EXPECT_TRUE(std::regex_search(
       r.err, std::regex(R"(zero launch: rank 1 \(pid \d+\) was killed by signal SIGKILL\n)")))
       << r.err;
@@ -306,9 +307,9 @@ TEST(Launch, ProcessesLeftInARanksGroupAreKilled) {
   // The background sleep keeps the rank's stdout open; the launcher must
   // still finish, and take the sleep with it.
   Result r =
-      run_launch(dir, sh({"--nproc_per_node", "1"}, "sleep 30 & echo $! > \"$1/orphan\"; echo done", dir));
+      run_launch(dir, sh({"--nproc_per_node", "1"}, "sleep 300 & echo $! > \"$1/orphan\"; echo done", dir));
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_LT(r.seconds, 5.0);
+  EXPECT_LT(r.seconds, 60.0);
   EXPECT_EQ(r.out, "[rank 0] done\n");
   pid_t pid = read_pid(dir.file("orphan"));
   ASSERT_GT(pid, 0);
@@ -319,7 +320,7 @@ TEST(Launch, SigintIsForwardedToEveryRank) {
   TempDir dir;
   RunOptions options;
   options.while_running = [&](pid_t launcher) {
-    const auto deadline = Clock::now() + 5s;
+    const auto deadline = Clock::now() + 120s;
     while (Clock::now() < deadline && !(exists(dir.file("pid0")) && exists(dir.file("pid1")))) {
       std::this_thread::sleep_for(10ms);
     }
@@ -329,11 +330,11 @@ TEST(Launch, SigintIsForwardedToEveryRank) {
   Result r = run_launch(dir,
                         sh({"--nproc_per_node", "2"},
                            "echo $$ > \"$1/pid$RANK.tmp\"; "
-                           "mv \"$1/pid$RANK.tmp\" \"$1/pid$RANK\"; exec sleep 30",
+                           "mv \"$1/pid$RANK.tmp\" \"$1/pid$RANK\"; exec sleep 300",
                            dir),
                         options);
   EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
-  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_LT(r.seconds, 60.0);
   EXPECT_NE(r.err.find("zero launch: received SIGINT; forwarding it to the ranks"), std::string::npos)
       << r.err;
   for (const char* f : {"pid0", "pid1"}) {

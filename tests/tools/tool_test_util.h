@@ -123,6 +123,14 @@ inline std::string rank_env(int rank, int world, int port, int timeout_s = 60) {
          " ZERO_COMM_TIMEOUT_S=" + std::to_string(timeout_s) + " ";
 }
 
+// Whether process `pid` runs: it exists and is not a zombie (an orphan's
+// zombie may wait long for its reaper).
+inline bool running(pid_t pid) {
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
 inline std::string write(const TempDir& dir, const std::string& name, const std::string& text) {
   std::ofstream(dir.file(name)) << text;
   return dir.file(name);

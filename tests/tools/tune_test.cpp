@@ -217,15 +217,10 @@ TEST(Tune, KilledOutrightLeavesNoRunAndTheNextTunerRemovesItsFolders) {
     std::istringstream in(read_text(pids));
     for (std::string line; std::getline(in, line);) ranks.push_back(std::stoi(line));
   }
-  auto alive = [](pid_t pid) {  // not a zombie: a running process (zombies are the shell's to reap)
-    const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
-    const auto close = stat.rfind(')');
-    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
-  };
   for (pid_t pid : ranks) {
     bool gone = false;
     for (int i = 0; i < 1200 && !gone; ++i) {
-      gone = !alive(pid);
+      gone = !running(pid);
       if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     EXPECT_TRUE(gone) << "rank " << pid << " outlived the tuner killed with SIGKILL";

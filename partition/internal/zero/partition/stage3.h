@@ -76,6 +76,7 @@
 #include "zero/core/streams.h"
 #include "zero/partition/flat_parameters.h"
 #include "zero/partition/param_swapper.h"
+#include "zero/partition/ungathered_use.h"
 
 namespace zero::partition {
 
@@ -207,6 +208,8 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   WaitClock clock_;        // the compute stream's waits for gathers
   double read_wait_s_ = 0;  // the host's waits for shards from disk
   int64_t gathers_ = 0, prefetched_ = 0;
+  // NOTE [ungathered use]: until the first micro-step has ended.
+  std::unique_ptr<UngatheredUseCheck> use_check_;
 };
 
 /// The coordinator and unit that handle `module`, if it is a stage-3 layer

@@ -1,0 +1,91 @@
+// Two nodes on loopback (issue 24): two `zero launch --nnodes 2 --node_rank
+// 0|1 --nproc_per_node 2` agents make one job of 4 ranks, as torchrun's
+// agents on two machines would. At every stage it trains to the same bits as
+// one node of 4 ranks, its ranks write one checkpoint into one shared folder
+// (committed once, by rank 0), and that checkpoint resumes on one node of 2
+// ranks.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tool_test_util.h"
+
+namespace zero::test {
+namespace {
+
+class TwoNodes : public testing::TestWithParam<int> {};
+
+TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
+  const int stage = GetParam();
+  TempDir dir;
+  const std::string config = write(dir, "c.json",
+                                   R"({"train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                                       "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})");
+  // Half of a 2-epoch schedule: 8 of 16 steps, the rest after the resume.
+  const std::string train = kBin + "mingpt --config " + config +
+                            " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 "
+                            "--stop_after_steps 8 ";
+  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
+
+  const Outcome one = run(env + kBin + "zero launch --nproc_per_node 4 -- " + train + "--summary-json " +
+                          dir.file("one.json"), 300);
+  ASSERT_EQ(one.code, 0) << one.out;
+
+  const std::string ck = dir.file("shared ckpt");
+  const int port = free_port();
+  auto node = [&](int k) {
+    return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
+           " --nproc_per_node 2 --master_port " + std::to_string(port) + " -- " + train + "--summary-json " +
+           dir.file("two.json") + " --save_dir '" + ck + "'";
+  };
+  Outcome second;
+  std::thread other([&] { second = run(node(1), 300); });
+  const Outcome first = run(node(0), 300);
+  other.join();
+  ASSERT_EQ(first.code, 0) << first.out;
+  ASSERT_EQ(second.code, 0) << second.out;
+  // Node 0 runs ranks 0 and 1 (rank 0 prints), node 1 ranks 2 and 3 (quiet).
+  EXPECT_TRUE(has(first.out, "[rank 0] ")) << first.out;
+  EXPECT_FALSE(has(second.out, "[rank 0] ") || has(second.out, "[rank 1] ")) << second.out;
+
+  const auto a = nlohmann::json::parse(read_text(dir.file("one.json")));
+  const auto b = nlohmann::json::parse(read_text(dir.file("two.json")));
+  EXPECT_EQ(b["world_size"], 4);
+  EXPECT_EQ(a["loss_curve"], b["loss_curve"]) << "stage " << stage;
+  EXPECT_EQ(a["param_l2"].get<double>(), b["param_l2"].get<double>()) << "stage " << stage;
+  EXPECT_EQ(b["steps"], 8);
+
+  // One checkpoint, every rank's file in it, committed once.
+  EXPECT_EQ(read_text(ck + "/latest"), "global_step8\n");
+  const auto names = entries(ck);
+  EXPECT_EQ(names, (std::set<std::string>{"global_step8", "latest"})) << "left in the folder besides the checkpoint";
+  const auto files = entries(ck + "/global_step8");
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(files.count("rank0000" + std::to_string(r) + ".safetensors"), 1u) << "rank " << r;
+  const auto meta = nlohmann::json::parse(read_text(ck + "/global_step8/meta.json"));
+  EXPECT_EQ(meta["world_size"], 4);
+  const Outcome verify = run(kBin + "zero checkpoint verify '" + ck + "'");
+  EXPECT_EQ(verify.code, 0) << verify.out;
+
+  // The rest of the schedule on one node of 2 ranks, from that checkpoint.
+  const Outcome resumed = run(env + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + config +
+                                  " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 "
+                                  "--resume '" + ck + "' --summary-json " + dir.file("resumed.json"),
+                              300);
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(has(resumed.out, "resumed from " + ck + "/global_step8 at step 8")) << resumed.out;
+  const auto r = nlohmann::json::parse(read_text(dir.file("resumed.json")));
+  EXPECT_EQ(r["world_size"], 2);
+  EXPECT_EQ(r["steps"], 16);
+  EXPECT_TRUE(r["resumed"].get<bool>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, TwoNodes, testing::Values(0, 1, 2, 3),
+                         [](const testing::TestParamInfo<int>& i) { return "Stage" + std::to_string(i.param); });
+
+}  // namespace
+}  // namespace zero::test
