@@ -4,6 +4,7 @@
 // whole process group.
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -125,6 +126,38 @@ TEST(Probe, ARunIgnoringSigtermIsKilledWithItsGroup) {
   }
   EXPECT_TRUE(gone) << "the run's child " << child << " is still running";
   if (!gone) ::kill(child, SIGKILL);
+}
+
+// A stop signal ends the search within seconds whatever its run does: a run
+// that ignores the SIGTERM passed on is killed with its group 10 s later
+// (1000 ranks on 2 cores used to keep a search going for 14 minutes).
+TEST(Probe, AStopSignalEndsARunThatIgnoresIt) {
+  mingpt::ScratchDir dir(mingpt::temp_parent(), "probe-test");
+  const std::string started = dir.path() + "/started", child_pid = dir.path() + "/child.pid";
+  auto run = script_run(dir, "trap '' TERM\nsleep 600 &\necho $! > " + child_pid + "\ntouch " + started + "\nwait");
+  mingpt::CatchStopSignals stop;
+  std::thread signaller([&] {
+    for (int i = 0; i < 1200 && ::access(started.c_str(), F_OK) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::kill(::getpid(), SIGTERM);
+  });
+  bool interrupted = false;
+  try {
+    mingpt::run_probe(run);
+  } catch (const mingpt::Interrupted& e) {
+    interrupted = e.signal() == SIGTERM;
+  }
+  signaller.join();
+  EXPECT_TRUE(interrupted);
+  pid_t child = 0;
+  std::ifstream(child_pid) >> child;
+  ASSERT_GT(child, 0);
+  bool gone = false;
+  for (int i = 0; i < 1500 && !gone; ++i) {
+    gone = ended(child);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(gone) << "the run's child " << child << " outlived the stopped search";
 }
 
 }  // namespace

@@ -308,5 +308,25 @@ TEST(Hostile, AStoppedRunSaysItWasNotEvaluated) {
   EXPECT_TRUE(has(r.out, "Held-out accuracy: not evaluated (no epoch finished)")) << r.out;
 }
 
+// DeepSpeed's defaults keep a small model whole at stage 3 and NVMe parameter
+// offload in host memory: a new user believed stage 3 was running. The run
+// says so, naming the key that changes it.
+TEST(Hostile, Stage3OnASmallModelSaysItPartitionsNothing) {
+  TempDir dir;
+  const std::string opt = R"("train_micro_batch_size_per_gpu": 16, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}})";
+  const Outcome whole = run(kBin + "mingpt --config " + write(dir, "s3.json", "{" + opt + R"(, "zero_optimization": {"stage": 3}})") +
+                            kTiny + "--limit_train_batches 2");
+  EXPECT_EQ(whole.code, 0) << whole.out;
+  EXPECT_TRUE(has(whole.out, "ZeRO stage 3 partitions nothing of this model")) << whole.out;
+  EXPECT_TRUE(has(whole.out, "stage3_param_persistence_threshold (100000)")) << whole.out;
+  const Outcome nvme = run(kBin + "mingpt --config " +
+                           write(dir, "nv.json", "{" + opt + R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}}})") +
+                           kTiny + "--limit_train_batches 2");
+  EXPECT_EQ(nvme.code, 0) << nvme.out;
+  EXPECT_FALSE(has(nvme.out, "partitions nothing")) << nvme.out;
+  EXPECT_TRUE(has(nvme.out, "so nothing goes to disk; lower that key")) << nvme.out;
+}
+
 }  // namespace
 }  // namespace zero::test
