@@ -197,11 +197,7 @@ TEST(Hostile, TheLauncherTakesItsRanksWithItOnSighupAndSigkill) {
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
       const pid_t rank = std::stoi(line);
-      bool gone = false;
-      for (int i = 0; i < 1200 && !gone; ++i) {
-        gone = !running(rank);
-        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
+      const bool gone = ended_within_two_minutes(rank);
       EXPECT_TRUE(gone) << "rank " << rank << " outlived a launcher given signal " << sig;
       if (!gone) ::kill(rank, SIGKILL);
     }

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace zero::test {
 
@@ -129,6 +130,16 @@ inline bool running(pid_t pid) {
   const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
   const auto close = stat.rfind(')');
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+}
+
+// Waits for process `pid` to end (up to two minutes, returning as soon as it
+// has); whether it did.
+inline bool ended_within_two_minutes(pid_t pid) {
+  for (int i = 0; i < 1200; ++i) {
+    if (!running(pid)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return !running(pid);
 }
 
 inline std::string write(const TempDir& dir, const std::string& name, const std::string& text) {

@@ -218,11 +218,7 @@ TEST(Tune, KilledOutrightLeavesNoRunAndTheNextTunerRemovesItsFolders) {
     for (std::string line; std::getline(in, line);) ranks.push_back(std::stoi(line));
   }
   for (pid_t pid : ranks) {
-    bool gone = false;
-    for (int i = 0; i < 1200 && !gone; ++i) {
-      gone = !running(pid);
-      if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    const bool gone = ended_within_two_minutes(pid);
     EXPECT_TRUE(gone) << "rank " << pid << " outlived the tuner killed with SIGKILL";
     if (!gone) ::kill(pid, SIGKILL);
   }
