@@ -78,7 +78,7 @@ int checkpoint_command(const std::vector<std::string>& args);
 namespace zero::tools {
 
 /// Parses `--NAME VALUE` pairs for the positive integer options already in
-/// `ints` (their defaults) and `--json FILE`. On a bad value or an unknown
+/// `ints` (their defaults) and `--json FILE` (checked writable up front). On a bad value or an unknown
 /// option, prints an error naming it (with the nearest option) for `command`
 /// and returns false.
 /// The folder of the running executable (build/bin), where mingpt is too.
@@ -131,6 +131,8 @@ std::optional<int64_t> parse_size(const std::string& s);
 /// Seconds `fn` takes.
 double seconds(const std::function<void()>& fn);
 
+/// Writes a bench's figures to `path` whole or not at all. Throws IoError.
+void write_json_output(const std::string& path, const nlohmann::json& j);
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path);
 

@@ -147,7 +147,7 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"adam_pattern_bytes_per_s", pattern_bw},
                         {"triad_bytes_per_s", triad_bw},
                         {"bandwidth_fraction", ours_bw / pattern_bw}};
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

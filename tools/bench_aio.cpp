@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "probe.h"
 #include "zero/offload/aio.h"
 #include "zero/offload/swap_folder.h"
@@ -67,6 +68,10 @@ int bench_aio(const std::vector<std::string>& args) {
                 << (near.empty() ? "" : "; did you mean " + near + "?") << "\n";
       return 2;
     }
+    if (std::count(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i), a) != 0) {
+      std::cerr << "zero bench aio: " << a << " given twice: give it once\n";
+      return 2;
+    }
     const std::string& v = args[++i];
     if (a == "--path") path = v;
     else if (a == "--json") json_path = v;
@@ -86,6 +91,11 @@ int bench_aio(const std::vector<std::string>& args) {
       (a == "--size" ? size : a == "--block-size" ? block : a == "--queue-depth" ? depth : a == "--rounds" ? rounds : a == "--buffer" ? buffer : threads) = *n;
     }
   }
+  if (!json_path.empty())
+    if (const std::string problem = ckpt::output_file_problem("--json", json_path); !problem.empty()) {
+      std::cerr << "zero bench aio: " << problem << "\n";
+      return 2;
+    }
   if (path.empty()) {
     std::cerr << "zero bench aio: --path DIR is required (a folder on the disk to measure)\n";
     return 2;
@@ -216,7 +226,7 @@ int bench_aio(const std::vector<std::string>& args) {
                           {"fio_write_gb_per_s", fio_w / 1e9}, {"fio_read_gb_per_s", fio_r / 1e9},
                           {"ratio_write_vs_fio", fio_w > 0 ? ours_w / fio_w : 0.0},
                           {"ratio_read_vs_fio", fio_r > 0 ? ours_r / fio_r : 0.0}};
-      std::ofstream(json_path) << j.dump(2) << "\n";
+      write_json_output(json_path, j);
     }
     return 0;
   } catch (const mingpt::Interrupted&) {

@@ -104,7 +104,7 @@ int bench_checkpoint(const std::vector<std::string>& args) {
     }
     j["activation_peak_ratio_none_vs_checkpoint"] = cut;
     j["step_time_ratio_checkpoint_vs_none"] = cost;
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

@@ -167,7 +167,7 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
                         {"aio_direct", aio["direct"]},
                         {"ratio_save_job_vs_aio", aio_w > 0 ? save_job / aio_w : 0.0},
                         {"ratio_load_job_vs_aio", aio_r > 0 ? load_job / aio_r : 0.0}};
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

@@ -118,7 +118,7 @@ int bench_engine(const std::vector<std::string>& args) {
                         {"torch_step_ms", t_torch},    {"ours_step_ms", t_ours},
                         {"torch_steps_per_s", 1e3 / t_torch}, {"ours_steps_per_s", 1e3 / t_ours},
                         {"ratio_vs_torch", ratio}};
-    std::ofstream(o.json) << j.dump(2) << "\n";
+    write_json_output(o.json, j);
   }
   return 0;
 }

@@ -163,7 +163,7 @@ int bench_offload(const std::vector<std::string>& args) {
                         {"hidden_disk_wait_fraction", hidden},
                         {"nvme_serial_shard_reads_from_buffers_fraction", from_buffers(serial)},
                         {"nvme_pipelined_shard_reads_from_buffers_fraction", from_buffers(piped)}};
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
 #include "bench.h"
@@ -119,10 +120,19 @@ double seconds(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void write_json_output(const std::string& path, const nlohmann::json& j) {
+  ckpt::write_file_atomically(path, j.dump(2) + "\n");
+}
+
 bool parse_bench_options(const std::string& command, const std::vector<std::string>& args,
                          std::map<std::string, int64_t>& ints, std::string& json_path) {
+  std::set<std::string> seen;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if ((a == "--json" || ints.count(a)) && !seen.insert(a).second) {
+      std::cerr << command << ": " << a << " given twice: give it once\n";
+      return false;
+    }
     if (a == "--json" && i + 1 < args.size()) {
       json_path = args[++i];
     } else if (ints.count(a) && i + 1 < args.size()) {
@@ -149,6 +159,12 @@ bool parse_bench_options(const std::string& command, const std::vector<std::stri
       return false;
     }
   }
+  // The output is checked before the runs, not found unwritable after them.
+  if (!json_path.empty())
+    if (const std::string problem = ckpt::output_file_problem("--json", json_path); !problem.empty()) {
+      std::cerr << command << ": " << problem << "\n";
+      return false;
+    }
   return true;
 }
 

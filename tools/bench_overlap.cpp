@@ -71,7 +71,7 @@ int bench_overlap(const std::vector<std::string>& args) {
                         {"stage2_no_overlap_comm_wait_ms_per_step", total},
                         {"ratio_stage2_vs_stage0_step_time", s2 / s0},
                         {"hidden_comm_fraction", hidden}};
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

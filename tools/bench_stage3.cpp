@@ -105,7 +105,7 @@ int bench_stage3(const std::vector<std::string>& args) {
                         {"ratio_prefetch_on_vs_off_step_time", step_ms(on) / step_ms(off)},
                         {"gather_wait_removed_fraction", wait_cut},
                         {"ratio_stage3_vs_stage2_step_time", step_ms(on) / step_ms(s2)}};
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    write_json_output(json_path, j);
   }
   return 0;
 }

@@ -160,10 +160,13 @@ std::string consolidate_output_problem(const std::string& dir, const std::string
 // holds its writer lock (NOTE [checkpoint commit]).
 void clean_interrupted_saves(const std::string& dir) {
   if (!ckpt::is_folder(dir)) return;  // verify names the problem
-  std::string holder;
-  auto lock = ckpt::FolderLock::try_acquire(dir, &holder);
-  if (!lock) {
-    std::printf("%s: a job is saving checkpoints here (%s): nothing removed\n", dir.c_str(), holder.c_str());
+  auto attempt = ckpt::FolderLock::try_acquire(dir);
+  if (attempt.state != ckpt::FolderLock::State::kAcquired) {
+    std::printf("%s: %s: nothing removed\n", dir.c_str(),
+                attempt.state == ckpt::FolderLock::State::kUnsupported
+                    ? ("its file system has no flock (" + attempt.holder + "), so a job saving there cannot be told")
+                          .c_str()
+                    : ("a job is saving checkpoints here (" + attempt.holder + ")").c_str());
     return;
   }
   const auto removed = ckpt::remove_interrupted_saves(dir);

@@ -100,7 +100,7 @@ options:
   --nnodes N              nodes in the job (default 1)
   --node_rank K           this node's index, 0..N-1 (default 0): its ranks are
                           K*nproc_per_node ... (K+1)*nproc_per_node-1
-  --master_addr ADDR      MASTER_ADDR (default 127.0.0.1)
+  --master_addr ADDR      MASTER_ADDR (default 127.0.0.1; required with --nnodes)
   --master_port PORT      MASTER_PORT (default: one node, a free port on
                           127.0.0.1; several, 29500 as torchrun's)
   --kill-timeout SECONDS  SIGTERM-to-SIGKILL grace period (default 5)
@@ -501,6 +501,10 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
       options.kill_timeout = parse_seconds(*known, value);
     }
   }
+  if (options.nnodes > 1 && std::find(given.begin(), given.end(), "--master_addr") == given.end())
+    throw UsageError("--nnodes " + std::to_string(options.nnodes) +
+                     ": give --master_addr, node 0's address, the same on every node (127.0.0.1 when the nodes are "
+                     "one machine)");
   if (options.node_rank >= options.nnodes)
     throw UsageError("--node_rank " + std::to_string(options.node_rank) + ": expected 0.." +
                      std::to_string(options.nnodes - 1) + " (--nnodes " + std::to_string(options.nnodes) + ")");

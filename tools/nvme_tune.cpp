@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/offload/aio.h"
 #include "zero/core/error.h"
 #include "zero/core/progress.h"
@@ -59,6 +60,10 @@ int nvme_tune(const std::vector<std::string>& args) {
                 << "--rounds N --json FILE]\n";
       return 2;
     }
+    if (std::count(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i), a) != 0) {
+      std::cerr << "zero nvme-tune: " << a << " given twice: give it once\n";
+      return 2;
+    }
     const std::string& v = args[++i];
     if (a == "--path") {
       path = v;
@@ -74,6 +79,11 @@ int nvme_tune(const std::vector<std::string>& args) {
       (a == "--size" ? size : rounds) = *n;
     }
   }
+  if (!json_path.empty())
+    if (const std::string problem = ckpt::output_file_problem("--json", json_path); !problem.empty()) {
+      std::cerr << "zero nvme-tune: " << problem << "\n";
+      return 2;
+    }
   if (path.empty()) {
     std::cerr << "zero nvme-tune: --path DIR is required (a folder on the disk that nvme_path will name)\n";
     return 2;
@@ -159,7 +169,7 @@ int nvme_tune(const std::vector<std::string>& args) {
       }
       nlohmann::json j = {{"tool", "nvme-tune"}, {"path", path}, {"transfer_bytes", size}, {"best_aio", best.section()},
                           {"best_both_gb_per_s", best.score()}, {"settings", rows}};
-      std::ofstream(json_path) << j.dump(2) << "\n";
+      write_json_output(json_path, j);
     }
   } catch (const zero::Error& e) {
     std::cerr << "zero nvme-tune: " << zero::error_text(e) << "\n";

@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -471,17 +472,30 @@ int main(int argc, char** argv) {
     int64_t saves = 0, save_bytes = 0, load_bytes = 0, last_saved_step = -1;
     double save_s = 0, load_s = 0;
     if (!args.test_kill_save.empty()) {
-      // RANK:POINT:N[:TERM]: SIGKILL, or SIGTERM (a stop the save catches).
-      std::string spec = args.test_kill_save;
+      // RANK:POINT:N[:TERM|:WAIT=FILE]: SIGKILL; or SIGTERM (a stop the save
+      // catches); or stand still there, FILE made, until a stop signal comes
+      // (one the test sends from outside, to the launcher say).
+      std::string spec = args.test_kill_save, wait_file;
       int sig = SIGKILL;
       if (spec.size() > 5 && spec.compare(spec.size() - 5, 5, ":TERM") == 0) sig = SIGTERM, spec.resize(spec.size() - 5);
+      if (const auto w = spec.find(":WAIT="); w != std::string::npos) {
+        wait_file = spec.substr(w + 6);
+        spec.resize(w);
+        sig = 0;
+      }
       const auto c1 = spec.find(':'), c2 = spec.rfind(':');
-      if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N[:TERM]");
+      if (c1 == std::string::npos || c2 == c1) usage_error("--test_kill_save: expected RANK:POINT:N[:TERM|:WAIT=FILE]");
       const int64_t kill_rank = parse_int("--test_kill_save", spec.substr(0, c1), 0, ws - 1);
       const std::string point = spec.substr(c1 + 1, c2 - c1 - 1);
       const int64_t nth = parse_int("--test_kill_save", spec.substr(c2 + 1), 1, kMaxCount);
       zero::detail::CheckpointHooks hooks;
-      hooks.at = [&saves, rank, kill_rank, point, nth, sig](const std::string& at) {
+      hooks.at = [&saves, rank, kill_rank, point, nth, sig, wait_file](const std::string& at) {
+        if (rank == kill_rank && at == point && saves + 1 == nth && sig == 0) {
+          std::ofstream(wait_file) << "waiting\n";
+          for (int i = 0; i < 1200 && !zero::detail::save_stop_requested(); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          return;
+        }
         if (rank == kill_rank && at == point && saves + 1 == nth) {
           std::fprintf(stderr, "mingpt: --test_kill_save: %s to rank %lld at \"%s\" of save %lld\n",
                        sig == SIGKILL ? "SIGKILL" : "SIGTERM", static_cast<long long>(rank), at.c_str(),

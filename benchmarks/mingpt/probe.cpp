@@ -199,6 +199,8 @@ std::string last_lines(const std::string& text, size_t max_lines) {
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double grace_s,
                bool* timed_out) {
   if (timed_out != nullptr) *timed_out = false;
+  CatchStopSignals stop;
+  check_stop();  // one that came before this run
   const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (in < 0 || out < 0) {
@@ -207,8 +209,6 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
     if (out >= 0) ::close(out);
     throw zero::IoError("open " + (in < 0 ? std::string("/dev/null") : log) + ": " + std::strerror(err));
   }
-  CatchStopSignals stop;
-  check_stop();  // one that came before this run
   zero::SpawnOptions so;
   so.argv = argv;
   so.stdin_fd = in;

@@ -4,12 +4,18 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 extern char** environ;
 
@@ -22,17 +28,14 @@ std::string find_program(const std::string& program) {
   if (program.empty()) return "";
   if (program.find('/') != std::string::npos) return program;
   const char* path = std::getenv("PATH");
-  const std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  for (;;) {
-    const size_t colon = dirs.find(':', start);
-    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (dir.empty()) dir = ".";
-    const std::string candidate = dir + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    if (colon == std::string::npos) return "";
-    start = colon + 1;
+  std::istringstream dirs(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
   }
+  return "";
 }
 
 pid_t spawn_process(const SpawnOptions& o) {
@@ -55,9 +58,15 @@ pid_t spawn_process(const SpawnOptions& o) {
     throw IoError("pipe2 to start " + o.argv[0] + ": " + std::strerror(err));
   }
   const pid_t parent = ::getpid();
+  // Every signal blocked across the fork (as glibc's posix_spawn does): no
+  // handler of ours may run in the child before its dispositions are reset.
+  sigset_t all, before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &before);
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
     ::close(status[0]);
     ::close(status[1]);
     throw IoError("fork to start " + o.argv[0] + ": " + std::strerror(err));
@@ -75,9 +84,20 @@ pid_t spawn_process(const SpawnOptions& o) {
     sigset_t empty;
     sigemptyset(&empty);
     ::sigprocmask(SIG_SETMASK, &empty, nullptr);
-    if (o.stdin_fd >= 0 && ::dup2(o.stdin_fd, STDIN_FILENO) < 0) fail(errno);
-    if (o.stdout_fd >= 0 && ::dup2(o.stdout_fd, STDOUT_FILENO) < 0) fail(errno);
-    if (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, STDERR_FILENO) < 0) fail(errno);
+    // A descriptor already in place keeps its close-on-exec flag through
+    // dup2 (a no-op): clear it, or the program would start without it.
+    auto place = [&](int fd, int target) {
+      if (fd < 0) return;
+      if (fd == target) {
+        const int flags = ::fcntl(fd, F_GETFD);
+        if (flags < 0 || ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) < 0) fail(errno);
+      } else if (::dup2(fd, target) < 0) {
+        fail(errno);
+      }
+    };
+    place(o.stdin_fd, STDIN_FILENO);
+    place(o.stdout_fd, STDOUT_FILENO);
+    place(o.stderr_fd, STDERR_FILENO);
     if (o.death_signal != 0) {
       if (::prctl(PR_SET_PDEATHSIG, o.death_signal) != 0) fail(errno);
       if (::getppid() != parent) ::raise(o.death_signal);  // the parent went before the line above
@@ -85,6 +105,7 @@ pid_t spawn_process(const SpawnOptions& o) {
     ::execve(file.c_str(), argv.data(), envp);
     fail(errno);
   }
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   ::close(status[1]);
   if (o.own_group) ::setpgid(pid, pid);  // also here: no signal to the group can come before it exists
   int err = 0;
@@ -102,11 +123,21 @@ pid_t spawn_process(const SpawnOptions& o) {
 }
 
 int usable_cpus() {
+  int n = 0;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  // A container's CPU quota (cgroup v2 cpu.max: "QUOTA PERIOD", or "max"),
+  // which the affinity mask does not show.
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  long long period = 0;
+  if (in >> quota >> period && quota != "max" && period > 0) {
+    const long long q = std::atoll(quota.c_str());
+    if (q > 0) n = std::min<int>(n, static_cast<int>(std::max(1LL, (q + period - 1) / period)));
+  }
+  return n;
 }
 
 }  // namespace zero

@@ -369,6 +369,10 @@ bool Stage3Coordinator::finish_a_gather() {
 }
 
 void Stage3Coordinator::pre_forward(size_t unit) {
+  // NOTE [ungathered use]: a layer run a second time means a whole forward
+  // has passed: watching longer would only cost (a program that never runs
+  // backward, evaluation only, would pay it for good).
+  if (use_check_ != nullptr && !use_check_seen_.insert(unit).second) use_check_.reset();
   const Event e{unit, false};
   if (traced(e)) on_event(e);
   acquire(unit, traced(e));

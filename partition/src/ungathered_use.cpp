@@ -13,7 +13,7 @@ namespace {
 
 struct Watched {
   UngatheredUseCheck::Param param;
-  std::shared_ptr<std::atomic<bool>> said;  // the watch's: reported once
+  std::shared_ptr<std::atomic<bool>> said;  // its layer's: reported once
 };
 
 // NOTE [ungathered use]: the table RecordFunction's plain function pointer
@@ -41,10 +41,10 @@ std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
     const auto it = table().find(t.unsafeGetTensorImpl());
     if (it == table().end() || it->second.said->exchange(true)) continue;
     log::error("stage 3: parameter " + it->second.param.name + " of layer " + it->second.param.layer +
-               " is used by " + op + " while the layer is not gathered (each rank holds only its shard): the "
-               "layer's forward was called directly. Call it as zero::forward(layer, inputs...) "
-               "(zero/partition/layer.h), which gathers its parameters for the call; LibTorch's error about the "
-               "empty parameter follows");
+               " is used by " + op + " while the layer is not gathered (each rank holds only its shard), as when "
+               "the layer's forward is called directly: call it as zero::forward(layer, inputs...) "
+               "(zero/partition/layer.h), which gathers its parameters for the call; an error of LibTorch's about "
+               "the empty parameter may follow");
   }
   return nullptr;
 }
@@ -54,9 +54,11 @@ std::unique_ptr<at::ObserverContext> on_operator(const at::RecordFunction& fn) {
 UngatheredUseCheck::UngatheredUseCheck(std::unordered_map<const c10::TensorImpl*, Param> params)
     : params_(std::move(params)) {
   if (params_.empty()) return;
+  for (const auto& [impl, p] : params_)
+    if (said_.count(p.layer) == 0) said_.emplace(p.layer, std::make_shared<std::atomic<bool>>(false));
   {
     std::unique_lock lock(table_mutex());
-    for (const auto& [impl, p] : params_) table()[impl] = Watched{p, said_};
+    for (const auto& [impl, p] : params_) table()[impl] = Watched{p, said_.at(p.layer)};
   }
   handle_ = at::addGlobalCallback(
       at::RecordFunctionCallback(on_operator).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
@@ -67,7 +69,7 @@ UngatheredUseCheck::~UngatheredUseCheck() {
   std::unique_lock lock(table_mutex());
   for (const auto& [impl, p] : params_) {
     const auto it = table().find(impl);
-    if (it != table().end() && it->second.said == said_) table().erase(it);
+    if (it != table().end() && it->second.said == said_.at(p.layer)) table().erase(it);
   }
 }
 

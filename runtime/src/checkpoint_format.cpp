@@ -504,8 +504,8 @@ std::string save_folder_problem(const std::string& flag, const std::string& dir)
   }
   // A file made and removed: access() passes root on a read-only mount's
   // folder modes, and says nothing of a full or read-only file system.
-  const std::string probe = dir + "/.zero-write-test." + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::string probe = dir + "/.zero-write-test.XXXXXX";
+  const int fd = ::mkstemp(probe.data());
   if (fd < 0) return head + "cannot write in the folder: " + errno_text(errno);
   ::close(fd);
   ::unlink(probe.c_str());
@@ -516,49 +516,65 @@ namespace {
 constexpr const char* kLockName = ".zero-lock";
 }  // namespace
 
-std::unique_ptr<FolderLock> FolderLock::try_acquire(const std::string& dir, std::string* holder) {
-  const std::string path = dir + "/" + kLockName;
-  int fd = -1;
-  for (;;) {  // the holder removes the file as it lets go: lock the file that is there
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) throw IoError("open " + path + " (the folder's writer lock): " + errno_text(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) break;
-    struct stat mine {}, named {};
-    if (::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &named) == 0 && mine.st_ino == named.st_ino &&
-        mine.st_dev == named.st_dev)
-      break;
-    ::close(fd);  // locked a file its holder had just removed: again
-  }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    std::string text;
-    char buf[512];
-    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-    if (n > 0) text.assign(buf, static_cast<size_t>(n));
-    ::close(fd);
-    if (err != EWOULDBLOCK) throw IoError("flock " + path + ": " + errno_text(err));
-    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-    if (holder != nullptr) *holder = text.empty() ? "another process (it has not yet written its name)" : text;
-    return nullptr;
-  }
+namespace {
+// "pid 123 on host h": who holds a lock, as its file starts.
+std::string lock_owner_text() {
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
-  const std::time_t now = ::time(nullptr);
-  std::tm utc {};
-  char when[32] = "?";
-  if (::gmtime_r(&now, &utc) != nullptr) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
-  const std::string text = "pid " + std::to_string(::getpid()) + " on host " + host + ", since " + when + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
-    const int err = errno;
+  return "pid " + std::to_string(::getpid()) + " on host " + host;
+}
+}  // namespace
+
+FolderLock::Attempt FolderLock::try_acquire(const std::string& dir) {
+  const std::string path = dir + "/" + kLockName;
+  Attempt out;
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) throw IoError("open " + path + " (the folder's writer lock): " + errno_text(errno));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[512];
+      const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+      ::close(fd);
+      if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {  // no flock on this file system
+        out.state = State::kUnsupported;
+        out.holder = errno_text(err);
+        return out;
+      }
+      if (err != EWOULDBLOCK) throw IoError("flock " + path + ": " + errno_text(err));
+      std::string text = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      const std::string me = lock_owner_text();
+      out.state = text.rfind(me + ",", 0) == 0 ? State::kHeldHere : State::kHeld;
+      out.holder = text.empty() ? "another process (it has not yet written its name)" : text;
+      return out;
+    }
+    // Only a holder removes the file (as it lets go): a file locked after
+    // its removal is not the lock. Then open the one there now.
+    struct stat mine {}, named {};
+    if (::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &named) == 0 && mine.st_ino == named.st_ino &&
+        mine.st_dev == named.st_dev) {
+      const std::time_t now = ::time(nullptr);
+      std::tm utc {};
+      char when[32] = "?";
+      if (::gmtime_r(&now, &utc) != nullptr) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+      const std::string text = lock_owner_text() + ", since " + when + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+        const int err = errno;
+        ::close(fd);
+        throw IoError("write " + path + " (the folder's writer lock): " + errno_text(err));
+      }
+      out.state = State::kAcquired;
+      out.lock = std::unique_ptr<FolderLock>(new FolderLock(dir, fd));
+      return out;
+    }
     ::close(fd);
-    throw IoError("write " + path + " (the folder's writer lock): " + errno_text(err));
   }
-  return std::unique_ptr<FolderLock>(new FolderLock(dir, fd));
 }
 
 FolderLock::~FolderLock() {
   if (fd_ < 0) return;
-  ::unlink((dir_ + "/" + kLockName).c_str());  // while still held: a waiter then locks a new file
+  ::unlink((dir_ + "/" + kLockName).c_str());  // while still held (only a holder removes it): see try_acquire
   ::close(fd_);
 }
 

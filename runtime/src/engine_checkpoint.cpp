@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -82,18 +83,28 @@ void agree(Comm* comm, const std::exception_ptr& mine, const std::string& what) 
   }
 }
 
-// NOTE [checkpoint commit]: stop signals during a save.
-volatile sig_atomic_t g_save_signal = 0;
+// NOTE [checkpoint commit]: stop signals during a save. The first is held
+// for the save to stop at its next check; a second one (the save is stuck,
+// say in an exchange with a peer) ends the process at once, as it would
+// have without the save.
+std::atomic<int> g_save_signal{0};
 void note_save_signal(int sig) {
-  if (g_save_signal == 0) g_save_signal = sig;
+  int none = 0;
+  if (g_save_signal.compare_exchange_strong(none, sig)) return;
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
 }
 
 // While one lives, SIGINT/SIGTERM/SIGHUP left at their default action are
-// recorded instead of ending the process; check() throws once one came;
-// the destructor restores the actions and raises the signal again.
+// held instead of ending the process; check() throws once one came; the
+// destructor restores the actions, lets go of `lock` (the folder's writer
+// lock, so the next writer finds no stale file) and raises the signal again.
+// One save at a time per process (the signal state is the process's).
 class SaveSignals {
  public:
-  SaveSignals() {
+  SaveSignals(std::string what, std::unique_ptr<ckpt::FolderLock>* lock) : what_(std::move(what)), lock_(lock) {
     g_save_signal = 0;
     for (size_t i = 0; i < kSignals.size(); ++i) {
       struct sigaction now {};
@@ -101,6 +112,7 @@ class SaveSignals {
         continue;
       struct sigaction sa {};
       sa.sa_handler = note_save_signal;
+      sa.sa_flags = SA_RESTART;  // other threads' blocking calls go on (io_uring waits, sockets)
       sigemptyset(&sa.sa_mask);
       if (::sigaction(kSignals[i], &sa, &old_[i]) == 0) installed_[i] = true;
     }
@@ -108,23 +120,29 @@ class SaveSignals {
   ~SaveSignals() {
     for (size_t i = 0; i < kSignals.size(); ++i)
       if (installed_[i]) ::sigaction(kSignals[i], &old_[i], nullptr);
-    const int sig = g_save_signal;
-    g_save_signal = 0;
-    if (sig != 0) ::raise(sig);  // its default action, now that the save's files are gone
+    const int sig = g_save_signal.exchange(0);
+    if (sig == 0) return;
+    if (lock_ != nullptr) lock_->reset();
+    log::warning(what_ + ": " + name(sig) + " came during the save; the save was stopped and its files removed (the " +
+                 "previous checkpoints are as they were), and the signal now ends the process");
+    ::raise(sig);  // its default action, now that the save's files are gone
   }
   SaveSignals(const SaveSignals&) = delete;
   SaveSignals& operator=(const SaveSignals&) = delete;
 
   /// Throws IoError when a held signal came.
   static void check(const std::string& what) {
-    if (g_save_signal == 0) return;
-    const char* name = g_save_signal == SIGINT ? "SIGINT" : g_save_signal == SIGTERM ? "SIGTERM" : "SIGHUP";
-    throw IoError(what + ": stopped by " + name + "; the save's files are removed and the previous checkpoints are "
-                         "as they were");
+    const int sig = g_save_signal.load();
+    if (sig == 0) return;
+    throw IoError(what + ": stopped by " + name(sig) + "; the save's files are removed and the previous checkpoints "
+                         "are as they were");
   }
 
  private:
+  static std::string name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"; }
+  std::string what_;
   static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::unique_ptr<ckpt::FolderLock>* lock_;
   std::array<struct sigaction, 3> old_{};
   std::array<bool, 3> installed_{};
 };
@@ -211,6 +229,8 @@ void detail::set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks) {
   engine.impl().checkpoint_hooks = std::move(hooks);
 }
 
+bool detail::save_stop_requested() { return g_save_signal.load() != 0; }
+
 void Engine::open_checkpoint_dir(const std::string& dir) {
   auto& s = *impl_;
   if (s.save_folders.count(dir) != 0) return;
@@ -221,13 +241,18 @@ void Engine::open_checkpoint_dir(const std::string& dir) {
     try {
       if (const std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
         throw IoError(problem);
-      std::string holder;
-      lock = ckpt::FolderLock::try_acquire(dir, &holder);
-      if (!lock)
-        throw IoError(what + ": another job is saving checkpoints there (" + holder + ", holding " + dir +
+      auto attempt = ckpt::FolderLock::try_acquire(dir);
+      using State = ckpt::FolderLock::State;
+      if (attempt.state == State::kHeld)
+        throw IoError(what + ": another job is saving checkpoints there (" + attempt.holder + ", holding " + dir +
                       "/.zero-lock); two jobs saving into one folder would overwrite each other's files: give this "
                       "one another folder, or stop the other");
-      const auto removed = ckpt::remove_interrupted_saves(dir);
+      if (attempt.state == State::kUnsupported)
+        log::warning(what + ": its file system has no flock (" + attempt.holder + "): saving without a writer lock, "
+                     "so nothing stops another job from saving there too");
+      lock = std::move(attempt.lock);  // null when held here (the folder under another spelling) or unsupported
+      const auto removed =
+          attempt.state == State::kAcquired ? ckpt::remove_interrupted_saves(dir) : std::vector<std::string>{};
       if (!removed.empty()) {
         std::string names;
         for (const auto& n : removed) names += (names.empty() ? "" : ", ") + n;
@@ -262,7 +287,7 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
                                               client_state.substr(0, 200)});
   const std::string what = "save_checkpoint " + dir + "/" + tag;
   open_checkpoint_dir(dir);
-  SaveSignals signals;  // NOTE [checkpoint commit]: a stop signal ends the save cleanly
+  SaveSignals signals(what, &s.save_folders[dir]);  // NOTE [checkpoint commit]: a stop signal ends the save cleanly
   Comm* comm = s.comm.get();
   const int rank = s.dist.rank;
   const std::string incoming = dir + "/." + tag + ".incoming";

@@ -87,13 +87,13 @@ TEST(Probe, OutcomesAreToldApart) {
 TEST(Probe, ARunPastItsTimeLimitIsStopped) {
   mingpt::ScratchDir dir(mingpt::temp_parent(), "probe-test");
   auto run = script_run(dir, "echo 'step 1 of 3'; exec sleep 60");
-  run.timeout_s = 3;  // the shell's first line comes well before, loaded or not
+  run.timeout_s = 10;  // the shell's first line comes well before, loaded or not
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = mingpt::run_probe(run);
-  EXPECT_LT(seconds_since(t0), 30.0);  // not the script's 60 s
+  EXPECT_LT(seconds_since(t0), 45.0);  // not the script's 60 s
   EXPECT_EQ(r.outcome, mingpt::ProbeResult::Outcome::kTimedOut);
   EXPECT_EQ(r.status, 128 + SIGTERM);
-  EXPECT_NE(r.message.find("time limit of 3 s"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("time limit of 10 s"), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("step 1 of 3"), std::string::npos) << r.message;  // the log's last lines
 
   // No limit: the same kind of run ends on its own.
@@ -108,11 +108,11 @@ TEST(Probe, ARunIgnoringSigtermIsKilledWithItsGroup) {
   mingpt::ScratchDir dir(mingpt::temp_parent(), "probe-test");
   const std::string pid_file = dir.path() + "/child.pid";
   auto run = script_run(dir, "trap '' TERM\nsleep 60 &\necho $! > " + pid_file + "\nwait");
-  run.timeout_s = 3;
+  run.timeout_s = 10;  // its trap and pid file come well before
   run.grace_s = 0.5;
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = mingpt::run_probe(run);
-  EXPECT_LT(seconds_since(t0), 30.0);
+  EXPECT_LT(seconds_since(t0), 45.0);
   EXPECT_EQ(r.outcome, mingpt::ProbeResult::Outcome::kTimedOut);
   EXPECT_EQ(r.status, 128 + SIGKILL);
   pid_t child = 0;
@@ -136,9 +136,11 @@ TEST(Probe, AStopSignalEndsARunThatIgnoresIt) {
   const std::string started = dir.path() + "/started", child_pid = dir.path() + "/child.pid";
   auto run = script_run(dir, "trap '' TERM\nsleep 600 &\necho $! > " + child_pid + "\ntouch " + started + "\nwait");
   mingpt::CatchStopSignals stop;
+  std::chrono::steady_clock::time_point signalled;
   std::thread signaller([&] {
     for (int i = 0; i < 1200 && ::access(started.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    signalled = std::chrono::steady_clock::now();
     ::kill(::getpid(), SIGTERM);
   });
   bool interrupted = false;
@@ -149,6 +151,8 @@ TEST(Probe, AStopSignalEndsARunThatIgnoresIt) {
   }
   signaller.join();
   EXPECT_TRUE(interrupted);
+  // The 10 s grace, not the run's 600 s (the bound only a hang would pass).
+  EXPECT_LT(seconds_since(signalled), 120.0);
   pid_t child = 0;
   std::ifstream(child_pid) >> child;
   ASSERT_GT(child, 0);

@@ -340,7 +340,9 @@ TEST_F(Checkpoints, AnInterruptedSaveLeavesThePreviousOne) {
   trainer_->engine->save_checkpoint(dir_, "second");
   EXPECT_EQ(zero::ckpt::read_small_file(dir_ + "/latest"), "second\n");
   for (const auto& name : ck::list_folder(dir_))  // the writer lock is the living engine's
-    if (name != ".zero-lock") EXPECT_NE(name[0], '.') << "left behind: " << name;
+    if (name != ".zero-lock") {
+      EXPECT_NE(name[0], '.') << "left behind: " << name;
+    }
 }
 
 // Saving a tag again replaces its folder: the old one goes aside first, so

@@ -170,8 +170,8 @@ TEST(Stage3Layers, ALayerCalledWithoutZeroForwardIsNamed) {
   EXPECT_NE(err.find("zero::forward(layer, inputs...)"), std::string::npos) << err;
 
   auto good = tiny(1);
-  auto e2 = zero::initialize(good.ptr(), kStage3, quiet(&good));
   testing::internal::CaptureStderr();
+  auto e2 = zero::initialize(good.ptr(), kStage3, quiet(&good));
   for (int s = 0; s < 2; ++s) {
     e2.backward(loss_of(good));
     e2.step();

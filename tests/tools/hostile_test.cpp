@@ -161,7 +161,13 @@ TEST(Hostile, AnInterruptedSaveLeavesNothingBehind) {
   // launcher reports whichever it sees first.
   EXPECT_TRUE(term.code == 143 || term.code == 1) << term.out;
   EXPECT_TRUE(has(term.out, "SIGTERM to rank 1")) << term.out;
-  for (const auto& name : entries(ck)) EXPECT_NE(name[0], '.') << "left behind: " << name;
+  // (The writer lock's file may stay: zero launch's SIGTERM can end rank 0
+  // after its save, before its engine lets go. It is free; the next writer
+  // takes it.)
+  for (const auto& name : entries(ck))
+    if (name != ".zero-lock") {
+      EXPECT_NE(name[0], '.') << "left behind: " << name;
+    }
   EXPECT_EQ(read_text(ck + "/latest"), "global_step2\n");
   EXPECT_EQ(run(kBin + "zero checkpoint verify " + ck).code, 0);
   // SIGKILL cannot be caught: rank 0, which would remove the folder, is
@@ -171,10 +177,83 @@ TEST(Hostile, AnInterruptedSaveLeavesNothingBehind) {
   bool left = false;
   for (const auto& name : entries(ck)) left = left || name == ".global_step4.incoming";
   EXPECT_TRUE(left) << "a kill leaves the incoming folder";
+  // The next writer removes it (before its first step)...
+  const Outcome next = run(train + "--stop_after_steps 1");
+  EXPECT_EQ(next.code, 0) << next.out;
+  EXPECT_TRUE(has(next.out, "removed what interrupted saves left: .global_step4.incoming")) << next.out;
+  EXPECT_EQ(entries(ck).count(".global_step4.incoming"), 0u);
+  // ... and so does verify --clean, when no job holds the folder.
+  run(train + "--test_kill_save 0:rank_files:2");
+  EXPECT_EQ(entries(ck).count(".global_step4.incoming"), 1u);
   const Outcome clean = run(kBin + "zero checkpoint verify " + ck + " --clean");
   EXPECT_EQ(clean.code, 0) << clean.out;
   EXPECT_TRUE(has(clean.out, "removed .global_step4.incoming (left by an interrupted save)")) << clean.out;
   for (const auto& name : entries(ck)) EXPECT_NE(name[0], '.') << "left behind: " << name;
+}
+
+// The issue's own case: Ctrl-C (SIGINT) or SIGTERM to zero launch while its
+// ranks save. The launcher passes it on, the save stops, its folder goes,
+// and the previous checkpoint stays whole. Rank 0 stands still inside the
+// save until the signal comes, so the signal lands there on any machine.
+TEST(Hostile, AStopToTheLauncherDuringASaveLeavesNoIncomingFolder) {
+  for (const char* sig : {"TERM", "INT"}) {
+    TempDir dir;
+    const std::string ck = dir.file("ck"), marker = dir.file("saving"), log = dir.file("log");
+    run("sh -c '" + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "mingpt --config " + kConfigs +
+        "mingpt_zero2.json" + kTiny + "--limit_train_batches 8 --save_dir " + ck + " --save_every 2 --test_kill_save "
+        "0:rank_files:2:WAIT=" + marker + " > " + log + " 2>&1 & echo $! > " + dir.file("pid") + "'");
+    for (int i = 0; i < 1200 && ::access(marker.c_str(), F_OK) != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(::access(marker.c_str(), F_OK), 0) << read_text(log);
+    const pid_t launcher = std::stoi(read_text(dir.file("pid")));
+    ::kill(launcher, std::string(sig) == "TERM" ? SIGTERM : SIGINT);
+    EXPECT_TRUE(ended_within_two_minutes(launcher)) << read_text(log);
+    const std::string text = read_text(log);
+    EXPECT_TRUE(has(text, "SIG" + std::string(sig) + " came during the save; the save was stopped and its files "
+                          "removed"))
+        << text;
+    for (const auto& name : entries(ck))
+      if (name != ".zero-lock") {
+        EXPECT_NE(name[0], '.') << "left behind: " << name << "\n" << text;
+      }
+    EXPECT_EQ(read_text(ck + "/latest"), "global_step2\n");
+    EXPECT_EQ(run(kBin + "zero checkpoint verify " + ck).code, 0);
+  }
+}
+
+// mingpt --find-max-params: SIGTERM at any point ends it, its runs and its
+// scratch folder within seconds; killed outright, its runs end with it and
+// the next search removes its scratch folder.
+TEST(Hostile, AMaxParameterSearchStopsAndCleansUp) {
+  TempDir dir, tmp;
+  const std::string search = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "mingpt --config " + kConfigs +
+                             "mingpt_zero2.json --find-max-params --nproc 2 --device-memory 64MiB --head_dim 16 "
+                             "--batch_size 8";
+  auto start = [&](const std::string& log) {
+    run("sh -c '" + search + " > " + log + " 2>&1 & echo $! > " + dir.file("pid") + "'");
+    for (int i = 0; i < 1200 && !has(read_text(log), "probe 1:"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(has(read_text(log), "probe 1:")) << read_text(log);
+    return static_cast<pid_t>(std::stoi(read_text(dir.file("pid"))));
+  };
+  const pid_t stopped = start(dir.file("term.log"));
+  ::kill(stopped, SIGTERM);
+  EXPECT_TRUE(ended_within_two_minutes(stopped));
+  EXPECT_TRUE(has(read_text(dir.file("term.log")), "interrupted by SIGTERM")) << read_text(dir.file("term.log"));
+  EXPECT_TRUE(entries(tmp.path()).empty());
+
+  const pid_t killed = start(dir.file("kill.log"));
+  ::kill(killed, SIGKILL);
+  EXPECT_TRUE(ended_within_two_minutes(killed));
+  EXPECT_FALSE(entries(tmp.path()).empty()) << "a search killed outright cannot remove its folder";
+  const pid_t next = start(dir.file("next.log"));
+  ::kill(next, SIGTERM);
+  EXPECT_TRUE(ended_within_two_minutes(next));
+  EXPECT_TRUE(has(read_text(dir.file("next.log")), "the scratch folder of a run that was killed"))
+      << read_text(dir.file("next.log"));
+  for (int i = 0; i < 1200 && !entries(tmp.path()).empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(entries(tmp.path()).empty());
 }
 
 // zero launch used to die of SIGHUP (status 129) and leave its ranks
@@ -284,7 +363,7 @@ TEST(Hostile, ManyUnknownKeysAreReadInLinearTimeAndSummed) {
   std::string text = "{\"train_micro_batch_size_per_gpu\": 1, \"optimizer\": {\"type\": \"Adam\"}";
   for (int i = 0; i < 200000; ++i) text += ", \"unknown_key_" + std::to_string(i) + "\": 1";
   const std::string file = write(dir, "many.json", text + "}");
-  const Outcome r = run(kBin + "zero config check " + file, 600);
+  const Outcome r = run(kBin + "zero config check " + file);  // 60 s: a quadratic read took minutes
   EXPECT_EQ(r.code, 0) << r.out.substr(0, 2000);
   EXPECT_TRUE(has(r.out, "... and 199,980 more unknown top-level keys")) << r.out.substr(0, 2000);
   EXPECT_LT(r.out.size(), 20000u);

@@ -167,11 +167,11 @@ TEST(Tune, ARunPastItsTimeLimitIsStoppedAndSkipped) {
   const std::string trainer =
       write_trainer(dir, std::string("  *run1.json*) echo 'mingpt: stuck'; exec sleep 600 ;;\n") + kFakeRun);
   const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune" + kGrid +
-                          " --stages 0,3 --run-timeout 10 --trainer " + trainer + " --out " + dir.file("ds_config.json") +
+                          " --stages 0,3 --run-timeout 20 --trainer " + trainer + " --out " + dir.file("ds_config.json") +
                           " --json " + dir.file("report.json") + " > " + dir.file("log") + " 2>&1";
   ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
   const std::string log = read_text(dir.file("log"));
-  EXPECT_NE(log.find("timed out (skipped; --run-timeout): still running after its time limit of 10 s"), std::string::npos)
+  EXPECT_NE(log.find("timed out (skipped; --run-timeout): still running after its time limit of 20 s"), std::string::npos)
       << log;
   EXPECT_NE(log.find("mingpt: stuck"), std::string::npos) << log;  // the run's last lines
   EXPECT_TRUE(entries(tmp.path()).empty());

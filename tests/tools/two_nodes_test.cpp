@@ -39,7 +39,7 @@ TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
   const int port = free_port();
   auto node = [&](int k) {
     return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
-           " --nproc_per_node 2 --master_port " + std::to_string(port) + " -- " + train + "--summary-json " +
+           " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + train + "--summary-json " +
            dir.file("two.json") + " --save_dir '" + ck + "'";
   };
   Outcome second;

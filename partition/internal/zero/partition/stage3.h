@@ -65,6 +65,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -210,6 +211,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   int64_t gathers_ = 0, prefetched_ = 0;
   // NOTE [ungathered use]: until the first micro-step has ended.
   std::unique_ptr<UngatheredUseCheck> use_check_;
+  std::set<size_t> use_check_seen_;  // layers run while it watched
 };
 
 /// The coordinator and unit that handle `module`, if it is a stage-3 layer

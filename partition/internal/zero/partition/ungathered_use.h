@@ -7,11 +7,13 @@
 // cause. LibTorch's modules have no hooks to catch the call, so this watches
 // the operators instead: while one of these lives, a RecordFunction callback
 // looks at each operator's tensor inputs for a layer parameter left empty
-// and, the first time it finds one, prints which parameter of which layer,
-// which operator, and that the layer must run through zero::forward; then
-// LibTorch's own error follows. Watching every operator costs time, so the
-// coordinator keeps one only until its first micro-step has ended (the
-// first forward is where a missing zero::forward shows). RecordFunction takes
+// and, the first time it finds one of a layer, prints which parameter of
+// which layer, which operator, and that a layer's forward must run through
+// zero::forward; then LibTorch's own error follows. Watching every operator
+// costs time, so the coordinator keeps one only through the first forward
+// (until a layer runs again, or the first micro-step ends), which is where a
+// missing zero::forward shows; a direct call made only later (an evaluation
+// path after training) gets LibTorch's error alone. RecordFunction takes
 // a plain function pointer, so the parameters watched are in one
 // process-wide table (guarded by a lock) holding the entries of the watches
 // alive; each watch takes its own out when it goes.
@@ -40,12 +42,11 @@ class UngatheredUseCheck {
   UngatheredUseCheck(const UngatheredUseCheck&) = delete;
   UngatheredUseCheck& operator=(const UngatheredUseCheck&) = delete;
 
-  /// Whether a use was found (and reported).
-  bool found() const { return said_->load(); }
 
  private:
   std::unordered_map<const c10::TensorImpl*, Param> params_;
-  std::shared_ptr<std::atomic<bool>> said_ = std::make_shared<std::atomic<bool>>(false);
+  // A flag per layer: each layer's first use is reported once.
+  std::unordered_map<std::string, std::shared_ptr<std::atomic<bool>>> said_;
   at::CallbackHandle handle_ = 0;
 };
 

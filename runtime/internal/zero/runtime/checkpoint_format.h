@@ -175,13 +175,27 @@ std::string save_folder_problem(const std::string& flag, const std::string& dir)
 /// exclusive flock(2) on DIR/.zero-lock, whose text names the holder (pid,
 /// host, start time) for the message a second writer gets. The lock goes
 /// with the process however it ends (the kernel drops it with the last
-/// descriptor; the descriptor is not inherited by children). Move-only.
+/// descriptor; the descriptor is closed across exec, though a child forked
+/// without exec keeps it). A killed holder leaves the file, unlocked: the
+/// next taker locks it. Not copyable.
 class FolderLock {
  public:
-  /// Takes `dir`'s lock without waiting. Returns nullptr, with the holder's
-  /// text in `*holder`, when another process holds it. Throws IoError when
-  /// the lock file cannot be made.
-  static std::unique_ptr<FolderLock> try_acquire(const std::string& dir, std::string* holder);
+  enum class State {
+    kAcquired,     // `lock` holds it
+    kHeld,         // another process holds it (`holder` names it)
+    kHeldHere,     // this process holds it already, through another FolderLock
+    kUnsupported,  // the file system has no flock (`holder`: its errno)
+  };
+  struct Attempt {
+    State state = State::kHeld;
+    std::unique_ptr<FolderLock> lock;
+    std::string holder;
+  };
+  /// Takes `dir`'s lock without waiting. The file is removed by its holder
+  /// as it lets go, while still holding it, so a file locked after its
+  /// removal is never taken for the lock. Throws IoError when the lock file
+  /// cannot be made or locked for a reason other than those of State.
+  static Attempt try_acquire(const std::string& dir);
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;

@@ -24,5 +24,8 @@ struct CheckpointHooks {
   std::function<void(const std::string& point)> at;
 };
 void set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks);
+/// Whether a stop signal is held by a save in progress (NOTE [checkpoint
+/// commit]): a test hook that stands still inside a save waits for it.
+bool save_stop_requested();
 
 }  // namespace zero::detail
