@@ -4,7 +4,8 @@
 #   Debian: cmake ninja-build g++ ccache liburing-dev libtbb-dev nlohmann-json3-dev libgtest-dev
 #           libgloo-dev (headers only: Gloo itself is inside LibTorch) fio
 #   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it), safetensors
-#           (the checkpoint tests read consolidated weights with it, as users do)
+#           (the checkpoint tests read consolidated weights with it, as users do), transformers
+#           (the Llama tests compare with Hugging Face's model and load what zero saves)
 set -euo pipefail
 
 PY=${PYTHON:-python3}
@@ -41,6 +42,14 @@ if ! $PY -c "import safetensors" 2>/dev/null; then
   echo "setup: installing safetensors from PyPI"
   $PY -m pip install --quiet "safetensors>=0.4" || {
     echo "setup: error: 'pip install safetensors' failed; the checkpoint tests need it (see README)." >&2
+    exit 1
+  }
+fi
+
+if ! $PY -c "import transformers" 2>/dev/null; then
+  echo "setup: installing transformers from PyPI"
+  $PY -m pip install --quiet "transformers>=4.46,<6" || {
+    echo "setup: error: 'pip install transformers' failed; the Llama tests compare with it (see README)." >&2
     exit 1
   }
 fi

@@ -2,6 +2,7 @@
 #include "zero/runtime/checkpoint_io.h"
 
 #include <algorithm>
+#include <set>
 #include <cstdio>
 #include <cstring>
 #include <unordered_set>
@@ -288,9 +289,32 @@ class CheckpointReader final : public ReaderBase {
   nlohmann::json files_meta_;
 };
 
+// Full weights in one or several safetensors files (NOTE [checkpoint
+// mapping]): group i of the layout it makes is tensors_[i].
 class WeightsReader final : public ReaderBase {
  public:
-  WeightsReader(std::string path, const offload::AioOptions& aio) : ReaderBase(aio), path_(std::move(path)) {}
+  WeightsReader(const WeightFiles& files, const std::function<std::string(const std::string&)>& rename,
+                const offload::AioOptions& aio)
+      : ReaderBase(aio), source_(files.source) {
+    for (const auto& path : files.files) {
+      OpenFile& f = open(path);
+      for (size_t i = 0; i < f.layout.tensors.size(); ++i) {
+        const TensorEntry& t = f.layout.tensors[i];
+        const std::string name = rename ? rename(t.name) : t.name;
+        if (name.empty()) continue;
+        auto [it, fresh] = by_name_.emplace(name, tensors_.size());
+        if (!fresh) {
+          const auto& other = tensors_[it->second];
+          throw IoError(source_ + ": tensors " + other.file_name + " (" + other.file + ") and " + t.name + " (" + path +
+                        ") both map to the model's name " + name);
+        }
+        tensors_.push_back({name, t.name, path, t.dtype, t.shape});
+        entries_.push_back({&f, &t});
+      }
+    }
+  }
+
+  const std::vector<WeightTensor>& tensors() const { return tensors_; }
 
   std::unique_ptr<Pending> issue(const std::vector<std::string>& states, std::vector<Piece> pieces,
                                  int64_t len) override {
@@ -299,11 +323,10 @@ class WeightsReader final : public ReaderBase {
     batch->pieces = std::move(pieces);
     batch->len = len;
     batch->states = 1;
-    OpenFile& f = open(path_);
     for (const auto& p : batch->pieces) {
-      const TensorEntry& t = f.layout.tensors.at(p.group);
-      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-      batch->reads.push_back({&f, &t, 0, &p, start(f, t, p.begin * es, (p.begin + p.count) * es)});
+      const auto [f, t] = entries_.at(p.group);
+      const int64_t es = static_cast<int64_t>(c10::elementSize(t->dtype));
+      batch->reads.push_back({f, t, 0, &p, start(*f, *t, p.begin * es, (p.begin + p.count) * es)});
     }
     return batch;
   }
@@ -326,22 +349,40 @@ class WeightsReader final : public ReaderBase {
     batch.reads.clear();
   }
 
-  OpenFile& open(const std::string&) override {
-    if (!file_) {
-      const int64_t size = file_size(path_);
-      if (size < 0) throw IoError(path_ + ": no such file (the weights to load)");
-      file_ = std::make_unique<OpenFile>();
-      file_->path = path_;
-      file_->size = size;
-      file_->file = offload::AioFile::open_read_only(path_, /*try_direct=*/true);
-      file_->layout = read_header(engine(), file_->file, path_, size);
+  at::Tensor read_tensor(const std::string&, const std::string& name) override {
+    const auto it = by_name_.find(name);
+    if (it == by_name_.end()) throw IoError(source_ + ": has no tensor " + name);
+    const auto [f, t] = entries_[it->second];
+    at::Tensor out = at::empty(t->shape, at::TensorOptions().dtype(t->dtype));
+    if (t->end > t->begin) {
+      PendingRead r = start(*f, *t, 0, t->end - t->begin);
+      finish(*f, *t, r, 0, t->end - t->begin, static_cast<char*>(out.data_ptr()));
     }
-    return *file_;
+    return out;
+  }
+
+  bool has_tensor(const std::string&, const std::string& name) override { return by_name_.count(name) != 0; }
+
+  OpenFile& open(const std::string& path) override {
+    auto it = files_.find(path);
+    if (it != files_.end()) return *it->second;
+    const int64_t size = file_size(path);
+    if (size < 0) throw IoError(path + ": no such file (the weights to load)");
+    auto f = std::make_unique<OpenFile>();
+    f->path = path;
+    f->size = size;
+    f->file = offload::AioFile::open_read_only(path, /*try_direct=*/true);
+    f->layout = read_header(engine(), f->file, path, size);
+    auto& ref = *f;
+    files_.emplace(path, std::move(f));
+    return ref;
   }
 
  private:
-  std::string path_;
-  std::unique_ptr<OpenFile> file_;
+  std::string source_;
+  std::vector<WeightTensor> tensors_;
+  std::vector<std::pair<OpenFile*, const TensorEntry*>> entries_;  // by tensor index (OpenFiles are never moved)
+  std::unordered_map<std::string, size_t> by_name_;
 };
 
 }  // namespace
@@ -468,20 +509,70 @@ std::unique_ptr<PieceReader> PieceReader::checkpoint(const std::string& tag_dir,
   return std::make_unique<CheckpointReader>(tag_dir, meta.at("files"), aio);
 }
 
-std::unique_ptr<PieceReader> PieceReader::weights(const std::string& path, SavedLayout* layout,
+WeightFiles WeightFiles::resolve(const std::string& path) {
+  WeightFiles w;
+  w.source = path;
+  std::string index;
+  if (is_folder(path)) {
+    if (file_size(path + "/model.safetensors.index.json") >= 0) index = path + "/model.safetensors.index.json";
+    else if (file_size(path + "/model.safetensors") >= 0) w.files = {path + "/model.safetensors"};
+    else
+      throw IoError(path + ": a folder with neither model.safetensors nor model.safetensors.index.json (the weights "
+                           "to load, as save_pretrained writes them)");
+  } else if (file_size(path) < 0) {
+    throw IoError(path + ": no such file or folder (the weights to load)");
+  } else if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    index = path;
+  } else {
+    w.files = {path};
+  }
+  if (!index.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_small_file(index));
+    } catch (const IoError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw IoError(index + ": not valid JSON (" + e.what() + "): expected a safetensors index with a weight_map");
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j.at("weight_map").is_object())
+      throw IoError(index + ": has no \"weight_map\" object: not a safetensors index");
+    const auto slash = index.rfind('/');
+    const std::string folder = slash == std::string::npos ? "." : index.substr(0, slash);
+    std::set<std::string> seen;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      if (!file.is_string()) throw IoError(index + ": weight_map." + name + ": expected a file name");
+      const std::string shard = file.get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard[0] == '.')
+        throw IoError(index + ": weight_map." + name + ": \"" + shard + "\" is not a file of the index's folder");
+      if (!seen.insert(shard).second) continue;
+      if (file_size(folder + "/" + shard) < 0)
+        throw IoError(folder + "/" + shard + ": missing (" + index + " names it for " + name + ")");
+      w.files.push_back(folder + "/" + shard);
+    }
+    std::sort(w.files.begin(), w.files.end());
+    if (w.files.empty()) throw IoError(index + ": its weight_map names no file");
+  }
+  return w;
+}
+
+std::unique_ptr<PieceReader> PieceReader::weights(const WeightFiles& files,
+                                                  const std::function<std::string(const std::string&)>& rename,
+                                                  SavedLayout* layout, std::vector<WeightTensor>* tensors,
                                                   const offload::AioOptions& aio) {
-  auto r = std::make_unique<WeightsReader>(path, aio);
-  OpenFile& f = r->open(path);
+  auto r = std::make_unique<WeightsReader>(files, rename, aio);
   layout->partitions = 1;
   layout->groups.clear();
   layout->aliases.clear();
-  for (const auto& t : f.layout.tensors) {  // one group per tensor, in file order (Piece::group indexes them)
+  for (const auto& t : r->tensors()) {  // one group per tensor, in order (Piece::group indexes them)
     SavedGroup g;
     g.name = t.name;
-    g.padded_numel = g.chunk_numel = std::max<int64_t>(1, t.numel());
-    if (at::isFloatingType(t.dtype)) g.params.push_back({t.name, t.shape, 0, t.numel()});
+    const int64_t numel = c10::multiply_integers(t.shape);
+    g.padded_numel = g.chunk_numel = std::max<int64_t>(1, numel);
+    if (at::isFloatingType(t.dtype)) g.params.push_back({t.name, t.shape, 0, numel});
     layout->groups.push_back(std::move(g));
   }
+  if (tensors != nullptr) *tensors = r->tensors();
   return r;
 }
 

@@ -40,6 +40,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <unordered_set>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -555,30 +557,111 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   return out;
 }
 
-void Engine::load_weights(const std::string& path) {
+namespace {
+
+// "bf16" for the model's dtypes, safetensors' names ("BF16") for a file's.
+std::string names_list(const std::vector<std::string>& names, size_t shown = 5) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < shown; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > shown) out += " and " + std::to_string(names.size() - shown) + " more";
+  return out;
+}
+
+// A prefix that would make the file's names match `missing`, said as the
+// option that applies it, or "".
+std::string prefix_hint(const std::vector<std::string>& missing, const std::vector<ckpt::WeightTensor>& tensors) {
+  for (const auto& want : missing) {
+    for (const auto& t : tensors) {
+      if (t.name.size() > want.size() && t.name.compare(t.name.size() - want.size(), want.size(), want) == 0)
+        return "; the file names it " + t.name + ": LoadWeightsOptions::strip_prefix \"" +
+               t.name.substr(0, t.name.size() - want.size()) + "\" would match";
+      if (want.size() > t.name.size() && want.compare(want.size() - t.name.size(), t.name.size(), t.name) == 0)
+        return "; the file has " + t.name + ": LoadWeightsOptions::add_prefix \"" +
+               want.substr(0, want.size() - t.name.size()) + "\" would match";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void Engine::load_weights(const std::string& path, const LoadWeightsOptions& options) {
   auto& s = *impl_;
   at::NoGradGuard no_grad;
+  const ckpt::WeightFiles files = ckpt::WeightFiles::resolve(path);
+  auto rename = [&options](const std::string& name) {
+    std::string n = name;
+    if (!options.strip_prefix.empty() && n.rfind(options.strip_prefix, 0) == 0) n = n.substr(options.strip_prefix.size());
+    n = options.add_prefix + n;
+    return options.rename ? options.rename(n) : n;
+  };
   ckpt::SavedLayout saved;
-  auto reader = ckpt::PieceReader::weights(path, &saved, partition::aio_options(s.config.aio));
-  const auto index = saved.index();
+  std::vector<ckpt::WeightTensor> tensors;
+  auto reader = ckpt::PieceReader::weights(files, rename, &saved, &tensors, partition::aio_options(s.config.aio));
   auto& opt = *s.optimizer;
   const auto& flat = opt.parameters();
   const auto& store = opt.store();
+
+  // Every name of each laid-out parameter (tied ones have several): the file
+  // may hold it under any of them.
+  std::unordered_map<const void*, std::vector<std::string>> names_of;
+  for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  auto index = saved.index();
+  std::unordered_set<std::string> used;
+  std::vector<std::string> missing;
+  for (const auto& slot : flat.slots()) {
+    std::string found = index.count(slot.name) ? slot.name : "";
+    for (const auto& alias : names_of[slot.param.unsafeGetTensorImpl()])
+      if (found.empty() && index.count(alias)) found = alias;
+    if (found.empty()) {
+      missing.push_back(slot.name);
+      continue;
+    }
+    if (found != slot.name) saved.aliases[slot.name] = found;
+    for (const auto& n : names_of[slot.param.unsafeGetTensorImpl()]) used.insert(n);
+    used.insert(found);
+  }
+  if (!missing.empty())
+    throw IoError(files.source + ": has no tensor for " + std::to_string(missing.size()) + " of the model's " +
+                  std::to_string(flat.slots().size()) + " parameters: " + names_list(missing) +
+                  prefix_hint(missing, tensors) + " (names after LoadWeightsOptions' mapping)");
+  index = saved.index();
+  const auto extra = extra_state(*s.model);
+  for (const auto& [name, t] : extra) used.insert(name);
+  if (s.dist.rank == 0) {
+    std::map<std::string, int64_t> other_dtype;  // file dtype -> tensors
+    std::vector<std::string> unused;
+    for (const auto& t : tensors) {
+      if (used.count(t.name) == 0) unused.push_back(t.name);
+      else if (at::isFloatingType(t.dtype) && t.dtype != s.dtype) ++other_dtype[ckpt::dtype_name(t.dtype)];
+    }
+    for (const auto& [dtype, n] : other_dtype)
+      log::warning("load_weights " + files.source + ": " + std::to_string(n) + " tensor(s) in " + dtype +
+                   ", the model computes in " + ckpt::dtype_name(s.dtype) + ": converted (the fp32 master from " +
+                   dtype + ")");
+    if (!unused.empty())
+      log::warning("load_weights " + files.source + ": " + std::to_string(unused.size()) +
+                   " tensor(s) the model has no parameter or buffer for, not loaded: " + names_list(unused, 8));
+  }
+
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
     return reader->issue({"fp32_master"},
-                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, path), count);
+                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, files.source),
+                         count);
   });
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
     loader.fill(k, {&m});
     for (size_t i = 0; i < st.size(); ++i) st[i].fill_(store.initial_value(i));
   });
-  for (const auto& [name, t] : extra_state(*s.model)) {
-    if (!reader->has_tensor(path, name)) continue;
-    at::Tensor v = reader->read_tensor(path, name);
-    if (v.sizes() != t.sizes()) throw IoError(path + ": " + name + " has another shape there than in the model");
+  for (const auto& [name, t] : extra) {
+    if (!reader->has_tensor("", name)) continue;
+    at::Tensor v = reader->read_tensor("", name);
+    if (v.sizes() != t.sizes())
+      throw IoError(files.source + ": " + name + " has shape " + c10::str(v.sizes()) + " there and " +
+                    c10::str(t.sizes()) + " in the model");
     t.copy_(v);
   }
 }

@@ -95,9 +95,10 @@ struct Trainer {
 // The tensors of a safetensors file, by name.
 std::map<std::string, torch::Tensor> read_weights(const std::string& path) {
   zero::ckpt::SavedLayout layout;
-  auto reader = zero::ckpt::PieceReader::weights(path, &layout, {});
+  std::vector<zero::ckpt::WeightTensor> tensors;
+  auto reader = zero::ckpt::PieceReader::weights(zero::ckpt::WeightFiles::resolve(path), {}, &layout, &tensors, {});
   std::map<std::string, torch::Tensor> out;
-  for (const auto& t : reader->file_layout(path).tensors) out[t.name] = reader->read_tensor(path, t.name);
+  for (const auto& t : tensors) out[t.name] = reader->read_tensor(path, t.name);
   return out;
 }
 
@@ -500,7 +501,56 @@ TEST(LoadWeights, FillsAModelBuiltUnderInit) {
     engine2.load_weights(weights);
     FAIL() << "loaded weights of another model";
   } catch (const zero::IoError& e) {
-    EXPECT_NE(std::string(e.what()).find(weights + ": has no parameter blocks.2."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(weights + ": has no tensor for 16 of the model's 53 parameters: blocks.2."), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("blocks.2."), std::string::npos) << e.what();
+  }
+}
+
+// Hugging Face's layout: a sharded set (an index and 3 files), names under
+// "model.", bf16, a tensor the model lacks. load_weights reads the index (or
+// its folder), maps the names, converts with a warning naming the dtypes,
+// warns of the unused tensor, and, without the mapping, refuses naming the
+// missing parameters and the prefix that would match.
+TEST(LoadWeights, ReadsAShardedSetWithMappedNamesAndOtherDtypes) {
+  const std::string dir = kWork + "sharded";
+  ck::remove_tree(dir);
+  Trainer source(3, config(R"(, "zero_optimization": {"stage": 1})"));
+  source.train(0, 2);
+  source.engine->save_checkpoint(dir + "/src");
+  const std::string weights = dir + "/weights.safetensors";
+  zero::ckpt::consolidate(zero::ckpt::tag_folder(dir + "/src", ""), weights, torch::kFloat, "fp32_master", {});
+  const std::string hf = dir + "/hf";
+  ASSERT_EQ(std::system(("python3 " + std::string(ZERO_SOURCE_DIR) + "/tests/runtime/shard_weights.py " + weights + " " +
+                         hf + " model. bfloat16 3")
+                            .c_str()),
+            0);
+  const auto want = read_weights(weights);
+  for (const std::string& path : {hf, hf + "/model.safetensors.index.json"}) {
+    const std::string cfg = config(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})");
+    zero::Init init(cfg, quiet());
+    mingpt::GPT model(gpt(), &init);
+    auto engine = zero::initialize(model.ptr(), init, model->stage3_layers());
+    try {
+      engine.load_weights(path);
+      FAIL() << "loaded names under a prefix the model does not have";
+    } catch (const zero::IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("LoadWeightsOptions::strip_prefix \"model.\" would match"), std::string::npos)
+          << e.what();
+    }
+    zero::LoadWeightsOptions o;
+    o.strip_prefix = "model.";
+    testing::internal::CaptureStderr();
+    engine.load_weights(path, o);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("tensor(s) in BF16, the model computes in F32: converted"), std::string::npos) << err;
+    EXPECT_NE(err.find("1 tensor(s) the model has no parameter or buffer for, not loaded: rotary.inv_freq_unused"),
+              std::string::npos)
+        << err;
+    engine.save_checkpoint(dir + "/dst");
+    const auto got = all_states(dir + "/dst");
+    for (const auto& [name, t] : want)
+      EXPECT_TRUE(torch::equal(got.at("fp32_master").at(name), t.to(torch::kBFloat16).to(torch::kFloat))) << name;
+    ck::remove_tree(dir + "/dst");
   }
 }
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,6 +108,16 @@ struct NvmeStats {
   int64_t param_bytes_cached = 0;   // reads saved: the shard was still in a swap buffer
   int64_t param_bytes_written = 0;  // the initial write included
   double param_read_wait_s = 0;     // gathers waited for shards coming from disk
+};
+
+/// How Engine::load_weights maps the names of a weights file onto the
+/// model's: strip_prefix off the front of a name that has it ("model."),
+/// then add_prefix on, then `rename` (the name so far in, the model's name
+/// out; "" leaves the tensor out). Applied to every tensor of the file.
+struct LoadWeightsOptions {
+  std::string strip_prefix;
+  std::string add_prefix;
+  std::function<std::string(const std::string&)> rename;
 };
 
 /// What one rank did in save_checkpoint or load_checkpoint.
@@ -252,15 +263,21 @@ class Engine {
   /// model with other parameters), ConfigError (another optimizer),
   /// CommunicationError.
   CheckpointStats load_checkpoint(const std::string& dir, const std::string& tag = "");
-  /// Sets the parameters (and the fp32 master) from a safetensors file of
-  /// full weights by parameter name (as `zero checkpoint consolidate` writes
-  /// them, or Hugging Face's), each rank reading only the elements of its own
-  /// partition, so a model built under zero::Init is filled without ever
-  /// being whole anywhere. Buffers and frozen parameters found in the file by
-  /// name are loaded too. The optimizer states start anew: call it before
-  /// training. A collective. Throws IoError (the file, a parameter it lacks
-  /// or holds with another shape), CommunicationError.
-  void load_weights(const std::string& path);
+  /// Sets the parameters (and the fp32 master) from full weights by
+  /// parameter name: one safetensors file (as `zero checkpoint consolidate`
+  /// writes it), a sharded set's index (model.safetensors.index.json), or a
+  /// folder holding either (Hugging Face's save_pretrained layout). Each
+  /// rank reads only the byte ranges of its own partition, so a model built
+  /// under zero::Init is filled without ever being whole anywhere. Names go
+  /// through `options` (a prefix off or on, a rename); a tied parameter is
+  /// found under any of its names. Buffers and frozen parameters found by
+  /// name are loaded too. Rank 0 warns, naming them, of tensors in another
+  /// dtype than the model computes in (converted) and of tensors the model
+  /// has no place for (not loaded). The optimizer states start anew: call it
+  /// before training. A collective. Throws IoError naming the file: a
+  /// parameter it lacks (listed, with a prefix that would match when there
+  /// is one) or holds with another shape, a damaged file.
+  void load_weights(const std::string& path, const LoadWeightsOptions& options = {});
 
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;

@@ -88,6 +88,26 @@ std::vector<Piece> map_range(const partition::FlatParameters& flat, int64_t rank
                              const std::unordered_map<std::string, std::pair<size_t, size_t>>& index,
                              const std::string& source);
 
+/// Where full weights are: one safetensors file, the index of a sharded set
+/// (model.safetensors.index.json, as Hugging Face's save_pretrained writes
+/// it), or a folder holding either.
+struct WeightFiles {
+  std::string source;              // as given, for messages
+  std::vector<std::string> files;  // the safetensors files, in the index's order
+  /// Throws IoError naming the path: missing, a folder with neither file, an
+  /// index that is not JSON or names a shard that is not there.
+  static WeightFiles resolve(const std::string& path);
+};
+
+/// A weights file's tensor, by the name the model knows it under.
+struct WeightTensor {
+  std::string name;       // mapped (NameMap)
+  std::string file_name;  // as the file has it
+  std::string file;       // which of WeightFiles::files
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
 /// Reads pieces into fp32 host memory: from a checkpoint's rank files (the
 /// tensor "<state>.<group>" of rank<part>.safetensors, verified against its
 /// .sums), or from a full-weight safetensors file (tensor = the group's one
@@ -97,9 +117,15 @@ class PieceReader {
   /// A checkpoint folder (DIR/TAG) whose meta.json is `meta`.
   static std::unique_ptr<PieceReader> checkpoint(const std::string& tag_dir, const nlohmann::json& meta,
                                                  const offload::AioOptions& aio);
-  /// A safetensors file of full weights by parameter name; `layout` gets one
-  /// group per tensor.
-  static std::unique_ptr<PieceReader> weights(const std::string& path, SavedLayout* layout,
+  /// Full weights by parameter name, in one file or several (`files`), each
+  /// tensor renamed by `rename` (the file's name in, the model's out; "" leaves
+  /// the tensor out; null keeps names). `layout` gets one group per tensor
+  /// of a floating dtype, `tensors` (may be null) every tensor kept. Reads
+  /// each file's header now; throws IoError naming the file, and one naming
+  /// both files when two tensors map to one name.
+  static std::unique_ptr<PieceReader> weights(const WeightFiles& files,
+                                              const std::function<std::string(const std::string&)>& rename,
+                                              SavedLayout* layout, std::vector<WeightTensor>* tensors,
                                               const offload::AioOptions& aio);
   virtual ~PieceReader() = default;
 
@@ -122,9 +148,10 @@ class PieceReader {
     complete(*issue(states, std::move(pieces), len), dsts);
   }
   /// Reads a whole tensor of a file of the folder (model.safetensors, the
-  /// RNG state of a rank file) verified; throws IoError.
+  /// RNG state of a rank file) verified; throws IoError. A weights reader
+  /// finds `name` (the model's) in whichever file has it; `file` is unused.
   virtual at::Tensor read_tensor(const std::string& file, const std::string& name) = 0;
-  /// Whether `file` has tensor `name`.
+  /// Whether `file` has tensor `name` (a weights reader: any of its files).
   virtual bool has_tensor(const std::string& file, const std::string& name) = 0;
   /// The layout of `file` (opened and, in a checkpoint, checked against meta.json).
   virtual const Layout& file_layout(const std::string& file) = 0;
