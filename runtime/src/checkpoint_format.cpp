@@ -258,6 +258,9 @@ TensorFileWriter::TensorFileWriter(std::string path, Layout layout, offload::Aio
   sums_.resize(layout_.tensors.size());
   written_.assign(layout_.tensors.size(), 0);
   for (size_t i = 0; i < layout_.tensors.size(); ++i) streams_.emplace_back(&sums_[i]);
+  // A file or link left at the temporary name goes first: opening it would
+  // follow a link and truncate what it points at.
+  ::unlink(tmp().c_str());
   file_ = offload::AioFile::open(tmp(), /*create=*/true, /*try_direct=*/true, /*mode=*/0644);
   try {
     file_->reserve(layout_.file_bytes());  // a full disk fails here, before the data

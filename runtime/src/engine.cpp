@@ -347,42 +347,6 @@ void Engine::reset_peak_bytes() {
   else reset_cpu_allocator_peak();
 }
 
-void Engine::save_16bit_model(const std::string& path) {
-  auto& s = *impl_;
-  auto* coordinator = s.optimizer->stage3();
-  if (coordinator != nullptr && !s.config.zero.gather_16bit_weights_on_model_save) {
-    throw ConfigError({s.config.source + ": zero_optimization.stage3_gather_16bit_weights_on_model_save: expected "
-                       "true to save whole 16-bit weights at stage 3 (each rank holds only its shards); got false"});
-  }
-  torch::NoGradGuard no_grad;
-  const bool writer = s.dist.rank == 0;
-  // The engine's parameters, a group at a time (gathered at stage 3), by identity.
-  std::unordered_map<const void*, at::Tensor> values;
-  const auto& params = s.optimizer->parameters();
-  auto take = [&](size_t g) {
-    if (!writer) return;
-    for (size_t i : params.groups()[g].slots) {
-      const auto& p = params.slots()[i].param;
-      values[p.unsafeGetTensorImpl()] = p.detach().clone().cpu();
-    }
-  };
-  for (size_t g = 0; g < params.groups().size(); ++g) {
-    if (coordinator != nullptr) coordinator->with_gathered(g, [&] { take(g); });
-    else take(g);
-  }
-  if (!writer) return;
-  // Every name the model has, as its state dict: a tied parameter under each of
-  // its names, frozen parameters (never partitioned) as they are, buffers.
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& item : s.model->named_parameters(true)) {
-    auto it = values.find(item.value().unsafeGetTensorImpl());
-    dict.insert(item.key(), it != values.end() ? it->second : item.value().detach().clone().cpu());
-  }
-  for (const auto& item : s.model->named_buffers(true)) dict.insert(item.key(), item.value().detach().clone().cpu());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  ckpt::write_file_atomically(path, std::string(bytes.begin(), bytes.end()));
-}
-
 std::optional<Stage3Stats> Engine::stage3_stats() const {
   const auto* c = impl_->optimizer->stage3();
   if (c == nullptr) return std::nullopt;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -25,6 +26,16 @@
 #include "zero/runtime/engine_internal.h"
 
 namespace zero {
+
+namespace detail {
+/// A model tensor as saved: its name, its values (a parameter gathered at
+/// stage 3, valid during the call), its identity (the parameter's TensorImpl).
+using ModelTensorVisit = std::function<void(const std::string& name, const at::Tensor& values, const void* identity)>;
+/// The parameters as the engine lays them out (a tied one under its first
+/// name), gathered a group at a time at stage 3, then frozen parameters and
+/// buffers, to `visit` on rank 0, in that order. Every rank calls it.
+void for_each_model_tensor(Engine& engine, const ModelTensorVisit& visit);
+}  // namespace detail
 
 using Clock = std::chrono::steady_clock;
 

@@ -291,13 +291,14 @@ TEST(GpuSave, Save16BitModelLoadsInPythonTorch) {
     engine.backward(loss_of(model, batch(*task, s, 8)));
     engine.step();
   }
-  const std::string path = nvme_dir("save") + "/model.pt";
+  const std::string path = nvme_dir("save") + "/model.safetensors";
   engine.save_16bit_model(path);
   std::ostringstream names;
   for (const auto& item : model->named_parameters(true)) names << item.key() << ",";
   const std::string script =
       "import torch, math, sys\n"
-      "sd = torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
+      "from safetensors.torch import load_file\n"
+      "sd = load_file(sys.argv[1])\n"
       "names = [n for n in sys.argv[2].split(',') if n]\n"
       "missing = [n for n in names if n not in sd]\n"
       "assert not missing, missing\n"

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -552,6 +554,65 @@ TEST(LoadWeights, ReadsAShardedSetWithMappedNamesAndOtherDtypes) {
       EXPECT_TRUE(torch::equal(got.at("fp32_master").at(name), t.to(torch::kBFloat16).to(torch::kFloat))) << name;
     ck::remove_tree(dir + "/dst");
   }
+}
+
+// save_hf: Hugging Face's layout, a layer at a time at stage 3 (shards,
+// index, config.json), which load_weights reads back to the same values and
+// Python's safetensors reads as they are; a second export replaces the
+// first's weight files and leaves other files; a single .safetensors from
+// save_16bit_model; without the stage-3 gather key, refused.
+TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
+  const std::string dir = kWork + "save_hf";
+  ck::remove_tree(dir);
+  const std::string cfg = config(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                     "stage3_gather_16bit_weights_on_model_save": true})");
+  Trainer source(5, cfg);
+  source.train(0, 2);
+  const std::string hf = dir + "/hf";
+  ck::make_folders(hf);
+  std::ofstream(hf + "/tokenizer.json") << "{}\n";
+  std::ofstream(hf + "/model-00009-of-00009.safetensors") << "an earlier export's shard\n";
+  zero::SaveHfOptions o;
+  o.max_shard_bytes = 16 << 10;
+  o.config_json = "{\"model_type\": \"test\"}\n";
+  source.engine->save_hf(hf, o);
+  const auto names = ck::list_folder(hf);
+  int shards = 0;
+  for (const auto& n : names) {
+    shards += n.rfind("model-", 0) == 0;
+    EXPECT_NE(n[0], '.') << "left behind: " << n;
+  }
+  EXPECT_GE(shards, 3) << "a small shard size makes several";
+  EXPECT_EQ(std::count(names.begin(), names.end(), "model-00009-of-00009.safetensors"), 0) << "the earlier export's shard stayed";
+  EXPECT_EQ(std::count(names.begin(), names.end(), "tokenizer.json"), 1) << "another file was removed";
+  EXPECT_EQ(ck::read_small_file(hf + "/config.json"), o.config_json);
+  const auto index = nlohmann::json::parse(ck::read_small_file(hf + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"].size(), source.model->named_parameters(true).size());
+
+  Trainer fresh(6, cfg);
+  EXPECT_NE(fresh.engine->parameter_l2(), source.engine->parameter_l2());
+  fresh.engine->load_weights(hf);
+  EXPECT_EQ(fresh.engine->parameter_l2(), source.engine->parameter_l2());
+
+  const std::string py =
+      "python3 -c \"import glob, math, sys; from safetensors.torch import load_file; "
+      "print(repr(math.sqrt(sum(float(t.double().pow(2).sum()) for f in sorted(glob.glob(sys.argv[1] + "
+      "'/model-*.safetensors')) for t in load_file(f).values()))))\" " + hf + " 2>/dev/null";
+  FILE* p = ::popen(py.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[128] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+  ASSERT_EQ(::pclose(p), 0);
+  EXPECT_NEAR(std::stod(std::string(buf, n)), source.engine->parameter_l2(), 1e-9 * source.engine->parameter_l2());
+
+  source.engine->save_16bit_model(dir + "/one.safetensors");
+  Trainer third(7, cfg);
+  third.engine->load_weights(dir + "/one.safetensors");
+  EXPECT_EQ(third.engine->parameter_l2(), source.engine->parameter_l2());
+  for (const auto& n : ck::list_folder(dir)) EXPECT_NE(n[0], '.') << "left behind: " << n;
+
+  Trainer no_key(5, config(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})"));
+  EXPECT_THROW(no_key.engine->save_hf(dir + "/refused"), zero::ConfigError);
 }
 
 }  // namespace

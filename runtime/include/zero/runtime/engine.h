@@ -120,6 +120,20 @@ struct LoadWeightsOptions {
   std::function<std::string(const std::string&)> rename;
 };
 
+/// What Engine::save_hf writes: the weights in `dtype` (default: the
+/// compute dtype; a smaller float dtype rounds), in shards of at most
+/// `max_shard_bytes` (Hugging Face's default, 5 GB), names with
+/// strip_prefix taken off and add_prefix put on, and `config_json` as
+/// config.json when not empty (the model's architecture: zero does not know
+/// it, models/ does).
+struct SaveHfOptions {
+  std::optional<torch::ScalarType> dtype;
+  int64_t max_shard_bytes = 5'000'000'000;
+  std::string strip_prefix;
+  std::string add_prefix;
+  std::string config_json;
+};
+
 /// What one rank did in save_checkpoint or load_checkpoint.
 struct CheckpointStats {
   std::string dir;
@@ -220,14 +234,30 @@ class Engine {
   int64_t peak_bytes(Tier tier) const;
   /// Starts new peaks (ledger, and the measured device peak) from current usage.
   void reset_peak_bytes();
-  /// Writes the model's parameters and buffers, in the compute dtype, as a
-  /// state dict that Python's torch.load reads (DeepSpeed's save_16bit_model),
-  /// to `path` on rank 0, atomically (a temporary file, then rename). At stage 3
-  /// this needs zero_optimization.stage3_gather_16bit_weights_on_model_save:
-  /// every rank takes part, the layers are gathered one at a time and only
-  /// rank 0 keeps them. Throws ConfigError without it, IoError when the file
-  /// cannot be written, CommunicationError.
+  /// Writes the model's parameters and buffers, in the compute dtype, to
+  /// `path` on rank 0, atomically (DeepSpeed's save_16bit_model): a path
+  /// ending in .safetensors gets a safetensors file (what safetensors,
+  /// transformers and load_weights read; a tied parameter once, under its
+  /// first name), any other a state dict pickle as DeepSpeed writes it
+  /// (Python: torch.load(path, weights_only=False), every name of a tied
+  /// parameter). At stage 3 this needs
+  /// zero_optimization.stage3_gather_16bit_weights_on_model_save: every
+  /// rank takes part, the layers are gathered one at a time and rank 0
+  /// writes each as it comes (the pickle: keeps them until the end). Throws
+  /// ConfigError without it, IoError when the file cannot be written,
+  /// CommunicationError.
   void save_16bit_model(const std::string& path);
+  /// Writes the weights in Hugging Face's save_pretrained layout into `dir`
+  /// (SaveHfOptions): model.safetensors, or model-0000k-of-0000n.safetensors
+  /// with model.safetensors.index.json, and config.json when given, a layer
+  /// at a time as the gathers bring them, so no rank holds the model whole.
+  /// The files appear whole in `dir`, replacing an earlier export's weight
+  /// files (other files, a tokenizer say, stay). A collective; at stage 3
+  /// it needs stage3_gather_16bit_weights_on_model_save, as
+  /// save_16bit_model. Throws ConfigError, UsageError (a dtype larger than
+  /// the compute dtype: the fp32 master is exported from a checkpoint by
+  /// `zero checkpoint export --hf`), IoError, CommunicationError.
+  void save_hf(const std::string& dir, const SaveHfOptions& options = {});
 
   /// Saves the training state as `dir`/`tag`/ (docs/checkpoints.md): every
   /// rank writes its partition of the fp32 master and optimizer states from
