@@ -347,6 +347,17 @@ void Engine::reset_peak_bytes() {
   else reset_cpu_allocator_peak();
 }
 
+torch::Tensor Engine::all_reduce_mean(const torch::Tensor& tensor) {
+  auto* comm = impl_->comm.get();
+  torch::NoGradGuard no_grad;
+  if (comm == nullptr) return tensor.detach().clone();
+  // On the collectives' device (NCCL takes CUDA tensors only), summed, divided.
+  at::Tensor t = tensor.detach().to(comm->device(), /*non_blocking=*/false, /*copy=*/true).contiguous();
+  comm->all_reduce_sum(t).wait();
+  t.div_(static_cast<double>(comm->world_size()));
+  return t.to(tensor.device());
+}
+
 std::optional<Stage3Stats> Engine::stage3_stats() const {
   const auto* c = impl_->optimizer->stage3();
   if (c == nullptr) return std::nullopt;

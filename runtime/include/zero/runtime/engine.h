@@ -309,6 +309,13 @@ class Engine {
   /// is one) or holds with another shape, a damaged file.
   void load_weights(const std::string& path, const LoadWeightsOptions& options = {});
 
+  /// The mean of `tensor` over the ranks (a loss to log, say), as a new
+  /// tensor on `tensor`'s device in its dtype; `tensor` itself unchanged
+  /// (detached: no gradient flows through it). One process: a copy. A
+  /// collective: every rank calls it with a tensor of the same shape and
+  /// dtype. Throws CommunicationError.
+  torch::Tensor all_reduce_mean(const torch::Tensor& tensor);
+
   /// Stage 3's figures; nullopt below stage 3.
   std::optional<Stage3Stats> stage3_stats() const;
   /// The NVMe swaps' figures; nullopt unless offload_optimizer or offload_param is on nvme.

@@ -1,0 +1,178 @@
+// A Llama-family decoder (Hugging Face's LlamaForCausalLM) for training
+// through zero: the architecture read from a Hugging Face config.json,
+// parameter names as transformers has them (so its checkpoints load with
+// Engine::load_weights and Engine::save_hf writes what it loads), built
+// partitioned under zero::Init at stage 3, each decoder layer a stage-3
+// layer, activation checkpointing per layer.
+//
+//   auto cfg = zero::models::LlamaConfig::from_file("Llama-3.2-1B");   // its config.json
+//   zero::models::LlamaForCausalLM model(cfg, init.get());             // init: zero::Init at stage 3, else null
+//   auto engine = zero::initialize(model.ptr(), ...);                   // (layers: model->stage3_layers())
+//   engine.load_weights("Llama-3.2-1B");                               // model.safetensors or its shards
+//   auto logits = model->forward(ids);                                  // [B, T] -> [B, T, V]
+//
+// The math is transformers' (eager or sdpa attention, fp32 RMSNorm, rotary
+// embeddings with Llama 3's frequency scaling), so logits agree with it to
+// rounding. Not thread-safe; one training thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+namespace zero {
+class Init;
+namespace checkpointing {
+class Checkpointer;
+}
+}  // namespace zero
+
+namespace zero::models {
+
+/// LlamaForCausalLM's architecture, as its config.json says it.
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;  // fewer than the heads: grouped-query attention
+  int64_t head_dim = 128;            // hidden_size / num_attention_heads unless given
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  /// rope_type "default", or "llama3" with its frequency scaling.
+  std::string rope_type = "default";
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position_embeddings = 8192;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  double initializer_range = 0.02;
+
+  /// Reads a config.json (a file, or a folder holding one): transformers 4's
+  /// keys (rope_theta, rope_scaling) and 5's (rope_parameters) alike. Throws
+  /// zero::ConfigError naming the file and key: another model_type or
+  /// hidden_act, a missing or out-of-range size, heads that do not divide.
+  static LlamaConfig from_file(const std::string& path);
+  /// The same from JSON text; `where` names it in messages.
+  static LlamaConfig from_json_text(const std::string& text, const std::string& where);
+  /// config.json as transformers writes it (both rope key styles), which
+  /// from_file and transformers read back.
+  std::string to_json() const;
+  /// Parameters of the model this describes (a tied head counted once).
+  int64_t num_parameters() const;
+};
+
+/// y = weight * x / sqrt(mean(x^2) + eps), computed in fp32.
+class LlamaRMSNormImpl : public torch::nn::Module {
+ public:
+  LlamaRMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(LlamaRMSNorm);
+
+/// Multi-head attention with rotary embeddings and grouped-query heads.
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& c);
+  /// x [B, T, C]; cos, sin [T, head_dim] (LlamaModel's rotary tables).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(LlamaAttention);
+
+/// down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+/// One decoder layer: pre-norm attention and MLP, each with a residual.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+/// The embedding, the decoder layers and the final norm (transformers'
+/// LlamaModel, `model.` in the names).
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LlamaModelImpl(const LlamaConfig& c, Init* init);
+  /// ids [B, T] int64 -> hidden states [B, T, C].
+  torch::Tensor forward(const torch::Tensor& ids);
+  /// cos and sin [T, head_dim] of positions 0..T-1, fp32.
+  std::pair<torch::Tensor, torch::Tensor> rotary(int64_t T, torch::Device device) const;
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  LlamaRMSNorm norm{nullptr};
+  checkpointing::Checkpointer* checkpointer = nullptr;  // not owned; null: no activation checkpointing
+
+ private:
+  LlamaConfig config_;
+  torch::Tensor inv_freq_;  // not a buffer: transformers does not save it
+};
+TORCH_MODULE(LlamaModel);
+
+/// The output projection sharing the embedding's weight (tie_word_embeddings),
+/// a layer of its own so stage 3 gathers it where it is used.
+class LlamaTiedHeadImpl : public torch::nn::Module {
+ public:
+  explicit LlamaTiedHeadImpl(const torch::Tensor& weight);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+};
+TORCH_MODULE(LlamaTiedHead);
+
+/// transformers' LlamaForCausalLM: `model.` and `lm_head.`.
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  /// Initialises as transformers does (normal(0, initializer_range) for
+  /// linear and embedding weights, ones for the norms) from the global torch
+  /// generator (seed it the same on every rank). With `init` (ZeRO stage 3)
+  /// each layer is partitioned as soon as it is built, so no rank ever holds
+  /// the model whole; the values are the same as without.
+  LlamaForCausalLMImpl(const LlamaConfig& config, Init* init = nullptr);
+  /// ids [B, T] int64 -> logits [B, T, vocab_size].
+  torch::Tensor forward(const torch::Tensor& ids);
+  /// The layers outside the ModuleList, for InitOptions::layers / initialize.
+  std::vector<std::shared_ptr<torch::nn::Module>> stage3_layers() const;
+  /// Runs each decoder layer through `checkpointer` while training (null: off). Not owned.
+  void set_checkpointer(checkpointing::Checkpointer* checkpointer) { model->checkpointer = checkpointer; }
+  const LlamaConfig& config() const { return config_; }
+  /// Names of the parameters without weight decay in the usual recipe:
+  /// the norms and the embedding (and the tied head, which is the embedding).
+  bool no_decay(const std::string& name) const;
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+  LlamaTiedHead tied_head{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+}  // namespace zero::models

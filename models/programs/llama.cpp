@@ -1,0 +1,358 @@
+// llama: a Llama-family model (models/, zero/models/llama.h) through zero.
+//   llama logits --model HF_DIR --tokens 1,2,3 --out FILE.safetensors   one sequence's logits
+//   llama train --model HF_DIR --config ds.json --data TOKENS.bin ...    training on any number of ranks
+#include <sys/stat.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/nn/functional/loss.h>
+
+#include "token_data.h"
+#include "zero/core/progress.h"
+#include "zero/core/text.h"
+#include "zero/models/llama.h"
+#include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/engine_internal.h"
+#include "zero/runtime/run_summary.h"
+#include "zero/zero.h"
+
+namespace {
+
+using Json = nlohmann::json;
+
+const char* kUsage = R"(usage: llama COMMAND [options]
+
+  logits --model HF_DIR --tokens 1,2,3,... --out FILE.safetensors [--precision 32|bf16] [--config ds.json]
+      The logits of one sequence (tensor "logits", [T, vocab_size], fp32) of
+      the model in HF_DIR (its config.json and weights: model.safetensors or
+      shards with model.safetensors.index.json). --config: a DeepSpeed config
+      to run it with (default: stage 0, one process).
+  train --model HF_DIR --config ds_config.json --data TOKENS.bin --steps N [options]
+      Trains the model of HF_DIR (its weights if the folder has them, else a
+      fresh initialisation from --seed) on a flat file of token ids, on any
+      number of ranks (zero launch, torchrun): each optimizer step takes the
+      next global batch of windows of the file, each rank its slice.
+        --dtype uint16|uint32   the token ids' width (default uint16)
+        --block_size T          tokens per sample (default 256)
+        --batch_size B          micro-batch per rank; fills "auto" (default 8)
+        --lr X                  fills "auto" lr (default 3e-4)
+        --weight_decay X        fills "auto" weight_decay (default 0.1)
+        --precision 32|16|bf16  fills "auto" fp16/bf16 (default: as the config says)
+        --seed N                initialisation without weights (default 42)
+        --checkpoint            activation checkpointing of every decoder layer
+        --save_dir DIR --save_every N   engine checkpoints (every N steps and at the end)
+        --resume DIR            continue from DIR's latest checkpoint (any world size, the same global batch)
+        --save_hf OUT_DIR       at the end, the weights as transformers loads them, and config.json
+        --summary-json FILE     the run's summary (rank 0)
+
+Integers are decimal digits; each option is given once.
+)";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "llama: " << message << "\n(run llama --help for the options)\n";
+  std::exit(2);
+}
+
+// --flag value pairs (and bare flags in `bare`), each once, known ones only.
+std::map<std::string, std::string> parse_flags(int argc, char** argv, int first, const std::vector<std::string>& known,
+                                               const std::set<std::string>& bare) {
+  std::map<std::string, std::string> out;
+  for (int i = first; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (std::find(known.begin(), known.end(), flag) == known.end()) {
+      const auto near = zero::nearest(flag, known);
+      usage_error(flag + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
+    }
+    std::string value = "1";
+    if (!bare.count(flag)) {
+      if (i + 1 >= argc) usage_error(flag + ": expected a value");
+      value = argv[++i];
+    }
+    if (!out.emplace(flag, value).second) usage_error(flag + " given twice: give it once");
+  }
+  return out;
+}
+
+int64_t to_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  int64_t x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+    usage_error(flag + ": expected an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + "; got \"" + v + "\"");
+  return x;
+}
+
+double to_double(const std::string& flag, const std::string& v, double lo, double hi) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size() && std::isfinite(d) && d >= lo && d <= hi) return d;
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got \"" + v + "\"");
+}
+
+bool has_weights(const std::string& dir) {
+  return zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
+         zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0;
+}
+
+std::string precision_config(const std::string& precision) {
+  if (precision == "bf16") return R"(, "bf16": {"enabled": true})";
+  if (precision == "16") return R"(, "fp16": {"enabled": true})";
+  return "";
+}
+
+int logits_command(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2, {"--model", "--tokens", "--out", "--precision", "--config"}, {});
+  for (const char* need : {"--model", "--tokens", "--out"})
+    if (!f.count(need)) usage_error(std::string("logits: ") + need + " is required");
+  const std::string precision = f.count("--precision") ? f["--precision"] : "32";
+  if (precision != "32" && precision != "bf16") usage_error("--precision: expected 32 or bf16; got \"" + precision + "\"");
+  std::vector<int64_t> ids;
+  std::stringstream ss(f["--tokens"]);
+  for (std::string item; std::getline(ss, item, ',');) ids.push_back(to_int("--tokens", item, 0, int64_t{1} << 40));
+  if (ids.empty()) usage_error("--tokens: expected token ids such as 1,2,3");
+  if (const auto problem = zero::ckpt::output_file_problem("--out", f["--out"]); !problem.empty()) usage_error(problem);
+
+  const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
+  for (int64_t id : ids)
+    if (id >= cfg.vocab_size)
+      usage_error("--tokens: " + std::to_string(id) + " is not below the model's vocab_size " + std::to_string(cfg.vocab_size));
+  if (static_cast<int64_t>(ids.size()) > cfg.max_position_embeddings)
+    usage_error("--tokens: " + std::to_string(ids.size()) + " tokens, more than max_position_embeddings " +
+                std::to_string(cfg.max_position_embeddings));
+  const std::string ds = f.count("--config") ? f["--config"]
+                                             : R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW",
+                                                  "params": {"lr": 0.0}})" + precision_config(precision) + "}";
+  zero::InitOptions opts;
+  opts.print_progress = false;
+  opts.auto_values.train_micro_batch_size_per_gpu = 1;
+  opts.auto_values.precision = precision == "bf16" ? "bf16" : "fp32";
+  std::unique_ptr<zero::Init> init;
+  zero::config::LoadOptions lo;
+  lo.world_size = zero::DistEnv::from_environment().world_size;
+  lo.auto_values = opts.auto_values;
+  if (zero::config::load_string(ds.find('{') == 0 ? ds : zero::ckpt::read_small_file(ds), lo, ds).zero.stage == 3)
+    init = std::make_unique<zero::Init>(ds, opts);
+  zero::models::LlamaForCausalLM model(cfg, init.get());
+  opts.layers = model->stage3_layers();
+  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers()) : zero::initialize(model.ptr(), ds, opts);
+  if (!has_weights(f["--model"])) usage_error("--model " + f["--model"] + ": no weights there (model.safetensors or its index)");
+  engine.load_weights(f["--model"]);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::tensor(ids, torch::kLong).unsqueeze(0).to(engine.device());
+  const auto logits = model->forward(x).squeeze(0).to(torch::kFloat).cpu().contiguous();
+  if (engine.rank() == 0) {
+    zero::ckpt::Layout layout;
+    layout.tensors.push_back({"logits", at::kFloat, logits.sizes().vec()});
+    layout.metadata = {{"format", "pt"}};
+    zero::offload::AioEngine aio(zero::offload::AioOptions{});
+    zero::ckpt::TensorFileWriter w(f["--out"], layout, aio);
+    w.append(0, logits);
+    w.commit("");
+    std::fprintf(stderr, "llama: logits [%lld, %lld] of %s written to %s\n", static_cast<long long>(logits.size(0)),
+                 static_cast<long long>(logits.size(1)), f["--model"].c_str(), f["--out"].c_str());
+  }
+  return 0;
+}
+
+int train_command(int argc, char** argv) {
+  auto f = parse_flags(argc, argv, 2,
+                       {"--model", "--config", "--data", "--dtype", "--block_size", "--batch_size", "--steps", "--lr",
+                        "--weight_decay", "--precision", "--seed", "--checkpoint", "--save_dir", "--save_every",
+                        "--resume", "--save_hf", "--summary-json"},
+                       {"--checkpoint"});
+  for (const char* need : {"--model", "--config", "--data", "--steps"})
+    if (!f.count(need)) usage_error(std::string("train: ") + need + " is required");
+  const std::string dtype = f.count("--dtype") ? f["--dtype"] : "uint16";
+  if (dtype != "uint16" && dtype != "uint32") usage_error("--dtype: expected uint16 or uint32; got \"" + dtype + "\"");
+  const int64_t T = f.count("--block_size") ? to_int("--block_size", f["--block_size"], 1, 1 << 20) : 256;
+  const int64_t B = f.count("--batch_size") ? to_int("--batch_size", f["--batch_size"], 1, 1 << 20) : 8;
+  const int64_t steps = to_int("--steps", f["--steps"], 1, int64_t{1} << 40);
+  const double lr = f.count("--lr") ? to_double("--lr", f["--lr"], 0, 10) : 3e-4;
+  const double wd = f.count("--weight_decay") ? to_double("--weight_decay", f["--weight_decay"], 0, 10) : 0.1;
+  const uint64_t seed = f.count("--seed") ? static_cast<uint64_t>(to_int("--seed", f["--seed"], 0, int64_t{1} << 62)) : 42;
+  const int64_t save_every = f.count("--save_every") ? to_int("--save_every", f["--save_every"], 1, int64_t{1} << 40) : 0;
+  if (save_every > 0 && !f.count("--save_dir")) usage_error("--save_every needs --save_dir DIR");
+  std::optional<std::string> precision;
+  if (f.count("--precision")) {
+    precision = f["--precision"];
+    if (*precision != "32" && *precision != "16" && *precision != "bf16")
+      usage_error("--precision: expected 32, 16 or bf16; got \"" + *precision + "\"");
+  }
+
+  zero::InitOptions opts;
+  opts.dist = zero::DistEnv::from_environment();
+  const int rank0 = opts.dist->rank == 0;
+  // Outputs are checked before any step.
+  if (rank0) {
+    if (f.count("--summary-json"))
+      if (const auto p = zero::ckpt::output_file_problem("--summary-json", f["--summary-json"]); !p.empty()) usage_error(p);
+    for (const char* dir : {"--save_dir", "--save_hf"})
+      if (f.count(dir))
+        if (const auto p = zero::ckpt::save_folder_problem(dir, f[dir]); !p.empty()) usage_error(p);
+  }
+  const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
+  const llama::TokenData data(f["--data"], dtype == "uint16" ? 2 : 4, T);
+  opts.auto_values.train_micro_batch_size_per_gpu = B;
+  opts.auto_values.gradient_accumulation_steps = 1;
+  opts.auto_values.lr = lr;
+  opts.auto_values.weight_decay = wd;
+  opts.auto_values.gradient_clipping = 1.0;
+  opts.auto_values.total_num_steps = steps;
+  opts.auto_values.warmup_num_steps = std::max<int64_t>(1, steps / 20);
+  opts.auto_values.hidden_size = cfg.hidden_size;
+  opts.auto_values.precision = !precision || *precision == "32" ? "fp32" : *precision == "16" ? "fp16" : "bf16";
+  opts.tokens_per_sample = T;
+  zero::config::LoadOptions lo;
+  lo.world_size = opts.dist->world_size;
+  lo.auto_values = opts.auto_values;
+  const auto resolved = zero::config::load_file(f["--config"], lo);
+  std::unique_ptr<zero::Init> init;
+  if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(f["--config"], opts);
+  torch::manual_seed(seed);
+  zero::models::LlamaForCausalLM model(cfg, init.get());
+  opts.layers = model->stage3_layers();
+  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
+                     : zero::initialize(model.ptr(), f["--config"], opts);
+  const auto& batch = engine.config().batch;
+  if (batch.train_micro_batch_size_per_gpu != B && f.count("--batch_size"))
+    usage_error("--batch_size " + std::to_string(B) + " conflicts with " + f["--config"] + " (train_micro_batch_size_per_gpu " +
+                std::to_string(batch.train_micro_batch_size_per_gpu) + ")");
+  const int64_t mbs = batch.train_micro_batch_size_per_gpu, gas = batch.gradient_accumulation_steps;
+  const int64_t ws = engine.world_size(), rank = engine.rank(), G = batch.train_batch_size;
+  if (f.count("--checkpoint")) model->set_checkpointer(&engine.checkpointer());
+  if (f.count("--save_dir")) engine.open_checkpoint_dir(f["--save_dir"]);
+  if (has_weights(f["--model"])) {
+    engine.load_weights(f["--model"]);
+  } else if (rank0) {
+    std::fprintf(stderr, "llama: %s has no weights: the model starts from a fresh initialisation (--seed %llu)\n",
+                 f["--model"].c_str(), static_cast<unsigned long long>(seed));
+  }
+  int64_t start = 0;
+  if (f.count("--resume")) {
+    const auto st = engine.load_checkpoint(f["--resume"]);
+    const auto client = Json::parse(st.client_state);
+    if (!client.contains("step") || client.value("train_batch_size", int64_t{0}) != G ||
+        client.value("block_size", int64_t{0}) != T)
+      usage_error("--resume " + f["--resume"] + ": " + st.dir + "/" + st.tag + " was saved by another run (its data position " +
+                  "counts global batches of " + client.value("train_batch_size", Json(nullptr)).dump() + " samples of " +
+                  client.value("block_size", Json(nullptr)).dump() + " tokens; this run has " + std::to_string(G) + " of " +
+                  std::to_string(T) + ")");
+    start = client.at("step").get<int64_t>();
+    if (rank0) std::fprintf(stderr, "llama: resumed from %s/%s at step %lld\n", st.dir.c_str(), st.tag.c_str(),
+                            static_cast<long long>(start));
+  }
+  if (rank0)
+    std::fprintf(stderr,
+                 "llama: %lld parameters (%lld layers, hidden %lld, %lld heads / %lld kv) | ZeRO stage %d | %s | "
+                 "global batch %lld = %lld x %lld x %lld ranks of %lld tokens | %lld tokens of data\n",
+                 static_cast<long long>(engine.num_parameters()), static_cast<long long>(cfg.num_hidden_layers),
+                 static_cast<long long>(cfg.hidden_size), static_cast<long long>(cfg.num_attention_heads),
+                 static_cast<long long>(cfg.num_key_value_heads), engine.config().zero.stage,
+                 engine.device().str().c_str(), static_cast<long long>(G), static_cast<long long>(mbs),
+                 static_cast<long long>(gas), static_cast<long long>(ws), static_cast<long long>(T),
+                 static_cast<long long>(data.tokens()));
+
+  auto save = [&](int64_t step) {
+    const Json client = {{"step", step}, {"train_batch_size", G}, {"block_size", T}, {"data", f["--data"]}};
+    const auto st = engine.save_checkpoint(f["--save_dir"], "", client.dump());
+    if (rank0) std::fprintf(stderr, "\nllama: saved %s/%s\n", st.dir.c_str(), st.tag.c_str());
+  };
+  std::vector<double> loss_curve, step_times;
+  std::optional<zero::ProgressLine> progress;
+  if (rank0) progress.emplace("train", steps - start, "steps");
+  model->train();
+  int64_t last_saved = f.count("--resume") ? start : -1;
+  for (int64_t step = start; step < steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor step_loss = torch::zeros({}, torch::kFloat);
+    for (int64_t a = 0; a < gas; ++a) {
+      const auto s = data.samples(step * G + (a * ws + rank) * mbs, mbs, cfg.vocab_size).to(engine.device());
+      const auto x = s.narrow(1, 0, T), y = s.narrow(1, 1, T);
+      const auto logits = model->forward(x);
+      const auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat).reshape({-1, cfg.vocab_size}),
+                                                             y.reshape({-1}));
+      step_loss += loss.detach().cpu() / static_cast<double>(gas);
+      engine.backward(loss);
+      engine.step();
+    }
+    const double l = engine.all_reduce_mean(step_loss).item<double>();
+    loss_curve.push_back(l);
+    step_times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (progress) {
+      char note[64];
+      std::snprintf(note, sizeof note, "loss %.4f", l);
+      progress->update(step + 1 - start, note);
+    }
+    if (save_every > 0 && (step + 1) % save_every == 0) save(step + 1), last_saved = step + 1;
+  }
+  if (progress) progress->finish();
+  if (f.count("--save_dir") && last_saved != steps) save(steps);
+  if (f.count("--save_hf")) {
+    zero::SaveHfOptions o;
+    o.config_json = cfg.to_json();
+    engine.save_hf(f["--save_hf"], o);
+    if (rank0) std::fprintf(stderr, "llama: weights and config.json written to %s\n", f["--save_hf"].c_str());
+  }
+  const auto ranks = zero::detail::rank_figures(engine);
+  const double param_l2 = engine.parameter_l2();
+  if (!rank0) return 0;
+  std::cerr << engine.memory_summary();
+  if (f.count("--summary-json")) {
+    const Json summary = {{"model", f["--model"]},
+                          {"world_size", ws},
+                          {"zero_stage", engine.config().zero.stage},
+                          {"precision", zero::ckpt::dtype_name(engine.compute_dtype())},
+                          {"device", engine.device().str()},
+                          {"num_parameters", engine.num_parameters()},
+                          {"steps", engine.global_steps()},
+                          {"skipped_steps", engine.skipped_steps()},
+                          {"final_loss", loss_curve.empty() ? NAN : loss_curve.back()},
+                          {"loss_curve", loss_curve},
+                          {"param_l2", param_l2},
+                          {"step_time_s", step_times},
+                          {"tokens_per_step", G * T},
+                          {"peak_bytes", zero::detail::max_peaks(ranks)},
+                          {"model_state_bytes", ranks.at(0).at("model_state_bytes")},
+                          {"ranks", ranks},
+                          {"resumed", f.count("--resume") > 0}};
+    zero::ckpt::write_file_atomically(f["--summary-json"], summary.dump(2) + "\n");
+    std::fprintf(stderr, "llama: summary written to %s\n", f["--summary-json"].c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  try {
+    if (command == "logits") return logits_command(argc, argv);
+    if (command == "train") return train_command(argc, argv);
+  } catch (const zero::OutOfMemoryError& e) {
+    std::cerr << "llama: " << zero::error_text(e) << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "llama: " << zero::error_text(e) << "\n";
+    return 1;
+  }
+  const auto near = zero::nearest(command, {"logits", "train"});
+  usage_error("unknown command \"" + command + "\"" + (near.empty() ? "" : "; did you mean " + near + "?"));
+}

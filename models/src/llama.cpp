@@ -1,0 +1,180 @@
+#include "zero/models/llama.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+
+#include "zero/checkpointing/checkpoint.h"
+#include "zero/partition/layer.h"
+#include "zero/runtime/init.h"
+
+namespace zero::models {
+namespace {
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
+  torch::NoGradGuard no_grad;
+  torch::nn::init::normal_(l->weight, 0.0, std);
+  if (bias) l->bias.zero_();
+  return l;
+}
+
+// transformers' rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
+  const auto x32 = x.to(torch::kFloat);
+  const auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  const double std = c.initializer_range;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias, std));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj->forward(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
+  auto k = k_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  auto v = v_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  // Rotary position embedding of queries and keys (cos, sin: [T, head_dim]).
+  const auto c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
+  q = q * c + rotate_half(q) * s;
+  k = k * c + rotate_half(k) * s;
+  if (kv_heads_ != heads_) {  // grouped-query attention: each key/value head serves heads_/kv_heads_ query heads
+    k = k.repeat_interleave(heads_ / kv_heads_, 1);
+    v = v.repeat_interleave(heads_ / kv_heads_, 1);
+  }
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return o_proj->forward(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+  const double std = c.initializer_range;
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias, std));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, Init* init) : config_(c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(embed_tokens->weight, 0.0, c.initializer_range);
+  }
+  if (init != nullptr) init->partition(embed_tokens);
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LlamaDecoderLayer layer(c);
+    layers->push_back(init != nullptr ? init->partition(layer) : layer);
+  }
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  if (init != nullptr) init->partition(norm);
+  // Rotary frequencies, as transformers computes them (fp32 from an int64 range).
+  const int64_t d = c.head_dim;
+  inv_freq_ = 1.0 / torch::pow(torch::tensor(c.rope_theta, torch::kDouble).to(torch::kFloat),
+                               torch::arange(0, d, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(d));
+  if (c.rope_type == "llama3") {
+    const double old_len = static_cast<double>(c.rope_original_max_position_embeddings);
+    const double low_wavelen = old_len / c.rope_low_freq_factor, high_wavelen = old_len / c.rope_high_freq_factor;
+    const auto wavelen = 2 * M_PI / inv_freq_;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq_ / c.rope_factor, inv_freq_);
+    const auto smooth = (old_len / wavelen - c.rope_low_freq_factor) / (c.rope_high_freq_factor - c.rope_low_freq_factor);
+    const auto smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+    const auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq_ = torch::where(medium, smoothed, scaled);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaModelImpl::rotary(int64_t T, torch::Device device) const {
+  const auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  const auto freqs = torch::outer(positions, inv_freq_.to(device));
+  const auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& ids) {
+  auto x = zero::forward(embed_tokens, ids);
+  auto [cos, sin] = rotary(ids.size(1), x.device());
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
+  for (const auto& item : *layers) {
+    auto* layer = item->as<LlamaDecoderLayer>();
+    checkpointing::Function run = [layer](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{layer->forward(in[0], in[1], in[2])};
+    };
+    if (checkpointer != nullptr && is_training()) {
+      run = [this, inner = run](const std::vector<at::Tensor>& in) { return checkpointer->checkpoint(inner, in); };
+    }
+    x = zero::layer_forward(*layer, {x, cos, sin}, run).at(0);
+  }
+  return zero::forward(norm, x);
+}
+
+LlamaTiedHeadImpl::LlamaTiedHeadImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+
+torch::Tensor LlamaTiedHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, Init* init) : config_(c) {
+  model = register_module("model", LlamaModel(c, init));
+  if (c.tie_word_embeddings) {
+    tied_head = register_module("lm_head", LlamaTiedHead(model->embed_tokens->weight));
+  } else {
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false, c.initializer_range));
+    if (init != nullptr) init->partition(lm_head);
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& ids) {
+  const auto h = model->forward(ids);
+  return tied_head ? zero::forward(tied_head, h) : zero::forward(lm_head, h);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::stage3_layers() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out{model->embed_tokens.ptr(), model->norm.ptr()};
+  out.push_back(tied_head ? std::static_pointer_cast<torch::nn::Module>(tied_head.ptr())
+                          : std::static_pointer_cast<torch::nn::Module>(lm_head.ptr()));
+  return out;
+}
+
+bool LlamaForCausalLMImpl::no_decay(const std::string& name) const {
+  auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with("norm.weight") || name == "model.embed_tokens.weight" || ends_with(".bias") ||
+         (config_.tie_word_embeddings && name == "lm_head.weight");
+}
+
+}  // namespace zero::models

@@ -1,0 +1,23 @@
+// The figures of a run that every program reports the same way (mingpt's
+// and llama's --summary-json): each rank's memory peaks per tier and its
+// model-state bytes, gathered.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "zero/runtime/engine.h"
+
+namespace zero::detail {
+
+/// Every rank's figures, by rank: peak_bytes (device, pinned_host, host,
+/// nvme), model_state_bytes (parameters, gradients, optimizer_states) and
+/// model_state_bytes_by_tier (device, host, nvme), on every rank. A
+/// collective. Throws CommunicationError.
+nlohmann::json rank_figures(Engine& engine);
+
+/// The largest of each rank's peaks per tier, and rank 0's model-state
+/// bytes, from rank_figures' array: a summary's top-level peak_bytes and
+/// model_state_bytes.
+nlohmann::json max_peaks(const nlohmann::json& ranks);
+
+}  // namespace zero::detail

@@ -1,0 +1,52 @@
+#include "zero/runtime/run_summary.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+#include "engine_impl.h"
+
+namespace zero::detail {
+
+nlohmann::json rank_figures(Engine& engine) {
+  const auto tiers = {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme};
+  std::vector<int64_t> mine;
+  for (Tier t : tiers) mine.push_back(engine.peak_bytes(t));
+  const auto st = engine.model_state_bytes();
+  mine.insert(mine.end(), {st.parameters, st.gradients, st.optimizer_states});
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kPinnedHost, Tier::kNvme}) {
+    const auto b = engine.model_state_bytes(t);
+    mine.insert(mine.end(), {b.parameters, b.gradients, b.optimizer_states});
+  }
+  const int64_t n = static_cast<int64_t>(mine.size());
+  at::Tensor all = at::tensor(mine, at::kLong).repeat({engine.world_size()});
+  if (auto* comm = comm_of(engine)) {
+    at::Tensor mine_d = at::tensor(mine, at::kLong).to(comm->device()), all_d = all.to(comm->device());
+    comm->all_gather(all_d, mine_d).wait();
+    all = all_d.cpu();
+  }
+  auto a = all.accessor<int64_t, 1>();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int64_t r = 0; r < engine.world_size(); ++r) {
+    const int64_t* v = &a[r * n];
+    auto states = [&](int64_t at) {
+      return nlohmann::json{{"parameters", v[at]}, {"gradients", v[at + 1]}, {"optimizer_states", v[at + 2]}};
+    };
+    nlohmann::json host = states(10);  // host: pageable and pinned together
+    for (const char* k : {"parameters", "gradients", "optimizer_states"}) host[k] = host[k].get<int64_t>() + states(13)[k].get<int64_t>();
+    ranks.push_back({{"rank", r},
+                     {"peak_bytes", {{"device", v[0]}, {"pinned_host", v[1]}, {"host", v[2]}, {"nvme", v[3]}}},
+                     {"model_state_bytes", states(4)},
+                     {"model_state_bytes_by_tier", {{"device", states(7)}, {"host", host}, {"nvme", states(16)}}}});
+  }
+  return ranks;
+}
+
+nlohmann::json max_peaks(const nlohmann::json& ranks) {
+  nlohmann::json peaks = {{"device", 0}, {"pinned_host", 0}, {"host", 0}, {"nvme", 0}};
+  for (const auto& r : ranks)
+    for (auto& [k, v] : peaks.items()) v = std::max(v.get<int64_t>(), r.at("peak_bytes").at(k).get<int64_t>());
+  return peaks;
+}
+
+}  // namespace zero::detail
