@@ -1,0 +1,42 @@
+"""A small random LlamaForCausalLM saved by transformers, and its logits for a
+sequence, for tests/models/llama_test.cpp. Fails (does not skip) without
+transformers: scripts/setup.sh installs it.
+
+usage: make_llama.py OUT_DIR --tie 0|1 --kv-heads N --rope default|llama3 --tokens 1,2,3 [--shard-kb K]
+       make_llama.py --logits MODEL_DIR --tokens 1,2,3 --out FILE   (logits of a saved model)
+"""
+import argparse
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+p = argparse.ArgumentParser()
+p.add_argument("out", nargs="?")
+p.add_argument("--tie", type=int, default=0)
+p.add_argument("--kv-heads", type=int, default=2)
+p.add_argument("--rope", default="default")
+p.add_argument("--tokens", required=True)
+p.add_argument("--shard-kb", type=int, default=20)
+p.add_argument("--logits")
+p.add_argument("--outfile")
+a = p.parse_args()
+ids = torch.tensor([[int(t) for t in a.tokens.split(",")]])
+
+if a.logits:
+    m = AutoModelForCausalLM.from_pretrained(a.logits, dtype=torch.float32).eval()
+    with torch.no_grad():
+        save_file({"logits": m(ids).logits[0].contiguous()}, a.outfile)
+else:
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if a.rope == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=a.kv_heads, max_position_embeddings=64,
+                      tie_word_embeddings=bool(a.tie), rope_parameters=rope)
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval()
+    m.save_pretrained(a.out, max_shard_size="%dKB" % a.shard_kb)
+    with torch.no_grad():
+        save_file({"logits": m(ids).logits[0].contiguous()}, a.out + "/ref_logits.safetensors")
