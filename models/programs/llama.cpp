@@ -51,6 +51,8 @@ const char* kUsage = R"(usage: llama COMMAND [options]
         --precision 32|16|bf16  fills "auto" fp16/bf16 (default: as the config says)
         --seed N                initialisation without weights (default 42)
         --checkpoint            activation checkpointing of every decoder layer
+        --decay_all             weight decay on every parameter (default: none on the norms and
+                                the embedding, a parameter group of their own)
         --save_dir DIR --save_every N   engine checkpoints (every N steps and at the end)
         --resume DIR            continue from DIR's latest checkpoint (any world size, the same global batch)
         --save_hf OUT_DIR       at the end, the weights as transformers loads them, and config.json
@@ -172,8 +174,8 @@ int train_command(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"--model", "--config", "--data", "--dtype", "--block_size", "--batch_size", "--steps", "--lr",
                         "--weight_decay", "--precision", "--seed", "--checkpoint", "--save_dir", "--save_every",
-                        "--resume", "--save_hf", "--summary-json"},
-                       {"--checkpoint"});
+                        "--resume", "--save_hf", "--summary-json", "--decay_all"},
+                       {"--checkpoint", "--decay_all"});
   for (const char* need : {"--model", "--config", "--data", "--steps"})
     if (!f.count(need)) usage_error(std::string("train: ") + need + " is required");
   const std::string dtype = f.count("--dtype") ? f["--dtype"] : "uint16";
@@ -216,6 +218,15 @@ int train_command(int argc, char** argv) {
   opts.auto_values.hidden_size = cfg.hidden_size;
   opts.auto_values.precision = !precision || *precision == "32" ? "fp32" : *precision == "16" ? "fp16" : "bf16";
   opts.tokens_per_sample = T;
+  // The usual recipe: no weight decay on the norms and the embedding.
+  std::shared_ptr<zero::models::LlamaForCausalLMImpl> groups_of;  // the model, once built
+  if (!f.count("--decay_all")) {
+    zero::ParamGroup no_decay;
+    no_decay.name = "no_decay";
+    no_decay.weight_decay = 0.0;
+    no_decay.match = [&groups_of](const std::string& name, const torch::Tensor&) { return groups_of->no_decay(name); };
+    opts.param_groups.push_back(no_decay);
+  }
   zero::config::LoadOptions lo;
   lo.world_size = opts.dist->world_size;
   lo.auto_values = opts.auto_values;
@@ -224,6 +235,7 @@ int train_command(int argc, char** argv) {
   if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(f["--config"], opts);
   torch::manual_seed(seed);
   zero::models::LlamaForCausalLM model(cfg, init.get());
+  groups_of = model.ptr();
   opts.layers = model->stage3_layers();
   auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
                      : zero::initialize(model.ptr(), f["--config"], opts);

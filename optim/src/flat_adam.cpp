@@ -51,7 +51,7 @@ class FlatAdam final : public FlatOptimizer {
     ZERO_CHECK(states.size() == 2, "Adam needs exp_avg and exp_avg_sq");
     auto& exp_avg = states[0];
     auto& exp_avg_sq = states[1];
-    const double beta1 = p.beta1, beta2 = p.beta2, wd = config_.weight_decay;
+    const double beta1 = p.beta1, beta2 = p.beta2, wd = p.weight_decay.value_or(config_.weight_decay);
     const double bc1 = config_.bias_correction ? 1 - std::pow(beta1, p.step) : 1.0;
     const double bc2 = config_.bias_correction ? 1 - std::pow(beta2, p.step) : 1.0;
     if (fusable({&param, &grad, &exp_avg, &exp_avg_sq})) {
@@ -94,8 +94,8 @@ class FlatAdagrad final : public FlatOptimizer {
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Adagrad needs one state");
     if (fusable({&param, &grad, &states[0]})) {
-      const detail::AdagradScalars s{f32(config_.weight_decay), config_.weight_decay != 0, f32(config_.eps),
-                                     f32(-p.lr)};
+      const double wd = p.weight_decay.value_or(config_.weight_decay);
+      const detail::AdagradScalars s{f32(wd), wd != 0, f32(config_.eps), f32(-p.lr)};
       const LowTarget out = low_target(low);
       detail::adagrad_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(), states[0].data_ptr<float>(),
                                  param.numel(), s, detail::best_isa(), out.data, out.type);
@@ -103,7 +103,8 @@ class FlatAdagrad final : public FlatOptimizer {
       return;
     }
     // Any other device or layout: the same math as ATen operations.
-    at::Tensor g = config_.weight_decay != 0 ? grad.add(param, config_.weight_decay) : grad;
+    const double wd = p.weight_decay.value_or(config_.weight_decay);
+    at::Tensor g = wd != 0 ? grad.add(param, wd) : grad;
     states[0].addcmul_(g, g, 1.0);
     param.addcdiv_(g, states[0].sqrt().add_(config_.eps), -p.lr);
     if (low != nullptr) low->copy_(param);
@@ -122,8 +123,9 @@ class FlatLion final : public FlatOptimizer {
     ZERO_CHECK(states.size() == 1, "Lion needs one state");
     auto& m = states[0];
     if (fusable({&param, &grad, &m})) {
-      const double decay = 1 - p.lr * config_.weight_decay;
-      const detail::LionScalars s{f32(decay),       config_.weight_decay != 0, f32(p.beta1), f32(1 - p.beta1),
+      const double wd = p.weight_decay.value_or(config_.weight_decay);
+      const double decay = 1 - p.lr * wd;
+      const detail::LionScalars s{f32(decay),       wd != 0, f32(p.beta1), f32(1 - p.beta1),
                                   f32(p.beta2),     f32(1 - p.beta2),          f32(-p.lr)};
       const LowTarget out = low_target(low);
       detail::lion_fused_fp32(param.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), param.numel(),
@@ -132,7 +134,7 @@ class FlatLion final : public FlatOptimizer {
       return;
     }
     // Any other device or layout: the same math as ATen operations.
-    if (config_.weight_decay != 0) param.mul_(1 - p.lr * config_.weight_decay);
+    if (const double wd = p.weight_decay.value_or(config_.weight_decay); wd != 0) param.mul_(1 - p.lr * wd);
     at::Tensor update = m.mul(p.beta1).add_(grad, 1 - p.beta1).sign_();
     param.add_(update, -p.lr);
     m.mul_(p.beta2).add_(grad, 1 - p.beta2);

@@ -1,6 +1,7 @@
 // The ZeRO optimizer: construction and the step loop (zero_optimizer.h).
 #include "zero/partition/zero_optimizer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -267,10 +268,65 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       g32 = reducer_->owned(g).narrow(0, start, len).to(m.device(), at::kFloat);
     }
     if (combined != 1.0) g32.mul_(1.0 / combined);
-    optimizer_->update(params, m, g32, s, low);
+    if (runs_.empty()) {
+      optimizer_->update(params, m, g32, s, low);
+      return;
+    }
+    for (const Run& r : runs_[k]) {  // each run of one parameter group with its values
+      optim::StepParams p = params;
+      const GroupHyper& h = groups_[r.group];
+      if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
+      p.weight_decay = h.weight_decay;
+      at::Tensor pm = m.narrow(0, r.start, r.numel);
+      std::vector<at::Tensor> ps;
+      for (auto& t : s) ps.push_back(t.narrow(0, r.start, r.numel));
+      at::Tensor pl = low != nullptr ? low->narrow(0, r.start, r.numel) : at::Tensor();
+      optimizer_->update(p, pm, g32.narrow(0, r.start, r.numel), ps, low != nullptr ? &pl : nullptr);
+    }
   });
   zero_grad();
   out.applied = true;
+  return out;
+}
+
+void ZeroOptimizer::set_param_groups(std::vector<GroupHyper> groups, const std::vector<size_t>& group_of) {
+  ZERO_CHECK(!groups.empty() && group_of.size() == flat_->slots().size(), "a group for every parameter");
+  groups_ = std::move(groups);
+  group_of_ = group_of;
+  base_lr_ = optimizer_->config().lr;
+  runs_.clear();
+  const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
+  for (const auto& sg : store_->sub_groups()) {
+    const auto& grp = flat_->groups()[sg.group];
+    // The sub-group's elements of the flat buffer, and each parameter's share of them.
+    const int64_t lo = grp.begin + layout_rank * grp.chunk_numel + sg.start, hi = lo + sg.numel;
+    int64_t at = 0;
+    std::vector<size_t> slots(grp.slots.begin(), grp.slots.end());
+    std::sort(slots.begin(), slots.end(), [&](size_t a, size_t b) { return flat_->slots()[a].offset < flat_->slots()[b].offset; });
+    std::vector<Run> runs;
+    auto add = [&](int64_t b, int64_t e, size_t group) {
+      if (e <= b) return;
+      if (!runs.empty() && runs.back().group == group && runs.back().start + runs.back().numel == b)
+        runs.back().numel += e - b;
+      else
+        runs.push_back({b, e - b, group});
+    };
+    for (size_t i : slots) {
+      const auto& slot = flat_->slots()[i];
+      const int64_t b = std::max(lo, slot.offset), e = std::min(hi, slot.offset + slot.numel);
+      if (e <= b) continue;
+      add(at, b - lo, 0);  // padding before it
+      add(b - lo, e - lo, group_of_[i]);
+      at = e - lo;
+    }
+    add(at, sg.numel, 0);
+    runs_.push_back(std::move(runs));
+  }
+}
+
+std::vector<int64_t> ZeroOptimizer::param_group_numels() const {
+  std::vector<int64_t> out(groups_.empty() ? 1 : groups_.size(), 0);
+  for (size_t i = 0; i < flat_->slots().size(); ++i) out[group_of_.empty() ? 0 : group_of_[i]] += flat_->slots()[i].numel;
   return out;
 }
 

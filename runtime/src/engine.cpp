@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -55,6 +56,45 @@ void cast_module(torch::nn::Module& module, torch::Device device, torch::ScalarT
   };
   for (auto& p : module.parameters()) cast(p);
   for (auto& b : module.buffers()) cast(b);
+}
+
+// InitOptions::param_groups onto the optimizer's slots: each parameter in
+// the first group that matches it, else the default group; said on rank 0.
+void apply_param_groups(Engine::Impl& s) {
+  const auto& groups = s.options.param_groups;
+  std::vector<partition::ZeroOptimizer::GroupHyper> hypers{{"default", std::nullopt, std::nullopt}};
+  std::set<std::string> names{"default"};
+  for (const auto& g : groups) {
+    if (g.name.empty() || !names.insert(g.name).second)
+      throw ConfigError({"InitOptions::param_groups: group names must be unique and not empty (\"default\" is the "
+                         "config's group); got \"" + g.name + "\""});
+    if (!g.match) throw ConfigError({"InitOptions::param_groups: group " + g.name + " has no match function"});
+    if ((g.weight_decay && !(*g.weight_decay >= 0)) || (g.lr && !(*g.lr >= 0)))
+      throw ConfigError({"InitOptions::param_groups: group " + g.name + ": expected lr and weight_decay >= 0"});
+    hypers.push_back({g.name, g.lr, g.weight_decay});
+  }
+  const auto& slots = s.optimizer->parameters().slots();
+  std::vector<size_t> group_of(slots.size(), 0);
+  for (size_t i = 0; i < slots.size(); ++i)
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (groups[k].match(slots[i].name, slots[i].param)) {
+        group_of[i] = k + 1;
+        break;
+      }
+  s.optimizer->set_param_groups(hypers, group_of);
+  if (s.dist.rank != 0) return;
+  const auto numels = s.optimizer->param_group_numels();
+  std::string line = "parameter groups:";
+  for (size_t k = 0; k < hypers.size(); ++k) {
+    const auto& h = hypers[k];
+    std::ostringstream o;
+    o << " " << h.name << " " << numels[k] << " parameters (weight_decay "
+      << h.weight_decay.value_or(s.config.optimizer->weight_decay) << ", lr " << h.lr.value_or(s.config.optimizer->lr)
+      << ")" << (k + 1 < hypers.size() ? ";" : "");
+    line += o.str();
+    if (k > 0 && numels[k] == 0) log::warning("parameter group " + h.name + " matches no parameter of the model");
+  }
+  log::info(line);
 }
 
 void check_trainable(const config::Config& c) {
@@ -218,6 +258,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
   }
+  if (!s.options.param_groups.empty()) apply_param_groups(s);
   if (const auto* sw = s.optimizer->swapper(); sw != nullptr && s.dist.rank == 0) {
     log::info("optimizer states on NVMe under " + sw->options().nvme_path + ": " + format_bytes(sw->file_bytes()) +
               " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
@@ -345,6 +386,22 @@ void Engine::reset_peak_bytes() {
   impl_->ledger().reset_peaks();
   if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
   else reset_cpu_allocator_peak();
+}
+
+ParamGroup ParamGroup::by_name(std::string group_name, std::vector<std::string> suffixes, std::vector<std::string> names,
+                               std::optional<double> weight_decay, std::optional<double> lr) {
+  ParamGroup g;
+  g.name = std::move(group_name);
+  g.weight_decay = weight_decay;
+  g.lr = lr;
+  g.match = [suffixes = std::move(suffixes), names = std::move(names)](const std::string& n, const torch::Tensor&) {
+    for (const auto& x : names)
+      if (n == x) return true;
+    for (const auto& x : suffixes)
+      if (n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0) return true;
+    return false;
+  };
+  return g;
 }
 
 torch::Tensor Engine::all_reduce_mean(const torch::Tensor& tensor) {

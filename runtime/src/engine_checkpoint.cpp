@@ -439,6 +439,18 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
           {"files", files},
           {"client_state", client},
       };
+      if (!opt.param_groups().empty()) {
+        const auto numels = opt.param_group_numels();
+        nlohmann::json pg = nlohmann::json::array();
+        for (size_t k = 0; k < opt.param_groups().size(); ++k) {
+          const auto& h = opt.param_groups()[k];
+          pg.push_back({{"name", h.name},
+                        {"lr", h.lr ? nlohmann::json(*h.lr) : nlohmann::json(nullptr)},
+                        {"weight_decay", h.weight_decay ? nlohmann::json(*h.weight_decay) : nlohmann::json(nullptr)},
+                        {"numel", numels[k]}});
+        }
+        meta["param_groups"] = pg;
+      }
       const auto sc = s.scaler.state();
       meta["loss_scaler"] = {{"cur_scale", sc.cur_scale}, {"cur_iter", sc.cur_iter},
                              {"last_overflow_iter", sc.last_overflow_iter}, {"cur_hysteresis", sc.cur_hysteresis}};
@@ -535,6 +547,33 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   } else if (s.dist.rank == 0) {
     log::info("load_checkpoint: saved at " + std::to_string(meta.at("world_size").get<int64_t>()) +
               " ranks, loaded at " + std::to_string(s.dist.world_size) + ": the RNG states start anew");
+  }
+  // Parameter groups: each group's saved values come back (as a torch
+  // optimizer's load_state_dict brings its param_groups' lr and decay).
+  if (meta.contains("param_groups") && !opt.param_groups().empty()) {
+    auto optional_of = [](const nlohmann::json& v) { return v.is_null() ? std::nullopt : std::optional<double>(v.get<double>()); };
+    std::vector<std::string> unmatched;
+    for (const auto& g : meta.at("param_groups")) {
+      const std::string name = g.at("name").get<std::string>();
+      const auto& groups = opt.param_groups();
+      size_t k = 0;
+      while (k < groups.size() && groups[k].name != name) ++k;
+      if (k == groups.size()) {
+        unmatched.push_back(name);
+        continue;
+      }
+      partition::ZeroOptimizer::GroupHyper h{name, optional_of(g.at("lr")), optional_of(g.at("weight_decay"))};
+      if ((h.lr != groups[k].lr || h.weight_decay != groups[k].weight_decay) && s.dist.rank == 0)
+        log::warning("load_checkpoint: parameter group " + name + " has the checkpoint's lr and weight_decay (" +
+                     g.at("lr").dump() + ", " + g.at("weight_decay").dump() + "), not this run's");
+      opt.set_group_hyper(k, h);
+    }
+    if (!unmatched.empty() && s.dist.rank == 0)
+      log::warning("load_checkpoint: the checkpoint's parameter groups " + [&] {
+        std::string n;
+        for (const auto& u : unmatched) n += (n.empty() ? "" : ", ") + u;
+        return n;
+      }() + " are not this run's: their values are not used");
   }
   s.global_steps = meta.at("global_steps").get<int64_t>();
   s.micro_steps = meta.at("micro_steps").get<int64_t>();

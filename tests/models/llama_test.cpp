@@ -5,6 +5,7 @@
 // ranks and saved with --save_hf, transformers loads it and agrees with
 // `llama logits` on it. transformers comes from scripts/setup.sh: without it
 // these tests fail, they do not skip.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -125,6 +126,62 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
   EXPECT_GT((got - before).abs().max().item<double>(), 1e-3) << "training left the logits as they were";
   ck::remove_tree(dir);
 }
+
+// One optimizer step on 2 ranks at every stage, AdamW with the trainer's
+// no-decay group (norms and embedding), equals torch.optim.AdamW with the
+// same groups on the same global batch (transformers' model, in Python).
+class LlamaStep : public testing::TestWithParam<int> {};
+
+TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
+  const int stage = GetParam();
+  const std::string dir = kWork + "step" + std::to_string(stage);
+  ck::remove_tree(dir);
+  ck::make_folders(dir);
+  ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens 1", dir + "/make.log"), 0)
+      << ck::read_small_file(dir + "/make.log");
+  {
+    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
+    for (int i = 0; i < 2000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 11 + i / 7) % 64);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  std::ofstream(dir + "/ds.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}},
+      "zero_optimization": {"stage": )" << stage
+                                  << R"(, "stage3_param_persistence_threshold": 0,
+                                          "stage3_gather_16bit_weights_on_model_save": true}})";
+  ASSERT_EQ(sh("env OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "llama train --model " +
+                   dir + "/hf --config " + dir + "/ds.json --data " + dir + "/tokens.bin --block_size 16 --steps 1 "
+                   "--save_hf " + dir + "/out",
+               dir + "/train.log"),
+            0)
+      << ck::read_small_file(dir + "/train.log");
+  EXPECT_NE(ck::read_small_file(dir + "/train.log").find("parameter groups: default"), std::string::npos);
+  ASSERT_EQ(sh(py(dir) + "--adamw-step " + dir + "/hf --data " + dir + "/tokens.bin --block-size 16 --samples 8 --lr "
+                   "0.001 --weight-decay 0.1 --tokens 0 --outfile " + dir + "/torch.safetensors",
+               dir + "/ref.log"),
+            0)
+      << ck::read_small_file(dir + "/ref.log");
+  ck::SavedLayout layout;
+  std::vector<ck::WeightTensor> tensors;
+  auto want = ck::PieceReader::weights(ck::WeightFiles::resolve(dir + "/torch.safetensors"), {}, &layout, &tensors, {});
+  auto got = ck::PieceReader::weights(ck::WeightFiles::resolve(dir + "/out"), {}, &layout, nullptr, {});
+  auto before = ck::PieceReader::weights(ck::WeightFiles::resolve(dir + "/hf"), {}, &layout, nullptr, {});
+  ASSERT_FALSE(tensors.empty());
+  double worst = 0, moved = 0;
+  for (const auto& t : tensors) {
+    const auto w = want->read_tensor("", t.name), g = got->read_tensor("", t.name);
+    worst = std::max(worst, (w - g).abs().max().item<double>());
+    moved = std::max(moved, (g - before->read_tensor("", t.name)).abs().max().item<double>());
+  }
+  EXPECT_LT(worst, 1e-5) << "stage " << stage;
+  EXPECT_GT(moved, 1e-4) << "the step changed nothing";
+  ck::remove_tree(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, LlamaStep, testing::Values(0, 1, 2, 3),
+                         [](const testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
 // config.json problems are named by file and key, all at once.
 TEST(LlamaConfig, ProblemsNameTheKey) {

@@ -3,7 +3,10 @@ sequence, for tests/models/llama_test.cpp. Fails (does not skip) without
 transformers: scripts/setup.sh installs it.
 
 usage: make_llama.py OUT_DIR --tie 0|1 --kv-heads N --rope default|llama3 --tokens 1,2,3 [--shard-kb K]
-       make_llama.py --logits MODEL_DIR --tokens 1,2,3 --out FILE   (logits of a saved model)
+       make_llama.py --logits MODEL_DIR --tokens 1,2,3 --outfile FILE   (logits of a saved model)
+       make_llama.py --adamw-step MODEL_DIR --data TOKENS.bin --block-size T --samples G --lr X --weight-decay W
+                     --tokens 0 --outfile FILE   (one torch.optim.AdamW step on llama train's first global batch,
+                                                  no decay on the norms and the embedding; the weights after it)
 """
 import argparse
 
@@ -19,11 +22,36 @@ p.add_argument("--rope", default="default")
 p.add_argument("--tokens", required=True)
 p.add_argument("--shard-kb", type=int, default=20)
 p.add_argument("--logits")
+p.add_argument("--adamw-step")
+p.add_argument("--data")
+p.add_argument("--block-size", type=int)
+p.add_argument("--samples", type=int)
+p.add_argument("--lr", type=float)
+p.add_argument("--weight-decay", type=float)
 p.add_argument("--outfile")
 a = p.parse_args()
 ids = torch.tensor([[int(t) for t in a.tokens.split(",")]])
 
-if a.logits:
+if a.adamw_step:
+    import numpy
+    m = AutoModelForCausalLM.from_pretrained(a.adamw_step, dtype=torch.float32)
+    m.train()
+    T = a.block_size
+    tokens = torch.from_numpy(numpy.fromfile(a.data, dtype=numpy.uint16).astype("int64"))
+    windows = (len(tokens) - T - 1) // T + 1  # llama train's windows: sample j starts at (j mod windows) * T
+    batch = torch.stack([tokens[(j % windows) * T:(j % windows) * T + T + 1] for j in range(a.samples)])
+    logits = m(batch[:, :T]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1))
+    loss.backward()
+    tied = m.config.tie_word_embeddings
+    no_decay = lambda n: n.endswith("norm.weight") or n == "model.embed_tokens.weight" or n.endswith(".bias")
+    decay = [p for n, p in m.named_parameters() if not no_decay(n)]
+    rest = [p for n, p in m.named_parameters() if no_decay(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+    opt.step()
+    save_file({n: p.detach().contiguous() for n, p in m.named_parameters()}, a.outfile)
+elif a.logits:
     m = AutoModelForCausalLM.from_pretrained(a.logits, dtype=torch.float32).eval()
     with torch.no_grad():
         save_file({"logits": m(ids).logits[0].contiguous()}, a.outfile)

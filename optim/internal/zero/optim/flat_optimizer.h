@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct StepParams {
   double lr = 1e-3;
   double beta1 = 0.9;   // OneCycle cycles it
   double beta2 = 0.999; // OneCycle with cycle_momentum pins it to 0.99, as DeepSpeed
+  /// A parameter group's own weight decay; none: the config's.
+  std::optional<double> weight_decay;
 };
 
 class FlatOptimizer {

@@ -162,6 +162,24 @@ class ZeroOptimizer {
   /// Discards accumulated gradients.
   void zero_grad();
 
+  /// A parameter group's hyper-parameters: its lr (the schedule's lr times
+  /// lr / the optimizer's lr, so a schedule applies to every group) and
+  /// weight decay; none: the optimizer's own.
+  struct GroupHyper {
+    std::string name;
+    std::optional<double> lr, weight_decay;
+  };
+  /// Parameter groups (DeepSpeed's client param groups): group_of[i] is
+  /// the index in `groups` of slot i's group (0: the default, the
+  /// optimizer's values). Each step then updates the runs of elements of
+  /// one group with its hyper-parameters (padding goes with group 0).
+  void set_param_groups(std::vector<GroupHyper> groups, const std::vector<size_t>& group_of);
+  const std::vector<GroupHyper>& param_groups() const { return groups_; }
+  /// Replaces group g's hyper-parameters (a checkpoint's).
+  void set_group_hyper(size_t g, const GroupHyper& h) { groups_.at(g) = h; }
+  /// Elements of each group in the model (padding not counted).
+  std::vector<int64_t> param_group_numels() const;
+
   /// Sub-group k's master and states (m, s), and where its new values go in
   /// the compute dtype (null when the master is the parameters); see write_pass.
   using PassBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low)>;
@@ -227,6 +245,17 @@ class ZeroOptimizer {
   double copy_wait_s_ = 0;   // host waits for device-host copies of the step
   HostRing grad_ring_;       // stage 1 offload: gradients on their way to the host
   HostRing param_ring_;      // offload: new 16-bit values on their way to the device
+
+  // Parameter groups: by sub-group, its runs of one group (start within
+  // the sub-group, length, group); empty without groups.
+  struct Run {
+    int64_t start, numel;
+    size_t group;
+  };
+  std::vector<GroupHyper> groups_;
+  std::vector<size_t> group_of_;             // by slot
+  std::vector<std::vector<Run>> runs_;       // by sub-group
+  double base_lr_ = 0;                       // the optimizer's lr, which groups' lrs scale
 
   // Per backward.
   bool in_backward_ = false;        // between begin_backward and end_backward

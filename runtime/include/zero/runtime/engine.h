@@ -43,6 +43,24 @@ namespace zero {
 class Init;
 struct InitState;
 
+/// A parameter group, as DeepSpeed takes the client's
+/// `[{"params": ..., "weight_decay": ..., "lr": ...}, ...]`: the parameters
+/// `match` takes (by the name the model gives them, and the tensor) train
+/// with this group's weight decay and lr instead of the config's. lr scales
+/// with the schedule: a group's lr is the schedule's lr times lr / the
+/// config's lr (with no schedule: lr itself). A parameter is in the first
+/// group that matches it, or in the default group (the config's values).
+struct ParamGroup {
+  std::string name;
+  std::function<bool(const std::string& name, const torch::Tensor& param)> match;
+  std::optional<double> weight_decay;
+  std::optional<double> lr;
+  /// The group of the parameters whose names end with one of `suffixes`
+  /// (".bias", "norm.weight") or equal one of `names`.
+  static ParamGroup by_name(std::string group_name, std::vector<std::string> suffixes, std::vector<std::string> names,
+                            std::optional<double> weight_decay, std::optional<double> lr = std::nullopt);
+};
+
 struct InitOptions {
   /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
   config::AutoValues auto_values;
@@ -71,6 +89,10 @@ struct InitOptions {
   /// ModuleList and Sequential containers; their forward must run through
   /// zero::forward / zero::layer_forward (zero/partition/layer.h).
   std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  /// Parameter groups (ParamGroup): each step updates a group's parameters
+  /// with its weight decay and lr; checkpoints save each group's values and
+  /// a load restores them. Empty: one group, the config's.
+  std::vector<ParamGroup> param_groups;
   /// Test seam, for a machine without a GPU: CopyMode::kDeferred holds every
   /// device-host transfer (offload, stage-3 gathers, cpu_checkpointing)
   /// back until it is waited for, and throws zero::InternalError when a host
