@@ -175,7 +175,11 @@ void ZeroOptimizer::begin_backward(bool boundary) {
 }
 
 void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
-  if (!in_backward_) outside_backward_ = true;
+  if (!in_backward_) {  // NOTE [user backward]: a backward the program started itself
+    ZERO_CHECK(on_user_backward_ != nullptr, "a gradient outside backward and no one to begin it");
+    on_user_backward_();
+    ZERO_CHECK(in_backward_, "a backward the program started was not begun");
+  }
   reducer_->add(index, grad);
 }
 
@@ -193,14 +197,6 @@ void ZeroOptimizer::zero_grad() {
 StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_scale, double clip) {
   at::NoGradGuard no_grad;
   reducer_->wait_all();
-  if (outside_backward_) {
-    outside_backward_ = false;
-    zero_grad();
-    throw UsageError(
-                "gradients of the engine's parameters were produced by a plain loss.backward(); call "
-                "engine.backward(loss) instead, which applies the loss scale and 1/gradient_accumulation_steps "
-                "and reduces gradients across ranks (those gradients were discarded)");
-  }
   StepOutcome out;
   const size_t n_groups = flat_->groups().size();
   // Sum of squares of the owned gradients, over all ranks when partitioned.

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
@@ -95,6 +96,41 @@ void apply_param_groups(Engine::Impl& s) {
     if (k > 0 && numels[k] == 0) log::warning("parameter group " + h.name + " matches no parameter of the model");
   }
   log::info(line);
+}
+
+// NOTE [user backward]
+// A backward the program starts itself (loss.backward(), out.backward(grad),
+// a loss that spans several engines) reaches the engine through the
+// gradient hooks: the first gradient that arrives outside Engine::backward
+// begins the engine's backward there (the reducer's and, at stage 3, the
+// coordinator's bookkeeping, as Engine::backward does before autograd runs)
+// and queues a callback on autograd's engine that ends it when the pass is
+// over. Such a loss was not multiplied by 1/gradient_accumulation_steps, nor
+// by the fp16 loss scale unless the program asked engine.scale(loss) for it
+// (DeepSpeed's rule for manual backward): the step divides by what the
+// gradients carry, so the bits equal Engine::backward's (the factors are
+// powers of two when gas is). One backward per micro-step, and one way per
+// accumulation window.
+void begin_user_backward(Engine::Impl& s) {
+  using B = Engine::Impl::Backward;
+  if (s.window_backward == B::kEngine)
+    throw UsageError("a backward started by the program (loss.backward()) in an accumulation window whose earlier "
+                     "micro-steps ran engine.backward(loss): one way per window (they scale gradients differently)");
+  if (s.backward_micro_step == s.micro_steps)
+    throw UsageError("a second backward in one micro-step: call engine.step() after each backward (one loss per "
+                     "micro-step; sum the losses first to backpropagate several)");
+  const B kind = s.scale_pending ? B::kUserScaled : B::kUserUnscaled;
+  if (s.window_backward != B::kNone && s.window_backward != kind)
+    throw UsageError("loss.backward() with engine.scale(loss) in some micro-steps of an accumulation window and "
+                     "without it in others: keep to one");
+  s.window_backward = kind;
+  s.scale_pending = false;
+  s.backward_micro_step = s.micro_steps;
+  s.optimizer->begin_backward((s.micro_steps + 1) % s.gas() == 0);
+  torch::autograd::Engine::get_default_engine().queue_callback([&s] {
+    s.optimizer->end_backward();
+    s.checkpointer->end_micro_step();
+  });
 }
 
 void check_trainable(const config::Config& c) {
@@ -259,6 +295,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
   }
   if (!s.options.param_groups.empty()) apply_param_groups(s);
+  s.optimizer->set_on_user_backward([&s] { begin_user_backward(s); });
   if (const auto* sw = s.optimizer->swapper(); sw != nullptr && s.dist.rank == 0) {
     log::info("optimizer states on NVMe under " + sw->options().nvme_path + ": " + format_bytes(sw->file_bytes()) +
               " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
@@ -299,6 +336,11 @@ void Engine::backward(const torch::Tensor& loss) {
     throw UsageError("Engine::backward: expected a scalar loss; got a tensor of shape " +
                                         (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
   }
+  if (s.window_backward == Impl::Backward::kUserScaled || s.window_backward == Impl::Backward::kUserUnscaled)
+    throw UsageError("Engine::backward: this accumulation window's earlier micro-steps ran loss.backward(); one "
+                     "way per window (they scale gradients differently): step() first, or keep to one");
+  s.window_backward = Impl::Backward::kEngine;
+  s.scale_pending = false;
   s.sync_for_breakdown();
   const auto t0 = Clock::now();
   s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
@@ -318,6 +360,12 @@ void Engine::backward(const torch::Tensor& loss) {
   s.sync_for_breakdown();
   s.phase_start = Clock::now();
   s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+torch::Tensor Engine::scale(const torch::Tensor& loss) {
+  auto& s = *impl_;
+  s.scale_pending = true;
+  return s.config.fp16.enabled ? loss * s.scaler.scale() : loss;
 }
 
 void Engine::step() {

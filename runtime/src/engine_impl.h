@@ -56,6 +56,13 @@ struct Engine::Impl : detail::RunContext {
   // 0 holds each one's writer lock, the other ranks a null.
   std::map<std::string, std::unique_ptr<ckpt::FolderLock>> save_folders;
 
+  // NOTE [user backward]: how this accumulation window's gradients were
+  // made, and whether engine.scale(loss) came before the next backward.
+  enum class Backward { kNone, kEngine, kUserScaled, kUserUnscaled };
+  Backward window_backward = Backward::kNone;
+  bool scale_pending = false;
+  int64_t backward_micro_step = -1;  // the micro-step of the last backward the program started
+
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
   int64_t skipped_steps = 0;
@@ -136,7 +143,15 @@ struct Engine::Impl : detail::RunContext {
       p.beta1 = *scheduler->beta1();
       p.beta2 = 0.99;
     }
-    auto outcome = optimizer->step(p, scaler.scale(), config.gradient_clipping);
+    // The factor the accumulated gradients carry (NOTE [user backward]):
+    // engine.backward scaled the loss by the loss scale / gas; a backward
+    // the program started carries the loss scale only if engine.scale did,
+    // and never 1/gas, which the step applies.
+    double carried = scaler.scale();
+    if (window_backward == Backward::kUserScaled) carried = scaler.scale() * static_cast<double>(gas());
+    if (window_backward == Backward::kUserUnscaled) carried = static_cast<double>(gas());
+    window_backward = Backward::kNone;
+    auto outcome = optimizer->step(p, carried, config.gradient_clipping);
     last_grad_norm = outcome.grad_norm;
     const double old_scale = scaler.scale();
     if (config.fp16.enabled) scaler.update(!outcome.applied);

@@ -194,4 +194,32 @@ TEST(Stage3, Save16BitModelNeedsTheConfigKeyAndWritesEveryParameter) {
   EXPECT_LT(check.out["max_abs_diff"].get<double>(), 1e-5);
 }
 
+// NOTE [user backward]: a backward the program starts itself gives the bits
+// of engine.backward at every stage on 2 ranks: loss.backward() in fp32,
+// engine.scale(loss).backward() in fp16 (the loss scale is the program's
+// to apply, as in DeepSpeed), with gradient accumulation over 2 micro-steps.
+TEST(UserBackward, LossBackwardGivesTheBitsOfEngineBackward) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const bool fp16 : {false, true}) {
+      std::system(("mkdir -p " + kWork).c_str());
+      const std::string name = "user_backward_" + std::to_string(stage) + (fp16 ? "_fp16" : "_fp32");
+      const std::string cfg = kWork + std::to_string(getpid()) + "_" + name + ".json";
+      nlohmann::json c = {{"train_batch_size", 16},
+                          {"gradient_accumulation_steps", 2},
+                          {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                          {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}};
+      if (fp16) c["fp16"] = {{"enabled", true}, {"initial_scale_power", 8}};
+      std::ofstream(cfg) << c.dump(2);
+      const std::string shape = "--mode plain --layers 3 --dim 32 --steps 6 ";
+      const auto ref = run_worker(name + "_engine", 2, cfg, shape + "--backward engine");
+      const auto got = run_worker(name + "_user", 2, cfg, shape + (fp16 ? "--backward scaled" : "--backward plain"));
+      ASSERT_EQ(ref.rc, 0) << ref.log;
+      ASSERT_EQ(got.rc, 0) << got.log;
+      EXPECT_EQ(got.out["losses"], ref.out["losses"]) << name;
+      EXPECT_EQ(got.out["param_l2"].get<double>(), ref.out["param_l2"].get<double>()) << name;
+      EXPECT_NE(got.out["param_l2"].get<double>(), got.out["param_l2_initial"].get<double>()) << name;
+    }
+  }
+}
+
 }  // namespace

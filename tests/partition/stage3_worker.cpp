@@ -28,6 +28,7 @@ namespace {
 
 struct Args {
   std::string mode = "plain", config, out, save;
+  std::string backward = "engine";  // engine | plain (loss.backward()) | scaled (engine.scale(loss).backward())
   int64_t layers = 4, dim = 64, steps = 5, batch = 16;
   int64_t cap_bytes = 0;
 };
@@ -37,6 +38,7 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i], v = argv[i + 1];
     if (f == "--mode") a.mode = v;
+    else if (f == "--backward") a.backward = v;
     else if (f == "--config") a.config = v;
     else if (f == "--out") a.out = v;
     else if (f == "--save") a.save = v;
@@ -124,9 +126,12 @@ int main(int argc, char** argv) {
       x = x.narrow(0, rank * per, per);
       y = y.narrow(0, rank * per, per);
       bool swap = step >= 3 && (a.mode == "branch" || (a.mode == "diverge" && rank == 1));
+      x = x.to(engine.compute_dtype());  // an fp16 or bf16 model takes its dtype
       auto pred = list ? list->forward(x, swap) : mlp->forward(x);
-      auto loss = torch::mse_loss(pred, y);
-      engine.backward(loss);
+      auto loss = torch::mse_loss(pred.to(torch::kFloat), y);
+      if (a.backward == "plain") loss.backward();
+      else if (a.backward == "scaled") engine.scale(loss).backward();
+      else engine.backward(loss);
       engine.step();
       auto l = loss.detach().reshape({1});
       if (auto* c = zero::detail::comm_of(engine)) c->all_reduce_sum(l).wait();

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adagrad.h>
@@ -544,6 +546,93 @@ TEST(Engine, Stage3LayerOutsideTheModelIsNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+
+namespace {
+
+// NOTE [user backward]: two engines in one backward (a loss over both
+// models) and a non-scalar backward with its gradient give the bits of
+// engine.backward; the ways are not mixed within a window or repeated in
+// a micro-step.
+torch::nn::Sequential mlp(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+}
+
+std::string usage_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const zero::UsageError& e) {
+    return e.what();
+  } catch (const c10::Error& e) {  // autograd may pass on what a hook threw as its own error
+    return e.what();
+  }
+  return "";
+}
+
+TEST(UserBackward, TwoEnginesInOneBackwardAndANonScalarBackward) {
+  for (const char* stage : {R"(, "zero_optimization": {"stage": 2})",
+                            R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})"}) {
+    auto run = [&](bool user) {
+      auto a = mlp(1), b = mlp(2);
+      auto ea = zero::initialize(a.ptr(), config_json(stage, 4), quiet());
+      auto eb = zero::initialize(b.ptr(), config_json(stage, 4), quiet());
+      for (int s = 0; s < 3; ++s) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + s);
+        const auto x = torch::randn({4, 8}, gen), g = torch::randn({4, 4}, gen);
+        const auto la = a->forward(x).pow(2).mean();
+        const auto out = b->forward(x);
+        if (user) {
+          la.backward();             // engine a's alone...
+          out.backward(g);           // ...then engine b's, non-scalar
+        } else {
+          ea.backward(la);
+          eb.backward((out * g).sum());
+        }
+        ea.step();
+        eb.step();
+      }
+      return std::vector<double>{ea.parameter_l2(), eb.parameter_l2()};
+    };
+    EXPECT_EQ(run(true), run(false)) << stage;
+
+    // One loss over two models: one backward feeds both engines.
+    auto joint = [&](bool user) {
+      auto a = mlp(1), b = mlp(2);
+      auto ea = zero::initialize(a.ptr(), config_json(stage, 4), quiet());
+      auto eb = zero::initialize(b.ptr(), config_json(stage, 4), quiet());
+      for (int s = 0; s < 3; ++s) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(200 + s);
+        const auto x = torch::randn({4, 8}, gen);
+        if (user) {
+          (a->forward(x).pow(2).mean() + b->forward(x).abs().mean()).backward();
+        } else {
+          ea.backward(a->forward(x).pow(2).mean());
+          eb.backward(b->forward(x).abs().mean());
+        }
+        ea.step();
+        eb.step();
+      }
+      return std::vector<double>{ea.parameter_l2(), eb.parameter_l2()};
+    };
+    EXPECT_EQ(joint(true), joint(false)) << stage;
+  }
+}
+
+TEST(UserBackward, OneWayPerWindowAndOneBackwardPerMicroStep) {
+  auto a = mlp(1);
+  auto e = zero::initialize(a.ptr(), config_json("", 4, 2), quiet());
+  const auto x = torch::randn({4, 8});
+  e.backward(a->forward(x).sum());
+  e.step();
+  std::string m = usage_error_of([&] { a->forward(x).sum().backward(); });
+  EXPECT_NE(m.find("one way per window"), std::string::npos) << m;
+  e.step();  // ends the window (its gradients are the engine.backward's)
+  a->forward(x).sum().backward();
+  m = usage_error_of([&] { a->forward(x).sum().backward(); });
+  EXPECT_NE(m.find("a second backward in one micro-step"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -152,12 +152,18 @@ class ZeroOptimizer {
   /// complete (parameters without gradients) and waits for them.
   void end_backward();
 
-  /// One optimizer step from the accumulated gradients, which were produced
-  /// by a loss multiplied by `loss_scale`. `clip` > 0 clips the global norm
-  /// to it. Gradients are zeroed afterwards, applied or not. Throws
-  /// zero::UsageError when gradients were produced outside begin/end_backward
-  /// (a plain loss.backward()), which would skip reduction and scaling.
+  /// One optimizer step from the accumulated gradients, which are `loss_scale`
+  /// times the loss's (the factor the step divides by before clipping and
+  /// updating). `clip` > 0 clips the global norm to it. Gradients are zeroed
+  /// afterwards, applied or not.
   StepOutcome step(const optim::StepParams& params, double loss_scale, double clip);
+
+  /// Called when a gradient arrives outside begin/end_backward (a backward
+  /// the program started itself: loss.backward(), out.backward(grad), another
+  /// engine's backward): it must call begin_backward, and arrange for
+  /// end_backward when autograd's pass ends (NOTE [user backward]). Without
+  /// it, such a gradient is an internal error.
+  void set_on_user_backward(std::function<void()> fn) { on_user_backward_ = std::move(fn); }
 
   /// Discards accumulated gradients.
   void zero_grad();
@@ -259,7 +265,7 @@ class ZeroOptimizer {
 
   // Per backward.
   bool in_backward_ = false;        // between begin_backward and end_backward
-  bool outside_backward_ = false;   // a gradient arrived outside them (loss.backward())
+  std::function<void()> on_user_backward_;
   std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
   std::shared_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it (autograd holds it weakly)
 };

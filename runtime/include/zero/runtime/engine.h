@@ -194,14 +194,24 @@ class Engine {
   /// Backward of `loss` (a scalar), multiplied by the loss scale (fp16) and
   /// divided by gradient_accumulation_steps; gradients accumulate in the
   /// engine's buffers and are reduced across ranks as they are produced.
-  /// Throws UsageError for a loss that is not a scalar, CommunicationError.
+  /// The program may instead call backward itself, as in PyTorch:
+  /// loss.backward(), out.backward(grad), one backward through several
+  /// engines' models (NOTE [user backward]). Throws UsageError for a loss
+  /// that is not a scalar, or after a plain backward in the same
+  /// accumulation window; CommunicationError.
   void backward(const torch::Tensor& loss);
   /// Ends a micro-step. At the accumulation boundary: unscale, overflow check,
-  /// clip, optimizer step, lr schedule, loss-scale update. Throws UsageError
-  /// when gradients came from a plain loss.backward() (they are discarded),
+  /// clip, optimizer step, lr schedule, loss-scale update. Throws
   /// DivergedError (fp16 at fp16.min_loss_scale still overflowing),
   /// CommunicationError, IoError (NVMe offload).
   void step();
+  /// The loss as Engine::backward would backpropagate it for the loss
+  /// scale: multiplied by the fp16 loss scale (the loss itself otherwise),
+  /// for a program that calls backward itself: engine.scale(loss).backward()
+  /// gives Engine::backward's gradients (NOTE [user backward]); a plain
+  /// loss.backward() works too, unscaled. Must come right before that
+  /// backward.
+  torch::Tensor scale(const torch::Tensor& loss);
   /// Discards gradients accumulated since the last boundary. Throws
   /// CommunicationError (it waits for reductions in flight).
   void zero_grad();
