@@ -572,6 +572,7 @@ int main(int argc, char** argv) {
       double last_loss = NAN;
       for (int64_t mb = first_mb; mb < micro_per_epoch; ++mb) {
         auto b = task->train_batch(mingpt::micro_batch_indices(order, mb / gas, mb % gas, rank, mbs, gas, ws));
+        if (mb == first_mb) engine.check_batch(b.x);
         auto logits = model->forward(b.x.to(engine.device()));
         auto loss = torch::nn::functional::cross_entropy(
             logits.to(torch::kFloat).view({-1, V}), b.y.to(engine.device()).view({-1}),

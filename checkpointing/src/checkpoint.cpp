@@ -308,14 +308,25 @@ void Checkpointer::end_micro_step() {
   impl_->recompute_s.clear();
 }
 
+namespace {
+thread_local Checkpointer* t_current = nullptr;  // this thread's engine's (set_current)
+
+Checkpointer& plain() {
+  static Checkpointer p(config::ActivationCheckpointingConfig{});
+  return p;
+}
+}  // namespace
+
+Checkpointer* current() { return t_current; }
+
+void set_current(Checkpointer* checkpointer) { t_current = checkpointer; }
+
 std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs) {
-  static Checkpointer plain(config::ActivationCheckpointingConfig{});
-  return plain.checkpoint(fn, inputs);
+  return (t_current != nullptr ? *t_current : plain()).checkpoint(fn, inputs);
 }
 
 at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x) {
-  static Checkpointer plain(config::ActivationCheckpointingConfig{});
-  return plain.checkpoint(fn, x);
+  return (t_current != nullptr ? *t_current : plain()).checkpoint(fn, x);
 }
 
 }  // namespace zero::checkpointing

@@ -294,6 +294,7 @@ int train_command(int argc, char** argv) {
     for (int64_t a = 0; a < gas; ++a) {
       const auto s = data.samples(step * G + (a * ws + rank) * mbs, mbs, cfg.vocab_size).to(engine.device());
       const auto x = s.narrow(1, 0, T), y = s.narrow(1, 1, T);
+      if (step == start && a == 0) engine.check_batch(x);
       const auto logits = model->forward(x);
       const auto loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat).reshape({-1, cfg.vocab_size}),
                                                              y.reshape({-1}));

@@ -318,6 +318,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
   s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger(),
                                                                  nullptr, s.options.cpu_copy_mode);
+  checkpointing::set_current(s.checkpointer.get());  // zero::checkpointing::checkpoint from the model's code
   if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
@@ -326,7 +327,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.window_start = Clock::now();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (impl_ && impl_->checkpointer && checkpointing::current() == impl_->checkpointer.get())
+    checkpointing::set_current(nullptr);
+}
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
@@ -360,6 +364,20 @@ void Engine::backward(const torch::Tensor& loss) {
   s.sync_for_breakdown();
   s.phase_start = Clock::now();
   s.t_backward += std::chrono::duration<double>(s.phase_start - t0).count();
+}
+
+void Engine::check_batch(const torch::Tensor& batch) const {
+  const auto& s = *impl_;
+  const int64_t mbs = s.config.batch.train_micro_batch_size_per_gpu;
+  if (batch.dim() < 1 || batch.size(0) != mbs)
+    throw UsageError("the batch fed has shape " + c10::str(batch.sizes()) + "; " + s.config.source +
+                     " says train_micro_batch_size_per_gpu " + std::to_string(mbs) +
+                     " samples a rank per micro-step (the batch sizes, the learning rate schedule and the data "
+                     "position are counted in them)");
+  if (s.options.tokens_per_sample && batch.dim() >= 2 && batch.size(1) != *s.options.tokens_per_sample)
+    throw UsageError("the batch fed has shape " + c10::str(batch.sizes()) + "; InitOptions::tokens_per_sample says " +
+                     std::to_string(*s.options.tokens_per_sample) + " tokens a sample (the tokens/s the engine reports "
+                     "count them)");
 }
 
 torch::Tensor Engine::scale(const torch::Tensor& loss) {

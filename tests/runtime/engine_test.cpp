@@ -636,3 +636,33 @@ TEST(UserBackward, OneWayPerWindowAndOneBackwardPerMicroStep) {
 }
 
 }  // namespace
+
+namespace {
+
+// A module reaches its engine's checkpointer without a pointer to it
+// (zero::checkpointing::checkpoint and current(), as DeepSpeed's
+// deepspeed.checkpointing); the batch fed is checked against the config.
+TEST(Conveniences, CheckpointerFromTheModelsCodeAndTheBatchChecked) {
+  EXPECT_EQ(zero::checkpointing::current(), nullptr);
+  {
+    auto a = mlp(1);
+    auto opts = quiet();
+    opts.tokens_per_sample = 8;
+    auto e = zero::initialize(a.ptr(), config_json("", 4), opts);
+    EXPECT_EQ(zero::checkpointing::current(), &e.checkpointer());
+    const auto x = torch::randn({4, 8});
+    auto plain = a->forward(x).pow(2).sum();
+    auto checkpointed = zero::checkpointing::checkpoint(
+        zero::checkpointing::UnaryFunction([&](const torch::Tensor& t) { return a->forward(t); }), x).pow(2).sum();
+    EXPECT_TRUE(torch::equal(plain, checkpointed));
+    e.check_batch(torch::zeros({4, 8}, torch::kLong));
+    std::string m = usage_error_of([&] { e.check_batch(torch::zeros({3, 8}, torch::kLong)); });
+    EXPECT_NE(m.find("the batch fed has shape [3, 8]; <string> says train_micro_batch_size_per_gpu 4"), std::string::npos)
+        << m;
+    m = usage_error_of([&] { e.check_batch(torch::zeros({4, 9}, torch::kLong)); });
+    EXPECT_NE(m.find("InitOptions::tokens_per_sample says 8"), std::string::npos) << m;
+  }
+  EXPECT_EQ(zero::checkpointing::current(), nullptr) << "the engine is gone";
+}
+
+}  // namespace

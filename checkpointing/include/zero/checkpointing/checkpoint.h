@@ -99,8 +99,18 @@ class Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Plain checkpointing: inputs kept as they are, recompute in backward.
+/// Checkpointing from anywhere in a model's code, as DeepSpeed's
+/// deepspeed.checkpointing.checkpoint: through this thread's engine's
+/// checkpointer (configured by its config's activation_checkpointing
+/// section: partitioning, cpu_checkpointing, profile) while there is one,
+/// else plain (inputs kept as they are, recompute in backward). A module
+/// needs no pointer to its engine.
 std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
 at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
+/// This thread's engine's checkpointer (the last engine initialized on this
+/// thread while it lives), or null.
+Checkpointer* current();
+/// Sets current() (the engine does, at initialize and when it goes).
+void set_current(Checkpointer* checkpointer);
 
 }  // namespace zero::checkpointing

@@ -212,6 +212,12 @@ class Engine {
   /// loss.backward() works too, unscaled. Must come right before that
   /// backward.
   torch::Tensor scale(const torch::Tensor& loss);
+  /// Checks a micro-batch against the config: `batch` ([samples, tokens,
+  /// ...], the model's input) has train_micro_batch_size_per_gpu samples,
+  /// and InitOptions::tokens_per_sample tokens each when that was given.
+  /// The engine does not see the data otherwise: call it where the batch is
+  /// made. Throws UsageError naming the shape, the key and the numbers.
+  void check_batch(const torch::Tensor& batch) const;
   /// Discards gradients accumulated since the last boundary. Throws
   /// CommunicationError (it waits for reductions in flight).
   void zero_grad();
