@@ -98,6 +98,14 @@ int bench_adam(const std::vector<std::string>& args) {
     optim::stream_triad(pattern[0].data_ptr<float>(), grad.data_ptr<float>(), pattern[1].data_ptr<float>(), 0.5f, n);
   });
 
+  // The gradient norm each step takes (NOTE [gradient norm]): zero's fp64
+  // sum of squares against ATen's fp32 norm of the same gradient.
+  double norm_sink = 0;
+  const size_t v_norm = add([&](int64_t) { norm_sink += optim::sum_of_squares_fp64(grad.data_ptr<float>(), n); });
+  const size_t v_norm_aten = add([&](int64_t) {
+    norm_sink += at::linalg_vector_norm(grad, 2, c10::nullopt, false, at::kFloat).item<double>();
+  });
+
   for (int64_t round = 0; round <= steps; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {  // who goes first rotates
       auto& v = variants[(k + static_cast<size_t>(round)) % variants.size()];
@@ -108,8 +116,9 @@ int bench_adam(const std::vector<std::string>& args) {
   }
   auto t = [&](size_t v) { return median(variants[v].seconds); };
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
-  const double t_pattern = t(v_pattern), t_triad = t(v_triad);
+  const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
   const double max_diff = (ours_p - fused_p).abs().max().item<double>();
+  if (norm_sink < 0) std::printf("\n");  // keeps the norms computed
 
   const double bytes_per_param = 28.0;
   const double ours_bw = bytes_per_param * n / t_ours_w, fused_bw = bytes_per_param * n / t_fused;
@@ -126,6 +135,10 @@ int bench_adam(const std::vector<std::string>& args) {
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
   std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
   std::printf("  %-40s %14s %10.2f\n", "stream triad a = b + s*c (16 B/element)", "", triad_bw / 1e9);
+  std::printf("  %-40s %14.3e %10.2f %12s\n", "zero gradient norm (fp64 sum of squares)", n / t_norm, 4.0 * n / t_norm / 1e9,
+              "");
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "at::linalg_vector_norm (fp32)", n / t_norm_aten,
+              4.0 * n / t_norm_aten / 1e9, t_norm_aten / t_norm);
   std::printf("  zero AdamW's bytes/s as a fraction of the same traffic without math: %.2f; largest difference from "
               "_fused_adamw_: %.2e\n",
               ours_bw / pattern_bw, max_diff);
@@ -146,7 +159,11 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"fused_adamw_bytes_per_s", fused_bw},
                         {"adam_pattern_bytes_per_s", pattern_bw},
                         {"triad_bytes_per_s", triad_bw},
-                        {"bandwidth_fraction", ours_bw / pattern_bw}};
+                        {"bandwidth_fraction", ours_bw / pattern_bw},
+                        {"grad_norm_fp64_params_per_s", n / t_norm},
+                        {"aten_norm_fp32_params_per_s", n / t_norm_aten},
+                        {"ratio_grad_norm_vs_aten", t_norm_aten / t_norm},
+                        {"grad_norm_vs_adamw_time", t_norm / t_ours_w}};
     write_json_output(json_path, j);
   }
   return 0;

@@ -10,6 +10,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <vector>
+
 namespace zero::optim::detail {
 
 uint16_t to_bf16(float x) {
@@ -338,6 +340,51 @@ __attribute__((target("avx2"))) void pattern_avx2(float* p, const float* g, floa
 void pattern_scalar(float* p, const float* g, float* m, float* v, float s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] += s * g[i], m[i] += s * g[i], v[i] += s * g[i];
 }
+// Σ x² of a block in fp64 (NOTE [gradient norm] in partition/): lane j of 8
+// takes the elements at j mod 8 in order, then the lanes are added 0..7.
+// Each square is exact in fp64 (24-bit significands), so FMA or not gives
+// the same bits, and every ISA the same order: the same result.
+__attribute__((target("avx512f"))) double squares_avx512(const float* x, int64_t n) {
+  __m512d acc = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
+  }
+  alignas(64) double lanes[8];
+  _mm512_store_pd(lanes, acc);
+  for (int64_t j = 0; i < n; ++i, ++j) lanes[j] += static_cast<double>(x[i]) * x[i];
+  double sum = 0;
+  for (double l : lanes) sum += l;
+  return sum;
+}
+__attribute__((target("avx2"))) double squares_avx2(const float* x, int64_t n) {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+  }
+  alignas(32) double lanes[8];
+  _mm256_store_pd(lanes, lo);
+  _mm256_store_pd(lanes + 4, hi);
+  for (int64_t j = 0; i < n; ++i, ++j) lanes[j] += static_cast<double>(x[i]) * x[i];
+  double sum = 0;
+  for (double l : lanes) sum += l;
+  return sum;
+}
+double squares_scalar(const float* x, int64_t n) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += static_cast<double>(x[i + j]) * x[i + j];
+  for (int64_t j = 0; i < n; ++i, ++j) lanes[j] += static_cast<double>(x[i]) * x[i];
+  double sum = 0;
+  for (double l : lanes) sum += l;
+  return sum;
+}
+
 using Pattern = void (*)(float*, const float*, float*, float*, float, int64_t);
 Pattern pattern_for(detail::Isa isa) {
   return isa == detail::Isa::kAvx512 ? &pattern_avx512 : isa == detail::Isa::kAvx2 ? &pattern_avx2 : &pattern_scalar;
@@ -353,6 +400,26 @@ void stream_triad(float* a, const float* b, const float* c, float scalar, int64_
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1 << 15), [&](const tbb::blocked_range<int64_t>& r) {
     f(a + r.begin(), b + r.begin(), c + r.begin(), scalar, r.end() - r.begin());
   });
+}
+
+double sum_of_squares_fp64(const float* x, int64_t n, int isa_choice) {
+  const detail::Isa isa = isa_choice == 1   ? detail::Isa::kScalar
+                          : isa_choice == 2 ? detail::Isa::kAvx2
+                          : isa_choice == 3 ? detail::Isa::kAvx512
+                                            : detail::best_isa();
+  // Fixed blocks summed in order after the parallel pass: the same bits
+  // whatever the number of threads and however oneTBB splits the work.
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks));
+  auto f = isa == detail::Isa::kAvx512 ? &squares_avx512 : isa == detail::Isa::kAvx2 ? &squares_avx2 : &squares_scalar;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 4), [&](const tbb::blocked_range<int64_t>& r) {
+    for (int64_t b = r.begin(); b < r.end(); ++b)
+      partial[static_cast<size_t>(b)] = f(x + b * kBlock, std::min(kBlock, n - b * kBlock));
+  });
+  double sum = 0;
+  for (double p : partial) sum += p;
+  return sum;
 }
 
 void stream_adam_pattern(float* p, const float* g, float* m, float* v, float scalar, int64_t n) {

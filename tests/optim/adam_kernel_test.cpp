@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include <tbb/task_arena.h>
+
 #include "adam_kernel.h"
 #include "zero/optim/flat_optimizer.h"
 
@@ -183,6 +185,35 @@ TEST(OtherKernels, ScalarLoopsMatchTheAtenOperations) {
                                        Isa::kScalar);
   EXPECT_TRUE(torch::allclose(pl, pk, 1e-6, 1e-7));
   EXPECT_TRUE(torch::allclose(ml, mk, 1e-6, 1e-7));
+}
+
+}  // namespace
+
+namespace {
+
+// The gradient norm's sum (NOTE [gradient norm]): every instruction set and
+// any number of threads give the same bits, at sizes that hit the tails,
+// within fp64 rounding of the exact sum.
+TEST(SumOfSquares, SameBitsOnEveryIsaAndThreadCountAndNearlyExact) {
+  for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{22}, (int64_t{1} << 16) + 7, int64_t{1048576 + 7}}) {
+    torch::manual_seed(static_cast<uint64_t>(n));
+    const auto x = torch::randn({n}) * 3;
+    const float* p = x.data_ptr<float>();
+    const double scalar = zero::optim::sum_of_squares_fp64(p, n, 1);
+    for (int isa : {2, 3}) {
+      if ((isa == 2 && !__builtin_cpu_supports("avx2")) || (isa == 3 && !__builtin_cpu_supports("avx512f"))) continue;
+      EXPECT_EQ(zero::optim::sum_of_squares_fp64(p, n, isa), scalar) << "n " << n << " isa " << isa;
+    }
+    for (int threads : {1, 2, 3}) {
+      tbb::task_arena arena(threads);
+      double got = 0;
+      arena.execute([&] { got = zero::optim::sum_of_squares_fp64(p, n); });
+      EXPECT_EQ(got, scalar) << "n " << n << " threads " << threads;
+    }
+    long double exact = 0;
+    for (int64_t i = 0; i < n; ++i) exact += static_cast<long double>(p[i]) * p[i];
+    EXPECT_LE(std::abs(static_cast<long double>(scalar) - exact) / exact, 1e-13L) << "n " << n;
+  }
 }
 
 }  // namespace

@@ -62,6 +62,13 @@ class FlatOptimizer {
 /// "avx512", "avx2" or "scalar" (chosen at run time from the CPU's features).
 const char* cpu_adam_isa();
 
+/// Σ x² over n floats with every square and sum in fp64, in fixed blocks
+/// added in order: the same bits on any number of threads and any of the
+/// kernel's instruction sets (`isa`: 0 the best this CPU runs, else 1
+/// scalar, 2 AVX2, 3 AVX-512), off from the exact sum by far less than
+/// fp32's resolution (NOTE [gradient norm] in partition/).
+double sum_of_squares_fp64(const float* x, int64_t n, int isa = 0);
+
 /// One stream-triad pass, a = b + scalar * c over n floats, split across
 /// oneTBB's workers and compiled as the CPU Adam kernel is: the reference for
 /// how fast a streaming loop can touch memory on this machine.
