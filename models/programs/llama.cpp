@@ -34,6 +34,7 @@ using Json = nlohmann::json;
 const char* kUsage = R"(usage: llama COMMAND [options]
 
   logits --model HF_DIR --tokens 1,2,3,... --out FILE.safetensors [--precision 32|bf16] [--config ds.json]
+         [--device-memory B --host-memory B --nvme-bytes B]
       The logits of one sequence (tensor "logits", [T, vocab_size], fp32) of
       the model in HF_DIR (its config.json and weights: model.safetensors or
       shards with model.safetensors.index.json). --config: a DeepSpeed config
@@ -57,6 +58,7 @@ const char* kUsage = R"(usage: llama COMMAND [options]
         --resume DIR            continue from DIR's latest checkpoint (any world size, the same global batch)
         --save_hf OUT_DIR       at the end, the weights as transformers loads them, and config.json
         --summary-json FILE     the run's summary (rank 0)
+        --device-memory B --host-memory B --nvme-bytes B   per-rank budgets (512MiB, 2GiB, 80e9), as mingpt's
 
 Integers are decimal digits; each option is given once.
 )";
@@ -104,6 +106,37 @@ double to_double(const std::string& flag, const std::string& v, double lo, doubl
   usage_error(flag + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got \"" + v + "\"");
 }
 
+// VmHWM or VmRSS of this process, bytes.
+int64_t proc_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  const std::string k = std::string(key) + ":";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size())) * 1024;
+  return -1;
+}
+
+// --device-memory / --host-memory / --nvme-bytes: per-rank budgets, as mingpt's.
+void apply_budgets(std::map<std::string, std::string>& f, zero::InitOptions& opts) {
+  for (const char* flag : {"--device-memory", "--host-memory", "--nvme-bytes"}) {
+    if (!f.count(flag)) continue;
+    const auto n = zero::parse_byte_size(f[flag]);
+    if (!n) usage_error(std::string(flag) + ": expected a byte count such as 512MiB, 2GiB or 80e9; got \"" + f[flag] + "\"");
+    (std::string(flag) == "--device-memory" ? opts.device_memory_limit_bytes
+     : std::string(flag) == "--host-memory" ? opts.host_memory_limit_bytes
+                                            : opts.nvme_limit_bytes) = *n;
+  }
+}
+
+// load_weights with what it cost this rank: bytes read, and how far the
+// process's peak resident memory rose (a rank reads its own shards' bytes).
+void load_reporting(zero::Engine& engine, const std::string& model) {
+  const int64_t rss = proc_bytes("VmRSS"), hwm = proc_bytes("VmHWM");
+  const auto st = engine.load_weights(model);
+  const int64_t rise = std::max<int64_t>(0, proc_bytes("VmHWM") - std::max(rss, hwm));
+  std::fprintf(stderr, "llama: load_weights %s: this rank read %lld bytes in %.2f s; its peak resident memory rose %lld bytes\n",
+               model.c_str(), static_cast<long long>(st.bytes), st.seconds, static_cast<long long>(rise));
+}
+
 bool has_weights(const std::string& dir) {
   return zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
          zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0;
@@ -116,7 +149,10 @@ std::string precision_config(const std::string& precision) {
 }
 
 int logits_command(int argc, char** argv) {
-  auto f = parse_flags(argc, argv, 2, {"--model", "--tokens", "--out", "--precision", "--config"}, {});
+  auto f = parse_flags(argc, argv, 2,
+                       {"--model", "--tokens", "--out", "--precision", "--config", "--device-memory", "--host-memory",
+                        "--nvme-bytes"},
+                       {});
   for (const char* need : {"--model", "--tokens", "--out"})
     if (!f.count(need)) usage_error(std::string("logits: ") + need + " is required");
   const std::string precision = f.count("--precision") ? f["--precision"] : "32";
@@ -139,6 +175,7 @@ int logits_command(int argc, char** argv) {
                                                   "params": {"lr": 0.0}})" + precision_config(precision) + "}";
   zero::InitOptions opts;
   opts.print_progress = false;
+  apply_budgets(f, opts);
   opts.auto_values.train_micro_batch_size_per_gpu = 1;
   opts.auto_values.precision = precision == "bf16" ? "bf16" : "fp32";
   std::unique_ptr<zero::Init> init;
@@ -151,7 +188,7 @@ int logits_command(int argc, char** argv) {
   opts.layers = model->stage3_layers();
   auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers()) : zero::initialize(model.ptr(), ds, opts);
   if (!has_weights(f["--model"])) usage_error("--model " + f["--model"] + ": no weights there (model.safetensors or its index)");
-  engine.load_weights(f["--model"]);
+  load_reporting(engine, f["--model"]);
   model->eval();
   torch::NoGradGuard no_grad;
   const auto x = torch::tensor(ids, torch::kLong).unsqueeze(0).to(engine.device());
@@ -174,7 +211,8 @@ int train_command(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"--model", "--config", "--data", "--dtype", "--block_size", "--batch_size", "--steps", "--lr",
                         "--weight_decay", "--precision", "--seed", "--checkpoint", "--save_dir", "--save_every",
-                        "--resume", "--save_hf", "--summary-json", "--decay_all"},
+                        "--resume", "--save_hf", "--summary-json", "--decay_all", "--device-memory", "--host-memory",
+                        "--nvme-bytes"},
                        {"--checkpoint", "--decay_all"});
   for (const char* need : {"--model", "--config", "--data", "--steps"})
     if (!f.count(need)) usage_error(std::string("train: ") + need + " is required");
@@ -196,6 +234,7 @@ int train_command(int argc, char** argv) {
   }
 
   zero::InitOptions opts;
+  apply_budgets(f, opts);
   opts.dist = zero::DistEnv::from_environment();
   const int rank0 = opts.dist->rank == 0;
   // Outputs are checked before any step.
@@ -248,7 +287,7 @@ int train_command(int argc, char** argv) {
   if (f.count("--checkpoint")) model->set_checkpointer(&engine.checkpointer());
   if (f.count("--save_dir")) engine.open_checkpoint_dir(f["--save_dir"]);
   if (has_weights(f["--model"])) {
-    engine.load_weights(f["--model"]);
+    load_reporting(engine, f["--model"]);
   } else if (rank0) {
     std::fprintf(stderr, "llama: %s has no weights: the model starts from a fresh initialisation (--seed %llu)\n",
                  f["--model"].c_str(), static_cast<unsigned long long>(seed));

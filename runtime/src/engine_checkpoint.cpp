@@ -624,8 +624,9 @@ std::string prefix_hint(const std::vector<std::string>& missing, const std::vect
 
 }  // namespace
 
-void Engine::load_weights(const std::string& path, const LoadWeightsOptions& options) {
+CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsOptions& options) {
   auto& s = *impl_;
+  const auto t0 = Clock::now();
   at::NoGradGuard no_grad;
   const ckpt::WeightFiles files = ckpt::WeightFiles::resolve(path);
   auto rename = [&options](const std::string& name) {
@@ -703,6 +704,11 @@ void Engine::load_weights(const std::string& path, const LoadWeightsOptions& opt
                     c10::str(t.sizes()) + " in the model");
     t.copy_(v);
   }
+  CheckpointStats out;
+  out.dir = files.source;
+  out.bytes = reader->bytes_read();
+  out.seconds = seconds_since(t0);
+  return out;
 }
 
 }  // namespace zero

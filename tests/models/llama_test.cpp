@@ -183,6 +183,47 @@ TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
 INSTANTIATE_TEST_SUITE_P(Stages, LlamaStep, testing::Values(0, 1, 2, 3),
                          [](const testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
+// A stage-3 load reads each rank's own bytes (NOTE [checkpoint mapping]): a
+// 128 MB model on 2 ranks, each under a host budget of a quarter of the
+// model, reads about half of the file and its resident memory rises by far
+// less than the file.
+TEST(LlamaLoad, Stage3RanksReadTheirOwnBytes) {
+  const std::string dir = kWork + "big";
+  ck::remove_tree(dir);
+  ck::make_folders(dir);
+  ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 4 --rope default --tokens 1,2 --hidden 512 --inter 1408 "
+                   "--layers 8 --heads 8 --vocab 8192 --shard-kb 40000",
+               dir + "/make.log"),
+            0)
+      << ck::read_small_file(dir + "/make.log");
+  int64_t file_bytes = 0;
+  for (const auto& n : ck::list_folder(dir + "/hf"))
+    if (n.rfind("model-", 0) == 0) file_bytes += ck::file_size(dir + "/hf/" + n);
+  ASSERT_GT(file_bytes, int64_t{100} << 20);
+  std::ofstream(dir + "/ds.json") << R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.0}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})";
+  const std::string log = dir + "/logits.log";
+  ASSERT_EQ(sh("env OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "llama logits --model " + dir +
+                   "/hf --config " + dir + "/ds.json --tokens 1,2 --out " + dir + "/got.safetensors --host-memory " +
+                   std::to_string(file_bytes / 4),
+               log),
+            0)
+      << ck::read_small_file(log);
+  const std::string text = ck::read_small_file(log);
+  int ranks = 0;
+  for (size_t at = text.find("this rank read "); at != std::string::npos; at = text.find("this rank read ", at + 1)) {
+    const int64_t read = std::stoll(text.substr(at + 15));
+    const auto rose_at = text.find("rose ", at);
+    const int64_t rose = std::stoll(text.substr(rose_at + 5));
+    EXPECT_LT(read, file_bytes * 6 / 10) << "a rank read more than its half:\n" << text;
+    EXPECT_GT(read, file_bytes * 4 / 10) << text;
+    EXPECT_LT(rose, file_bytes / 2) << "a rank's memory rose by more than half the file:\n" << text;
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, 2) << text;
+  ck::remove_tree(dir);
+}
+
 // config.json problems are named by file and key, all at once.
 TEST(LlamaConfig, ProblemsNameTheKey) {
   try {

@@ -21,6 +21,11 @@ p.add_argument("--kv-heads", type=int, default=2)
 p.add_argument("--rope", default="default")
 p.add_argument("--tokens", required=True)
 p.add_argument("--shard-kb", type=int, default=20)
+p.add_argument("--hidden", type=int, default=32)
+p.add_argument("--inter", type=int, default=48)
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--heads", type=int, default=4)
+p.add_argument("--vocab", type=int, default=64)
 p.add_argument("--logits")
 p.add_argument("--adamw-step")
 p.add_argument("--data")
@@ -60,8 +65,8 @@ else:
     if a.rope == "llama3":
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=a.kv_heads, max_position_embeddings=64,
+    cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.inter, num_hidden_layers=a.layers,
+                      num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=64,
                       tie_word_embeddings=bool(a.tie), rope_parameters=rope)
     torch.manual_seed(0)
     m = LlamaForCausalLM(cfg).eval()

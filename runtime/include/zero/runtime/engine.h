@@ -344,8 +344,9 @@ class Engine {
   /// has no place for (not loaded). The optimizer states start anew: call it
   /// before training. A collective. Throws IoError naming the file: a
   /// parameter it lacks (listed, with a prefix that would match when there
-  /// is one) or holds with another shape, a damaged file.
-  void load_weights(const std::string& path, const LoadWeightsOptions& options = {});
+  /// is one) or holds with another shape, a damaged file. Returns what this
+  /// rank read (bytes, seconds).
+  CheckpointStats load_weights(const std::string& path, const LoadWeightsOptions& options = {});
 
   /// The mean of `tensor` over the ranks (a loss to log, say), as a new
   /// tensor on `tensor`'s device in its dtype; `tensor` itself unchanged
