@@ -37,6 +37,13 @@ const char* kCheckpointUsage = R"(usage: zero checkpoint COMMAND DIR [options]
       optimizer) writes that state instead of the fp32 weights. OUT may not be
       inside DIR; an existing OUT is replaced only when an earlier
       consolidate wrote it, or with --force.
+  export DIR OUT_DIR --hf [--tag T] [--dtype fp32|bf16|fp16] [--max-shard-size 5GB] [--config config.json]
+      The full weights of DIR's latest checkpoint (or tag T), the fp32 master
+      in --dtype, as Hugging Face's save_pretrained lays them out in OUT_DIR:
+      model.safetensors, or model-0000k-of-0000n.safetensors shards with
+      model.safetensors.index.json; --config copies a config.json beside
+      them (what from_pretrained needs). Streamed piece by piece; an earlier
+      export's weight files in OUT_DIR are replaced, other files stay.
   verify DIR [--tag T] [--clean]
       Reads every file of the checkpoint whole and checks its sizes and
       checksums against meta.json; exits 1 naming the first damage. --clean
@@ -59,8 +66,8 @@ int64_t proc_status_bytes(const char* key) {
 
 struct Parsed {
   std::vector<std::string> positional;
-  std::string tag, dtype = "fp32", state = "fp32_master";
-  bool force = false, clean = false;
+  std::string tag, dtype = "fp32", state = "fp32_master", max_shard = "5GB", config;
+  bool force = false, clean = false, hf = false;
 };
 
 // Returns false (having printed why) on an unknown option or a missing value.
@@ -82,8 +89,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
     const bool known = std::find(options.begin(), options.end(), a) != options.end();
     if (known && std::find(seen.begin(), seen.end(), a) != seen.end()) return refuse(a + " given twice: give it once");
     seen.push_back(a);
-    if (known && (a == "--force" || a == "--clean")) {
-      (a == "--force" ? out.force : out.clean) = true;
+    if (known && (a == "--force" || a == "--clean" || a == "--hf")) {
+      (a == "--force" ? out.force : a == "--clean" ? out.clean : out.hf) = true;
       continue;
     }
     if (!known || i + 1 >= args.size()) {
@@ -99,6 +106,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
     if (a == "--tag") out.tag = v;
     else if (a == "--dtype") out.dtype = v;
     else if (a == "--state") out.state = v;
+    else if (a == "--max-shard-size") out.max_shard = v;
+    else if (a == "--config") out.config = v;
   }
   return true;
 }
@@ -215,6 +224,53 @@ int consolidate_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+int export_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("export", args, {"--tag", "--dtype", "--max-shard-size", "--config", "--hf"}, p)) return 2;
+  if (p.positional.size() != 2 || !p.hf) {
+    std::cerr << "zero checkpoint export: expected DIR OUT_DIR --hf (Hugging Face's layout, the one format)\n\n"
+              << kCheckpointUsage;
+    return 2;
+  }
+  at::ScalarType dtype;
+  if (p.dtype == "fp32") dtype = at::kFloat;
+  else if (p.dtype == "bf16") dtype = at::kBFloat16;
+  else if (p.dtype == "fp16") dtype = at::kHalf;
+  else {
+    std::cerr << "zero checkpoint export: --dtype: expected fp32, bf16 or fp16; got \"" << p.dtype << "\"\n";
+    return 2;
+  }
+  const auto shard = parse_byte_size(p.max_shard);
+  if (!shard) {
+    std::cerr << "zero checkpoint export: --max-shard-size: expected a size such as 5GB or 500MiB; got \"" << p.max_shard
+              << "\"\n";
+    return 2;
+  }
+  const std::string config_json = p.config.empty() ? "" : ckpt::read_small_file(p.config);
+  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  for (const std::string& d : {p.positional[0], tag_dir}) {  // the export may not land inside the checkpoint
+    const std::string root = real_path(d), out = real_path(p.positional[1]);
+    if (!root.empty() && !out.empty() && (out == root || out.rfind(root + "/", 0) == 0)) {
+      std::cerr << "zero checkpoint export: OUT_DIR " << p.positional[1] << " is inside the checkpoint folder " << d
+                << " being read: export elsewhere\n";
+      return 2;
+    }
+  }
+  std::optional<ProgressLine> progress;
+  ckpt::ConsolidateStats st;
+  const double secs = seconds([&] {
+    st = ckpt::export_hf(tag_dir, p.positional[1], dtype, *shard, config_json, offload::AioOptions{},
+                         [&](int64_t done, int64_t total) {
+                           if (!progress) progress.emplace("export", total, "elements");
+                           progress->update(done);
+                         });
+  });
+  if (progress) progress->finish();
+  std::printf("%s: %lld tensors, %s in Hugging Face's layout from %s in %.2f s\n", p.positional[1].c_str(),
+              static_cast<long long>(st.tensors), format_bytes(st.bytes_written).c_str(), tag_dir.c_str(), secs);
+  return 0;
+}
+
 int verify_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("verify", args, {"--tag", "--clean"}, p)) return 2;
@@ -280,12 +336,13 @@ int checkpoint_command(const std::vector<std::string>& args) {
   try {
     if (args[0] == "consolidate") return consolidate_command(rest);
     if (args[0] == "verify") return verify_command(rest);
+    if (args[0] == "export") return export_command(rest);
     if (args[0] == "info") return info_command(rest);
   } catch (const Error& e) {
     std::cerr << "zero checkpoint " << args[0] << ": " << zero::error_text(e) << "\n";
     return 1;
   }
-  const auto near = nearest(args[0], {"consolidate", "verify", "info"});
+  const auto near = nearest(args[0], {"consolidate", "export", "verify", "info"});
   std::cerr << "zero checkpoint: unknown command \"" << args[0] << "\""
             << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
             << kCheckpointUsage;

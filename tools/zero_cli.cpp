@@ -65,7 +65,7 @@ commands:
       Sweeps the aio settings (block size, queue depth, threads,
       single_submit, overlap_events) on a file in DIR, shows the fastest and
       prints the best "aio" section to paste into the config.
-  checkpoint consolidate|verify|info DIR ...
+  checkpoint consolidate|export|verify|info DIR ...
       Engine checkpoints: full weights in one safetensors file (streamed),
       every checksum checked, what one holds. 'zero checkpoint --help'.
   estimate (--params P | --model mingpt:L,C[,V,T]) [--ranks-per-node G --nodes M --stage S ...] [--json FILE]

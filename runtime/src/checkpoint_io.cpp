@@ -11,6 +11,7 @@
 #include <c10/util/accumulate.h>
 
 #include "zero/core/error.h"
+#include "zero/runtime/hf_export.h"
 
 namespace zero::ckpt {
 namespace {
@@ -679,6 +680,55 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
     ++st.tensors;
   }
   st.bytes_written = w.commit("").bytes;
+  st.bytes_read = reader->bytes_read();
+  return st;
+}
+
+ConsolidateStats export_hf(const std::string& tag_dir, const std::string& out_dir, at::ScalarType dtype,
+                           int64_t max_shard_bytes, const std::string& config_json, const offload::AioOptions& aio,
+                           const std::function<void(int64_t, int64_t)>& progress) {
+  const nlohmann::json meta = read_meta(tag_dir);
+  const SavedLayout saved = SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
+  auto reader = PieceReader::checkpoint(tag_dir, meta, aio);
+  const Layout& extra = reader->file_layout("model.safetensors");
+  std::vector<HfWriter::Tensor> plan;
+  int64_t total = 0;
+  for (const auto& g : saved.groups)
+    for (const auto& p : g.params) {
+      plan.push_back({p.name, dtype, p.shape});
+      total += p.numel;
+    }
+  for (const auto& t : extra.tensors) plan.push_back({t.name, t.dtype, t.shape});
+  if (plan.empty()) throw IoError(tag_dir + ": holds no tensors to export");
+  offload::AioEngine engine(aio);
+  HfWriter writer(out_dir, plan, max_shard_bytes, engine);
+  constexpr int64_t kWindow = int64_t{4} << 20;  // elements read at a time
+  std::vector<float> buf;
+  int64_t done = 0;
+  ConsolidateStats st;
+  for (size_t g = 0; g < saved.groups.size(); ++g) {
+    for (size_t p = 0; p < saved.groups[g].params.size(); ++p) {
+      const SavedParam& sp = saved.groups[g].params[p];
+      for (int64_t e = 0; e < sp.numel; e += kWindow) {
+        const int64_t n = std::min(kWindow, sp.numel - e);
+        std::vector<Piece> pieces;
+        append_pieces(saved, g, p, e, n, 0, pieces);
+        buf.resize(static_cast<size_t>(n));
+        reader->fill({"fp32_master"}, pieces, n, {buf.data()});
+        writer.append_part(at::from_blob(buf.data(), {n}, at::kFloat));
+        done += n;
+        if (progress) progress(done, total);
+      }
+      if (sp.numel == 0) writer.append_part(at::empty({0}, at::kFloat));
+      ++st.tensors;
+    }
+  }
+  for (const auto& t : extra.tensors) {
+    writer.append(reader->read_tensor("model.safetensors", t.name));
+    ++st.tensors;
+  }
+  writer.finish(config_json);
+  st.bytes_written = writer.bytes();
   st.bytes_read = reader->bytes_read();
   return st;
 }

@@ -80,6 +80,25 @@ void HfWriter::append(const at::Tensor& t) {
   ++next_;
 }
 
+void HfWriter::append_part(const at::Tensor& part) {
+  ZERO_CHECK(next_ < tensors_.size(), "more tensors than the export planned");
+  const Tensor& want = tensors_[next_];
+  if (open_shard_ != shard_of_[next_]) {
+    if (writer_) {
+      writer_->commit("");
+      written_.push_back(file_name(open_shard_));
+    }
+    open_shard(shard_of_[next_]);
+  }
+  const at::Tensor v = (part.scalar_type() == want.dtype ? part : part.to(want.dtype)).reshape({-1}).contiguous();
+  const int64_t total = c10::multiply_integers(want.shape);
+  ZERO_CHECK(part_done_ + v.numel() <= total, "tensor " + want.name + " given more elements than its shape");
+  writer_->append(writer_->tensor(want.name), v);
+  bytes_ += v.numel() * static_cast<int64_t>(v.element_size());
+  part_done_ += v.numel();
+  if (part_done_ == total) ++next_, part_done_ = 0;
+}
+
 void HfWriter::finish(const std::string& config_json) {
   ZERO_CHECK(next_ == tensors_.size(), "the export ended before its last tensor");
   writer_->commit("");

@@ -103,7 +103,7 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
                                    "stage3_gather_16bit_weights_on_model_save": true}})";
   ASSERT_EQ(sh("env OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "llama train --model " +
                    dir + "/hf --config " + dir + "/ds.json --data " + dir + "/tokens.bin --block_size 16 --batch_size 4 "
-                   "--steps 10 --save_hf " + dir + "/out --summary-json " + dir + "/summary.json",
+                   "--steps 10 --save_hf " + dir + "/out --save_dir " + dir + "/ck --summary-json " + dir + "/summary.json",
                dir + "/train.log"),
             0)
       << ck::read_small_file(dir + "/train.log");
@@ -124,6 +124,18 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
   const auto before = read(dir + "/hf/ref_logits.safetensors", "logits");
   EXPECT_LT((got - want).abs().max().item<double>(), 1e-4);
   EXPECT_GT((got - before).abs().max().item<double>(), 1e-3) << "training left the logits as they were";
+  // The engine checkpoint exported with `zero checkpoint export --hf` is the
+  // same model (its fp32 master; the run was fp32).
+  ASSERT_EQ(sh(kBin + "zero checkpoint export " + dir + "/ck " + dir + "/exported --hf --max-shard-size 20KB --config " +
+                   dir + "/out/config.json",
+               dir + "/export.log"),
+            0)
+      << ck::read_small_file(dir + "/export.log");
+  ASSERT_EQ(sh(kBin + "llama logits --model " + dir + "/exported --tokens " + tokens + " --out " + dir + "/exp.safetensors",
+               dir + "/exp.log"),
+            0)
+      << ck::read_small_file(dir + "/exp.log");
+  EXPECT_TRUE(torch::equal(read(dir + "/exp.safetensors", "logits"), got));
   ck::remove_tree(dir);
 }
 

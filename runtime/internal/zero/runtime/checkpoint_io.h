@@ -191,4 +191,12 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
                              const std::string& state, const offload::AioOptions& aio,
                              const std::function<void(int64_t done, int64_t total)>& progress = {});
 
+/// The full weights a checkpoint holds in Hugging Face's layout in `out_dir`
+/// (HfWriter: shards of at most `max_shard_bytes`, their index, and
+/// `config_json` as config.json when not empty), state "fp32_master" in
+/// `dtype`, read piece by piece as consolidate() does. Throws as consolidate.
+ConsolidateStats export_hf(const std::string& tag_dir, const std::string& out_dir, at::ScalarType dtype,
+                           int64_t max_shard_bytes, const std::string& config_json, const offload::AioOptions& aio,
+                           const std::function<void(int64_t done, int64_t total)>& progress = {});
+
 }  // namespace zero::ckpt

@@ -38,6 +38,10 @@ class HfWriter {
   /// converted to its planned dtype; a shape other than planned is an
   /// internal error).
   void append(const at::Tensor& t);
+  /// The next elements of the tensor in progress (in order, any dtype and
+  /// shape: flattened), so a large tensor comes in pieces; the next tensor
+  /// starts once this one is whole.
+  void append_part(const at::Tensor& part);
   /// After the last tensor: writes the index (when sharded) and config.json
   /// (when `config_json` is not empty), removes an earlier export's weight
   /// files from `dir` (model*.safetensors and its index; other files stay),
@@ -56,6 +60,7 @@ class HfWriter {
   std::vector<int64_t> shard_of_;  // by tensor
   offload::AioEngine& aio_;
   size_t next_ = 0;
+  int64_t part_done_ = 0;  // elements of tensors_[next_] written by append_part
   int64_t open_shard_ = -1;
   std::unique_ptr<TensorFileWriter> writer_;
   std::vector<std::string> written_;  // file names in tmp_
