@@ -183,6 +183,15 @@ void clean_interrupted_saves(const std::string& dir) {
   for (const auto& name : removed) std::printf("%s: removed %s (left by an interrupted save)\n", dir.c_str(), name.c_str());
 }
 
+// --dtype's value, or nullopt having said why.
+std::optional<at::ScalarType> parse_dtype(const std::string& command, const std::string& v) {
+  if (v == "fp32") return at::kFloat;
+  if (v == "bf16") return at::kBFloat16;
+  if (v == "fp16") return at::kHalf;
+  std::cerr << "zero checkpoint " << command << ": --dtype: expected fp32, bf16 or fp16; got \"" << v << "\"\n";
+  return std::nullopt;
+}
+
 int consolidate_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("consolidate", args, {"--tag", "--dtype", "--state", "--force"}, p)) return 2;
@@ -190,14 +199,8 @@ int consolidate_command(const std::vector<std::string>& args) {
     std::cerr << "zero checkpoint consolidate: expected DIR and OUT.safetensors\n\n" << kCheckpointUsage;
     return 2;
   }
-  at::ScalarType dtype;
-  if (p.dtype == "fp32") dtype = at::kFloat;
-  else if (p.dtype == "bf16") dtype = at::kBFloat16;
-  else if (p.dtype == "fp16") dtype = at::kHalf;
-  else {
-    std::cerr << "zero checkpoint consolidate: --dtype: expected fp32, bf16 or fp16; got \"" << p.dtype << "\"\n";
-    return 2;
-  }
+  const auto dtype = parse_dtype("consolidate", p.dtype);
+  if (!dtype) return 2;
   const int64_t rss_before = proc_status_bytes("VmRSS");
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
   if (const std::string problem = consolidate_output_problem(p.positional[0], tag_dir, p.positional[1], p.force);
@@ -208,7 +211,7 @@ int consolidate_command(const std::vector<std::string>& args) {
   std::optional<ProgressLine> progress;
   ckpt::ConsolidateStats st;
   const double secs = seconds([&] {
-    st = ckpt::consolidate(tag_dir, p.positional[1], dtype, p.state, offload::AioOptions{},
+    st = ckpt::consolidate(tag_dir, p.positional[1], *dtype, p.state, offload::AioOptions{},
                            [&](int64_t done, int64_t total) {
                              if (!progress) progress.emplace("consolidate", total, "elements");
                              progress->update(done);
@@ -232,14 +235,8 @@ int export_command(const std::vector<std::string>& args) {
               << kCheckpointUsage;
     return 2;
   }
-  at::ScalarType dtype;
-  if (p.dtype == "fp32") dtype = at::kFloat;
-  else if (p.dtype == "bf16") dtype = at::kBFloat16;
-  else if (p.dtype == "fp16") dtype = at::kHalf;
-  else {
-    std::cerr << "zero checkpoint export: --dtype: expected fp32, bf16 or fp16; got \"" << p.dtype << "\"\n";
-    return 2;
-  }
+  const auto dtype = parse_dtype("consolidate", p.dtype);
+  if (!dtype) return 2;
   const auto shard = parse_byte_size(p.max_shard);
   if (!shard) {
     std::cerr << "zero checkpoint export: --max-shard-size: expected a size such as 5GB or 500MiB; got \"" << p.max_shard
@@ -259,7 +256,7 @@ int export_command(const std::vector<std::string>& args) {
   std::optional<ProgressLine> progress;
   ckpt::ConsolidateStats st;
   const double secs = seconds([&] {
-    st = ckpt::export_hf(tag_dir, p.positional[1], dtype, *shard, config_json, offload::AioOptions{},
+    st = ckpt::export_hf(tag_dir, p.positional[1], *dtype, *shard, config_json, offload::AioOptions{},
                          [&](int64_t done, int64_t total) {
                            if (!progress) progress.emplace("export", total, "elements");
                            progress->update(done);

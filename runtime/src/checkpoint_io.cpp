@@ -624,6 +624,39 @@ nlohmann::json read_meta(const std::string& tag_dir) {
   return meta;
 }
 
+namespace {
+
+// State `state` of every parameter of a checkpoint, in its layout's order, a
+// window of at most 4 Mi elements at a time (fp32; `window` valid during the
+// call), `last` on a parameter's last window (an empty one for a parameter
+// of no elements).
+void for_each_window(PieceReader& reader, const SavedLayout& saved, const std::string& state, int64_t total,
+                     const std::function<void(int64_t, int64_t)>& progress,
+                     const std::function<void(size_t param, const at::Tensor& window, bool last)>& fn) {
+  constexpr int64_t kWindow = int64_t{4} << 20;
+  std::vector<float> buf;
+  int64_t done = 0;
+  size_t i = 0;
+  for (size_t g = 0; g < saved.groups.size(); ++g) {
+    for (size_t p = 0; p < saved.groups[g].params.size(); ++p, ++i) {
+      const SavedParam& sp = saved.groups[g].params[p];
+      if (sp.numel == 0) fn(i, at::empty({0}, at::kFloat), true);
+      for (int64_t e = 0; e < sp.numel; e += kWindow) {
+        const int64_t n = std::min(kWindow, sp.numel - e);
+        std::vector<Piece> pieces;
+        append_pieces(saved, g, p, e, n, 0, pieces);
+        buf.resize(static_cast<size_t>(n));
+        reader.fill({state}, pieces, n, {buf.data()});
+        fn(i, at::from_blob(buf.data(), {n}, at::kFloat), e + n == sp.numel);
+        done += n;
+        if (progress) progress(done, total);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out, at::ScalarType dtype,
                              const std::string& state, const offload::AioOptions& aio,
                              const std::function<void(int64_t, int64_t)>& progress) {
@@ -654,27 +687,12 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
   if (!saved.aliases.empty()) layout.metadata["tied"] = nlohmann::json(saved.aliases).dump();
   offload::AioEngine engine(aio);
   TensorFileWriter w(out, layout, engine);
-  constexpr int64_t kWindow = int64_t{4} << 20;  // elements read at a time
-  std::vector<float> buf;
-  int64_t done = 0;
   ConsolidateStats st;
   size_t i = 0;
-  for (size_t g = 0; g < saved.groups.size(); ++g) {
-    for (size_t p = 0; p < saved.groups[g].params.size(); ++p, ++i) {
-      const SavedParam& sp = saved.groups[g].params[p];
-      for (int64_t e = 0; e < sp.numel; e += kWindow) {
-        const int64_t n = std::min(kWindow, sp.numel - e);
-        std::vector<Piece> pieces;
-        append_pieces(saved, g, p, e, n, 0, pieces);
-        buf.resize(static_cast<size_t>(n));
-        reader->fill({state}, pieces, n, {buf.data()});
-        w.append(i, at::from_blob(buf.data(), {n}, at::kFloat).to(dtype));
-        done += n;
-        if (progress) progress(done, total);
-      }
-      ++st.tensors;
-    }
-  }
+  for_each_window(*reader, saved, state, total, progress, [&](size_t, const at::Tensor& window, bool last) {
+    w.append(i, window.to(dtype));
+    if (last) ++i, ++st.tensors;
+  });
   for (const auto& t : extra.tensors) {
     w.append(i++, reader->read_tensor("model.safetensors", t.name));
     ++st.tensors;
@@ -702,27 +720,11 @@ ConsolidateStats export_hf(const std::string& tag_dir, const std::string& out_di
   if (plan.empty()) throw IoError(tag_dir + ": holds no tensors to export");
   offload::AioEngine engine(aio);
   HfWriter writer(out_dir, plan, max_shard_bytes, engine);
-  constexpr int64_t kWindow = int64_t{4} << 20;  // elements read at a time
-  std::vector<float> buf;
-  int64_t done = 0;
   ConsolidateStats st;
-  for (size_t g = 0; g < saved.groups.size(); ++g) {
-    for (size_t p = 0; p < saved.groups[g].params.size(); ++p) {
-      const SavedParam& sp = saved.groups[g].params[p];
-      for (int64_t e = 0; e < sp.numel; e += kWindow) {
-        const int64_t n = std::min(kWindow, sp.numel - e);
-        std::vector<Piece> pieces;
-        append_pieces(saved, g, p, e, n, 0, pieces);
-        buf.resize(static_cast<size_t>(n));
-        reader->fill({"fp32_master"}, pieces, n, {buf.data()});
-        writer.append_part(at::from_blob(buf.data(), {n}, at::kFloat));
-        done += n;
-        if (progress) progress(done, total);
-      }
-      if (sp.numel == 0) writer.append_part(at::empty({0}, at::kFloat));
-      ++st.tensors;
-    }
-  }
+  for_each_window(*reader, saved, "fp32_master", total, progress, [&](size_t, const at::Tensor& window, bool last) {
+    writer.append_part(window);
+    if (last) ++st.tensors;
+  });
   for (const auto& t : extra.tensors) {
     writer.append(reader->read_tensor("model.safetensors", t.name));
     ++st.tensors;
