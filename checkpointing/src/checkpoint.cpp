@@ -1,8 +1,16 @@
 #include "zero/checkpointing/checkpoint.h"
 
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -17,6 +25,12 @@
 #include "zero/core/streams.h"
 
 namespace zero::checkpointing {
+namespace {
+// Reentrant backwards in progress on this thread (checkpoint recomputes),
+// and what waits for the outermost pass to end.
+thread_local int t_reentrant_depth = 0;
+thread_local std::vector<std::function<void()>> t_deferred;
+}  // namespace
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -235,7 +249,22 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         out_grads.push_back(grads[i]);
       }
     }
-    if (!outs.empty()) torch::autograd::backward(outs, out_grads);
+    if (!outs.empty()) {
+      // A pass of its own inside the outer one: what asks to run when "the"
+      // backward ends waits for the outer pass (queue_when_backward_ends).
+      ++t_reentrant_depth;
+      try {
+        torch::autograd::backward(outs, out_grads);
+      } catch (...) {
+        if (--t_reentrant_depth == 0) t_deferred.clear();
+        throw;
+      }
+      if (--t_reentrant_depth == 0) {
+        auto deferred = std::move(t_deferred);
+        t_deferred.clear();
+        for (auto& fn : deferred) torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+      }
+    }
     torch::autograd::variable_list result{at::Tensor()};  // the state argument
     for (auto& t : inputs) result.push_back(t.requires_grad() ? t.grad() : at::Tensor());
     if (impl->config.profile) {
@@ -309,24 +338,57 @@ void Checkpointer::end_micro_step() {
 }
 
 namespace {
-thread_local Checkpointer* t_current = nullptr;  // this thread's engine's (set_current)
+// The engines' checkpointers by the thread that made them, newest last: an
+// engine may go on another thread than the one it was made on.
+std::mutex g_current_mutex;
+std::map<std::thread::id, std::vector<Checkpointer*>>& registered() {
+  static auto* m = new std::map<std::thread::id, std::vector<Checkpointer*>>;
+  return *m;
+}
 
 Checkpointer& plain() {
   static Checkpointer p(config::ActivationCheckpointingConfig{});
   return p;
 }
+
 }  // namespace
 
-Checkpointer* current() { return t_current; }
+Checkpointer* current() {
+  std::lock_guard<std::mutex> lock(g_current_mutex);
+  const auto it = registered().find(std::this_thread::get_id());
+  return it == registered().end() || it->second.empty() ? nullptr : it->second.back();
+}
 
-void set_current(Checkpointer* checkpointer) { t_current = checkpointer; }
+void register_current(Checkpointer* checkpointer) {
+  std::lock_guard<std::mutex> lock(g_current_mutex);
+  registered()[std::this_thread::get_id()].push_back(checkpointer);
+}
+
+void unregister_current(Checkpointer* checkpointer) {
+  std::lock_guard<std::mutex> lock(g_current_mutex);
+  for (auto it = registered().begin(); it != registered().end(); ++it) {
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), checkpointer), v.end());
+    if (v.empty()) {
+      registered().erase(it);
+      return;
+    }
+  }
+}
+
+void queue_when_backward_ends(std::function<void()> fn) {
+  if (t_reentrant_depth > 0) t_deferred.push_back(std::move(fn));
+  else torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
 
 std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs) {
-  return (t_current != nullptr ? *t_current : plain()).checkpoint(fn, inputs);
+  Checkpointer* c = current();
+  return (c != nullptr ? *c : plain()).checkpoint(fn, inputs);
 }
 
 at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x) {
-  return (t_current != nullptr ? *t_current : plain()).checkpoint(fn, x);
+  Checkpointer* c = current();
+  return (c != nullptr ? *c : plain()).checkpoint(fn, x);
 }
 
 }  // namespace zero::checkpointing

@@ -22,8 +22,9 @@ class GradReadyHook final : public torch::autograd::PostAccumulateGradHook {
   void operator()(const torch::autograd::Variable& param) override {
     auto& grad = const_cast<torch::autograd::Variable&>(param).mutable_grad();
     if (!grad.defined()) return;
-    owner_->on_grad_ready(index_, grad);
-    grad.reset();  // the flat buffers hold it now
+    const at::Tensor g = grad;
+    grad.reset();  // the flat buffers hold it now (or, refused, nobody: no stale .grad for the next backward)
+    owner_->on_grad_ready(index_, g);
   }
 
  private:
@@ -184,9 +185,19 @@ void ZeroOptimizer::on_grad_ready(size_t index, const at::Tensor& grad) {
 }
 
 void ZeroOptimizer::end_backward() {
+  in_backward_ = false;  // also when the reductions below throw: the next backward begins anew
   reducer_->end_backward();
+  if (stage3_) stage3_->end_backward();
+}
+
+void ZeroOptimizer::abandon_backward() {
+  try {
+    reducer_->wait_all();  // collectives already launched finish before their buffers go
+  } catch (const std::exception&) {  // the failure that abandoned the backward says more
+  }
   in_backward_ = false;
   if (stage3_) stage3_->end_backward();
+  zero_grad();
 }
 
 void ZeroOptimizer::zero_grad() {

@@ -12,11 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
@@ -104,30 +104,73 @@ void apply_param_groups(Engine::Impl& s) {
 // gradient hooks: the first gradient that arrives outside Engine::backward
 // begins the engine's backward there (the reducer's and, at stage 3, the
 // coordinator's bookkeeping, as Engine::backward does before autograd runs)
-// and queues a callback on autograd's engine that ends it when the pass is
-// over. Such a loss was not multiplied by 1/gradient_accumulation_steps, nor
-// by the fp16 loss scale unless the program asked engine.scale(loss) for it
-// (DeepSpeed's rule for manual backward): the step divides by what the
-// gradients carry, so the bits equal Engine::backward's (the factors are
-// powers of two when gas is). One backward per micro-step, and one way per
-// accumulation window.
+// and asks for a callback that ends it when autograd's pass is over (the
+// outermost pass: a checkpoint's recompute runs a nested one,
+// checkpointing::queue_when_backward_ends). The loss of such a backward
+// was multiplied by a factor the step divides by: 1 for a plain
+// loss.backward(); the fp16 loss scale when the program asked
+// engine.scale(loss) for it (DeepSpeed's rule for manual backward); another
+// engine's scale / gas when that engine's Engine::backward feeds this one's
+// parameters too. Every engine reads the factor of the pass in progress
+// (one process-wide value: hooks run on autograd's device threads, not the
+// program's). The step divides by the factor times gas, so the bits equal
+// Engine::backward's (the factors are powers of two when gas is). One
+// backward per micro-step, one factor per accumulation window. A backward
+// that fails before its end leaves the engine begun: the next step() or
+// Engine::backward finds it so, discards its gradients and says so.
+std::mutex g_factor_mutex;
+double g_pass_factor = 0;  // the factor of the backward pass in progress (0: none set)
+double g_next_factor = 0;  // engine.scale(): the factor of the next pass
+
+// Thrown when a backward the program started ended in an error: its
+// gradients, partly reduced, are discarded.
+void recover_from_failed_backward(Engine::Impl& s) {
+  if (!s.user_backward_open) return;
+  s.user_backward_open = false;
+  s.window_backward = Engine::Impl::Backward::kNone;
+  s.backward_micro_step = -1;  // the micro-step runs again
+  {
+    std::lock_guard<std::mutex> lock(g_factor_mutex);
+    g_pass_factor = 0;  // the failed pass never cleared it
+  }
+  s.optimizer->abandon_backward();
+  throw UsageError("the last backward the program started (loss.backward()) ended in an error before it finished; "
+                   "the gradients of this accumulation window are discarded: run its micro-steps again");
+}
+
 void begin_user_backward(Engine::Impl& s) {
   using B = Engine::Impl::Backward;
+  double factor = 1.0;
+  bool owner = false;  // this engine set the pass's factor and clears it at the end
+  {
+    std::lock_guard<std::mutex> lock(g_factor_mutex);
+    if (g_pass_factor == 0) {
+      g_pass_factor = g_next_factor != 0 ? g_next_factor : 1.0;
+      g_next_factor = 0;
+      owner = true;
+    }
+    factor = g_pass_factor;
+  }
   if (s.window_backward == B::kEngine)
     throw UsageError("a backward started by the program (loss.backward()) in an accumulation window whose earlier "
                      "micro-steps ran engine.backward(loss): one way per window (they scale gradients differently)");
   if (s.backward_micro_step == s.micro_steps)
     throw UsageError("a second backward in one micro-step: call engine.step() after each backward (one loss per "
                      "micro-step; sum the losses first to backpropagate several)");
-  const B kind = s.scale_pending ? B::kUserScaled : B::kUserUnscaled;
-  if (s.window_backward != B::kNone && s.window_backward != kind)
-    throw UsageError("loss.backward() with engine.scale(loss) in some micro-steps of an accumulation window and "
-                     "without it in others: keep to one");
-  s.window_backward = kind;
-  s.scale_pending = false;
+  if (s.window_backward == B::kUser && s.window_factor != factor)
+    throw UsageError("backwards whose losses were scaled differently (engine.scale(loss), another engine's backward, "
+                     "a plain loss.backward()) in one accumulation window: keep to one");
+  s.window_backward = B::kUser;
+  s.window_factor = factor;
   s.backward_micro_step = s.micro_steps;
   s.optimizer->begin_backward((s.micro_steps + 1) % s.gas() == 0);
-  torch::autograd::Engine::get_default_engine().queue_callback([&s] {
+  s.user_backward_open = true;
+  checkpointing::queue_when_backward_ends([&s, owner] {
+    if (owner) {
+      std::lock_guard<std::mutex> lock(g_factor_mutex);
+      g_pass_factor = 0;
+    }
+    s.user_backward_open = false;
     s.optimizer->end_backward();
     s.checkpointer->end_micro_step();
   });
@@ -318,7 +361,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   if (s.config.fp16.enabled) s.scaler = optim::LossScaler(s.config.fp16);
   s.checkpointer = std::make_unique<checkpointing::Checkpointer>(s.config.activation_checkpointing, &s.ledger(),
                                                                  nullptr, s.options.cpu_copy_mode);
-  checkpointing::set_current(s.checkpointer.get());  // zero::checkpointing::checkpoint from the model's code
+  checkpointing::register_current(s.checkpointer.get());  // zero::checkpointing::checkpoint from the model's code
   if (s.config.zero.stage > 0 && !s.dist.distributed()) {
     log::info("ZeRO stage " + std::to_string(s.config.zero.stage) +
               " on one process: the single partition holds all model states");
@@ -328,8 +371,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
 }
 
 Engine::~Engine() {
-  if (impl_ && impl_->checkpointer && checkpointing::current() == impl_->checkpointer.get())
-    checkpointing::set_current(nullptr);
+  if (impl_ && impl_->checkpointer) checkpointing::unregister_current(impl_->checkpointer.get());
 }
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
@@ -340,11 +382,11 @@ void Engine::backward(const torch::Tensor& loss) {
     throw UsageError("Engine::backward: expected a scalar loss; got a tensor of shape " +
                                         (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
   }
-  if (s.window_backward == Impl::Backward::kUserScaled || s.window_backward == Impl::Backward::kUserUnscaled)
+  recover_from_failed_backward(s);
+  if (s.window_backward == Impl::Backward::kUser)
     throw UsageError("Engine::backward: this accumulation window's earlier micro-steps ran loss.backward(); one "
                      "way per window (they scale gradients differently): step() first, or keep to one");
   s.window_backward = Impl::Backward::kEngine;
-  s.scale_pending = false;
   s.sync_for_breakdown();
   const auto t0 = Clock::now();
   s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
@@ -358,7 +400,26 @@ void Engine::backward(const torch::Tensor& loss) {
   if (s.config.fp16.enabled) factor *= s.scaler.scale();
   auto scaled = factor == 1.0 ? loss : loss * factor;
   s.optimizer->begin_backward(is_gradient_accumulation_boundary());
-  scaled.backward();
+  {
+    // NOTE [user backward]: other engines this loss reaches read its factor.
+    std::lock_guard<std::mutex> lock(g_factor_mutex);
+    g_pass_factor = factor;
+    g_next_factor = 0;
+  }
+  try {
+    scaled.backward();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(g_factor_mutex);
+      g_pass_factor = 0;
+    }
+    s.optimizer->abandon_backward();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_factor_mutex);
+    g_pass_factor = 0;
+  }
   s.optimizer->end_backward();
   s.checkpointer->end_micro_step();
   s.sync_for_breakdown();
@@ -382,12 +443,17 @@ void Engine::check_batch(const torch::Tensor& batch) const {
 
 torch::Tensor Engine::scale(const torch::Tensor& loss) {
   auto& s = *impl_;
-  s.scale_pending = true;
-  return s.config.fp16.enabled ? loss * s.scaler.scale() : loss;
+  const double factor = s.config.fp16.enabled ? s.scaler.scale() : 1.0;
+  {
+    std::lock_guard<std::mutex> lock(g_factor_mutex);
+    g_next_factor = factor;
+  }
+  return factor == 1.0 ? loss : loss * factor;
 }
 
 void Engine::step() {
   auto& s = *impl_;
+  recover_from_failed_backward(s);
   const auto t0 = Clock::now();
   const bool boundary = is_gradient_accumulation_boundary();
   if (boundary) s.take_model_step();

@@ -57,11 +57,14 @@ struct Engine::Impl : detail::RunContext {
   std::map<std::string, std::unique_ptr<ckpt::FolderLock>> save_folders;
 
   // NOTE [user backward]: how this accumulation window's gradients were
-  // made, and whether engine.scale(loss) came before the next backward.
-  enum class Backward { kNone, kEngine, kUserScaled, kUserUnscaled };
+  // made: by Engine::backward, or by backwards the program started whose
+  // losses were multiplied by `window_factor` (1, engine.scale's loss
+  // scale, another engine's scale / gas).
+  enum class Backward { kNone, kEngine, kUser };
   Backward window_backward = Backward::kNone;
-  bool scale_pending = false;
+  double window_factor = 1.0;
   int64_t backward_micro_step = -1;  // the micro-step of the last backward the program started
+  bool user_backward_open = false;   // begun from a hook, its end not yet run
 
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
@@ -148,8 +151,7 @@ struct Engine::Impl : detail::RunContext {
     // the program started carries the loss scale only if engine.scale did,
     // and never 1/gas, which the step applies.
     double carried = scaler.scale();
-    if (window_backward == Backward::kUserScaled) carried = scaler.scale() * static_cast<double>(gas());
-    if (window_backward == Backward::kUserUnscaled) carried = static_cast<double>(gas());
+    if (window_backward == Backward::kUser) carried = window_factor * static_cast<double>(gas());
     window_backward = Backward::kNone;
     auto outcome = optimizer->step(p, carried, config.gradient_clipping);
     last_grad_norm = outcome.grad_norm;

@@ -573,6 +573,95 @@ std::string usage_error_of(const std::function<void()>& fn) {
   return "";
 }
 
+// One loss over two engines, in every way it reaches them (NOTE [user
+// backward]): engine a's backward feeding b's parameters, engine.scale's
+// backward (fp16), over an accumulation of 2, equal each engine's own
+// backward of its part.
+TEST(UserBackward, OneLossOverTwoEnginesWithAccumulationAndFp16) {
+  for (const char* precision : {"", R"(, "fp16": {"enabled": true, "initial_scale_power": 8})"}) {
+    for (const char* way : {"a_backward", "scale_backward"}) {
+      if (std::string(way) == "scale_backward" && std::string(precision).empty()) continue;
+      auto run = [&](bool joint) {
+        torch::manual_seed(1);
+        auto a = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+        torch::manual_seed(2);
+        auto b = torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+        const std::string cfg = config_json(std::string(precision) + R"(, "zero_optimization": {"stage": 2})", 4, 2);
+        auto ea = zero::initialize(a.ptr(), cfg, quiet());
+        auto eb = zero::initialize(b.ptr(), cfg, quiet());
+        const auto dtype = ea.compute_dtype();
+        for (int s = 0; s < 6; ++s) {
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(300 + s);
+          const auto x = torch::randn({4, 8}, gen).to(dtype);
+          const auto la = a->forward(x).to(torch::kFloat).pow(2).mean();
+          const auto lb = b->forward(x).to(torch::kFloat).abs().mean();
+          if (!joint) {
+            ea.backward(la);
+            eb.backward(lb);
+          } else if (std::string(way) == "a_backward") {
+            ea.backward(la + lb);
+          } else {
+            ea.scale(la + lb).backward();
+          }
+          ea.step();
+          eb.step();
+        }
+        return std::vector<double>{ea.parameter_l2(), eb.parameter_l2()};
+      };
+      if (std::string(way) == "a_backward") {
+        EXPECT_EQ(run(true), run(false)) << way << precision;
+      } else {  // the plain engine.backward of each is the reference for the scaled pass too
+        EXPECT_EQ(run(true), run(false)) << way << precision;
+      }
+    }
+  }
+}
+
+// A model checkpointed whole: its last parameters' gradients come inside the
+// recompute's nested backward, and the engine's backward still ends with the
+// outer pass (checkpointing::queue_when_backward_ends).
+TEST(UserBackward, EndsWithTheOuterPassThroughACheckpoint) {
+  auto run = [](bool plain) {
+    auto a = mlp(1);
+    auto e = zero::initialize(a.ptr(), config_json(R"(, "zero_optimization": {"stage": 1})", 4, 2), quiet());
+    for (int s = 0; s < 4; ++s) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(400 + s);
+      const auto x = torch::randn({4, 8}, gen).requires_grad_(true);
+      auto loss = zero::checkpointing::checkpoint(
+          zero::checkpointing::UnaryFunction([&](const torch::Tensor& t) { return a->forward(t); }), x).pow(2).mean();
+      if (plain) loss.backward();
+      else e.backward(loss);
+      e.step();
+    }
+    return e.parameter_l2();
+  };
+  EXPECT_EQ(run(true), run(false));
+}
+
+// A backward that fails half-way (a hook throws after some gradients came)
+// leaves nothing half-done: the next step says so and discards the window,
+// and training goes on as from a clean start.
+TEST(UserBackward, AFailedBackwardIsDiscardedAndSaid) {
+  auto train = [](bool fail_first) {
+    auto a = mlp(1);
+    auto e = zero::initialize(a.ptr(), config_json("", 4), quiet());
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    const auto x = torch::randn({4, 8}, gen);
+    if (fail_first) {
+      auto h = a[0]->as<torch::nn::Linear>()->forward(x);
+      h.register_hook([](torch::Tensor) -> torch::Tensor { throw std::runtime_error("a hook failed"); });
+      auto out = a[2]->as<torch::nn::Linear>()->forward(torch::tanh(h));
+      EXPECT_ANY_THROW(out.pow(2).mean().backward());
+      const std::string m = usage_error_of([&] { e.step(); });
+      EXPECT_NE(m.find("ended in an error before it finished"), std::string::npos) << m;
+    }
+    a->forward(x).pow(2).mean().backward();
+    e.step();
+    return e.parameter_l2();
+  };
+  EXPECT_EQ(train(true), train(false));
+}
+
 TEST(UserBackward, TwoEnginesInOneBackwardAndANonScalarBackward) {
   for (const char* stage : {R"(, "zero_optimization": {"stage": 2})",
                             R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})"}) {
@@ -649,13 +738,20 @@ TEST(Conveniences, CheckpointerFromTheModelsCodeAndTheBatchChecked) {
     auto a = mlp(1);
     auto opts = quiet();
     opts.tokens_per_sample = 8;
-    auto e = zero::initialize(a.ptr(), config_json("", 4), opts);
+    auto e = zero::initialize(a.ptr(), config_json(R"(, "activation_checkpointing": {"cpu_checkpointing": true})", 4), opts);
     EXPECT_EQ(zero::checkpointing::current(), &e.checkpointer());
-    const auto x = torch::randn({4, 8});
-    auto plain = a->forward(x).pow(2).sum();
+    // Through the engine's checkpointer: its cpu_checkpointing keeps the
+    // input in host memory, which the engine's ledger counts.
+    const auto x = torch::randn({4, 8}, torch::requires_grad());
     auto checkpointed = zero::checkpointing::checkpoint(
         zero::checkpointing::UnaryFunction([&](const torch::Tensor& t) { return a->forward(t); }), x).pow(2).sum();
-    EXPECT_TRUE(torch::equal(plain, checkpointed));
+    EXPECT_TRUE(torch::equal(a->forward(x).pow(2).sum(), checkpointed));
+    EXPECT_GT(e.ledger().get(zero::Tier::kHost, zero::Kind::kActivations).peak_bytes +
+                  e.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kActivations).peak_bytes,
+              0)
+        << "the free checkpoint() did not go through the engine's checkpointer";
+    e.backward(checkpointed);
+    e.step();
     e.check_batch(torch::zeros({4, 8}, torch::kLong));
     std::string m = usage_error_of([&] { e.check_batch(torch::zeros({3, 8}, torch::kLong)); });
     EXPECT_NE(m.find("the batch fed has shape [3, 8]; <string> says train_micro_batch_size_per_gpu 4"), std::string::npos)

@@ -108,9 +108,17 @@ class Checkpointer {
 std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
 at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
 /// This thread's engine's checkpointer (the last engine initialized on this
-/// thread while it lives), or null.
+/// thread that still lives), or null.
 Checkpointer* current();
-/// Sets current() (the engine does, at initialize and when it goes).
-void set_current(Checkpointer* checkpointer);
+/// The engine registers its checkpointer for `thread` at initialize and
+/// takes it out when it goes (from any thread): current() on that thread is
+/// then the newest of those still registered.
+void register_current(Checkpointer* checkpointer);
+void unregister_current(Checkpointer* checkpointer);
+
+/// Runs `fn` when the backward pass in progress on this thread ends: the
+/// outermost one, also when called from inside a checkpoint's recompute
+/// (whose nested backward is a pass of its own). Call it from a backward.
+void queue_when_backward_ends(std::function<void()> fn);
 
 }  // namespace zero::checkpointing

@@ -167,6 +167,11 @@ class ZeroOptimizer {
 
   /// Discards accumulated gradients.
   void zero_grad();
+  /// After a backward that ended in an error (end_backward never ran):
+  /// waits for the reductions it launched, ends stage 3's backward, and
+  /// discards every gradient, so the next backward starts clean.
+  void abandon_backward();
+  bool in_backward() const { return in_backward_; }
 
   /// A parameter group's hyper-parameters: its lr (the schedule's lr times
   /// lr / the optimizer's lr, so a schedule applies to every group) and
