@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <cstdio>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
@@ -39,7 +40,7 @@ HfWriter::HfWriter(std::string dir, std::vector<Tensor> tensors, int64_t max_sha
 
 HfWriter::~HfWriter() {
   writer_.reset();
-  if (finished_) return;
+  if (finished_ || moving_) return;
   try {
     remove_tree(tmp_);
   } catch (const std::exception&) {  // the error that ended the export says more
@@ -111,13 +112,22 @@ void HfWriter::finish(const std::string& config_json) {
     write_file_atomically(tmp_ + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
   if (!config_json.empty()) write_file_atomically(tmp_ + "/config.json", config_json);
-  // The earlier export's weights go, the new ones come in, the index last:
-  // a reader that finds the index finds every shard it names.
-  for (const auto& name : list_folder(dir_))
-    if (is_weight_file(name)) ::unlink((dir_ + "/" + name).c_str());
-  for (const auto& name : written_) rename_path(tmp_ + "/" + name, dir_ + "/" + name);
+  // The new files come in first (a rename replaces a file of the same name
+  // whole), then the earlier export's other weight files go, the index
+  // last: at every point the folder holds a whole set of weights, the old
+  // one until the new index (or model.safetensors) is in place. From the
+  // first move on, the temporary folder is kept if a move fails (what is
+  // in it may be all there is), so nothing is lost.
+  moving_ = true;
+  const std::string final_file = shards() > 1 ? "model.safetensors.index.json" : "model.safetensors";
+  for (const auto& name : written_)
+    if (name != final_file) rename_path(tmp_ + "/" + name, dir_ + "/" + name);
   if (!config_json.empty()) rename_path(tmp_ + "/config.json", dir_ + "/config.json");
-  if (shards() > 1) rename_path(tmp_ + "/model.safetensors.index.json", dir_ + "/model.safetensors.index.json");
+  rename_path(tmp_ + "/" + final_file, dir_ + "/" + final_file);
+  std::set<std::string> kept(written_.begin(), written_.end());
+  kept.insert(final_file);
+  for (const auto& name : list_folder(dir_))
+    if (is_weight_file(name) && kept.count(name) == 0) ::unlink((dir_ + "/" + name).c_str());
   sync_path(dir_);
   finished_ = true;
   remove_tree(tmp_);

@@ -606,6 +606,14 @@ TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
   ASSERT_EQ(::pclose(p), 0);
   EXPECT_NEAR(std::stod(std::string(buf, n)), source.engine->parameter_l2(), 1e-9 * source.engine->parameter_l2());
 
+  // Again into the same folder in one file: the shards and their index go.
+  source.engine->save_hf(hf, zero::SaveHfOptions{});
+  for (const auto& n : ck::list_folder(hf))
+    EXPECT_TRUE(n == "model.safetensors" || n == "config.json" || n == "tokenizer.json") << "left behind: " << n;
+  Trainer again(6, cfg);
+  again.engine->load_weights(hf);
+  EXPECT_EQ(again.engine->parameter_l2(), source.engine->parameter_l2());
+
   source.engine->save_16bit_model(dir + "/one.safetensors");
   Trainer third(7, cfg);
   third.engine->load_weights(dir + "/one.safetensors");

@@ -43,9 +43,10 @@ class HfWriter {
   /// starts once this one is whole.
   void append_part(const at::Tensor& part);
   /// After the last tensor: writes the index (when sharded) and config.json
-  /// (when `config_json` is not empty), removes an earlier export's weight
-  /// files from `dir` (model*.safetensors and its index; other files stay),
-  /// and moves the new ones in, the index last. Throws IoError.
+  /// (when `config_json` is not empty), moves the new files into `dir` (the
+  /// index, or model.safetensors, last), then removes an earlier export's
+  /// other weight files (model*.safetensors and its index; other files
+  /// stay). Throws IoError; a move that fails keeps the temporary folder.
   void finish(const std::string& config_json);
 
   int64_t shards() const { return static_cast<int64_t>(shard_of_.empty() ? 0 : shard_of_.back() + 1); }
@@ -66,6 +67,7 @@ class HfWriter {
   std::vector<std::string> written_;  // file names in tmp_
   int64_t bytes_ = 0;
   bool finished_ = false;
+  bool moving_ = false;  // finish() has begun moving files into dir_
 };
 
 }  // namespace zero::ckpt
