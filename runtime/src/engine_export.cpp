@@ -140,14 +140,34 @@ void Engine::save_16bit_model(const std::string& path) {
     const auto slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
     const std::string scratch = dir + "/.zero-16bit-" + std::to_string(::getpid());
+    // Only rank 0 writes: its scratch folder goes whatever happens, and its
+    // failure to move the file reaches every rank.
     SaveHfOptions o;
     o.max_shard_bytes = INT64_MAX;
-    save_hf(scratch, o);
-    if (s.dist.rank == 0) {
-      ckpt::rename_path(scratch + "/model.safetensors", path);
-      ckpt::remove_tree(scratch);
-      ckpt::sync_path(dir);
+    auto drop_scratch = [&] {
+      if (s.dist.rank != 0) return;
+      try {
+        ckpt::remove_tree(scratch);
+      } catch (const std::exception&) {  // the error that ended the save says more
+      }
+    };
+    try {
+      save_hf(scratch, o);
+    } catch (...) {
+      drop_scratch();
+      throw;
     }
+    std::exception_ptr failed;
+    if (s.dist.rank == 0) {
+      try {
+        ckpt::rename_path(scratch + "/model.safetensors", path);
+        ckpt::sync_path(dir);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    drop_scratch();
+    agree_on(s.comm.get(), failed, "save_16bit_model " + path);
     return;
   }
   // The pickle DeepSpeed's save_16bit_model writes (pytorch_model.bin): Python
@@ -160,15 +180,22 @@ void Engine::save_16bit_model(const std::string& path) {
     values[identity] = v;
     dict.insert(name, v);
   });
-  if (!writer) return;
-  // Every name the model has (a tied parameter under each of them).
-  for (const auto& item : s.model->named_parameters(true)) {
-    if (dict.contains(item.key())) continue;
-    auto it = values.find(item.value().unsafeGetTensorImpl());
-    dict.insert(item.key(), it != values.end() ? it->second : item.value().detach().clone().cpu());
+  std::exception_ptr failed;
+  if (writer) {
+    try {
+      // Every name the model has (a tied parameter under each of them).
+      for (const auto& item : s.model->named_parameters(true)) {
+        if (dict.contains(item.key())) continue;
+        auto it = values.find(item.value().unsafeGetTensorImpl());
+        dict.insert(item.key(), it != values.end() ? it->second : item.value().detach().clone().cpu());
+      }
+      const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+      ckpt::write_file_atomically(path, std::string(bytes.begin(), bytes.end()));
+    } catch (...) {
+      failed = std::current_exception();
+    }
   }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  ckpt::write_file_atomically(path, std::string(bytes.begin(), bytes.end()));
+  agree_on(s.comm.get(), failed, "save_16bit_model " + path);
 }
 
 }  // namespace zero

@@ -618,6 +618,9 @@ TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
   Trainer third(7, cfg);
   third.engine->load_weights(dir + "/one.safetensors");
   EXPECT_EQ(third.engine->parameter_l2(), source.engine->parameter_l2());
+  // A name the file cannot take (a folder holds it): the error, and no scratch left.
+  ck::make_folders(dir + "/taken.safetensors/inside");
+  EXPECT_THROW(source.engine->save_16bit_model(dir + "/taken.safetensors"), zero::IoError);
   for (const auto& n : ck::list_folder(dir)) EXPECT_NE(n[0], '.') << "left behind: " << n;
 
   Trainer no_key(5, config(R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0})"));
