@@ -137,9 +137,40 @@ void load_reporting(zero::Engine& engine, const std::string& model) {
                model.c_str(), static_cast<long long>(st.bytes), st.seconds, static_cast<long long>(rise));
 }
 
+// config.json for --save_hf: the input's, every key kept (bos/eos/pad token
+// ids, generation settings, keys this program does not read), with its
+// dtype key ("dtype" in transformers 5, "torch_dtype" before) set to what
+// the weights were saved in.
+std::string saved_config(const std::string& model, at::ScalarType saved) {
+  struct stat st {};
+  const std::string path = ::stat(model.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? model + "/config.json" : model;
+  Json j = Json::parse(zero::ckpt::read_small_file(path), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  const char* name = saved == at::kBFloat16 ? "bfloat16" : saved == at::kHalf ? "float16" : "float32";
+  bool set = false;
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (j.contains(key)) j[key] = name, set = true;
+  if (!set) j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
+// Whether DIR has safetensors weights; weights only in torch's pickle
+// format (pytorch_model.bin, its shards, *.pt) are refused rather than
+// passed over for a fresh initialisation.
 bool has_weights(const std::string& dir) {
-  return zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
-         zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0;
+  if (zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
+      zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0)
+    return true;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  for (const auto& name : zero::ckpt::list_folder(dir)) {
+    const auto dot = name.rfind('.');
+    const std::string ext = dot == std::string::npos ? "" : name.substr(dot);
+    if ((ext == ".bin" && name.rfind("pytorch_model", 0) == 0) || ext == ".pt" || ext == ".pth")
+      usage_error("--model " + dir + ": its weights are in torch's pickle format (" + name + "), which this program does "
+                  "not read; save them as safetensors first (in Python: AutoModelForCausalLM.from_pretrained(DIR)"
+                  ".save_pretrained(OUT, safe_serialization=True))");
+  }
+  return false;
 }
 
 std::string precision_config(const std::string& precision) {
@@ -238,13 +269,17 @@ int train_command(int argc, char** argv) {
   opts.dist = zero::DistEnv::from_environment();
   const int rank0 = opts.dist->rank == 0;
   // Outputs are checked before any step.
+  // Rank 0 writes the summary and --save_hf; every rank writes its part of
+  // a checkpoint, so each node's first rank checks --save_dir.
   if (rank0) {
     if (f.count("--summary-json"))
       if (const auto p = zero::ckpt::output_file_problem("--summary-json", f["--summary-json"]); !p.empty()) usage_error(p);
-    for (const char* dir : {"--save_dir", "--save_hf"})
-      if (f.count(dir))
-        if (const auto p = zero::ckpt::save_folder_problem(dir, f[dir]); !p.empty()) usage_error(p);
+    if (f.count("--save_hf"))
+      if (const auto p = zero::ckpt::save_folder_problem("--save_hf", f["--save_hf"]); !p.empty()) usage_error(p);
   }
+  if (f.count("--save_dir") && opts.dist->local_rank == 0)
+    if (const auto p = zero::ckpt::save_folder_problem("--save_dir", f["--save_dir"]); !p.empty())
+      usage_error(rank0 ? p : "rank " + std::to_string(opts.dist->rank) + ": " + p);
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
   const llama::TokenData data(f["--data"], dtype == "uint16" ? 2 : 4, T);
   opts.auto_values.train_micro_batch_size_per_gpu = B;
@@ -303,6 +338,9 @@ int train_command(int argc, char** argv) {
                   client.value("block_size", Json(nullptr)).dump() + " tokens; this run has " + std::to_string(G) + " of " +
                   std::to_string(T) + ")");
     start = client.at("step").get<int64_t>();
+    if (start > steps)
+      usage_error("--steps " + std::to_string(steps) + ": " + st.dir + "/" + st.tag + " is at step " + std::to_string(start) +
+                  " already (--steps counts from the start of the run, not from the resume)");
     if (rank0) std::fprintf(stderr, "llama: resumed from %s/%s at step %lld\n", st.dir.c_str(), st.tag.c_str(),
                             static_cast<long long>(start));
   }
@@ -355,7 +393,7 @@ int train_command(int argc, char** argv) {
   if (f.count("--save_dir") && last_saved != steps) save(steps);
   if (f.count("--save_hf")) {
     zero::SaveHfOptions o;
-    o.config_json = cfg.to_json();
+    o.config_json = saved_config(f["--model"], engine.compute_dtype());
     engine.save_hf(f["--save_hf"], o);
     if (rank0) std::fprintf(stderr, "llama: weights and config.json written to %s\n", f["--save_hf"].c_str());
   }

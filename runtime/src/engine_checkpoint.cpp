@@ -265,6 +265,14 @@ void Engine::open_checkpoint_dir(const std::string& dir) {
     }
   }
   agree(s.comm.get(), failed, what);
+  // Every rank writes its own files there: the first rank of each other node
+  // checks the folder too (another node may not see it, or not write in it),
+  // once rank 0's tidying is over.
+  if (s.dist.rank != 0 && s.dist.local_rank == 0) {
+    if (std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
+      failed = std::make_exception_ptr(IoError("rank " + std::to_string(s.dist.rank) + ": " + problem));
+  }
+  agree(s.comm.get(), failed, what);  // the lock, if any, goes with it
   s.save_folders.emplace(dir, std::move(lock));
 }
 

@@ -112,6 +112,16 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
   EXPECT_EQ(summary["zero_stage"], 3);
   EXPECT_EQ(summary["steps"], 10);
   EXPECT_LT(summary["loss_curve"].back().get<double>(), summary["loss_curve"].front().get<double>());
+  {  // config.json keeps every key of the input's (token ids, generation settings); its dtype is the saved one
+    const auto in = nlohmann::json::parse(ck::read_small_file(dir + "/hf/config.json"));
+    const auto out = nlohmann::json::parse(ck::read_small_file(dir + "/out/config.json"));
+    ASSERT_TRUE(in.contains("bos_token_id")) << in.dump();
+    for (const auto& [key, value] : in.items()) {
+      if (key == "dtype" || key == "torch_dtype") continue;
+      EXPECT_EQ(out.value(key, nlohmann::json()), value) << key;
+    }
+    EXPECT_EQ(out.value("dtype", out.value("torch_dtype", nlohmann::json())), "float32") << out.dump();
+  }
   ASSERT_EQ(sh(py(dir) + "--logits " + dir + "/out --tokens " + tokens + " --outfile " + dir + "/hf_out.safetensors",
                dir + "/ref.log"),
             0)
@@ -136,12 +146,31 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
             0)
       << ck::read_small_file(dir + "/exp.log");
   EXPECT_TRUE(torch::equal(read(dir + "/exp.safetensors", "logits"), got));
+  // A resume past --steps is refused (--steps counts from the run's start).
+  EXPECT_NE(sh(kBin + "llama train --model " + dir + "/hf --config " + dir + "/ds.json --data " + dir + "/tokens.bin " +
+                   "--block_size 16 --batch_size 8 --steps 5 --resume " + dir + "/ck",
+               dir + "/past.log"),
+            0);
+  EXPECT_NE(ck::read_small_file(dir + "/past.log").find("--steps 5: " + dir + "/ck/global_step10 is at step 10 already"),
+            std::string::npos)
+      << ck::read_small_file(dir + "/past.log");
+  // Weights only in torch's pickle format: refused, not passed over.
+  ck::make_folders(dir + "/pickled");
+  std::ofstream(dir + "/pickled/config.json") << ck::read_small_file(dir + "/hf/config.json");
+  std::ofstream(dir + "/pickled/pytorch_model.bin") << "pickle";
+  EXPECT_NE(sh(kBin + "llama train --model " + dir + "/pickled --config " + dir + "/ds.json --data " + dir +
+                   "/tokens.bin --block_size 16 --steps 1",
+               dir + "/pickled.log"),
+            0);
+  EXPECT_NE(ck::read_small_file(dir + "/pickled.log").find("torch's pickle format (pytorch_model.bin)"), std::string::npos)
+      << ck::read_small_file(dir + "/pickled.log");
   ck::remove_tree(dir);
 }
 
-// One optimizer step on 2 ranks at every stage, AdamW with the trainer's
-// no-decay group (norms and embedding), equals torch.optim.AdamW with the
-// same groups on the same global batch (transformers' model, in Python).
+// Three optimizer steps on 2 ranks at every stage, AdamW with the trainer's
+// no-decay group (norms and embedding) and a weight decay large enough to
+// tell the groups apart, equal torch.optim.AdamW with the same groups on the
+// same global batches (transformers' model, in Python).
 class LlamaStep : public testing::TestWithParam<int> {};
 
 TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
@@ -159,19 +188,19 @@ TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
     }
   }
   std::ofstream(dir + "/ds.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.5}},
       "zero_optimization": {"stage": )" << stage
                                   << R"(, "stage3_param_persistence_threshold": 0,
                                           "stage3_gather_16bit_weights_on_model_save": true}})";
   ASSERT_EQ(sh("env OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "llama train --model " +
-                   dir + "/hf --config " + dir + "/ds.json --data " + dir + "/tokens.bin --block_size 16 --steps 1 "
+                   dir + "/hf --config " + dir + "/ds.json --data " + dir + "/tokens.bin --block_size 16 --steps 3 "
                    "--save_hf " + dir + "/out",
                dir + "/train.log"),
             0)
       << ck::read_small_file(dir + "/train.log");
   EXPECT_NE(ck::read_small_file(dir + "/train.log").find("parameter groups: default"), std::string::npos);
-  ASSERT_EQ(sh(py(dir) + "--adamw-step " + dir + "/hf --data " + dir + "/tokens.bin --block-size 16 --samples 8 --lr "
-                   "0.001 --weight-decay 0.1 --tokens 0 --outfile " + dir + "/torch.safetensors",
+  ASSERT_EQ(sh(py(dir) + "--adamw-step " + dir + "/hf --data " + dir + "/tokens.bin --block-size 16 --samples 8 --steps 3 "
+                   "--lr 0.01 --weight-decay 0.5 --tokens 0 --outfile " + dir + "/torch.safetensors",
                dir + "/ref.log"),
             0)
       << ck::read_small_file(dir + "/ref.log");
@@ -188,7 +217,7 @@ TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
     moved = std::max(moved, (g - before->read_tensor("", t.name)).abs().max().item<double>());
   }
   EXPECT_LT(worst, 1e-5) << "stage " << stage;
-  EXPECT_GT(moved, 1e-4) << "the step changed nothing";
+  EXPECT_GT(moved, 1e-3) << "the steps changed nothing";
   ck::remove_tree(dir);
 }
 

@@ -5,8 +5,8 @@ transformers: scripts/setup.sh installs it.
 usage: make_llama.py OUT_DIR --tie 0|1 --kv-heads N --rope default|llama3 --tokens 1,2,3 [--shard-kb K]
        make_llama.py --logits MODEL_DIR --tokens 1,2,3 --outfile FILE   (logits of a saved model)
        make_llama.py --adamw-step MODEL_DIR --data TOKENS.bin --block-size T --samples G --lr X --weight-decay W
-                     --tokens 0 --outfile FILE   (one torch.optim.AdamW step on llama train's first global batch,
-                                                  no decay on the norms and the embedding; the weights after it)
+                     [--steps N] --tokens 0 --outfile FILE   (N torch.optim.AdamW steps on llama train's first N
+                     global batches of G samples, no decay on the norms and the embedding; the weights after them)
 """
 import argparse
 
@@ -31,6 +31,7 @@ p.add_argument("--adamw-step")
 p.add_argument("--data")
 p.add_argument("--block-size", type=int)
 p.add_argument("--samples", type=int)
+p.add_argument("--steps", type=int, default=1)
 p.add_argument("--lr", type=float)
 p.add_argument("--weight-decay", type=float)
 p.add_argument("--outfile")
@@ -44,17 +45,19 @@ if a.adamw_step:
     T = a.block_size
     tokens = torch.from_numpy(numpy.fromfile(a.data, dtype=numpy.uint16).astype("int64"))
     windows = (len(tokens) - T - 1) // T + 1  # llama train's windows: sample j starts at (j mod windows) * T
-    batch = torch.stack([tokens[(j % windows) * T:(j % windows) * T + T + 1] for j in range(a.samples)])
-    logits = m(batch[:, :T]).logits
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1))
-    loss.backward()
-    tied = m.config.tie_word_embeddings
     no_decay = lambda n: n.endswith("norm.weight") or n == "model.embed_tokens.weight" or n.endswith(".bias")
     decay = [p for n, p in m.named_parameters() if not no_decay(n)]
     rest = [p for n, p in m.named_parameters() if no_decay(n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
-    opt.step()
+    G = a.samples
+    for step in range(a.steps):  # step s takes global samples s*G .. s*G+G-1
+        batch = torch.stack([tokens[(j % windows) * T:(j % windows) * T + T + 1] for j in range(step * G, step * G + G)])
+        logits = m(batch[:, :T]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), batch[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     save_file({n: p.detach().contiguous() for n, p in m.named_parameters()}, a.outfile)
 elif a.logits:
     m = AutoModelForCausalLM.from_pretrained(a.logits, dtype=torch.float32).eval()
