@@ -5,7 +5,7 @@
 #           libgloo-dev (headers only: Gloo itself is inside LibTorch) fio
 #   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it), safetensors
 #           (the checkpoint tests read consolidated weights with it, as users do), transformers
-#           (the Llama tests compare with Hugging Face's model and load what zero saves)
+#           5 (the Llama tests compare with Hugging Face's model and load what zero saves)
 set -euo pipefail
 
 PY=${PYTHON:-python3}
@@ -46,9 +46,10 @@ if ! $PY -c "import safetensors" 2>/dev/null; then
   }
 fi
 
-if ! $PY -c "import transformers" 2>/dev/null; then
-  echo "setup: installing transformers from PyPI"
-  $PY -m pip install --quiet "transformers>=4.46,<6" || {
+# Version 5: tests/models/make_llama.py uses its keys (rope_parameters, dtype=).
+if ! $PY -c "import sys, transformers; sys.exit(int(transformers.__version__.split('.')[0]) != 5)" 2>/dev/null; then
+  echo "setup: installing transformers 5 from PyPI"
+  $PY -m pip install --quiet "transformers>=5,<6" || {
     echo "setup: error: 'pip install transformers' failed; the Llama tests compare with it (see README)." >&2
     exit 1
   }

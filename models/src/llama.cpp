@@ -89,10 +89,13 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, Init* init) : config_(c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  auto embed = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id) embed.padding_idx(*c.pad_token_id);
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embed));
   {
     torch::NoGradGuard no_grad;
     torch::nn::init::normal_(embed_tokens->weight, 0.0, c.initializer_range);
+    if (c.pad_token_id) embed_tokens->weight[*embed_tokens->options.padding_idx()].zero_();
   }
   if (init != nullptr) init->partition(embed_tokens);
   layers = register_module("layers", torch::nn::ModuleList());

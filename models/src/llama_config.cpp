@@ -1,6 +1,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -87,6 +88,11 @@ LlamaConfig LlamaConfig::from_json_text(const std::string& text, const std::stri
     r.problem("hidden_act", "expected \"silu\" (Llama's SwiGLU); got " + j.at("hidden_act").dump());
   constexpr int64_t kBig = int64_t{1} << 30;
   r.integer("vocab_size", c.vocab_size, 1, kBig, true);
+  if (j.contains("pad_token_id") && !j.at("pad_token_id").is_null()) {
+    int64_t pad = INT64_MIN;  // stays so when the value is refused
+    r.integer("pad_token_id", pad, -c.vocab_size, c.vocab_size - 1, false);  // nn.Embedding's range
+    if (pad != INT64_MIN) c.pad_token_id = pad;
+  }
   r.integer("hidden_size", c.hidden_size, 1, int64_t{1} << 20, true);
   r.integer("intermediate_size", c.intermediate_size, 1, int64_t{1} << 24, true);
   r.integer("num_hidden_layers", c.num_hidden_layers, 1, 100000, true);
@@ -168,6 +174,7 @@ std::string LlamaConfig::to_json() const {
                   {"rope_theta", rope_theta},
                   {"rope_scaling", legacy_scaling},
                   {"rope_parameters", rope},
+                  {"pad_token_id", pad_token_id ? Json(*pad_token_id) : Json(nullptr)},
                   {"torch_dtype", "float32"}};
   return j.dump(2) + "\n";
 }

@@ -558,7 +558,14 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   }
   // Parameter groups: each group's saved values come back (as a torch
   // optimizer's load_state_dict brings its param_groups' lr and decay).
+  if (s.dist.rank == 0 && meta.contains("param_groups") != !opt.param_groups().empty())
+    log::warning(opt.param_groups().empty()
+                     ? "load_checkpoint: the checkpoint was saved with parameter groups (meta.json param_groups) and "
+                       "this run has none: every parameter steps with the config's lr and weight_decay"
+                     : "load_checkpoint: this run has parameter groups and the checkpoint none: they step with this "
+                       "run's values (InitOptions::param_groups)");
   if (meta.contains("param_groups") && !opt.param_groups().empty()) {
+    const auto numels = opt.param_group_numels();
     auto optional_of = [](const nlohmann::json& v) { return v.is_null() ? std::nullopt : std::optional<double>(v.get<double>()); };
     std::vector<std::string> unmatched;
     for (const auto& g : meta.at("param_groups")) {
@@ -570,6 +577,10 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
         unmatched.push_back(name);
         continue;
       }
+      if (g.contains("numel") && g.at("numel").get<int64_t>() != numels[k] && s.dist.rank == 0)
+        log::warning("load_checkpoint: parameter group " + name + " held " + std::to_string(g.at("numel").get<int64_t>()) +
+                     " elements when saved and holds " + std::to_string(numels[k]) + " in this run: its match "
+                     "takes other parameters now, and they step with the saved group's values");
       partition::ZeroOptimizer::GroupHyper h{name, optional_of(g.at("lr")), optional_of(g.at("weight_decay"))};
       if ((h.lr != groups[k].lr || h.weight_decay != groups[k].weight_decay) && s.dist.rank == 0)
         log::warning("load_checkpoint: parameter group " + name + " has the checkpoint's lr and weight_decay (" +

@@ -2,7 +2,7 @@
 sequence, for tests/models/llama_test.cpp. Fails (does not skip) without
 transformers: scripts/setup.sh installs it.
 
-usage: make_llama.py OUT_DIR --tie 0|1 --kv-heads N --rope default|llama3 --tokens 1,2,3 [--shard-kb K]
+usage: make_llama.py OUT_DIR --tie 0|1 --kv-heads N --rope default|llama3 --tokens 1,2,3 [--shard-kb K] [--pad ID]
        make_llama.py --logits MODEL_DIR --tokens 1,2,3 --outfile FILE   (logits of a saved model)
        make_llama.py --adamw-step MODEL_DIR --data TOKENS.bin --block-size T --samples G --lr X --weight-decay W
                      [--steps N] --tokens 0 --outfile FILE   (N torch.optim.AdamW steps on llama train's first N
@@ -26,6 +26,7 @@ p.add_argument("--inter", type=int, default=48)
 p.add_argument("--layers", type=int, default=2)
 p.add_argument("--heads", type=int, default=4)
 p.add_argument("--vocab", type=int, default=64)
+p.add_argument("--pad", type=int)  # pad_token_id (nn.Embedding's padding_idx); none by default
 p.add_argument("--logits")
 p.add_argument("--adamw-step")
 p.add_argument("--data")
@@ -70,7 +71,7 @@ else:
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
     cfg = LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.inter, num_hidden_layers=a.layers,
                       num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, max_position_embeddings=64,
-                      tie_word_embeddings=bool(a.tie), rope_parameters=rope)
+                      tie_word_embeddings=bool(a.tie), rope_parameters=rope, pad_token_id=a.pad)
     torch.manual_seed(0)
     m = LlamaForCausalLM(cfg).eval()
     m.save_pretrained(a.out, max_shard_size="%dKB" % a.shard_kb)

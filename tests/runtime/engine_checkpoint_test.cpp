@@ -655,11 +655,23 @@ TEST(ParamGroups, StepWithTheirValuesAndComeBackFromACheckpoint) {
     Trainer second(4, cfg, gpt(), groups(0.5, 0.1));  // other values: the checkpoint's come back
     testing::internal::CaptureStderr();
     second.engine->load_checkpoint(dir);
-    const std::string err = testing::internal::GetCapturedStderr();
+    std::string err = testing::internal::GetCapturedStderr();
     EXPECT_NE(err.find("parameter group no_decay has the checkpoint's lr and weight_decay (null, 0.0)"), std::string::npos)
         << err;
     second.train(2, 4);
     EXPECT_EQ(second.engine->parameter_l2(), grouped.engine->parameter_l2()) << stage;
+    // A run without the groups, and one whose group takes other parameters: told.
+    Trainer none(4, cfg);
+    testing::internal::CaptureStderr();
+    none.engine->load_checkpoint(dir);
+    err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("saved with parameter groups (meta.json param_groups) and this run has none"), std::string::npos)
+        << err;
+    Trainer other(4, cfg, gpt(), {zero::ParamGroup::by_name("no_decay", {".bias"}, {}, 0.0)});
+    testing::internal::CaptureStderr();
+    other.engine->load_checkpoint(dir);
+    err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("parameter group no_decay held "), std::string::npos) << err;
     ck::remove_tree(dir);
   }
 }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct LlamaConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   double initializer_range = 0.02;
+  /// pad_token_id: its embedding row takes no gradient and starts at zero
+  /// (nn.Embedding's padding_idx, as transformers builds it); none when unset.
+  std::optional<int64_t> pad_token_id;
 
   /// Reads a config.json (a file, or a folder holding one): transformers 4's
   /// keys (rope_theta, rope_scaling) and 5's (rope_parameters) alike. Throws
