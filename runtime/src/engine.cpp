@@ -537,6 +537,9 @@ ParamGroup ParamGroup::by_name(std::string group_name, std::vector<std::string> 
 }
 
 torch::Tensor Engine::all_reduce_mean(const torch::Tensor& tensor) {
+  if (!tensor.is_floating_point())
+    throw UsageError(std::string("all_reduce_mean: a mean needs a floating-point tensor; got ") +
+                     c10::toString(tensor.scalar_type()) + " (convert it first: t.to(torch::kFloat64))");
   auto* comm = impl_->comm.get();
   torch::NoGradGuard no_grad;
   if (comm == nullptr) return tensor.detach().clone();

@@ -694,10 +694,18 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
       if (used.count(t.name) == 0) unused.push_back(t.name);
       else if (at::isFloatingType(t.dtype) && t.dtype != s.dtype) ++other_dtype[ckpt::dtype_name(t.dtype)];
     }
-    for (const auto& [dtype, n] : other_dtype)
+    for (const auto& [dtype, n] : other_dtype) {
+      // The master is fp32 whatever the compute dtype: a 16-bit file gives it
+      // 16-bit values; an fp32 file keeps them whole and only the compute
+      // copy is rounded.
+      const std::string compute = ckpt::dtype_name(s.dtype);
+      const std::string how = dtype == "F64"   ? "the fp32 master is rounded from them"
+                              : dtype == "F32" ? "the fp32 master keeps them whole, the " + compute +
+                                                     " compute copy is rounded from them"
+                                               : "the fp32 master starts from the " + dtype + " values";
       log::warning("load_weights " + files.source + ": " + std::to_string(n) + " tensor(s) in " + dtype +
-                   ", the model computes in " + ckpt::dtype_name(s.dtype) + ": converted (the fp32 master from " +
-                   dtype + ")");
+                   ", the model computes in " + compute + ": converted (" + how + ")");
+    }
     if (!unused.empty())
       log::warning("load_weights " + files.source + ": " + std::to_string(unused.size()) +
                    " tensor(s) the model has no parameter or buffer for, not loaded: " + names_list(unused, 8));

@@ -93,12 +93,18 @@ struct Engine::Impl : detail::RunContext {
 
   void print_progress() {
     const double elapsed = seconds_since(window_start);
-    const double loss = loss_count ? loss_sum.item<double>() / loss_count : NAN;
     const double samples = static_cast<double>(window_steps * config.batch.train_batch_size);
     std::ostringstream line;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "step %lld | loss %.4f | lr %.3e | loss scale %g | %.1f samples/s",
-                  static_cast<long long>(global_steps), loss, current_lr(), scaler.scale(),
+    std::snprintf(buf, sizeof buf, "step %lld", static_cast<long long>(global_steps));
+    line << buf;
+    // The loss is known when engine.backward saw it; a program's own
+    // loss.backward() gives the engine none, and the line leaves it out.
+    if (loss_count > 0) {
+      std::snprintf(buf, sizeof buf, " | loss %.4f", loss_sum.item<double>() / loss_count);
+      line << buf;
+    }
+    std::snprintf(buf, sizeof buf, " | lr %.3e | loss scale %g | %.1f samples/s", current_lr(), scaler.scale(),
                   elapsed > 0 ? samples / elapsed : 0.0);
     line << buf;
     if (options.tokens_per_sample) {

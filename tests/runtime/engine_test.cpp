@@ -166,6 +166,15 @@ TEST(Engine, MemoryBreakdownPrintsTheTiersWithTheProgress) {
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("memory (current / peak): device "), std::string::npos) << err;
   EXPECT_NE(err.find(" nvme 0 B / 0 B"), std::string::npos) << err;
+  EXPECT_NE(err.find("step 1 | loss "), std::string::npos) << err;
+  // A program's own loss.backward() gives the engine no loss: the line
+  // leaves it out rather than print nan.
+  testing::internal::CaptureStderr();
+  loss_of(model, task->train_batch({0, 1, 2, 3})).backward();
+  engine.step();
+  const std::string plain = testing::internal::GetCapturedStderr();
+  EXPECT_NE(plain.find("step 2 | lr "), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("nan"), std::string::npos) << plain;
 }
 
 TEST(Engine, GlobalNormClippingMatchesClipGradNorm) {
@@ -758,6 +767,13 @@ TEST(Conveniences, CheckpointerFromTheModelsCodeAndTheBatchChecked) {
         << m;
     m = usage_error_of([&] { e.check_batch(torch::zeros({4, 9}, torch::kLong)); });
     EXPECT_NE(m.find("InitOptions::tokens_per_sample says 8"), std::string::npos) << m;
+    // One process: the mean is a copy; an integer tensor is refused, not truncated.
+    const auto loss = torch::tensor({2.5}, torch::requires_grad());
+    const auto mean = e.all_reduce_mean(loss);
+    EXPECT_TRUE(torch::equal(mean, loss.detach()));
+    EXPECT_FALSE(mean.requires_grad());
+    m = usage_error_of([&] { e.all_reduce_mean(torch::ones({2}, torch::kLong)); });
+    EXPECT_NE(m.find("a mean needs a floating-point tensor; got Long"), std::string::npos) << m;
   }
   EXPECT_EQ(zero::checkpointing::current(), nullptr) << "the engine is gone";
 }

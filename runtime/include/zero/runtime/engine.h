@@ -352,7 +352,8 @@ class Engine {
   /// tensor on `tensor`'s device in its dtype; `tensor` itself unchanged
   /// (detached: no gradient flows through it). One process: a copy. A
   /// collective: every rank calls it with a tensor of the same shape and
-  /// dtype. Throws CommunicationError.
+  /// dtype. Throws UsageError for a tensor that is not floating-point (an
+  /// integer mean would truncate), CommunicationError.
   torch::Tensor all_reduce_mean(const torch::Tensor& tensor);
 
   /// Stage 3's figures; nullopt below stage 3.
