@@ -129,12 +129,21 @@ void apply_budgets(std::map<std::string, std::string>& f, zero::InitOptions& opt
 
 // load_weights with what it cost this rank: bytes read, and how far the
 // process's peak resident memory rose (a rank reads its own shards' bytes).
+// The peak is reset first ("5" to /proc/self/clear_refs, Linux 4.0+), so an
+// earlier peak (building the model) cannot hide the load's; where the
+// kernel refuses, the rise is measured above the earlier peak and says so.
 void load_reporting(zero::Engine& engine, const std::string& model) {
+  bool reset = false;
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    reset = std::fputs("5", f) >= 0;
+    reset = std::fclose(f) == 0 && reset;
+  }
   const int64_t rss = proc_bytes("VmRSS"), hwm = proc_bytes("VmHWM");
   const auto st = engine.load_weights(model);
-  const int64_t rise = std::max<int64_t>(0, proc_bytes("VmHWM") - std::max(rss, hwm));
-  std::fprintf(stderr, "llama: load_weights %s: this rank read %lld bytes in %.2f s; its peak resident memory rose %lld bytes\n",
-               model.c_str(), static_cast<long long>(st.bytes), st.seconds, static_cast<long long>(rise));
+  const int64_t rise = std::max<int64_t>(0, proc_bytes("VmHWM") - (reset ? rss : std::max(rss, hwm)));
+  std::fprintf(stderr, "llama: load_weights %s: this rank read %lld bytes in %.2f s; its peak resident memory rose %lld bytes%s\n",
+               model.c_str(), static_cast<long long>(st.bytes), st.seconds, static_cast<long long>(rise),
+               reset ? "" : " above the process's earlier peak (the kernel did not reset the peak)");
 }
 
 // config.json for --save_hf: the input's, every key kept (bos/eos/pad token

@@ -263,6 +263,7 @@ TEST(LlamaLoad, Stage3RanksReadTheirOwnBytes) {
     ++ranks;
   }
   EXPECT_EQ(ranks, 2) << text;
+  EXPECT_EQ(text.find("did not reset the peak"), std::string::npos) << "the rise is not the load's own:\n" << text;
   ck::remove_tree(dir);
 }
 
