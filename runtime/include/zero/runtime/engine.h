@@ -48,7 +48,8 @@ struct InitState;
 /// `match` takes (by the name the model gives them, and the tensor) train
 /// with this group's weight decay and lr instead of the config's. lr scales
 /// with the schedule: a group's lr is the schedule's lr times lr / the
-/// config's lr (with no schedule: lr itself). A parameter is in the first
+/// config's lr (with no schedule, or a config lr of 0: lr
+/// itself). A parameter is in the first
 /// group that matches it, or in the default group (the config's values).
 struct ParamGroup {
   std::string name;
@@ -340,7 +341,9 @@ class Engine {
   /// through `options` (a prefix off or on, a rename); a tied parameter is
   /// found under any of its names. Buffers and frozen parameters found by
   /// name are loaded too. Rank 0 warns, naming them, of tensors in another
-  /// dtype than the model computes in (converted) and of tensors the model
+  /// dtype than the model computes in (converted: the fp32 master starts
+  /// from the file's values, the compute copy is rounded from the master)
+  /// and of tensors the model
   /// has no place for (not loaded). The optimizer states start anew: call it
   /// before training. A collective. Throws IoError naming the file: a
   /// parameter it lacks (listed, with a prefix that would match when there
