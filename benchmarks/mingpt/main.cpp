@@ -34,6 +34,7 @@
 #include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/estimate.h"
+#include "zero/runtime/run_summary.h"
 #include "zero/zero.h"
 
 namespace {
@@ -704,9 +705,6 @@ int main(int argc, char** argv) {
           {"loss_curve", curve_values},
           {"param_l2", param_l2},
           {"avg_epoch_time_s", avg_epoch},
-          {"grad_comm_wait_s", engine.grad_comm_wait_seconds()},
-          {"param_gather_wait_s", engine.param_gather_wait_seconds()},
-          {"transfer_wait_s", engine.transfer_wait_seconds()},
           {"step_time_s", step_times},
           {"tokens_per_step", batch.train_batch_size * task->block_size()},
           {"peak_bytes", peaks},
@@ -719,25 +717,7 @@ int main(int argc, char** argv) {
           {"checkpoints_saved", saves},
           {"resumed", !args.resume.empty()},
       };
-      if (auto st = engine.stage3_stats()) {
-        summary["stage3"] = {{"layers", st->layers},
-                             {"peak_live_parameters", st->peak_live_parameters},
-                             {"gathers", st->gathers},
-                             {"prefetched_gathers", st->prefetched_gathers},
-                             {"gather_wait_s", st->gather_wait_s},
-                             {"trace_valid", st->trace_valid}};
-      }
-      if (auto nv = engine.nvme_stats()) {
-        summary["nvme"] = {{"file_bytes", nv->file_bytes},       {"buffer_bytes", nv->buffer_bytes},
-                           {"bytes_read", nv->bytes_read},       {"bytes_written", nv->bytes_written},
-                           {"read_wait_s", nv->read_wait_s},     {"write_wait_s", nv->write_wait_s},
-                           {"optimizer_step_s", nv->step_s},
-                           {"param_file_bytes", nv->param_file_bytes},
-                           {"param_bytes_read", nv->param_bytes_read},
-                           {"param_bytes_cached", nv->param_bytes_cached},
-                           {"param_bytes_written", nv->param_bytes_written},
-                           {"param_read_wait_s", nv->param_read_wait_s}};
-      }
+      summary.update(zero::detail::engine_figures(engine));
       const std::string tmp = args.summary_json + ".tmp";
       {
         std::ofstream out(tmp);

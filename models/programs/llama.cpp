@@ -411,7 +411,7 @@ int train_command(int argc, char** argv) {
   if (!rank0) return 0;
   std::cerr << engine.memory_summary();
   if (f.count("--summary-json")) {
-    const Json summary = {{"model", f["--model"]},
+    Json summary = {{"model", f["--model"]},
                           {"world_size", ws},
                           {"zero_stage", engine.config().zero.stage},
                           {"precision", zero::ckpt::dtype_name(engine.compute_dtype())},
@@ -428,6 +428,7 @@ int train_command(int argc, char** argv) {
                           {"model_state_bytes", ranks.at(0).at("model_state_bytes")},
                           {"ranks", ranks},
                           {"resumed", f.count("--resume") > 0}};
+    summary.update(zero::detail::engine_figures(engine));
     zero::ckpt::write_file_atomically(f["--summary-json"], summary.dump(2) + "\n");
     std::fprintf(stderr, "llama: summary written to %s\n", f["--summary-json"].c_str());
   }

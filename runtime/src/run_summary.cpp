@@ -49,4 +49,31 @@ nlohmann::json max_peaks(const nlohmann::json& ranks) {
   return peaks;
 }
 
+nlohmann::json engine_figures(const Engine& engine) {
+  nlohmann::json j = {{"grad_comm_wait_s", engine.grad_comm_wait_seconds()},
+                      {"param_gather_wait_s", engine.param_gather_wait_seconds()},
+                      {"transfer_wait_s", engine.transfer_wait_seconds()}};
+  if (auto st = engine.stage3_stats())
+    j["stage3"] = {{"layers", st->layers},
+                   {"peak_live_parameters", st->peak_live_parameters},
+                   {"gathers", st->gathers},
+                   {"prefetched_gathers", st->prefetched_gathers},
+                   {"gather_wait_s", st->gather_wait_s},
+                   {"trace_valid", st->trace_valid}};
+  if (auto nv = engine.nvme_stats())
+    j["nvme"] = {{"file_bytes", nv->file_bytes},
+                 {"buffer_bytes", nv->buffer_bytes},
+                 {"bytes_read", nv->bytes_read},
+                 {"bytes_written", nv->bytes_written},
+                 {"read_wait_s", nv->read_wait_s},
+                 {"write_wait_s", nv->write_wait_s},
+                 {"optimizer_step_s", nv->step_s},
+                 {"param_file_bytes", nv->param_file_bytes},
+                 {"param_bytes_read", nv->param_bytes_read},
+                 {"param_bytes_cached", nv->param_bytes_cached},
+                 {"param_bytes_written", nv->param_bytes_written},
+                 {"param_read_wait_s", nv->param_read_wait_s}};
+  return j;
+}
+
 }  // namespace zero::detail

@@ -112,6 +112,8 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
   EXPECT_EQ(summary["world_size"], 2);
   EXPECT_EQ(summary["zero_stage"], 3);
   EXPECT_EQ(summary["steps"], 10);
+  EXPECT_TRUE(summary.contains("param_gather_wait_s")) << summary.dump();
+  EXPECT_GT(summary["stage3"]["gathers"].get<int64_t>(), 0) << summary.dump();
   EXPECT_LT(summary["loss_curve"].back().get<double>(), summary["loss_curve"].front().get<double>());
   {  // config.json keeps every key of the input's (token ids, generation settings); its dtype is the saved one
     const auto in = nlohmann::json::parse(ck::read_small_file(dir + "/hf/config.json"));

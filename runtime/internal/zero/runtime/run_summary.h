@@ -20,4 +20,9 @@ nlohmann::json rank_figures(Engine& engine);
 /// model_state_bytes.
 nlohmann::json max_peaks(const nlohmann::json& ranks);
 
+/// This rank's waits and its stage-3 and NVMe figures, to merge into a
+/// summary: grad_comm_wait_s, param_gather_wait_s, transfer_wait_s, and
+/// "stage3" (at stage 3) and "nvme" (with NVMe offload) objects. Local.
+nlohmann::json engine_figures(const Engine& engine);
+
 }  // namespace zero::detail
