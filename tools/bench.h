@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "probe.h"  // benchmarks/mingpt: ScratchDir, runs of minGPT
+#include "zero/runtime/runs.h"
 
 namespace zero::tools {
 
@@ -31,6 +31,9 @@ int estimate(const std::vector<std::string>& args);
 /// zero tune: the fastest config that fits a model and per-rank budgets,
 /// chosen by the estimator and short runs on real ranks (tools/tune.cpp).
 int tune(const std::vector<std::string>& args);
+
+/// zero memcheck record|check: a program's memory held to a baseline (tools/memcheck.cpp).
+int memcheck(const std::vector<std::string>& args);
 
 /// --model mingpt:L,C[,V,T] (V default 50257, T default 1024); nullopt with
 /// `error` set when malformed.
@@ -98,7 +101,7 @@ class ScratchDir {
   void also_remove(std::string path) { extra_.push_back(std::move(path)); }
 
  private:
-  mingpt::ScratchDir dir_;  // removed after the extra paths
+  zero::runs::ScratchDir dir_;  // removed after the extra paths
   std::vector<std::string> extra_;
 };
 
@@ -117,7 +120,7 @@ std::vector<std::string> mingpt_bench_args(int64_t n_layer, int64_t n_embd, int6
 /// spaces), its output in dir/name.log. Returns rank 0's summary; nullopt,
 /// having printed the end of the log (the error), when the run failed.
 /// The run has its own process group; a stop signal is passed on to it and
-/// then thrown as mingpt::Interrupted (probe.h's run_logged), so the bench's
+/// then thrown as zero::runs::Interrupted (probe.h's run_logged), so the bench's
 /// ScratchDir goes: the benches that run other programs (these, and bench
 /// aio's fio) are called under CatchStopSignals (zero_cli.cpp).
 std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const std::string& dir,

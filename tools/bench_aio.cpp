@@ -19,7 +19,7 @@
 
 #include "bench.h"
 #include "zero/runtime/checkpoint_format.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/offload/aio.h"
 #include "zero/offload/swap_folder.h"
 #include "zero/core/error.h"
@@ -40,7 +40,7 @@ double fio_bw(const std::string& file, const std::string& rw, int64_t size, int6
                                    "--numjobs=1", "--output-format=json"};
   if (overwrite) argv.push_back("--overwrite=1");
   try {
-    if (mingpt::run_logged(argv, log) != 0) return -1;
+    if (zero::runs::run_logged(argv, log) != 0) return -1;
   } catch (const IoError&) {  // no fio on this machine
     return -1;
   }
@@ -164,7 +164,7 @@ int bench_aio(const std::vector<std::string>& args) {
     std::vector<double> ours_w_runs, ours_r_runs, fio_w_runs, fio_r_runs;
     ProgressLine progress("aio vs fio", rounds, "rounds");
     for (int64_t round = 0; round < rounds; ++round) {
-      mingpt::check_stop();  // a stop signal ends the bench here (zero_cli.cpp); Cleanup removes the files
+      zero::runs::check_stop();  // a stop signal ends the bench here (zero_cli.cpp); Cleanup removes the files
       // In fresh mode each side starts with no file and leaves none behind,
       // closed and removed outside the timed part: freeing a 1 GiB file's
       // extents is disk work that must not land in the other side's timing.
@@ -176,7 +176,7 @@ int bench_aio(const std::vector<std::string>& args) {
         }
         ours_w_runs.push_back(size / seconds([&] { transfer(true); }));
         ::fsync(file->buffered_fd());
-        mingpt::check_stop();
+        zero::runs::check_stop();
         ours_r_runs.push_back(size / seconds([&] { transfer(false); }));
         if (!overwrite) {
           file.reset();
@@ -229,7 +229,7 @@ int bench_aio(const std::vector<std::string>& args) {
       write_json_output(json_path, j);
     }
     return 0;
-  } catch (const mingpt::Interrupted&) {
+  } catch (const zero::runs::Interrupted&) {
     throw;  // zero_cli.cpp says so; Cleanup has removed the files
   } catch (const std::exception& e) {
     std::cerr << "zero bench aio: " << zero::error_text(e) << "\n";

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
 
@@ -126,7 +126,7 @@ int bench_checkpoint_io(const std::vector<std::string>& args) {
                                             std::to_string(std::max<int64_t>(save_bytes_per_rank, 1 << 20)), "--rounds",
                                             std::to_string(rounds), "--json", aio_json};
   std::fprintf(stderr, "%s: running zero bench aio on %s ...\n", cmd.c_str(), path.c_str());
-  if (mingpt::run_logged(aio_cmd, scratch + "/aio.log") != 0) {
+  if (zero::runs::run_logged(aio_cmd, scratch + "/aio.log") != 0) {
     std::cerr << cmd << ": zero bench aio failed:\n" << std::ifstream(scratch + "/aio.log").rdbuf();
     return 1;
   }

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "bench.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
@@ -28,7 +28,7 @@ std::string self_dir() {
   return path.substr(0, path.rfind('/'));
 }
 
-ScratchDir::ScratchDir(const std::string& name) : dir_(mingpt::temp_parent(), "zero-bench-" + name) {}
+ScratchDir::ScratchDir(const std::string& name) : dir_(zero::runs::temp_parent(), "zero-bench-" + name) {}
 
 ScratchDir::~ScratchDir() {
   for (const auto& p : extra_) {
@@ -45,7 +45,7 @@ namespace {
 std::string log_tail(const std::string& path, size_t max_lines) {
   std::ifstream in(path);
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::istringstream lines(mingpt::last_lines(text, max_lines));
+  std::istringstream lines(zero::runs::last_lines(text, max_lines));
   std::string out;
   for (std::string line; std::getline(lines, line);) out += "  | " + line + "\n";
   return out.empty() ? "  (the run printed nothing)\n" : out;
@@ -79,7 +79,7 @@ std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const
   argv.insert(argv.end(), mingpt_args.begin(), mingpt_args.end());
   argv.insert(argv.end(), {"--summary-json", base + ".summary.json"});
   std::fprintf(stderr, "%s: running %s on %lld ranks ...\n", command.c_str(), name.c_str(), static_cast<long long>(nproc));
-  if (const int status = mingpt::run_logged(argv, base + ".log"); status != 0) {
+  if (const int status = zero::runs::run_logged(argv, base + ".log"); status != 0) {
     std::cerr << command << ": the run " << name << " failed with exit status " << status
               << "; the end of its output:\n" << log_tail(base + ".log", 15);
     return std::nullopt;

@@ -1,5 +1,7 @@
-// zero tune: the fastest ZeRO config that fits a minGPT and per-rank memory
-// budgets, chosen by the estimator and short training runs on real ranks.
+// zero tune: the fastest ZeRO config that fits a model and per-rank memory
+// budgets, chosen by the estimator and short training runs on real ranks:
+// the user's own program (`-- PROGRAM ARGS`, `{config}` in ARGS replaced by
+// each candidate's config) or minGPT (`--model mingpt:L,C`).
 //
 // NOTE [config tuner]
 // The grid: each ZeRO setup of DeepSpeed's estimator tables (stage 0-3, the
@@ -16,14 +18,22 @@
 //      token, so it is not run. Bucket sizes are left out of this (each
 //      point takes the largest that fits) and tried on the winner.
 //   3. measure: the frontier that is left, least work and largest
-//      micro-batch first, each trained for a few optimizer steps (mingpt on
-//      random tokens of the model's vocabulary and context, through zero
-//      launch, with the budgets applied: probe.h); up to --trials runs. A run
+//      micro-batch first, each trained for a few optimizer steps (the
+//      program, or mingpt on random tokens of the model's vocabulary and
+//      context, through zero launch, with the budgets and the stop step in
+//      its environment and its figures from the engine's run report: NOTE
+//      [run report], zero/runtime/runs.h); up to --trials runs. A run
 //      out of memory (the estimate was short) is reported and skipped, and
 //      the candidates it dominated come back into the frontier; one that
 //      failed, or ran past --run-timeout (stopped: a hung run), ends its
 //      point. Then the winner's other bucket sizes.
-// The fastest measured (tokens per second) is written as ds_config.json;
+// A program's model is known from a first run that only builds it
+// (ZERO_STOP_AFTER_STEPS=0 at stage 3 with everything offloaded: the run
+// report lists its parameters and layers); its activations are not known
+// before it trains, so its estimates hold the model states and the
+// engine's buffers only, and a run past a budget is reported and skipped.
+// The fastest measured (tokens per second, or samples per second when the
+// program does not say its tokens per sample) is written as ds_config.json;
 // --exhaustive measures every candidate that fits instead (the benchmark of
 // the tuner: its choice against the fastest of the whole grid).
 // Runs, configs, logs and swap files live in scratch folders (under $TMPDIR
@@ -51,9 +61,10 @@
 #include <torch/cuda.h>
 
 #include "bench.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/config/config.h"
 #include "zero/core/error.h"
+#include "zero/core/process.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/estimate.h"
@@ -61,7 +72,8 @@
 namespace zero::tools {
 namespace {
 
-const char* kTuneUsage = R"(usage: zero tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [options]
+const char* kTuneUsage = R"(usage: zero tune --device-memory B --host-memory B [options] -- PROGRAM ARGS...
+       zero tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [options]
 
 Proposes the fastest ZeRO config that fits: lists candidates (stage, offload
 of optimizer states and parameters, activation checkpointing, micro-batch,
@@ -71,7 +83,12 @@ on real ranks (most promising first, a line per run), and writes the fastest
 as a DeepSpeed config with a table of what it tried and measured. Runs and
 swap files are removed however it ends.
 
-  --model mingpt:L,C[,V,T]   minGPT with L blocks of width C, vocabulary V
+  -- PROGRAM ARGS...          your training program (it calls zero::initialize):
+                             each run is PROGRAM ARGS with {config} replaced by
+                             the candidate's config file, stopped after --steps
+                             optimizer steps; the engine reports what it did
+                             (ZERO_RUN_REPORT); the program needs no change
+  --model mingpt:L,C[,V,T]   or minGPT with L blocks of width C, vocabulary V
                              (default 50257) and context T (default 1024);
                              the runs train on random tokens
   --n_head H                 attention heads (default C / 64, at least 1)
@@ -94,7 +111,8 @@ swap files are removed however it ends.
   --offload LIST             offload devices to try: none,cpu,nvme (default none,cpu,
                              and nvme with --nvme-path)
   --checkpointing LIST       none,blocks,cpu: none, every block, every block with
-                             cpu_checkpointing (default none,blocks)
+                             cpu_checkpointing (default none,blocks; a program:
+                             none, its base config's activation_checkpointing kept)
   --bucket-sizes LIST        elements (2e6,5e7): reduce/allgather buckets and stage 3's
                              prefetch bucket (default: 1/16 and 1/4 of the parameters)
   --steps N                  optimizer steps per run, the first untimed (default 4)
@@ -155,9 +173,12 @@ struct Candidate {
   PeakEstimate estimate;
   bool fits = false;
   Status status = Status::kNotRun;
-  mingpt::ProbeResult run;
+  zero::runs::ProbeResult run;
   int order = 0;  // 1-based position among the runs (0: not run)
-  double tokens_per_s() const { return run.step_s > 0 ? static_cast<double>(run.tokens_per_step) / run.step_s : 0; }
+  double tokens_per_s() const { return run.tokens_per_s(); }
+  // What the runs are ranked by: tokens per second where the program says
+  // its tokens per sample (InitOptions::tokens_per_sample), else samples.
+  double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
   // The work that costs time besides the model's own, per component.
   std::array<int, 4> work() const {
     const Family& f = kFamilies[family];
@@ -240,6 +261,7 @@ struct Plan {
   int64_t steps = 4, gas = 1;
   nlohmann::json base;
   int64_t largest_layer = 0;  // elements of the largest stage-3 layer
+  std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
 };
 
 // The base config with the candidate's keys; `nvme_path` for its swap files.
@@ -285,7 +307,9 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   } else {
     j.erase("aio");
   }
-  if (c.checkpointing == 0) j.erase("activation_checkpointing");
+  if (c.checkpointing == 0 && !plan.program.empty()) {
+    // A program checkpoints where its code says: its base section stays.
+  } else if (c.checkpointing == 0) j.erase("activation_checkpointing");
   else
     j["activation_checkpointing"] = {{"partition_activations", c.checkpointing == 2},
                                      {"cpu_checkpointing", c.checkpointing == 2},
@@ -325,7 +349,17 @@ int tune(const std::vector<std::string>& args) {
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
       "--oversubscribe"};
   std::set<std::string> seen;
-  for (size_t i = 0; i < args.size(); ++i) {
+  std::vector<std::string> program;
+  bool checkpointing_given = false;
+  size_t n_options = args.size();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i] == "--") {
+      program.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      n_options = i;
+      if (program.empty()) return fail("--: expected a program and its arguments after it");
+      break;
+    }
+  for (size_t i = 0; i < n_options; ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
       std::cout << kTuneUsage;
@@ -340,7 +374,7 @@ int tune(const std::vector<std::string>& args) {
       (a == "--exhaustive" ? exhaustive : oversubscribe) = true;
       continue;
     }
-    if (i + 1 >= args.size()) return fail(a + ": expected a value");
+    if (i + 1 >= n_options) return fail(a + ": expected a value");
     const std::string& v = args[++i];
     if (a == "--model") {
       std::string error;
@@ -404,6 +438,7 @@ int tune(const std::vector<std::string>& args) {
         set.insert(x);
       }
       (a == "--stages" ? stages : a == "--offload" ? offload.emplace() : checkpointing) = set;
+      checkpointing_given = checkpointing_given || a == "--checkpointing";
     } else if (a == "--out") {
       out_path = v;
     } else if (a == "--json") {
@@ -412,27 +447,45 @@ int tune(const std::vector<std::string>& args) {
       trainer = v;
     }
   }
-  if (!model) return fail("--model mingpt:L,C[,V,T] is required");
-  if (const std::string problem = mingpt::too_many_ranks("--ranks", plan.ranks, oversubscribe); !problem.empty())
+  if (model && !program.empty()) return fail("--model and -- PROGRAM: give one (the model to tune for)");
+  if (!model && program.empty()) return fail("-- PROGRAM ARGS (your training program) or --model mingpt:L,C[,V,T] is required");
+  if (!program.empty()) {
+    if (n_head) return fail("--n_head goes with --model mingpt:...");
+    if (!trainer.empty()) return fail("--trainer goes with --model mingpt:...");
+    bool has_config = false;
+    for (const auto& a : program) has_config = has_config || a.find("{config}") != std::string::npos;
+    if (!has_config)
+      return fail("the program's arguments have no {config}: write it where the program takes its DeepSpeed config "
+                  "(e.g. --config {config}), so each run gets its candidate's");
+    const std::string found = find_program(program[0]);
+    if (found.empty()) return fail(program[0] + ": no such program (not a file, nor in PATH)");
+    program[0] = found;
+    if (!checkpointing_given) checkpointing = {0};
+  }
+  if (const std::string problem = zero::runs::too_many_ranks("--ranks", plan.ranks, oversubscribe); !problem.empty())
     return fail(problem);
   // The outputs come at the end of a long search: checked now.
   for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--out", out_path}, {"--json", json_path}})
     if (!path.empty())
-      if (const std::string problem = mingpt::output_path_problem(flag, path); !problem.empty()) return fail(problem);
+      if (const std::string problem = zero::runs::output_path_problem(flag, path); !problem.empty()) return fail(problem);
   if (!device_budget || !host_budget) return fail("--device-memory and --host-memory are required (per rank)");
   if (nvme_budget && plan.nvme_path.empty()) return fail("--nvme-bytes goes with --nvme-path DIR");
   if (offload && offload->count(2) && plan.nvme_path.empty()) return fail("--offload nvme needs --nvme-path DIR");
   if (!offload) offload = plan.nvme_path.empty() ? std::set<int>{0, 1} : std::set<int>{0, 1, 2};
-  plan.n_layer = (*model)[0], plan.n_embd = (*model)[1], plan.vocab = (*model)[2], plan.block = (*model)[3];
-  plan.n_head = n_head.value_or(std::max<int64_t>(1, plan.n_embd / 64));
-  if (plan.n_embd % plan.n_head != 0)
-    return fail("--n_head " + std::to_string(plan.n_head) + " must divide the width " + std::to_string(plan.n_embd));
+  plan.program = program;
+  if (model) {
+    plan.n_layer = (*model)[0], plan.n_embd = (*model)[1], plan.vocab = (*model)[2], plan.block = (*model)[3];
+    plan.n_head = n_head.value_or(std::max<int64_t>(1, plan.n_embd / 64));
+    if (plan.n_embd % plan.n_head != 0)
+      return fail("--n_head " + std::to_string(plan.n_head) + " must divide the width " + std::to_string(plan.n_embd));
+  }
   plan.device_budget = *device_budget;
   plan.host_budget = *host_budget;
   plan.device = device;
   plan.on_cuda = device ? *device == "cuda" : torch::cuda::is_available();
-  if (trainer.empty()) trainer = self_dir() + "/mingpt";
-  if (::access(trainer.c_str(), X_OK) != 0) return fail("the runs train with " + trainer + ", which is not there (build mingpt)");
+  if (model && trainer.empty()) trainer = self_dir() + "/mingpt";
+  if (model && ::access(trainer.c_str(), X_OK) != 0)
+    return fail("the runs train with " + trainer + ", which is not there (build mingpt)");
   const std::string launcher = self_dir() + "/zero";
 
   try {
@@ -459,7 +512,77 @@ int tune(const std::vector<std::string>& args) {
     }
     plan.precision = precision.value_or(plan.on_cuda ? "bf16" : "fp32");
 
-    const auto shapes = mingpt_parameters(plan.n_layer, plan.n_embd, plan.vocab, plan.block);
+    // Scratch: configs, logs and reports under $TMPDIR; swap files under
+    // --nvme-path; removed however the tuner ends, a stop signal included.
+    zero::runs::CatchStopSignals stop;
+    zero::runs::ScratchDir scratch(zero::runs::temp_parent(), "zero-tune");
+    std::optional<zero::runs::ScratchDir> nvme_scratch;
+    if (!plan.nvme_path.empty()) nvme_scratch.emplace(plan.nvme_path, "zero-tune-swap");
+    // run: the program (or mingpt) on the ranks with `cfg_path`, budgets and
+    // the stop step in its environment.
+    auto probe_run = [&](const std::string& tag, const std::string& cfg_path, int64_t micro_batch, int checkpointing_level,
+                         int64_t stop_after, bool budgets) {
+      zero::runs::ProbeRun run;
+      run.launcher = launcher;
+      run.nproc = plan.ranks;
+      run.report_path = scratch.path() + "/" + tag + ".report";
+      run.log_path = scratch.path() + "/" + tag + ".log";
+      run.timeout_s = run_timeout;
+      run.stop_after_steps = stop_after;
+      if (budgets) {
+        run.device_budget = plan.device_budget;
+        run.host_budget = plan.host_budget;
+        if (!plan.nvme_path.empty()) run.nvme_budget = plan.nvme_budget;
+      }
+      if (!plan.program.empty()) {
+        for (std::string a : plan.program) {
+          for (size_t at = a.find("{config}"); at != std::string::npos; at = a.find("{config}", at + cfg_path.size()))
+            a.replace(at, 8, cfg_path);
+          run.argv.push_back(a);
+        }
+        return run;
+      }
+      run.argv = {trainer, "--config", cfg_path, "--vocab_size", std::to_string(plan.vocab), "--block_size",
+                  std::to_string(plan.block), "--n_layer", std::to_string(plan.n_layer), "--n_embd",
+                  std::to_string(plan.n_embd), "--n_head", std::to_string(plan.n_head), "--batch_size",
+                  std::to_string(micro_batch), "--precision",
+                  plan.precision == "fp32" ? "32" : plan.precision == "fp16" ? "16" : "bf16", "--limit_train_batches",
+                  std::to_string(std::max<int64_t>(1, stop_after) * plan.gas)};
+      if (checkpointing_level) run.argv.push_back("--checkpoint");
+      if (plan.device) run.argv.insert(run.argv.end(), {"--device", *plan.device});
+      return run;
+    };
+
+    std::vector<ParameterShape> shapes;
+    if (plan.program.empty()) {
+      shapes = mingpt_parameters(plan.n_layer, plan.n_embd, plan.vocab, plan.block);
+    } else {
+      // The program's model, from a run that builds it and stops: at stage 3
+      // with everything offloaded (the least device memory), no budgets.
+      Candidate d;
+      d.family = 7;  // stage 3 + optimizer cpu + params cpu
+      d.micro_batch = micro_batches.front();
+      d.bucket = 50'000'000;
+      nlohmann::json cfg = candidate_config(plan, d, "/nvme");
+      cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // every layer's parameters in its layer
+      const std::string cfg_path = scratch.path() + "/describe.json";
+      ckpt::write_file_atomically(cfg_path, cfg.dump(2) + "\n");
+      std::fprintf(stderr, "zero tune: building the program's model once to read its parameters ...");
+      std::fflush(stderr);
+      const auto r = zero::runs::run_probe(probe_run("describe", cfg_path, d.micro_batch, 0, 0, false));
+      if (r.outcome != zero::runs::ProbeResult::Outcome::kTrained || r.reports.empty()) {
+        std::fprintf(stderr, " failed\n");
+        std::cerr << "zero tune: the program did not build its model at stage 3 with offload (" << r.command
+                  << "):\n" << r.message << "\n";
+        return 1;
+      }
+      shapes = r.reports.front().parameters();
+      std::fprintf(stderr, " %zu parameter tensors, %.1f s\n", shapes.size(), r.seconds);
+      if (shapes.empty()) {
+        std::cerr << "zero tune: the program's model has no trainable parameters\n";
+        return 1;
+      }
+    }
     int64_t num_parameters = 0;
     std::map<int, int64_t> layer_sizes;
     for (const auto& p : shapes) num_parameters += p.numel, layer_sizes[p.layer] += p.numel;
@@ -489,15 +612,19 @@ int tune(const std::vector<std::string>& args) {
             lo.auto_stand_ins = true;
             const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
                                                  lo, "zero tune (" + describe(c) + ")");
-            MinGPTWorkload w;
-            w.n_layer = plan.n_layer;
-            w.n_embd = plan.n_embd;
-            w.n_head = plan.n_head;
-            w.vocab_size = plan.vocab;
-            w.block_size = plan.block;
-            w.micro_batch = mb;
-            w.checkpointing = ck > 0;
-            c.estimate = estimate_peak(cfg, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            if (plan.program.empty()) {
+              MinGPTWorkload w;
+              w.n_layer = plan.n_layer;
+              w.n_embd = plan.n_embd;
+              w.n_head = plan.n_head;
+              w.vocab_size = plan.vocab;
+              w.block_size = plan.block;
+              w.micro_batch = mb;
+              w.checkpointing = ck > 0;
+              c.estimate = estimate_peak(cfg, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            } else {  // activations unknown: model states and buffers
+              c.estimate = estimate_peak(cfg, shapes, Activations{}, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            }
             c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
                      (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
             if (!c.fits) c.status = Status::kDoesNotFit;
@@ -505,12 +632,16 @@ int tune(const std::vector<std::string>& args) {
           }
     }
     const int64_t fitting = std::count_if(all.begin(), all.end(), [](const Candidate& c) { return c.fits; });
-    std::fprintf(stderr,
-                 "zero tune: mingpt:%lld,%lld,%lld,%lld (%s parameters, n_head %lld) on %lld rank(s), %s, %s; per rank: "
-                 "device %s, host %s%s\n",
-                 static_cast<long long>(plan.n_layer), static_cast<long long>(plan.n_embd),
-                 static_cast<long long>(plan.vocab), static_cast<long long>(plan.block),
-                 human_count(static_cast<double>(num_parameters)).c_str(), static_cast<long long>(plan.n_head),
+    char what[160];
+    if (plan.program.empty())
+      std::snprintf(what, sizeof what, "mingpt:%lld,%lld,%lld,%lld (%s parameters, n_head %lld)",
+                    static_cast<long long>(plan.n_layer), static_cast<long long>(plan.n_embd),
+                    static_cast<long long>(plan.vocab), static_cast<long long>(plan.block),
+                    human_count(static_cast<double>(num_parameters)).c_str(), static_cast<long long>(plan.n_head));
+    else
+      std::snprintf(what, sizeof what, "%s (%s parameters; estimates without its activations)",
+                    plan.program[0].c_str(), human_count(static_cast<double>(num_parameters)).c_str());
+    std::fprintf(stderr, "zero tune: %s on %lld rank(s), %s, %s; per rank: device %s, host %s%s\n", what,
                  static_cast<long long>(plan.ranks), plan.on_cuda ? "cuda" : "cpu", plan.precision.c_str(),
                  mib(plan.device_budget).c_str(), mib(plan.host_budget).c_str(),
                  plan.nvme_path.empty() ? "" : (", nvme " + mib(plan.nvme_budget) + " under " + plan.nvme_path).c_str());
@@ -522,18 +653,12 @@ int tune(const std::vector<std::string>& args) {
       return 1;
     }
 
-    // Scratch: configs, logs and summaries under $TMPDIR; swap files under
-    // --nvme-path; removed however the tuner ends, a stop signal included.
-    mingpt::CatchStopSignals stop;
-    mingpt::ScratchDir scratch(mingpt::temp_parent(), "zero-tune");
-    std::optional<mingpt::ScratchDir> nvme_scratch;
-    if (!plan.nvme_path.empty()) nvme_scratch.emplace(plan.nvme_path, "zero-tune-swap");
     const auto t0 = std::chrono::steady_clock::now();
     int runs = 0;
     double run_seconds = 0;
 
     auto measure = [&](Candidate& c, int64_t left) {
-      mingpt::check_stop();
+      zero::runs::check_stop();
       c.order = ++runs;
       const std::string tag = "run" + std::to_string(runs);
       const std::string cfg_path = scratch.path() + "/" + tag + ".json";
@@ -542,47 +667,29 @@ int tune(const std::vector<std::string>& args) {
       std::fprintf(stderr, "zero tune: run %d (%lld more at most): %s ...", runs, static_cast<long long>(left),
                    describe(c).c_str());
       std::fflush(stderr);
-      mingpt::ProbeRun run;
-      run.trainer = trainer;
-      run.launcher = launcher;
-      run.nproc = plan.ranks;
-      run.summary_path = scratch.path() + "/" + tag + ".summary.json";
-      run.log_path = scratch.path() + "/" + tag + ".log";
-      run.timeout_s = run_timeout;
-      run.flags = {"--config", cfg_path, "--vocab_size", std::to_string(plan.vocab), "--block_size",
-                   std::to_string(plan.block), "--n_layer", std::to_string(plan.n_layer), "--n_embd",
-                   std::to_string(plan.n_embd), "--n_head", std::to_string(plan.n_head), "--batch_size",
-                   std::to_string(c.micro_batch), "--precision",
-                   plan.precision == "fp32" ? "32" : plan.precision == "fp16" ? "16" : "bf16", "--limit_train_batches",
-                   std::to_string(plan.steps * plan.gas), "--stop_after_steps", std::to_string(plan.steps),
-                   "--device-memory", std::to_string(plan.device_budget), "--host-memory",
-                   std::to_string(plan.host_budget)};
-      if (!plan.nvme_path.empty()) run.flags.insert(run.flags.end(), {"--nvme-bytes", std::to_string(plan.nvme_budget)});
-      if (c.checkpointing) run.flags.push_back("--checkpoint");
-      if (plan.device) run.flags.insert(run.flags.end(), {"--device", *plan.device});
-      c.run = mingpt::run_probe(run);
+      c.run = zero::runs::run_probe(probe_run(tag, cfg_path, c.micro_batch, c.checkpointing, plan.steps, true));
       run_seconds += c.run.seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char eta[96];
       std::snprintf(eta, sizeof eta, "%.0f s so far, at most about %.0f s to go", elapsed,
                     run_seconds / runs * static_cast<double>(left));
       switch (c.run.outcome) {
-        case mingpt::ProbeResult::Outcome::kTrained:
+        case zero::runs::ProbeResult::Outcome::kTrained:
           c.status = Status::kTrained;
-          std::fprintf(stderr, " %.0f tokens/s (step %.3f s) | peak device %s (estimate %s), host %s (%s) | %.1f s | %s\n",
-                       c.tokens_per_s(), c.run.step_s, mib(c.run.peak_device).c_str(), mib(c.estimate.device()).c_str(),
+          std::fprintf(stderr, " %.0f %s (step %.3f s) | peak device %s (estimate %s), host %s (%s) | %.1f s | %s\n",
+                       c.rate(), c.run.tokens_per_step > 0 ? "tokens/s" : "samples/s", c.run.step_s, mib(c.run.peak_device).c_str(), mib(c.estimate.device()).c_str(),
                        mib(c.run.peak_host).c_str(), mib(c.estimate.host()).c_str(), c.run.seconds, eta);
           break;
-        case mingpt::ProbeResult::Outcome::kOutOfMemory:
+        case zero::runs::ProbeResult::Outcome::kOutOfMemory:
           c.status = Status::kOutOfMemory;
           std::fprintf(stderr, " out of memory (skipped): %s | %.1f s | %s\n", c.run.message.c_str(),
                        c.run.seconds, eta);
           break;
-        case mingpt::ProbeResult::Outcome::kFailed:
+        case zero::runs::ProbeResult::Outcome::kFailed:
           c.status = Status::kFailed;
           std::fprintf(stderr, " failed (skipped), exit status %d:\n%s  %s\n", c.run.status, c.run.message.c_str(), eta);
           break;
-        case mingpt::ProbeResult::Outcome::kTimedOut:
+        case zero::runs::ProbeResult::Outcome::kTimedOut:
           c.status = Status::kTimedOut;
           std::fprintf(stderr, " timed out (skipped; --run-timeout): %s  %s\n", c.run.message.c_str(), eta);
           break;
@@ -591,7 +698,7 @@ int tune(const std::vector<std::string>& args) {
     auto best_trained = [&]() -> Candidate* {
       Candidate* best = nullptr;
       for (auto& c : all)
-        if (c.status == Status::kTrained && (!best || c.tokens_per_s() > best->tokens_per_s())) best = &c;
+        if (c.status == Status::kTrained && (!best || c.rate() > best->rate())) best = &c;
       return best;
     };
     // Least work first, then the largest micro-batch, then the stage.
@@ -671,12 +778,13 @@ int tune(const std::vector<std::string>& args) {
       if (c.order) ran.push_back(&c);
     std::sort(ran.begin(), ran.end(), [](const Candidate* a, const Candidate* b) {
       if ((a->status == Status::kTrained) != (b->status == Status::kTrained)) return a->status == Status::kTrained;
-      return a->status == Status::kTrained ? a->tokens_per_s() > b->tokens_per_s() : a->order < b->order;
+      return a->status == Status::kTrained ? a->rate() > b->rate() : a->order < b->order;
     });
     const Candidate* best = best_trained();
+    const char* unit = best != nullptr && best->run.tokens_per_step == 0 ? "samples/s" : "tokens/s";
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%-54s %5s %11s %11s %11s %11s %8s %10s %7s\n", "candidate (run order)", "run", "est device",
-                "peak device", "est host", "peak host", "step s", "tokens/s", "vs best");
+                "peak device", "est host", "peak host", "step s", unit, "vs best");
     for (const Candidate* c : ran) {
       std::string name = family_name(kFamilies[c->family]);
       if (c->checkpointing) name += std::string(", ckpt ") + kCheckpointName[c->checkpointing];
@@ -684,8 +792,7 @@ int tune(const std::vector<std::string>& args) {
       if (c->status == Status::kTrained)
         std::printf("%-54s %5d %11s %11s %11s %11s %8.3f %10.0f %6.1f%%\n", name.c_str(), c->order,
                     mib(c->estimate.device()).c_str(), mib(c->run.peak_device).c_str(), mib(c->estimate.host()).c_str(),
-                    mib(c->run.peak_host).c_str(), c->run.step_s, c->tokens_per_s(),
-                    100.0 * c->tokens_per_s() / best->tokens_per_s());
+                    mib(c->run.peak_host).c_str(), c->run.step_s, c->rate(), 100.0 * c->rate() / best->rate());
       else
         std::printf("%-54s %5d %11s %11s %11s %11s  %s\n", name.c_str(), c->order, mib(c->estimate.device()).c_str(), "-",
                     mib(c->estimate.host()).c_str(), "-", status_name(c->status));
@@ -697,8 +804,10 @@ int tune(const std::vector<std::string>& args) {
       return 1;
     }
     ckpt::write_file_atomically(out_path, candidate_config(plan, *best, plan.nvme_path).dump(2) + "\n");
-    std::printf("best: %s: %.0f tokens/s (step %.3f s, %lld tokens); written to %s%s\n", describe(*best).c_str(),
-                best->tokens_per_s(), best->run.step_s, static_cast<long long>(best->run.tokens_per_step),
+    std::printf("best: %s: %.0f %s (step %.3f s, %lld %s); written to %s%s\n", describe(*best).c_str(), best->rate(),
+                unit, best->run.step_s,
+                static_cast<long long>(best->run.tokens_per_step > 0 ? best->run.tokens_per_step : best->run.samples_per_step),
+                best->run.tokens_per_step > 0 ? "tokens" : "samples",
                 out_path.c_str(),
                 best->checkpointing ? " (its activation_checkpointing takes effect where the model checkpoints its blocks)"
                                     : "");
@@ -724,6 +833,8 @@ int tune(const std::vector<std::string>& args) {
                              {"step_times_s", c.run.step_times},
                              {"tokens_per_step", c.run.tokens_per_step},
                              {"tokens_per_s", c.tokens_per_s()},
+                             {"samples_per_step", c.run.samples_per_step},
+                             {"samples_per_s", c.run.samples_per_s()},
                              {"peak_bytes", {{"device", c.run.peak_device}, {"host", c.run.peak_host}, {"nvme", c.run.peak_nvme}}},
                              {"run_s", c.run.seconds}};
         else if (c.order)
@@ -731,8 +842,11 @@ int tune(const std::vector<std::string>& args) {
         rows.push_back(row);
       }
       nlohmann::json report = {
-          {"model", {{"n_layer", plan.n_layer}, {"n_embd", plan.n_embd}, {"n_head", plan.n_head}, {"vocab_size", plan.vocab},
-                     {"block_size", plan.block}, {"num_parameters", num_parameters}}},
+          {"model", plan.program.empty()
+                        ? nlohmann::json{{"n_layer", plan.n_layer}, {"n_embd", plan.n_embd}, {"n_head", plan.n_head},
+                                         {"vocab_size", plan.vocab}, {"block_size", plan.block},
+                                         {"num_parameters", num_parameters}}
+                        : nlohmann::json{{"program", plan.program}, {"num_parameters", num_parameters}}},
           {"ranks", plan.ranks},
           {"device", plan.on_cuda ? "cuda" : "cpu"},
           {"precision", plan.precision},
@@ -744,11 +858,12 @@ int tune(const std::vector<std::string>& args) {
           {"fit_estimate", fitting},
           {"runs", runs},
           {"seconds", secs},
-          {"best", {{"run_order", best->order}, {"tokens_per_s", best->tokens_per_s()}, {"config", out_path}}}};
+          {"best", {{"run_order", best->order}, {"tokens_per_s", best->tokens_per_s()},
+                    {"samples_per_s", best->run.samples_per_s()}, {"config", out_path}}}};
       ckpt::write_file_atomically(json_path, report.dump(2) + "\n");
     }
     return 0;
-  } catch (const mingpt::Interrupted& e) {
+  } catch (const zero::runs::Interrupted& e) {
     std::cerr << "zero tune: " << e.what() << "; its runs are ended and their files removed, no config written\n";
     return 128 + e.signal();
   } catch (const ConfigError& e) {

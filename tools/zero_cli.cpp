@@ -13,7 +13,7 @@
 
 #include "bench.h"
 #include "launch.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/config/config.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
@@ -72,10 +72,16 @@ commands:
       Model-state memory per rank on the device, the host and NVMe for each
       ZeRO configuration, and with --device-memory/--host-memory/--nvme-bytes
       the largest model whose states fit each. 'zero estimate --help'.
-  tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [--nvme-path DIR --ranks N ...]
+  tune --device-memory B --host-memory B [--config BASE --nvme-path DIR --ranks N ...] -- PROGRAM ARGS...
+  tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [...]
       The fastest config that fits: candidates the estimator says fit, the
-      ones no other beats by construction trained a few steps on real ranks;
-      writes ds_config.json and a table of what it ran. 'zero tune --help'.
+      ones no other beats by construction trained a few steps on real ranks
+      (your program with {config} in ARGS replaced, or minGPT); writes
+      ds_config.json and a table of what it ran. 'zero tune --help'.
+  memcheck record|check --baseline FILE [--ranks N --steps N --tolerance 5%] -- PROGRAM ARGS...
+      Memory-regression checks: record writes a program's memory peaks per
+      tier and kind; check runs it again and exits 1, with the table, when
+      one grew past the tolerance. 'zero memcheck --help'.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -214,11 +220,11 @@ int run(const std::vector<std::string>& args) {
              {"aio", zero::tools::bench_aio}}) {
       if (args.size() < 2 || args[1] != name) continue;
       try {
-        mingpt::CatchStopSignals stop;
+        zero::runs::CatchStopSignals stop;
         const int status = bench({args.begin() + 2, args.end()});
-        mingpt::check_stop();  // one that came after the last run
+        zero::runs::check_stop();  // one that came after the last run
         return status;
-      } catch (const mingpt::Interrupted& e) {
+      } catch (const zero::runs::Interrupted& e) {
         std::cerr << "zero bench " << name << ": " << e.what() << "; its runs are ended and their files removed\n";
         return 128 + e.signal();
       }
@@ -231,8 +237,9 @@ int run(const std::vector<std::string>& args) {
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   if (args[0] == "estimate") return zero::tools::estimate({args.begin() + 1, args.end()});
   if (args[0] == "tune") return zero::tools::tune({args.begin() + 1, args.end()});
+  if (args[0] == "memcheck") return zero::tools::memcheck({args.begin() + 1, args.end()});
   if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate", "tune"});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate", "tune", "memcheck"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

@@ -39,9 +39,16 @@
 #include "zero/core/text.h"
 #include "zero/runtime/estimate.h"
 
-#include "probe.h"
+#include "zero/runtime/runs.h"
 
 namespace mingpt {
+
+using zero::runs::CatchStopSignals;
+using zero::runs::ProbeResult;
+using zero::runs::ProbeRun;
+using zero::runs::ScratchDir;
+using zero::runs::temp_parent;
+
 namespace {
 
 struct Shape {
@@ -56,8 +63,6 @@ struct Probe {
   std::string oom;  // why it did not fit: the out-of-memory message, or the refusal
   ProbeResult run;  // its figures when it ran (step time, peaks, wall time)
 };
-
-std::string bytes_arg(int64_t n) { return std::to_string(n); }
 
 class Search {
  public:
@@ -111,24 +116,27 @@ class Search {
     std::fprintf(stderr, "find-max-params: probe %d: n_layer %lld, n_embd %lld (%s parameters) ...", n,
                  static_cast<long long>(s.n_layer), static_cast<long long>(s.n_embd), human(p.num_parameters).c_str());
     std::fflush(stderr);
+    // The probe is this binary, told its budgets and its last step through
+    // the environment; its figures come back in the engine's run report
+    // (NOTE [run report]).
     ProbeRun run;
-    run.trainer = o_.self;
     run.launcher = o_.launcher;
     run.nproc = o_.nproc;
-    run.summary_path = scratch_ + "/probe" + std::to_string(n) + ".json";
+    run.report_path = scratch_ + "/probe" + std::to_string(n) + ".report";
     run.log_path = scratch_ + "/probe" + std::to_string(n) + ".log";
-    run.flags = o_.forward;
     run.timeout_s = o_.probe_timeout_s;
+    run.stop_after_steps = o_.steps;
+    run.device_budget = o_.device_memory;
+    run.host_budget = o_.host_memory;
+    run.nvme_budget = o_.nvme_bytes;
     const int64_t gas = o_.resolved.batch.gradient_accumulation_steps;
+    run.argv = {o_.self};
+    run.argv.insert(run.argv.end(), o_.forward.begin(), o_.forward.end());
     for (const auto& a : std::vector<std::string>{
              "--config", o_.config, "--n_layer", std::to_string(s.n_layer), "--n_embd", std::to_string(s.n_embd),
-             "--n_head", std::to_string(s.n_embd / o_.head_dim), "--limit_train_batches", std::to_string(o_.steps * gas),
-             "--stop_after_steps", std::to_string(o_.steps)})
-      run.flags.push_back(a);
-    if (o_.device_memory) run.flags.insert(run.flags.end(), {"--device-memory", bytes_arg(*o_.device_memory)});
-    if (o_.host_memory) run.flags.insert(run.flags.end(), {"--host-memory", bytes_arg(*o_.host_memory)});
-    if (o_.nvme_bytes) run.flags.insert(run.flags.end(), {"--nvme-bytes", bytes_arg(*o_.nvme_bytes)});
-    p.run = run_probe(run);
+             "--n_head", std::to_string(s.n_embd / o_.head_dim), "--limit_train_batches", std::to_string(o_.steps * gas)})
+      run.argv.push_back(a);
+    p.run = zero::runs::run_probe(run);
     const ProbeResult& r = p.run;
     if (r.outcome == ProbeResult::Outcome::kTrained) {
       p.fits = true;

@@ -28,7 +28,7 @@
 #include "data.h"
 #include "find_max.h"
 #include "model.h"
-#include "probe.h"
+#include "zero/runtime/runs.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
@@ -180,13 +180,13 @@ double parse_double(const std::string& flag, const std::string& v, double min_va
 constexpr int64_t kMaxLayers = 100000, kMaxWidth = 1 << 20, kMaxBatch = 1 << 24, kMaxBlock = 1 << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 40;  // epochs, batches, steps
 constexpr int64_t kMaxDigits = 4;  // the addition task enumerates (10^n)^2 pairs
-// probe.h's kOutOfMemoryStatus: the searches tell "does not fit" from other failures by it.
-using mingpt::kOutOfMemoryStatus;
+// zero/runtime/runs.h's kOutOfMemoryStatus: the searches tell "does not fit" from other failures by it.
+using zero::runs::kOutOfMemoryStatus;
 
 // An output file is checked before the run, not found unwritable after it:
 // its folder exists and takes files, and the name is not a folder.
 void check_writable(const std::string& flag, const std::string& path) {
-  if (const std::string problem = mingpt::output_path_problem(flag, path); !problem.empty()) usage_error(problem);
+  if (const std::string problem = zero::runs::output_path_problem(flag, path); !problem.empty()) usage_error(problem);
 }
 
 Args parse_args(int argc, char** argv) {
@@ -305,7 +305,7 @@ Args parse_args(int argc, char** argv) {
     for (const char* f : {"--nproc", "--probe_steps", "--probe_timeout", "--head_dim", "--oversubscribe"})
       if (seen.count(f)) usage_error(std::string(f) + " goes with --find-max-params only");
   }
-  if (const std::string problem = mingpt::too_many_ranks("--nproc", a.nproc, a.oversubscribe); !problem.empty())
+  if (const std::string problem = zero::runs::too_many_ranks("--nproc", a.nproc, a.oversubscribe); !problem.empty())
     usage_error(problem);
   if (a.n_head > a.n_embd || a.n_embd % a.n_head != 0)
     usage_error("--n_embd " + std::to_string(a.n_embd) + " must be a multiple of --n_head " + std::to_string(a.n_head));
@@ -737,7 +737,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
     }
     return 0;
-  } catch (const mingpt::Interrupted& e) {
+  } catch (const zero::runs::Interrupted& e) {
     std::cerr << "mingpt: " << e.what() << "; the search's runs are ended and their files removed\n";
     return 128 + e.signal();
   } catch (const zero::OutOfMemoryError& e) {

@@ -1,6 +1,7 @@
 #include "zero/core/error.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <sstream>
 #include <string_view>
 
@@ -19,6 +20,44 @@ std::string join_problems(const std::vector<std::string>& problems) {
 
 ConfigError::ConfigError(std::vector<std::string> problems)
     : Error(ErrorKind::kConfig, join_problems(problems)), problems_(std::move(problems)) {}
+
+namespace {
+std::mutex g_oom_mutex;
+std::string g_last_oom;
+int64_t g_oom_count = 0;
+}  // namespace
+
+OutOfMemoryError::OutOfMemoryError(const std::string& message) : Error(ErrorKind::kOutOfMemory, message) {
+  std::lock_guard<std::mutex> lock(g_oom_mutex);
+  g_last_oom = message;
+  ++g_oom_count;
+}
+
+int64_t out_of_memory_count() {
+  std::lock_guard<std::mutex> lock(g_oom_mutex);
+  return g_oom_count;
+}
+
+std::string last_out_of_memory() {
+  std::lock_guard<std::mutex> lock(g_oom_mutex);
+  return g_last_oom;
+}
+
+std::string out_of_memory_tier(const std::string& m) {
+  // The ledger's words ("out of memory on the host (pinned and pageable)",
+  // "... on the pinned_host tier"), the emulated device's, CUDA's.
+  const auto on = m.find("out of memory on the ");
+  if (on != std::string::npos) {
+    const std::string rest = m.substr(on + 21, 16);
+    for (const char* t : {"device", "pinned_host", "host", "nvme"})
+      if (rest.rfind(t, 0) == 0) return t;
+  }
+  if (m.find("CUDA out of memory") != std::string::npos || m.find("CUDA error: out of memory") != std::string::npos)
+    return "device";
+  if (m.find("cannot page-lock") != std::string::npos) return "pinned_host";
+  if (m.find("DefaultCPUAllocator: not enough memory") != std::string::npos) return "host";
+  return "";
+}
 
 namespace {
 bool env_on(const char* name) {

@@ -1,6 +1,12 @@
 // NOTE [run context] in context.h.
 #include "context.h"
 
+#include <array>
+#include <cstdlib>
+#include <optional>
+
+#include "zero/core/text.h"
+
 #include "engine_util.h"
 #include "zero/core/error.h"
 #include "zero/core/ledger_alloc.h"
@@ -61,11 +67,33 @@ std::string memory_help(const config::Config& cfg, Tier tier) {
   return keys.empty() ? "" : "would help: " + join_or(keys);
 }
 
+namespace {
+// The environment's budgets (NOTE [run report]) where the program set none;
+// returns the names the limits are "set by" in out-of-memory messages.
+std::array<std::string, 3> budgets_from_environment(InitOptions& options) {
+  std::array<std::string, 3> names = {"InitOptions::device_memory_limit_bytes", "InitOptions::host_memory_limit_bytes",
+                                      "InitOptions::nvme_limit_bytes"};
+  const std::array<const char*, 3> vars = {"ZERO_DEVICE_MEMORY", "ZERO_HOST_MEMORY", "ZERO_NVME_BYTES"};
+  const std::array<std::optional<int64_t>*, 3> slots = {&options.device_memory_limit_bytes,
+                                                        &options.host_memory_limit_bytes, &options.nvme_limit_bytes};
+  for (size_t i = 0; i < 3; ++i) {
+    const char* v = std::getenv(vars[i]);
+    if (v == nullptr || *v == '\0' || slots[i]->has_value()) continue;
+    const auto n = parse_byte_size(v);
+    if (!n || *n <= 0)
+      throw UsageError(std::string(vars[i]) + ": expected a byte count such as 512MiB, 2GiB or 80e9; got \"" + v + "\"");
+    *slots[i] = *n;
+    names[i] = vars[i];
+  }
+  return names;
+}
+}  // namespace
+
 void apply_memory_budgets(const config::Config& cfg, const InitOptions& options, const torch::Device& device,
-                          MemoryLedger& ledger) {
+                          MemoryLedger& ledger, const std::array<std::string, 3>& names) {
   if (auto cap = options.device_memory_limit_bytes) {
     ZERO_CHECK(*cap > 0, "InitOptions::device_memory_limit_bytes must be positive");
-    const std::string help = "set by InitOptions::device_memory_limit_bytes; " + memory_help(cfg, Tier::kDevice);
+    const std::string help = "set by " + names[0] + "; " + memory_help(cfg, Tier::kDevice);
     if (device.is_cuda()) {
       const int64_t total = zero::cuda_total_memory(device);
       if (*cap < total)
@@ -81,11 +109,11 @@ void apply_memory_budgets(const config::Config& cfg, const InitOptions& options,
   }
   if (auto cap = options.host_memory_limit_bytes) {
     ZERO_CHECK(*cap > 0, "InitOptions::host_memory_limit_bytes must be positive");
-    ledger.set_host_limit(*cap, "InitOptions::host_memory_limit_bytes; " + memory_help(cfg, Tier::kHost));
+    ledger.set_host_limit(*cap, names[1] + "; " + memory_help(cfg, Tier::kHost));
   }
   if (auto cap = options.nvme_limit_bytes) {
     ZERO_CHECK(*cap > 0, "InitOptions::nvme_limit_bytes must be positive");
-    ledger.set_limit(Tier::kNvme, *cap, "InitOptions::nvme_limit_bytes; " + memory_help(cfg, Tier::kNvme));
+    ledger.set_limit(Tier::kNvme, *cap, names[2] + "; " + memory_help(cfg, Tier::kNvme));
   }
 }
 
@@ -107,7 +135,8 @@ RunContext make_context(config::Config config, InitOptions options) {
   c.ledger->set_page_locking(c.device.is_cuda(), c.device.is_cuda() && c.device.has_index() ? c.device.index() : 0);
   c.ledger->set_limit(Tier::kPinnedHost, options.pinned_memory_limit_bytes.value_or(default_pinned_limit(c.dist.local_world_size)),
                       "InitOptions::pinned_memory_limit_bytes");
-  apply_memory_budgets(c.config, options, c.device, *c.ledger);
+  const auto names = budgets_from_environment(options);
+  apply_memory_budgets(c.config, options, c.device, *c.ledger, names);
   c.options = std::move(options);
   return c;
 }

@@ -9,6 +9,9 @@
 // built under Init), so the two cannot disagree.
 #pragma once
 
+#include <array>
+#include <string>
+
 #include <memory>
 
 #include <torch/types.h>
@@ -41,8 +44,9 @@ RunContext make_context(config::Config config, InitOptions options);
 std::string memory_help(const config::Config& cfg, Tier tier);
 
 /// Applies InitOptions' device, host and NVMe budgets (NOTE [emulated device
-/// memory] for the device on the CPU).
+/// memory] for the device on the CPU); `names` say where each came from, for
+/// out-of-memory messages.
 void apply_memory_budgets(const config::Config& cfg, const InitOptions& options, const torch::Device& device,
-                          MemoryLedger& ledger);
+                          MemoryLedger& ledger, const std::array<std::string, 3>& names);
 
 }  // namespace zero::detail

@@ -33,6 +33,7 @@
 #include "zero/core/error.h"
 #include "zero/core/log.h"
 #include "engine_util.h"
+#include "run_reporter.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/checkpoint_format.h"
 #include "context.h"
@@ -368,9 +369,19 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
+  s.reporter = detail::RunReporter::start(s);  // NOTE [run report]
+  if (s.reporter) s.reporter->after_initialize();
 }
 
 Engine::~Engine() {
+  if (impl_ && impl_->reporter) {
+    try {
+      impl_->reporter->at_engine_end();
+    } catch (const std::exception& e) {
+      log::warning(std::string("the run report (ZERO_RUN_REPORT) was not written: ") + error_text(e));
+    }
+    impl_->reporter.reset();
+  }
   if (impl_ && impl_->checkpointer) checkpointing::unregister_current(impl_->checkpointer.get());
 }
 Engine::Engine(Engine&&) noexcept = default;
@@ -501,9 +512,12 @@ ModelStateBytes Engine::model_state_bytes(Tier tier) const {
 }
 
 int64_t Engine::peak_bytes(Tier tier) const {
-  const auto& s = *impl_;
-  const int64_t ledger_peak = s.ledger().get(tier).peak_bytes;
-  if (tier != Tier::kDevice) return ledger_peak;
+  if (tier != Tier::kDevice) return impl_->ledger().get(tier).peak_bytes;
+  return detail::device_peak_bytes(*impl_);
+}
+
+int64_t detail::device_peak_bytes(const Engine::Impl& s) {
+  const int64_t ledger_peak = s.ledger().get(Tier::kDevice).peak_bytes;
   if (s.device.is_cuda()) {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
     return std::max<int64_t>(ledger_peak, stats.allocated_bytes[0].peak);

@@ -24,6 +24,7 @@
 #include "zero/runtime/engine.h"
 #include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/engine_internal.h"
+#include "run_reporter.h"
 
 namespace zero {
 
@@ -51,6 +52,7 @@ struct Engine::Impl : detail::RunContext {
   std::unique_ptr<optim::LrScheduler> scheduler;
   optim::LossScaler scaler;
   std::unique_ptr<checkpointing::Checkpointer> checkpointer;
+  std::unique_ptr<detail::RunReporter> reporter;  // ZERO_RUN_REPORT (NOTE [run report])
   detail::CheckpointHooks checkpoint_hooks;  // test seams (engine_internal.h)
   // Checkpoint folders opened for saving (Engine::open_checkpoint_dir); rank
   // 0 holds each one's writer lock, the other ranks a null.
@@ -176,6 +178,7 @@ struct Engine::Impl : detail::RunContext {
     }
     ++global_steps;
     ++window_steps;
+    if (reporter) reporter->after_step();  // may end the process (ZERO_STOP_AFTER_STEPS)
     if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&
         global_steps % *config.steps_per_print == 0) {
       print_progress();

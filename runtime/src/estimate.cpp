@@ -238,27 +238,35 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   reduced gradients (g), and two for the new values going to the device
 //   (p) unless stage 3's shards live on the host.
 PeakEstimate estimate_peak(const config::Config& c, const MinGPTWorkload& w, bool nccl) {
-  const auto& z = c.zero;
   const auto params = mingpt_parameters(w.n_layer, w.n_embd, w.vocab_size, w.block_size, w.tie_weights);
+  const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
+  // Activations.
+  Activations a;
+  const int64_t B = w.micro_batch, T = w.block_size, C = w.n_embd, H = std::max<int64_t>(1, w.n_head), L = w.n_layer;
+  const int64_t block = B * T * C * (17 * p + 2) + B * H * T * T * (p + 1);
+  const int64_t outside = B * T * (3 * C * p + 9 * w.vocab_size);
+  if (!w.checkpointing) {
+    a.device = L * block + outside;
+  } else {
+    const int64_t inputs = L * B * T * C * p;
+    a.device = block + outside + (c.activation_checkpointing.cpu_checkpointing ? 0 : inputs);
+    if (c.activation_checkpointing.cpu_checkpointing) a.host = inputs;
+  }
+  return estimate_peak(c, params, a, nccl);
+}
+
+PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterShape>& params,
+                           const Activations& activations, bool nccl) {
+  const auto& z = c.zero;
   PeakEstimate e;
   e.states = estimate_model_states(c, params);
+  e.activations = activations.device;
+  e.host_activations = activations.host;
   const int64_t N = std::max<int64_t>(1, c.world_size);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
   const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
   const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
-
-  // Activations.
-  const int64_t B = w.micro_batch, T = w.block_size, C = w.n_embd, H = std::max<int64_t>(1, w.n_head), L = w.n_layer;
-  const int64_t block = B * T * C * (17 * p + 2) + B * H * T * T * (p + 1);
-  const int64_t outside = B * T * (3 * C * p + 9 * w.vocab_size);
-  if (!w.checkpointing) {
-    e.activations = L * block + outside;
-  } else {
-    const int64_t inputs = L * B * T * C * p;
-    e.activations = block + outside + (c.activation_checkpointing.cpu_checkpointing ? 0 : inputs);
-    if (c.activation_checkpointing.cpu_checkpointing) e.host_activations = inputs;
-  }
 
   // Buffers.
   const Layout lay = layout_of(c, params);

@@ -17,6 +17,9 @@
 #include "data.h"
 #include "model.h"
 #include "zero/offload/aio.h"
+#include "zero/core/error.h"
+#include "zero/runtime/run_report.h"
+#include "zero/testing/memory.h"
 #include "zero/zero.h"
 
 namespace {
@@ -303,6 +306,9 @@ TEST_P(ModelStateBytesTest, Stage0IsSixteenBytesPerParameter) {
   EXPECT_NEAR(measured / psi, GetParam().expected_bytes_per_param,
               0.05 * GetParam().expected_bytes_per_param)
       << GetParam().precision;
+  // The same through zero/testing/memory.h, tier by tier and kind by kind.
+  const auto check = zero::testing::expect_model_states_near_formula(engine, 0.05);
+  EXPECT_TRUE(check) << check.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ModelStateBytesTest,
@@ -813,6 +819,85 @@ TEST(GradientNorm, EveryStageClipsAlikeInBf16) {
     EXPECT_EQ(losses, ref_losses) << z;
     EXPECT_TRUE(torch::equal(logits, ref_logits)) << z;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// NOTE [run report]: with ZERO_RUN_REPORT set, the engine writes what it did
+// when it goes: its steps and their times, peaks per tier and kind, model
+// states and its parameters; an out-of-memory error made while it lived
+// (caught or not) is its outcome.
+TEST(RunReport, WrittenWhenTheEngineGoes) {
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/zero-report-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  ::setenv("ZERO_RUN_REPORT", (dir + "/r").c_str(), 1);
+  zero::testing::MemoryFigures live;
+  std::vector<zero::ParameterShape> shapes;
+  {
+    auto model = make_model(1);
+    auto opts = quiet();
+    opts.tokens_per_sample = 6;
+    auto engine = zero::initialize(model.ptr(), config_json(R"(, "zero_optimization": {"stage": 2})", 4), opts);
+    auto task = mingpt::make_addition_task(2);
+    for (int i = 0; i < 2; ++i) {
+      engine.backward(loss_of(model, task->train_batch({0, 1, 2, 3})));
+      engine.step();
+    }
+    live = zero::testing::figures_of(engine);
+    shapes = zero::testing::parameter_shapes(engine);
+    const auto check = zero::testing::expect_model_states_near_formula(engine, 0.05);
+    EXPECT_TRUE(check) << check.message;
+  }
+  auto r = zero::read_run_report(dir + "/r.rank0");
+  EXPECT_EQ(r.outcome, "completed");
+  EXPECT_EQ(r.steps, 2);
+  EXPECT_EQ(r.step_time_s.size(), 2u);
+  EXPECT_EQ(r.samples_per_step, 4);
+  EXPECT_EQ(r.tokens_per_step, 24);
+  EXPECT_GT(r.samples_per_s, 0);
+  EXPECT_EQ(r.json["config"]["stage"], 2);
+  const auto params = r.parameters();
+  ASSERT_EQ(params.size(), shapes.size());
+  int64_t numel = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].name, shapes[i].name);
+    EXPECT_EQ(params[i].numel, shapes[i].numel);
+    numel += params[i].numel;
+  }
+  EXPECT_EQ(numel, r.json["num_parameters"].get<int64_t>());
+  // The report's figures are the engine's.
+  const auto reported = zero::testing::figures_of(r);
+  for (const auto& [name, v] : live) EXPECT_EQ(reported.at(name), v) << name;
+  // Held to itself nothing grows; one figure larger than the baseline's by
+  // more than the tolerance is named.
+  zero::testing::Baseline b;
+  b.ranks = {reported};
+  EXPECT_TRUE(zero::testing::compare(b, {reported}, 0.0).ok);
+  auto more = reported;
+  more["ledger/device/gradients"] = reported.at("ledger/device/gradients") * 2 + 1;
+  const auto c = zero::testing::compare(b, {more}, 0.05);
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.message.find("ledger/device/gradients"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("GREW"), std::string::npos) << c.message;
+  EXPECT_TRUE(zero::testing::compare(b, {more}, 0.05, int64_t{1} << 40).ok) << "the slack lets it pass";
+
+  {  // an out-of-memory error the program caught still makes the outcome
+    auto model = make_model(1);
+    auto engine = zero::initialize(model.ptr(), config_json(""), quiet());
+    try {
+      throw zero::OutOfMemoryError("out of memory on the host tier: a test said so");
+    } catch (const zero::OutOfMemoryError&) {
+    }
+  }
+  r = zero::read_run_report(dir + "/r.rank0");
+  EXPECT_EQ(r.outcome, "out_of_memory");
+  EXPECT_EQ(r.error_tier, "host");
+  EXPECT_EQ(r.steps, 0);
+  ::unsetenv("ZERO_RUN_REPORT");
+  std::filesystem::remove(dir + "/r.rank0");
+  std::filesystem::remove(dir);
 }
 
 }  // namespace

@@ -111,7 +111,8 @@ TEST(Tune, ReportsAndSkipsFailedRunsAndRemovesSwapFiles) {
   const std::string log = read_text(dir.file("log"));
   EXPECT_NE(log.find("failed (skipped), exit status 1"), std::string::npos) << log;
   EXPECT_NE(log.find("something else broke"), std::string::npos) << log;
-  EXPECT_NE(log.find("out of memory (skipped): out of memory on the device: a test said so"), std::string::npos) << log;
+  EXPECT_NE(log.find("out of memory (skipped): mingpt: out of memory on the device: a test said so"), std::string::npos)
+      << log;
   EXPECT_TRUE(entries(tmp.path()).empty());
   EXPECT_TRUE(entries(nvme.path()).empty()) << "swap files left under --nvme-path";
   const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
@@ -128,15 +129,15 @@ TEST(Tune, ReportsAndSkipsFailedRunsAndRemovesSwapFiles) {
   EXPECT_EQ(written.find("zero-tune-swap"), std::string::npos) << written;
 }
 
-// A fake run that reports figures at once: a summary as mingpt writes it
-// (rank 0), so the tuner's other runs take no time that a loaded machine
-// could stretch past a limit.
+// A fake run that reports figures at once: each rank's run report as the
+// engine writes it (NOTE [run report]), so the tuner's other runs take no
+// time that a loaded machine could stretch past a limit.
 const char* kFakeRun =
-    "  *) for last; do :; done\n"
-    "     [ \"$RANK\" = 1 ] && exit 0\n"
-    "     echo '{\"steps\": 2, \"skipped_steps\": 0, \"step_time_s\": [0.2, 0.1], \"tokens_per_step\": 128,"
-    " \"ranks\": [{\"peak_bytes\": {\"device\": 1000, \"pinned_host\": 0, \"host\": 0, \"nvme\": 0}}]}'"
-    " > \"$last.tmp\" && mv \"$last.tmp\" \"$last\"; exit ;;";
+    "  *) echo '{\"format\": \"zero-run-report\", \"version\": 1, \"rank\": '\"$RANK\"', \"world_size\": 2,"
+    " \"outcome\": \"stopped\", \"steps\": 2, \"skipped_steps\": 0, \"step_time_s\": [0.2, 0.1],"
+    " \"samples_per_step\": 4, \"tokens_per_step\": 128, \"samples_per_s\": 40, \"tokens_per_s\": 1280,"
+    " \"peak_bytes\": {\"device\": 1000, \"pinned_host\": 0, \"host\": 0, \"nvme\": 0}}'"
+    " > \"$ZERO_RUN_REPORT.rank$RANK\"; exit ;;";
 
 // SIGTERM while a run is in flight: the run is ended, the scratch folders
 // removed, no config written, exit status 128 + 15. The signal comes once

@@ -6,6 +6,7 @@
 // collective) and what was expected; see STYLE.md "Errors".
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,11 +61,22 @@ class IoError : public Error {
 
 /// An allocation that would exceed a tier's limit: message names what was
 /// needed, what is in use, the limit, and the config key that would help.
+/// Each one made is remembered (last_out_of_memory), so a run report can
+/// say a run ran out of memory even when the program caught the error.
 class OutOfMemoryError : public Error {
  public:
-  explicit OutOfMemoryError(const std::string& message)
-      : Error(ErrorKind::kOutOfMemory, message) {}
+  explicit OutOfMemoryError(const std::string& message);
 };
+
+/// The message of the last OutOfMemoryError this process made ("" if none),
+/// and how many it has made.
+std::string last_out_of_memory();
+int64_t out_of_memory_count();
+
+/// The tier an out-of-memory message is about: "device" (also CUDA's and
+/// the emulated device's), "pinned_host", "host", "nvme", or "" when the
+/// text says none.
+std::string out_of_memory_tier(const std::string& message);
 
 /// A collective or rendezvous that failed or timed out; names the operation
 /// and the rank.

@@ -78,6 +78,18 @@ struct PeakEstimate {
 /// chunk; Gloo's is an in-place all-reduce of the bucket).
 PeakEstimate estimate_peak(const config::Config& config, const MinGPTWorkload& workload, bool nccl = false);
 
+/// A step's activations at their peak, per rank: on the device, and in host
+/// memory (cpu_checkpointing's block inputs).
+struct Activations {
+  int64_t device = 0, host = 0;
+};
+
+/// Any model, known by its parameters (a run report's, zero::estimate's):
+/// its model states and the engine's buffers as for minGPT, with the
+/// activations the caller knows (measured, or 0 for a lower bound).
+PeakEstimate estimate_peak(const config::Config& config, const std::vector<ParameterShape>& params,
+                           const Activations& activations, bool nccl = false);
+
 /// A CUDA device's memory in bytes (what a budget of the whole card is, as
 /// the caching allocator's memory fraction counts it).
 int64_t cuda_total_memory(const c10::Device& device);

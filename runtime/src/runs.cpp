@@ -1,4 +1,4 @@
-#include "probe.h"
+#include "zero/runtime/runs.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,7 +28,7 @@
 #include "zero/runtime/checkpoint_format.h"
 
 
-namespace mingpt {
+namespace zero::runs {
 namespace {
 
 // The run in flight and the first stop signal seen while it runs (the
@@ -48,28 +48,21 @@ void forward_signal(int sig) {
   if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig == SIGHUP ? SIGTERM : sig);
 }
 
-// `s` as one word for a shell, quoted only when it needs it (messages print
-// commands a user may paste back).
-std::string shell_word(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
-                        std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// The last of mingpt's error lines ("[rank N] mingpt: ...") that says out
-// of memory, from after "mingpt: "; "" when there is none.
+// The last line of a run's output that reports running out of memory (a
+// program's own error line, "[rank N] mingpt: out of memory on the device:
+// ...", or an uncaught error's), without its "[rank N] " prefix; "" when
+// there is none. A warning that mentions memory is not one.
 std::string out_of_memory_line(const std::string& text) {
-  const std::string kPrefix = "mingpt: ";
   std::istringstream in(text);
   std::string found;
   for (std::string line; std::getline(in, line);) {
-    const auto at = line.find(kPrefix);
-    if (at == std::string::npos) continue;
-    const std::string rest = line.substr(at + kPrefix.size());
-    if (rest.find("out of memory") != std::string::npos) found = rest;
+    if (line.find("out of memory") == std::string::npos && out_of_memory_tier(line).empty()) continue;
+    if (line.find("warning") != std::string::npos) continue;
+    if (line.rfind("[rank ", 0) == 0) {
+      const auto close = line.find("] ");
+      if (close != std::string::npos) line = line.substr(close + 2);
+    }
+    found = line;
   }
   return found;
 }
@@ -80,6 +73,15 @@ std::string read_text(const std::string& path) {
 }
 
 }  // namespace
+
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 constexpr std::array<int, 3> kStopSignals = {SIGINT, SIGTERM, SIGHUP};
 
@@ -129,7 +131,7 @@ std::vector<std::string> remove_abandoned_scratch(const std::string& parent, con
   std::vector<std::string> removed;
   std::vector<std::string> names;
   try {
-    names = zero::ckpt::list_folder(parent);
+    names = ckpt::list_folder(parent);
   } catch (const std::exception&) {
     return removed;
   }
@@ -139,7 +141,7 @@ std::vector<std::string> remove_abandoned_scratch(const std::string& parent, con
     const int fd = lock_scratch(dir, /*create=*/false);
     if (fd < 0) continue;  // its owner lives (or is making it)
     try {
-      zero::ckpt::remove_tree(dir);
+      ckpt::remove_tree(dir);
       removed.push_back(dir);
     } catch (const std::exception&) {
     }
@@ -153,19 +155,19 @@ ScratchDir::ScratchDir(const std::string& parent, const std::string& prefix) {
     std::fprintf(stderr, "removed %s, the scratch folder of a run that was killed\n", dir.c_str());
   std::string pattern = parent + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr)
-    throw zero::IoError("cannot make a scratch folder " + pattern + ": " + std::strerror(errno));
+    throw IoError("cannot make a scratch folder " + pattern + ": " + std::strerror(errno));
   path_ = pattern;
   lock_fd_ = lock_scratch(path_, /*create=*/true);
   if (lock_fd_ < 0) {
     const int err = errno;
     ::rmdir(path_.c_str());
-    throw zero::IoError("cannot lock the scratch folder " + path_ + ": " + std::strerror(err));
+    throw IoError("cannot lock the scratch folder " + path_ + ": " + std::strerror(err));
   }
 }
 
 ScratchDir::~ScratchDir() {
   try {
-    zero::ckpt::remove_tree(path_);
+    ckpt::remove_tree(path_);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cannot remove the scratch folder %s: %s\n", path_.c_str(), e.what());
   }
@@ -173,11 +175,11 @@ ScratchDir::~ScratchDir() {
 }
 
 std::string output_path_problem(const std::string& flag, const std::string& path) {
-  return zero::ckpt::output_file_problem(flag, path);
+  return ckpt::output_file_problem(flag, path);
 }
 
 std::string too_many_ranks(const std::string& flag, int64_t n, bool oversubscribe) {
-  const int cpus = zero::usable_cpus();
+  const int cpus = usable_cpus();
   const int64_t limit = int64_t{4} * cpus;
   if (oversubscribe || n <= limit) return "";
   return flag + " " + std::to_string(n) + ": more than " + std::to_string(limit) + " ranks (4 per processor; this "
@@ -197,7 +199,7 @@ std::string last_lines(const std::string& text, size_t max_lines) {
 }
 
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double grace_s,
-               bool* timed_out) {
+               bool* timed_out, const std::vector<std::string>* env) {
   if (timed_out != nullptr) *timed_out = false;
   CatchStopSignals stop;
   check_stop();  // one that came before this run
@@ -207,10 +209,11 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
     const int err = errno;
     if (in >= 0) ::close(in);
     if (out >= 0) ::close(out);
-    throw zero::IoError("open " + (in < 0 ? std::string("/dev/null") : log) + ": " + std::strerror(err));
+    throw IoError("open " + (in < 0 ? std::string("/dev/null") : log) + ": " + std::strerror(err));
   }
-  zero::SpawnOptions so;
+  SpawnOptions so;
   so.argv = argv;
+  so.env = env;
   so.stdin_fd = in;
   so.stdout_fd = so.stderr_fd = out;
   // Its own group: a terminal's Ctrl-C reaches us only, and we pass it on
@@ -220,7 +223,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   so.death_signal = SIGTERM;
   pid_t pid = 0;
   try {
-    pid = zero::spawn_process(so);
+    pid = spawn_process(so);
   } catch (...) {
     ::close(in);
     ::close(out);
@@ -245,7 +248,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
     if (got == pid) break;
     if (got < 0 && errno != EINTR) {
       g_child = 0;
-      throw zero::IoError(std::string("waitpid: ") + std::strerror(errno));
+      throw IoError(std::string("waitpid: ") + std::strerror(errno));
     }
     const auto now = Clock::now();
     const double waited = std::chrono::duration<double>(now - start).count();
@@ -272,22 +275,30 @@ ProbeResult run_probe(const ProbeRun& run) {
   ProbeResult r;
   std::vector<std::string> argv;
   if (run.nproc > 1) argv = {run.launcher, "launch", "--nproc_per_node", std::to_string(run.nproc), "--"};
-  argv.push_back(run.trainer);
-  argv.insert(argv.end(), run.flags.begin(), run.flags.end());
-  argv.insert(argv.end(), {"--summary-json", run.summary_path});
-  for (const auto& a : argv) r.command += (r.command.empty() ? "" : " ") + shell_word(a);
-  std::remove(run.summary_path.c_str());
+  argv.insert(argv.end(), run.argv.begin(), run.argv.end());
+  // This process's environment less the protocol's variables, then the run's.
+  const std::vector<std::string> ours = {"ZERO_RUN_REPORT", "ZERO_STOP_AFTER_STEPS", "ZERO_DEVICE_MEMORY",
+                                         "ZERO_HOST_MEMORY", "ZERO_NVME_BYTES"};
+  std::vector<std::string> env, told;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (std::find(ours.begin(), ours.end(), entry.substr(0, entry.find('='))) == ours.end()) env.push_back(entry);
+  }
+  told.push_back("ZERO_RUN_REPORT=" + run.report_path);
+  if (run.stop_after_steps) told.push_back("ZERO_STOP_AFTER_STEPS=" + std::to_string(*run.stop_after_steps));
+  if (run.device_budget) told.push_back("ZERO_DEVICE_MEMORY=" + std::to_string(*run.device_budget));
+  if (run.host_budget) told.push_back("ZERO_HOST_MEMORY=" + std::to_string(*run.host_budget));
+  if (run.nvme_budget) told.push_back("ZERO_NVME_BYTES=" + std::to_string(*run.nvme_budget));
+  told.insert(told.end(), run.env.begin(), run.env.end());
+  env.insert(env.end(), told.begin(), told.end());
+  for (const auto& e : told) r.command += shell_word(e) + " ";
+  for (size_t i = 0; i < argv.size(); ++i) r.command += (i ? " " : "") + shell_word(argv[i]);
+  for (int64_t rank = 0; rank < run.nproc; ++rank) std::remove(run_report_path(run.report_path, rank).c_str());
   const auto t0 = std::chrono::steady_clock::now();
   bool timed_out = false;
-  r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out);
+  r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out, &env);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = read_text(run.log_path);
-  // mingpt's own error line saying a rank ran out of memory ("mingpt: out
-  // of memory on the device: ...", or "mingpt: all_gather of ... on rank 1:
-  // out of memory on the device: ..." when it happened inside a collective);
-  // a warning that mentions memory is not one. The launcher's status is the
-  // first failing rank's, which may be a peer's.
-  const std::string oom_line = out_of_memory_line(text);
   if (timed_out) {
     char limit[32];
     std::snprintf(limit, sizeof limit, "%g", run.timeout_s);
@@ -296,51 +307,76 @@ ProbeResult run_probe(const ProbeRun& run) {
                 last_lines(text, 15);
     return r;
   }
-  if (r.status == 0) {
-    std::ifstream in(run.summary_path);
-    if (!in) {
-      r.message = "it ended with status 0 but wrote no summary " + run.summary_path + "\n" + last_lines(text, 15);
-      return r;
+  // Every rank's report; a rank that ran out of memory says so in its own
+  // (the launcher's status is the first failing rank's, which may be a
+  // peer's that lost it in a collective).
+  std::string report_problem;
+  for (int64_t rank = 0; rank < run.nproc; ++rank) {
+    const std::string path = run_report_path(run.report_path, rank);
+    if (!ckpt::path_exists(path)) {
+      if (report_problem.empty()) report_problem = "rank " + std::to_string(rank) + " wrote no run report " + path;
+      continue;
     }
-    int64_t applied = 0;
     try {
-      const auto j = nlohmann::json::parse(in);
-      applied = j.value("steps", int64_t{0}) - j.value("skipped_steps", int64_t{0});
-      for (const auto& t : j.at("step_time_s")) r.step_times.push_back(t.get<double>());
-      double sum = 0;
-      size_t count = 0;
-      for (size_t i = r.step_times.size() > 1 ? 1 : 0; i < r.step_times.size(); ++i) sum += r.step_times[i], ++count;
-      r.step_s = count ? sum / static_cast<double>(count) : 0;
-      r.tokens_per_step = j.at("tokens_per_step").get<int64_t>();
-      for (const auto& rank : j.at("ranks")) {
-        const auto& pk = rank.at("peak_bytes");
-        r.peak_device = std::max(r.peak_device, pk.at("device").get<int64_t>());
-        r.peak_host = std::max(r.peak_host, pk.at("pinned_host").get<int64_t>() + pk.at("host").get<int64_t>());
-        r.peak_nvme = std::max(r.peak_nvme, pk.at("nvme").get<int64_t>());
-      }
-    } catch (const nlohmann::json::exception& e) {
-      r.message = "its summary " + run.summary_path + " is not mingpt's: " + e.what();
+      r.reports.push_back(read_run_report(path));
+    } catch (const IoError& e) {
+      if (report_problem.empty()) report_problem = e.what();
+    }
+  }
+  for (const auto& rep : r.reports)
+    if (rep.outcome == "out_of_memory") {
+      r.outcome = ProbeResult::Outcome::kOutOfMemory;
+      r.oom_tier = rep.error_tier;
+      r.message = "rank " + std::to_string(rep.rank) + ": " + rep.error_message;
       return r;
     }
-    if (r.step_times.empty()) {
-      r.message = "it trained no optimizer step\n" + last_lines(text, 15);
-      return r;
-    }
-    // fp16's first steps may all overflow and be skipped: then no optimizer
-    // step ran (no CPU Adam, no swap of states) and the peak is short of one.
-    if (applied < 1) {
-      r.message = "every optimizer step was skipped (fp16 overflow), so its peak lacks an optimizer step: run more "
-                  "steps or lower fp16.initial_scale_power";
-      return r;
-    }
-    r.outcome = ProbeResult::Outcome::kTrained;
-  } else if (r.status == kOutOfMemoryStatus || !oom_line.empty()) {
+  const std::string oom_line = out_of_memory_line(text);
+  if (r.status != 0 && (r.status == kOutOfMemoryStatus || !oom_line.empty())) {
     r.outcome = ProbeResult::Outcome::kOutOfMemory;
     r.message = oom_line.empty() ? "out of memory" : oom_line;
-  } else {
-    r.message = last_lines(text, 15);
+    r.oom_tier = out_of_memory_tier(r.message);
+    return r;
   }
+  if (r.status != 0) {
+    r.message = last_lines(text, 15);
+    return r;
+  }
+  if (!report_problem.empty()) {
+    r.message = "it ended with status 0 but " + report_problem +
+                " (does the program call zero::initialize and keep its engine to the end?)\n" + last_lines(text, 15);
+    r.reports.clear();
+    return r;
+  }
+  const RunReport& first = r.reports.front();
+  r.step_times = first.step_time_s;
+  r.samples_per_step = first.samples_per_step;
+  r.tokens_per_step = first.tokens_per_step;
+  double sum = 0;
+  size_t count = 0;
+  for (size_t i = r.step_times.size() > 1 ? 1 : 0; i < r.step_times.size(); ++i) sum += r.step_times[i], ++count;
+  r.step_s = count ? sum / static_cast<double>(count) : 0;
+  for (const auto& rep : r.reports) {
+    r.peak_device = std::max(r.peak_device, rep.peak("device"));
+    r.peak_host = std::max(r.peak_host, rep.peak("pinned_host") + rep.peak("host"));
+    r.peak_nvme = std::max(r.peak_nvme, rep.peak("nvme"));
+  }
+  if (run.stop_after_steps && *run.stop_after_steps == 0) {  // a description run: nothing to train
+    r.outcome = ProbeResult::Outcome::kTrained;
+    return r;
+  }
+  if (r.step_times.empty()) {
+    r.message = "it trained no optimizer step\n" + last_lines(text, 15);
+    return r;
+  }
+  // fp16's first steps may all overflow and be skipped: then no optimizer
+  // step ran (no CPU Adam, no swap of states) and the peak is short of one.
+  if (first.skipped_steps >= static_cast<int64_t>(r.step_times.size())) {
+    r.message = "every optimizer step was skipped (fp16 overflow), so its peak lacks an optimizer step: run more "
+                "steps or lower fp16.initial_scale_power";
+    return r;
+  }
+  r.outcome = ProbeResult::Outcome::kTrained;
   return r;
 }
 
-}  // namespace mingpt
+}  // namespace zero::runs

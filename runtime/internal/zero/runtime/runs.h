@@ -1,18 +1,24 @@
-// Short training runs of minGPT in a child process, for the searches that
-// train to find out (mingpt --find-max-params, zero tune): the run's
-// outcome (trained, out of memory, failed), its step times and its peak
-// memory per tier, read from the run's --summary-json.
+// Runs of a training program in a child process, for the tools that train
+// to find out (zero tune, zero memcheck, mingpt --find-max-params): any
+// program that calls zero::initialize, on N ranks through zero launch, with
+// the budgets and the stop given through the environment and its figures
+// read back from the run report the engine writes (NOTE [run report]);
+// the outcome told apart: trained, out of memory (with its tier), failed,
+// timed out. Also the scratch folders and stop signals such a search needs.
 #pragma once
 
 #include <signal.h>
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace mingpt {
+#include "zero/runtime/run_report.h"
+
+namespace zero::runs {
 
 /// A search stopped by SIGINT, SIGTERM or SIGHUP (after its run ended).
 class Interrupted : public std::runtime_error {
@@ -81,16 +87,22 @@ std::string temp_parent();
 /// `*timed_out` then says so. The run gets SIGTERM if this process dies
 /// (its parent-death signal), and zero launch's ranks get it if the launcher
 /// dies: a search killed outright leaves no run going.
+/// `env` (may be null): the run's environment, NAME=VALUE entries.
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s = 0,
-               double grace_s = 20, bool* timed_out = nullptr);
+               double grace_s = 20, bool* timed_out = nullptr, const std::vector<std::string>* env = nullptr);
 
-/// What to run: `trainer` (mingpt) with `flags`, on `nproc` ranks through
-/// `launcher launch --nproc_per_node N --` when nproc > 1.
+/// What to run: `argv` (a program and its arguments), on `nproc` ranks
+/// through `launcher launch --nproc_per_node N --` when nproc > 1, with
+/// ZERO_RUN_REPORT set to `report_path` and the budgets and stop step in
+/// the environment (NOTE [run report]).
 struct ProbeRun {
-  std::string trainer, launcher;
+  std::string launcher;  // the zero binary
   int64_t nproc = 1;
-  std::vector<std::string> flags;  // everything but --summary-json
-  std::string summary_path, log_path;
+  std::vector<std::string> argv;
+  std::string report_path, log_path;
+  std::optional<int64_t> stop_after_steps;
+  std::optional<int64_t> device_budget, host_budget, nvme_budget;  // ZERO_DEVICE_MEMORY, ...
+  std::vector<std::string> env;  // more NAME=VALUE entries
   double timeout_s = 0;  // a run longer than this is stopped (kTimedOut); 0: no limit
   double grace_s = 20;   // then SIGTERM, and SIGKILL this much later
 };
@@ -100,18 +112,26 @@ struct ProbeResult {
   Outcome outcome = Outcome::kFailed;
   int status = 0;
   std::string message;            // out of memory: the error's line; failed, timed out: the log's last lines
+  std::string oom_tier;           // out of memory: device, pinned_host, host, nvme ("" when not said)
   std::string command;            // the command line, for messages
-  std::vector<double> step_times;  // seconds, every optimizer step
+  std::vector<double> step_times;  // seconds, every optimizer step (rank 0's)
   double step_s = 0;               // mean over the steps after the first (the first, if only one)
-  int64_t tokens_per_step = 0;     // global batch x context
+  int64_t samples_per_step = 0;    // the global batch
+  int64_t tokens_per_step = 0;     // global batch x tokens per sample (0: the program did not say)
   int64_t peak_device = 0, peak_host = 0, peak_nvme = 0;  // the largest over ranks; host: pinned + pageable
+  std::vector<RunReport> reports;  // by rank, when every rank wrote one
   double seconds = 0;              // the run's wall time
+  double samples_per_s() const { return step_s > 0 ? static_cast<double>(samples_per_step) / step_s : 0; }
+  double tokens_per_s() const { return step_s > 0 ? static_cast<double>(tokens_per_step) / step_s : 0; }
 };
 
-/// mingpt's exit status for zero::OutOfMemoryError (and c10's).
+/// The exit status mingpt and llama give an out-of-memory error (and c10's).
 constexpr int kOutOfMemoryStatus = 3;
 
 ProbeResult run_probe(const ProbeRun& run);
+
+/// `s` as one word for a shell, quoted only when it needs it.
+std::string shell_word(const std::string& s);
 
 /// Why `path`, an output file named by option `flag`, cannot be written
 /// ("--out x/y.json: the folder x does not exist"), or "" when it can:
@@ -127,4 +147,4 @@ std::string too_many_ranks(const std::string& flag, int64_t n, bool oversubscrib
 /// progress redraws (up to a carriage return), no empty lines.
 std::string last_lines(const std::string& text, size_t max_lines);
 
-}  // namespace mingpt
+}  // namespace zero::runs

@@ -1,0 +1,265 @@
+// The run report (NOTE [run report] in zero/runtime/run_report.h): read from
+// the environment, written by the engine, read back by the tools.
+#include "zero/runtime/run_report.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <mutex>
+
+#include <c10/util/Exception.h>
+
+#include "engine_impl.h"
+#include "run_reporter.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
+
+namespace zero {
+
+RunReportSettings RunReportSettings::from_environment() {
+  RunReportSettings s;
+  if (const char* v = std::getenv("ZERO_RUN_REPORT")) s.path = v;
+  if (const char* v = std::getenv("ZERO_STOP_AFTER_STEPS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || errno != 0 || n < 0 || n > (int64_t{1} << 40))
+      throw UsageError(std::string("ZERO_STOP_AFTER_STEPS: expected a step count (0 or more); got \"") + v + "\"");
+    s.stop_after_steps = n;
+  }
+  return s;
+}
+
+std::string run_report_path(const std::string& base, int64_t rank) { return base + ".rank" + std::to_string(rank); }
+
+int64_t RunReport::peak(const std::string& tier) const { return json.at("peak_bytes").value(tier, int64_t{0}); }
+
+int64_t RunReport::ledger_peak(const std::string& tier, const std::string& kind) const {
+  return json.at("ledger").at(tier).at(kind).at("peak").get<int64_t>();
+}
+
+std::vector<ParameterShape> RunReport::parameters() const {
+  std::vector<ParameterShape> out;
+  for (const auto& p : json.value("parameters", nlohmann::json::array()))
+    out.push_back({p.at("name").get<std::string>(), p.at("numel").get<int64_t>(), p.at("layer").get<int>()});
+  return out;
+}
+
+RunReport read_run_report(const std::string& file) {
+  RunReport r;
+  try {
+    r.json = nlohmann::json::parse(ckpt::read_small_file(file));
+    if (r.json.value("format", "") != "zero-run-report")
+      throw IoError(file + ": not a zero run report (its \"format\" is not \"zero-run-report\")");
+    r.outcome = r.json.at("outcome").get<std::string>();
+    if (r.json.contains("error")) {
+      r.error_tier = r.json.at("error").value("tier", "");
+      r.error_message = r.json.at("error").value("message", "");
+    }
+    r.rank = r.json.at("rank").get<int64_t>();
+    r.world_size = r.json.at("world_size").get<int64_t>();
+    r.steps = r.json.at("steps").get<int64_t>();
+    r.skipped_steps = r.json.at("skipped_steps").get<int64_t>();
+    r.step_time_s = r.json.at("step_time_s").get<std::vector<double>>();
+    r.samples_per_step = r.json.at("samples_per_step").get<int64_t>();
+    r.tokens_per_step = r.json.at("tokens_per_step").get<int64_t>();
+    r.samples_per_s = r.json.at("samples_per_s").get<double>();
+    r.tokens_per_s = r.json.at("tokens_per_s").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(file + ": a damaged run report: " + e.what());
+  }
+  return r;
+}
+
+namespace detail {
+namespace {
+
+std::mutex g_reporter_mutex;
+RunReporter* g_reporter = nullptr;  // the process's reporting engine's
+std::terminate_handler g_previous_terminate = nullptr;
+
+// An exception nobody caught: the report says so before the process goes.
+[[noreturn]] void report_then_terminate() {
+  {
+    std::lock_guard<std::mutex> lock(g_reporter_mutex);
+    if (g_reporter != nullptr) {
+      std::string message = "terminate called without an exception";
+      bool oom = false;
+      if (auto e = std::current_exception()) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const OutOfMemoryError& x) {
+          message = error_text(x), oom = true;
+        } catch (const c10::OutOfMemoryError& x) {
+          message = error_text(x), oom = true;
+        } catch (const std::exception& x) {
+          message = error_text(x);
+          oom = !out_of_memory_tier(message).empty();
+        } catch (...) {
+          message = "an exception that is not a std::exception";
+        }
+      }
+      try {
+        g_reporter->write(oom ? "out_of_memory" : "failed", message);
+      } catch (...) {  // the process is going anyway
+      }
+    }
+  }
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
+int64_t vm_hwm() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+const char* precision_of(const config::Config& c) { return c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32"; }
+
+}  // namespace
+
+std::unique_ptr<RunReporter> RunReporter::start(Engine::Impl& engine) {
+  const auto settings = RunReportSettings::from_environment();
+  if (settings.path.empty()) return nullptr;
+  std::lock_guard<std::mutex> lock(g_reporter_mutex);
+  if (g_reporter != nullptr) return nullptr;  // the first engine reports
+  std::unique_ptr<RunReporter> r(new RunReporter(engine, settings));
+  g_reporter = r.get();
+  g_previous_terminate = std::set_terminate(report_then_terminate);
+  return r;
+}
+
+RunReporter::RunReporter(Engine::Impl& engine, RunReportSettings settings)
+    : engine_(engine), settings_(std::move(settings)), last_boundary_(Clock::now()), ooms_at_start_(out_of_memory_count()) {}
+
+RunReporter::~RunReporter() {
+  std::lock_guard<std::mutex> lock(g_reporter_mutex);
+  if (g_reporter == this) {
+    g_reporter = nullptr;
+    std::set_terminate(g_previous_terminate);
+  }
+}
+
+void RunReporter::after_step() {
+  if (engine_.device.is_cuda()) torch::cuda::synchronize(engine_.device.index());
+  const auto now = Clock::now();
+  step_times_.push_back(std::chrono::duration<double>(now - last_boundary_).count());
+  last_boundary_ = now;
+  if (settings_.stop_after_steps && static_cast<int64_t>(step_times_.size()) >= *settings_.stop_after_steps) stop();
+}
+
+void RunReporter::after_initialize() {
+  if (settings_.stop_after_steps && *settings_.stop_after_steps == 0) stop();
+}
+
+void RunReporter::stop() {
+  write("stopped", "");
+  // Every rank stops at the same step: the others are done with the last
+  // collective before this process goes.
+  if (engine_.comm) engine_.comm->barrier();
+  std::fflush(nullptr);
+  // Destructors of the program's objects are not run: threads of the
+  // optimizer or of I/O may still be parked, and the run is over.
+  ::_exit(0);
+}
+
+void RunReporter::at_engine_end() {
+  if (written_) return;
+  // An out-of-memory error made while this engine lived, caught or not.
+  if (out_of_memory_count() > ooms_at_start_) write("out_of_memory", last_out_of_memory());
+  else if (std::uncaught_exceptions() > 0) write("failed", "the engine was destroyed while an exception was in flight");
+  else write("completed", "");
+}
+
+void RunReporter::write(const std::string& outcome, const std::string& error) {
+  auto& s = engine_;
+  nlohmann::json ledger = nlohmann::json::object();
+  for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme}) {
+    nlohmann::json kinds = nlohmann::json::object();
+    for (int k = 0; k < kNumKinds; ++k) {
+      const auto c = s.ledger().get(t, static_cast<Kind>(k));
+      kinds[to_string(static_cast<Kind>(k))] = {{"current", c.current_bytes}, {"peak", c.peak_bytes}};
+    }
+    ledger[to_string(t)] = kinds;
+  }
+  auto states = [&](std::optional<Tier> tier) {
+    auto get = [&](Kind k) {
+      return tier ? s.ledger().get(*tier, k).current_bytes : s.ledger().current_bytes(k);
+    };
+    return nlohmann::json{{"parameters", get(Kind::kParameters)},
+                          {"gradients", get(Kind::kGradients)},
+                          {"optimizer_states", get(Kind::kOptimizerStates)}};
+  };
+  nlohmann::json host = states(Tier::kHost);
+  for (const char* k : {"parameters", "gradients", "optimizer_states"})
+    host[k] = host[k].get<int64_t>() + states(Tier::kPinnedHost)[k].get<int64_t>();
+
+  const int64_t samples = s.config.batch.train_batch_size;
+  const int64_t tokens = s.options.tokens_per_sample ? samples * *s.options.tokens_per_sample : 0;
+  double timed = 0;
+  for (size_t i = step_times_.size() > 1 ? 1 : 0; i < step_times_.size(); ++i) timed += step_times_[i];
+  const double timed_steps = static_cast<double>(step_times_.size() > 1 ? step_times_.size() - 1 : step_times_.size());
+  const double per_step = timed_steps > 0 ? timed / timed_steps : 0;
+
+  // Every trainable parameter at its full size, with its stage-3 layer.
+  nlohmann::json params = nlohmann::json::array();
+  const auto& flat = s.optimizer->parameters();
+  const bool stage3 = s.config.zero.stage == 3;
+  for (const auto& slot : flat.slots())
+    params.push_back({{"name", slot.name},
+                      {"numel", slot.numel},
+                      {"layer", stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1}});
+
+  const auto& z = s.config.zero;
+  nlohmann::json j = {
+      {"format", "zero-run-report"},
+      {"version", 1},
+      {"rank", s.dist.rank},
+      {"world_size", s.dist.world_size},
+      {"outcome", outcome},
+      {"steps", static_cast<int64_t>(step_times_.size())},
+      {"global_steps", s.global_steps},
+      {"skipped_steps", s.skipped_steps},
+      {"step_time_s", step_times_},
+      {"samples_per_step", samples},
+      {"tokens_per_step", tokens},
+      {"samples_per_s", per_step > 0 ? static_cast<double>(samples) / per_step : 0.0},
+      {"tokens_per_s", per_step > 0 ? static_cast<double>(tokens) / per_step : 0.0},
+      {"peak_bytes",
+       {{"device", device_peak_bytes(s)},
+        {"pinned_host", s.ledger().get(Tier::kPinnedHost).peak_bytes},
+        {"host", s.ledger().get(Tier::kHost).peak_bytes},
+        {"nvme", s.ledger().get(Tier::kNvme).peak_bytes}}},
+      {"ledger", ledger},
+      {"model_state_bytes", states(std::nullopt)},
+      {"model_state_bytes_by_tier", {{"device", states(Tier::kDevice)}, {"host", host}, {"nvme", states(Tier::kNvme)}}},
+      {"process_peak_rss_bytes", vm_hwm()},
+      {"num_parameters", s.optimizer->num_parameters()},
+      {"device", s.device.str()},
+      {"config",
+       {{"source", s.config.source},
+        {"stage", z.stage},
+        {"precision", precision_of(s.config)},
+        {"train_micro_batch_size_per_gpu", s.config.batch.train_micro_batch_size_per_gpu},
+        {"gradient_accumulation_steps", s.config.batch.gradient_accumulation_steps},
+        {"train_batch_size", samples},
+        {"offload_optimizer", config::to_string(z.offload_optimizer.device)},
+        {"offload_param", config::to_string(z.offload_param.device)}}},
+      {"parameters", params},
+  };
+  if (!error.empty()) j["error"] = {{"tier", out_of_memory_tier(error)}, {"message", error}};
+  const std::string path = run_report_path(settings_.path, s.dist.rank);
+  ckpt::write_file_atomically(path, j.dump(1) + "\n");
+  written_ = true;
+}
+
+}  // namespace detail
+}  // namespace zero

@@ -1,0 +1,214 @@
+// zero/testing/memory.h: memory figures, baselines and the formula check.
+#include "zero/testing/memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine_impl.h"
+#include "zero/core/error.h"
+#include "zero/core/text.h"
+#include "zero/runtime/checkpoint_format.h"
+
+namespace zero::testing {
+namespace {
+
+constexpr const char* kTiers[] = {"device", "pinned_host", "host", "nvme"};
+constexpr const char* kStateKinds[] = {"parameters", "gradients", "optimizer_states"};
+
+// "1.23 MiB", "+4.1%".
+std::string percent(double change) {
+  if (std::isinf(change)) return "new";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", 100 * change);
+  return buf;
+}
+
+}  // namespace
+
+MemoryFigures figures_of(const RunReport& report) {
+  MemoryFigures f;
+  try {
+    for (const char* t : kTiers) f[std::string("peak/") + t] = report.peak(t);
+    for (const auto& [tier, kinds] : report.json.at("ledger").items())
+      for (const auto& [kind, v] : kinds.items()) f["ledger/" + tier + "/" + kind] = v.at("peak").get<int64_t>();
+    for (const char* k : kStateKinds)
+      f[std::string("model_states/") + k] = report.json.at("model_state_bytes").at(k).get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError("a run report of rank " + std::to_string(report.rank) + " lacks a memory figure: " + e.what());
+  }
+  return f;
+}
+
+MemoryFigures figures_of(Engine& engine) {
+  MemoryFigures f;
+  f["peak/device"] = engine.peak_bytes(Tier::kDevice);
+  for (const Tier t : {Tier::kPinnedHost, Tier::kHost, Tier::kNvme})
+    f[std::string("peak/") + to_string(t)] = engine.peak_bytes(t);
+  for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme})
+    for (int k = 0; k < kNumKinds; ++k)
+      f[std::string("ledger/") + to_string(t) + "/" + to_string(static_cast<Kind>(k))] =
+          engine.ledger().get(t, static_cast<Kind>(k)).peak_bytes;
+  const auto st = engine.model_state_bytes();
+  f["model_states/parameters"] = st.parameters;
+  f["model_states/gradients"] = st.gradients;
+  f["model_states/optimizer_states"] = st.optimizer_states;
+  return f;
+}
+
+void write_baseline(const std::string& path, const Baseline& b) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < b.ranks.size(); ++r) ranks.push_back({{"rank", r}, {"figures", b.ranks[r]}});
+  const nlohmann::json j = {{"format", "zero-memcheck-baseline"},
+                            {"version", 1},
+                            {"world_size", b.world_size},
+                            {"command", b.command},
+                            {"ranks", ranks}};
+  ckpt::write_file_atomically(path, j.dump(2) + "\n");
+}
+
+Baseline read_baseline(const std::string& path) {
+  Baseline b;
+  try {
+    const auto j = nlohmann::json::parse(ckpt::read_small_file(path));
+    if (j.value("format", "") != "zero-memcheck-baseline")
+      throw IoError(path + ": not a memory baseline (its \"format\" is not \"zero-memcheck-baseline\"; "
+                           "zero memcheck record writes one)");
+    b.world_size = j.at("world_size").get<int64_t>();
+    b.command = j.value("command", std::vector<std::string>{});
+    for (const auto& r : j.at("ranks")) b.ranks.push_back(r.at("figures").get<MemoryFigures>());
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(path + ": a damaged memory baseline: " + e.what());
+  }
+  if (static_cast<int64_t>(b.ranks.size()) != b.world_size)
+    throw IoError(path + ": a damaged memory baseline: " + std::to_string(b.ranks.size()) + " ranks' figures for world size " +
+                  std::to_string(b.world_size));
+  return b;
+}
+
+double MemoryRow::change() const {
+  if (baseline == 0) return now == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return static_cast<double>(now) / static_cast<double>(baseline) - 1;
+}
+
+std::string MemoryComparison::table() const {
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-5s %-36s %12s %12s %8s\n", "rank", "figure", "baseline", "now", "change");
+  out << line;
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "%-5lld %-36s %12s %12s %8s%s\n", static_cast<long long>(r.rank), r.figure.c_str(),
+                  format_bytes(r.baseline).c_str(), format_bytes(r.now).c_str(), percent(r.change()).c_str(),
+                  r.grew ? "  GREW" : "");
+    out << line;
+  }
+  return out.str();
+}
+
+MemoryComparison compare(const Baseline& baseline, const std::vector<MemoryFigures>& now, double tolerance,
+                         int64_t slack_bytes) {
+  MemoryComparison c;
+  if (static_cast<int64_t>(now.size()) != baseline.world_size) {
+    c.ok = false;
+    c.message = "the baseline was recorded on " + std::to_string(baseline.world_size) + " rank(s), this run has " +
+                std::to_string(now.size()) + ": record a baseline at this world size";
+    return c;
+  }
+  int grew = 0;
+  for (size_t r = 0; r < now.size(); ++r) {
+    std::set<std::string> names;
+    for (const auto& [k, v] : baseline.ranks[r]) names.insert(k);
+    for (const auto& [k, v] : now[r]) names.insert(k);
+    for (const auto& name : names) {
+      MemoryRow row;
+      row.rank = static_cast<int64_t>(r);
+      row.figure = name;
+      const auto b = baseline.ranks[r].find(name);
+      const auto n = now[r].find(name);
+      row.baseline = b == baseline.ranks[r].end() ? 0 : b->second;
+      row.now = n == now[r].end() ? 0 : n->second;
+      if (row.baseline == 0 && row.now == 0) continue;
+      const double allowed = static_cast<double>(row.baseline) * (1 + tolerance);
+      row.grew = static_cast<double>(row.now) > allowed && row.now - row.baseline > slack_bytes;
+      grew += row.grew;
+      c.rows.push_back(row);
+    }
+  }
+  c.ok = grew == 0;
+  char head[160];
+  std::snprintf(head, sizeof head, "%d figure(s) grew past the tolerance of %.1f%%%s\n", grew, 100 * tolerance,
+                slack_bytes > 0 ? (" and " + format_bytes(slack_bytes)).c_str() : "");
+  c.message = std::string(head) + c.table();
+  return c;
+}
+
+MemoryComparison compare_with_baseline(Engine& engine, const std::string& path, double tolerance, int64_t slack_bytes) {
+  Baseline b = read_baseline(path);
+  const int64_t rank = engine.rank();
+  if (b.world_size != engine.world_size()) {
+    MemoryComparison c;
+    c.ok = false;
+    c.message = path + " was recorded on " + std::to_string(b.world_size) + " rank(s), this engine has " +
+                std::to_string(engine.world_size());
+    return c;
+  }
+  Baseline mine;  // this rank alone
+  mine.world_size = 1;
+  mine.ranks = {b.ranks[static_cast<size_t>(rank)]};
+  auto c = compare(mine, {figures_of(engine)}, tolerance, slack_bytes);
+  for (auto& row : c.rows) row.rank = rank;
+  return c;
+}
+
+std::vector<ParameterShape> parameter_shapes(Engine& engine) {
+  const auto& s = engine.impl();
+  std::vector<ParameterShape> out;
+  const bool stage3 = s.config.zero.stage == 3;
+  for (const auto& slot : s.optimizer->parameters().slots())
+    out.push_back({slot.name, slot.numel, stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1});
+  return out;
+}
+
+Check expect_model_states_near_formula(Engine& engine, double tolerance) {
+  const auto params = parameter_shapes(engine);
+  const auto e = estimate_model_states(engine.config(), params);
+  Check c;
+  const double psi = static_cast<double>(std::max<int64_t>(1, e.num_parameters));
+  std::ostringstream out;
+  out << "model states of rank " << engine.rank() << " against the ZeRO formulas (stage " << engine.config().zero.stage
+      << ", " << e.num_parameters << " parameters, tolerance " << 100 * tolerance << "%):\n";
+  const std::pair<const char*, std::vector<Tier>> tiers[] = {
+      {"device", {Tier::kDevice}}, {"host", {Tier::kHost, Tier::kPinnedHost}}, {"nvme", {Tier::kNvme}}};
+  for (const auto& [name, ts] : tiers) {
+    const StateBytes& want = std::string(name) == "device" ? e.device : std::string(name) == "host" ? e.host : e.nvme;
+    for (const char* kind : kStateKinds) {
+      int64_t got = 0;
+      for (const Tier t : ts) {
+        const auto b = engine.model_state_bytes(t);
+        got += std::string(kind) == "parameters" ? b.parameters : std::string(kind) == "gradients" ? b.gradients
+                                                                                                   : b.optimizer_states;
+      }
+      const int64_t w = std::string(kind) == "parameters" ? want.parameters
+                        : std::string(kind) == "gradients" ? want.gradients
+                                                           : want.optimizer_states;
+      const double big = static_cast<double>(std::max(w, got));
+      const bool near = std::abs(static_cast<double>(w - got)) <= tolerance * big || big < 0.01 * psi;
+      if (big == 0) continue;
+      char line[200];
+      std::snprintf(line, sizeof line, "  %-6s %-16s formula %12s (%.2f B/param), ledger %12s (%.2f B/param)%s\n", name,
+                    kind, format_bytes(w).c_str(), static_cast<double>(w) / psi, format_bytes(got).c_str(),
+                    static_cast<double>(got) / psi, near ? "" : "  OFF");
+      out << line;
+      c.ok = c.ok && near;
+    }
+  }
+  c.message = out.str();
+  return c;
+}
+
+}  // namespace zero::testing
