@@ -231,6 +231,49 @@ TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
 INSTANTIATE_TEST_SUITE_P(Stages, LlamaStep, testing::Values(0, 1, 2, 3),
                          [](const testing::TestParamInfo<int>& i) { return "stage" + std::to_string(i.param); });
 
+// zero tune on the llama program, unchanged: its model read from a run that
+// builds it and stops, each candidate run as `llama train --config {config}`
+// on 2 ranks under the budgets; the config written passes zero config check
+// and trains.
+TEST(LlamaTune, TunesTheLlamaProgram) {
+  const std::string dir = kWork + "tune";
+  ck::remove_tree(dir);
+  ck::make_folders(dir + "/tmp");
+  ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens 1,2", dir + "/make.log"), 0)
+      << ck::read_small_file(dir + "/make.log");
+  {
+    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
+    for (int i = 0; i < 20000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 5 + i / 7) % 64);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  std::ofstream(dir + "/base.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}})";
+  const std::string train = kBin + "llama train --model " + dir + "/hf --data " + dir +
+                            "/tokens.bin --block_size 16 --config ";
+  ASSERT_EQ(sh("env TMPDIR=" + dir + "/tmp OMP_NUM_THREADS=1 " + kBin +
+                   "zero tune --ranks 2 --device-memory 256MiB --host-memory 1GiB --stages 0,3 --offload none,cpu "
+                   "--micro-batches 1,2 --steps 2 --trials 3 --config " + dir + "/base.json --out " + dir +
+                   "/best.json --json " + dir + "/tune.json -- " + train + "{config} --steps 50",
+               dir + "/tune.log"),
+            0)
+      << ck::read_small_file(dir + "/tune.log");
+  const std::string log = ck::read_small_file(dir + "/tune.log");
+  EXPECT_NE(log.find("tokens/s"), std::string::npos) << log;  // llama says its tokens per sample
+  const auto report = nlohmann::json::parse(ck::read_small_file(dir + "/tune.json"));
+  EXPECT_GT(report["best"]["tokens_per_s"].get<double>(), 0) << report.dump();
+  EXPECT_TRUE(ck::list_folder(dir + "/tmp").empty()) << "left behind in TMPDIR";
+  ASSERT_EQ(sh(kBin + "zero config check " + dir + "/best.json --world-size 2", dir + "/check.log"), 0)
+      << ck::read_small_file(dir + "/check.log");
+  ASSERT_EQ(sh("env OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + train + dir +
+                   "/best.json --steps 3",
+               dir + "/train.log"),
+            0)
+      << ck::read_small_file(dir + "/train.log");
+  ck::remove_tree(dir);
+}
+
 // A stage-3 load reads each rank's own bytes (NOTE [checkpoint mapping]): a
 // 128 MB model on 2 ranks, each under a host budget of a quarter of the
 // model, reads about half of the file and its resident memory rises by far
