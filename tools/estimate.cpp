@@ -1,6 +1,9 @@
 // zero estimate: model-state memory per rank for each ZeRO configuration, from
-// the model's size or shape (runtime/include/zero/runtime/estimate.h), and
-// with budgets the largest model whose states fit each configuration.
+// the model's size or shape (runtime/include/zero/runtime/estimate.h): a
+// parameter count, minGPT's shape, a Hugging Face Llama config.json, a
+// weights file or a run report; with budgets the largest model whose states
+// fit each configuration; with a run report, the peak of a step from its
+// measured activations.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,12 +23,16 @@
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
+#include "zero/models/llama.h"
+#include "zero/runtime/checkpoint_io.h"
 #include "zero/runtime/estimate.h"
+#include "zero/runtime/run_report.h"
 
 namespace zero::tools {
 namespace {
 
-const char* kEstimateUsage = R"(usage: zero estimate (--params P | --model mingpt:L,C[,V,T]) [options]
+const char* kEstimateUsage = R"(usage: zero estimate (--params P | --model mingpt:L,C[,V,T] | --hf-config FILE
+                      | --weights FILE | --calibrate REPORT) [options]
 
 Model-state memory per rank (parameters, gradients, optimizer states) on the
 device, in host memory and on NVMe, as the engine lays them out, for each
@@ -36,6 +43,20 @@ tables), or for one.
   --model mingpt:L,C[,V,T]   minGPT with L blocks of width C (vocabulary V,
                              default 50257; context T, default 1024), its
                              stage-3 layers and persistent parameters exact
+  --hf-config FILE           a Hugging Face Llama-family config.json (or its
+                             folder): LlamaForCausalLM as zero::models builds
+                             it, its layers exact; budgets give the most layers
+  --weights FILE             a model.safetensors, a sharded index, or a folder
+                             holding either: every tensor by name and shape, a
+                             layer per "<prefix>.<number>." block and per other
+                             module (as a ModuleList of blocks is laid out)
+  --calibrate REPORT         a run report of this model (ZERO_RUN_REPORT=FILE
+                             writes FILE.rank0): its measured device peak,
+                             less the estimated states and buffers of its
+                             config, gives the activations per sample; each
+                             configuration's peak of a step is then printed
+                             (and bounded by the budgets); alone, the model is
+                             the report's parameters
   --ranks-per-node G --nodes M   G x M ranks (default 1 x 1)
   --precision fp32|fp16|bf16 compute precision (default bf16)
   --stage S                  only stage S, with:
@@ -54,8 +75,9 @@ tables), or for one.
                              default nccl, as on GPUs); budgets then bound the peak
   --json FILE                the same as JSON
 
-With --params only the model states are counted (a model known by its size
-has no activations to count).
+Sizes are printed in the unit that fits each (B, KiB to TiB). With --params,
+--hf-config and --weights only the model states are counted unless
+--calibrate gives the activations.
 )";
 
 // Ranks in all (--ranks-per-node x --nodes): per-rank byte counts of models
@@ -139,6 +161,32 @@ config::Config config_for(const Setup& s, const std::string& precision, int64_t 
   return config::load_string(j.dump(), o, "zero estimate (" + s.name + ")");
 }
 
+// A weights file's tensors as parameters: a layer per "<prefix>.<number>."
+// block (model.layers.3.), and one per other module (the name less its last
+// part), as a model of a ModuleList of blocks with its other modules given
+// as layers is laid out at stage 3.
+std::vector<ParameterShape> weights_parameters(const std::vector<ckpt::WeightTensor>& tensors) {
+  std::map<std::string, int> layers;
+  std::vector<ParameterShape> out;
+  for (const auto& t : tensors) {
+    if (!at::isFloatingType(t.dtype)) continue;
+    std::string key = t.name.substr(0, t.name.rfind('.') == std::string::npos ? 0 : t.name.rfind('.'));
+    for (size_t dot = t.name.find('.'); dot != std::string::npos; dot = t.name.find('.', dot + 1)) {
+      size_t end = dot + 1;
+      while (end < t.name.size() && std::isdigit(static_cast<unsigned char>(t.name[end]))) ++end;
+      if (end > dot + 1 && end < t.name.size() && t.name[end] == '.') {
+        key = t.name.substr(0, end);
+        break;
+      }
+    }
+    const auto [it, fresh] = layers.emplace(key, static_cast<int>(layers.size()));
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    out.push_back({t.name, numel, it->second});
+  }
+  return out;
+}
+
 nlohmann::json to_json(const StateBytes& b) {
   return {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer_states", b.optimizer_states},
           {"total", b.total()}};
@@ -173,7 +221,8 @@ int estimate(const std::vector<std::string>& args) {
   std::optional<int64_t> params;
   std::optional<std::vector<int64_t>> model;  // L, C, V, T
   int64_t per_node = 1, nodes = 1;
-  std::string precision = "bf16", json_path, config_path;
+  std::string precision = "bf16", json_path, config_path, hf_config_path, weights_path, calibrate_path;
+  bool micro_batch_given = false;
   bool precision_given = false;
   std::optional<int> stage;
   std::string off_opt = "none", off_param = "none";
@@ -200,7 +249,8 @@ int estimate(const std::vector<std::string>& args) {
     const std::vector<std::string> known = {"--params", "--model", "--ranks-per-node", "--nodes", "--precision",
                                             "--stage", "--offload-optimizer", "--offload-param", "--config",
                                             "--device-memory", "--host-memory", "--nvme-bytes", "--json",
-                                            "--micro-batch", "--n_head", "--backend", "--checkpointing"};
+                                            "--micro-batch", "--n_head", "--backend", "--checkpointing",
+                                            "--hf-config", "--weights", "--calibrate"};
     if (std::find(known.begin(), known.end(), a) == known.end()) {
       const auto near = nearest(a, known);
       return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
@@ -256,19 +306,29 @@ int estimate(const std::vector<std::string>& args) {
       auto x = integer(1, 1 << 24);
       if (!x) return fail(a + ": expected an integer in 1.." + std::to_string(1 << 24) + "; got \"" + v + "\"");
       (a == "--micro-batch" ? micro_batch : n_head.emplace()) = *x;
-      workload_given = true;
+      if (a == "--micro-batch") micro_batch_given = true;
+      else workload_given = true;
     } else if (a == "--backend") {
       if (v != "nccl" && v != "gloo") return fail("--backend: expected nccl or gloo; got \"" + v + "\"");
       nccl = v == "nccl";
     } else if (a == "--config") {
       config_path = v;
+    } else if (a == "--hf-config" || a == "--weights" || a == "--calibrate") {
+      (a == "--hf-config" ? hf_config_path : a == "--weights" ? weights_path : calibrate_path) = v;
     } else {  // --json: the options were checked against `known` above
       json_path = v;
     }
   }
-  if (params.has_value() == model.has_value()) return fail("expected one of --params P or --model mingpt:L,C[,V,T]");
+  const int sources = params.has_value() + model.has_value() + !hf_config_path.empty() + !weights_path.empty();
+  if (sources > 1 || (sources == 0 && calibrate_path.empty()))
+    return fail("expected one model: --params P, --model mingpt:L,C[,V,T], --hf-config FILE, --weights FILE or "
+                "--calibrate REPORT (its parameters)");
   if (workload_given && !model)
-    return fail("--micro-batch, --n_head and --checkpointing describe a minGPT step: they go with --model");
+    return fail("--n_head and --checkpointing describe a minGPT step: they go with --model");
+  if (micro_batch_given && !model && calibrate_path.empty())
+    return fail("--micro-batch goes with --model or --calibrate (a step's activations)");
+  if (model && !calibrate_path.empty())
+    return fail("--model counts minGPT's activations by formula; --calibrate measures them: give one");
   if (model && n_head && (*model)[1] % *n_head != 0)
     return fail("--n_head " + std::to_string(*n_head) + " must divide the width " + std::to_string((*model)[1]));
   if (!stage && (off_opt != "none" || off_param != "none")) return fail("--offload-optimizer and --offload-param go with --stage");
@@ -321,11 +381,76 @@ int estimate(const std::vector<std::string>& args) {
       for (const auto& s : list) setups.push_back({s, config_for(s, precision, world)});
     }
 
-    auto shapes_for = [&](int64_t n_layer_or_params) {
-      return model ? mingpt_parameters(n_layer_or_params, (*model)[1], (*model)[2], (*model)[3])
-                   : parameters_of_size(n_layer_or_params);
+    // The model: by size, minGPT's shape, a Llama config.json, a weights
+    // file's tensors, or a run report's parameters.
+    std::optional<models::LlamaConfig> llama;
+    std::optional<RunReport> report;
+    std::vector<ParameterShape> fixed;  // --weights, or the report's
+    std::string what = "a model";
+    if (!hf_config_path.empty()) {
+      llama = models::LlamaConfig::from_file(hf_config_path);
+      what = "Llama (" + hf_config_path + ")";
+    }
+    if (!calibrate_path.empty()) report = read_run_report(calibrate_path);
+    if (!weights_path.empty()) {
+      std::vector<ckpt::WeightTensor> tensors;
+      ckpt::SavedLayout layout;
+      ckpt::PieceReader::weights(ckpt::WeightFiles::resolve(weights_path), nullptr, &layout, &tensors, {});
+      fixed = weights_parameters(tensors);
+      what = weights_path + " (" + std::to_string(fixed.size()) + " tensors)";
+    } else if (report && sources == 0) {
+      fixed = report->parameters();
+      if (fixed.empty()) throw IoError(calibrate_path + ": the run report lists no parameters");
+      what = "the model of " + calibrate_path;
+    }
+    if (model)
+      what = "minGPT L=" + std::to_string((*model)[0]) + " C=" + std::to_string((*model)[1]) +
+             " V=" + std::to_string((*model)[2]) + " T=" + std::to_string((*model)[3]);
+    const bool scalable = fixed.empty();  // budgets give the largest model of this kind
+    auto shapes_for = [&](int64_t n) {
+      if (model) return mingpt_parameters(n, (*model)[1], (*model)[2], (*model)[3]);
+      if (llama) {
+        auto c = *llama;
+        c.num_hidden_layers = n;
+        return models::llama_parameters(c);
+      }
+      if (!fixed.empty()) return fixed;
+      return parameters_of_size(n);
     };
-    const int64_t size = model ? (*model)[0] : static_cast<int64_t>(*params);
+    const int64_t size = model ? (*model)[0] : llama ? llama->num_hidden_layers : params ? *params : 1;
+
+    // --calibrate: the activations of a sample, from the report's measured
+    // device peak less what its own config's states and buffers take.
+    std::optional<double> activation_per_sample;
+    int64_t step_micro_batch = micro_batch;
+    nlohmann::json calibration;
+    if (report) {
+      const auto& rc = report->json.at("config");
+      Setup rs{"the report's config", rc.at("stage").get<int>(), rc.at("offload_optimizer").get<std::string>(),
+               rc.at("offload_param").get<std::string>()};
+      const auto rcfg = config_for(rs, rc.at("precision").get<std::string>(), report->world_size);
+      const int64_t rmb = std::max<int64_t>(1, rc.at("train_micro_batch_size_per_gpu").get<int64_t>());
+      const bool rnccl = report->json.value("device", "cpu").rfind("cuda", 0) == 0 && report->world_size > 1;
+      const auto shapes = shapes_for(size);
+      int64_t numel = 0;
+      for (const auto& p : shapes) numel += p.numel;
+      const int64_t reported = report->json.value("num_parameters", int64_t{0});
+      if (reported != numel)
+        std::fprintf(stderr, "zero estimate: warning: %s is a run of a model of %lld parameters, this one has %lld\n",
+                     calibrate_path.c_str(), static_cast<long long>(reported), static_cast<long long>(numel));
+      const auto base = estimate_peak(rcfg, shapes, Activations{}, rnccl);
+      const int64_t measured = report->peak("device");
+      activation_per_sample = static_cast<double>(std::max<int64_t>(0, measured - base.device())) / static_cast<double>(rmb);
+      if (!micro_batch_given) step_micro_batch = rmb;
+      calibration = {{"report", calibrate_path}, {"measured_device_peak", measured}, {"micro_batch", rmb},
+                     {"states_and_buffers", base.device()}, {"activations_per_sample", *activation_per_sample}};
+      std::printf("calibration: %s measured a device peak of %s at stage %d, micro-batch %lld; its states and buffers "
+                  "estimate %s: %s of activations per sample\n",
+                  calibrate_path.c_str(), format_bytes(measured).c_str(), rs.stage, static_cast<long long>(rmb),
+                  format_bytes(base.device()).c_str(),
+                  format_bytes(static_cast<int64_t>(*activation_per_sample)).c_str());
+    }
+    const bool peaks = model || activation_per_sample.has_value();
     const bool budgets = device_budget || host_budget || nvme_budget;
     auto workload = [&](int64_t n_layer) {
       MinGPTWorkload w;
@@ -342,9 +467,15 @@ int estimate(const std::vector<std::string>& args) {
     struct Need {
       int64_t device, host, nvme;
     };
+    auto peak_of = [&](const config::Config& cfg, int64_t n) {
+      if (model) return estimate_peak(cfg, workload(n), nccl);
+      Activations a;
+      a.device = static_cast<int64_t>(*activation_per_sample * static_cast<double>(step_micro_batch));
+      return estimate_peak(cfg, shapes_for(n), a, nccl);
+    };
     auto need = [&](const config::Config& cfg, int64_t n) {
-      if (model) {
-        const auto pk = estimate_peak(cfg, workload(n), nccl);
+      if (peaks) {
+        const auto pk = peak_of(cfg, n);
         return Need{pk.device(), pk.host(), pk.nvme()};
       }
       const auto e = estimate_model_states(cfg, shapes_for(n));
@@ -355,26 +486,22 @@ int estimate(const std::vector<std::string>& args) {
              (!nvme_budget || e.nvme <= *nvme_budget);
     };
 
-    auto gb = [](int64_t b) { return static_cast<double>(b) / 1e9; };
     const auto first = estimate_model_states(setups.front().second, shapes_for(size));
-    std::printf("zero estimate: %s, %lld parameters, %lld rank(s) (%lld per node x %lld node(s)), %s\n",
-                model ? ("minGPT L=" + std::to_string((*model)[0]) + " C=" + std::to_string((*model)[1]) +
-                         " V=" + std::to_string((*model)[2]) + " T=" + std::to_string((*model)[3]))
-                            .c_str()
-                      : "a model",
+    std::printf("zero estimate: %s, %lld parameters, %lld rank(s) (%lld per node x %lld node(s)), %s\n", what.c_str(),
                 static_cast<long long>(first.num_parameters), static_cast<long long>(world),
                 static_cast<long long>(per_node), static_cast<long long>(nodes),
                 config_path.empty() ? precision.c_str() : "as the config says");
-    std::printf("model states per rank, GB (parameters + gradients + optimizer states):\n");
-    std::printf("  %-54s %22s %22s %10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
-    nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"configurations", nlohmann::json::array()}};
+    std::printf("model states per rank (parameters + gradients + optimizer states):\n");
+    std::printf("  %-54s %-50s %-50s %-10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
+    nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"model", what},
+                          {"configurations", nlohmann::json::array()}};
+    if (!calibration.is_null()) out["calibration"] = calibration;
     for (const auto& [setup, cfg] : setups) {
       const auto e = estimate_model_states(cfg, shapes_for(size));
       auto cell = [&](const StateBytes& b) {
-        char buf[64];
-        std::snprintf(buf, sizeof buf, "%.2f (%.2f+%.2f+%.2f)", gb(b.total()), gb(b.parameters), gb(b.gradients),
-                      gb(b.optimizer_states));
-        return std::string(b.total() == 0 ? "0" : buf);
+        if (b.total() == 0) return std::string("0");
+        return format_bytes(b.total()) + " (" + format_bytes(b.parameters) + " + " + format_bytes(b.gradients) + " + " +
+               format_bytes(b.optimizer_states) + ")";
       };
       nlohmann::json row = {{"name", setup.name},
                             {"stage", setup.stage},
@@ -384,14 +511,19 @@ int estimate(const std::vector<std::string>& args) {
                             {"host", to_json(e.host)},
                             {"nvme", to_json(e.nvme)}};
       std::string extra;
-      if (budgets) {
+      if (budgets && !scalable) {
+        const bool fit = fits_need(need(cfg, size));
+        row["fits"] = fit;
+        extra = std::string("   ") + (fit ? "yes " : "no  ") + "   (a fixed model)";
+      } else if (budgets) {
         // The largest size that fits: states grow with the size, so double, then bisect.
         int64_t lo = 0, hi = 1;
         // Up to 100000 blocks (at most 1e16 parameters) or 1e16 parameters.
         const int64_t limit =
-            model ? std::max<int64_t>(1, std::min<int64_t>(100000, static_cast<int64_t>(
-                                                                       1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
-                  : static_cast<int64_t>(1e16);
+            model   ? std::max<int64_t>(1, std::min<int64_t>(100000, static_cast<int64_t>(
+                                                                         1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
+            : llama ? 100000
+                    : static_cast<int64_t>(1e16);
         auto ok = [&](int64_t n) { return fits_need(need(cfg, n)); };
         while (hi < limit && ok(hi)) lo = hi, hi *= 2;
         if (hi >= limit && ok(limit)) lo = limit;
@@ -403,26 +535,28 @@ int estimate(const std::vector<std::string>& args) {
         const int64_t largest_params = lo == 0 ? 0 : estimate_model_states(cfg, shapes_for(lo)).num_parameters;
         const bool fit = fits_need(need(cfg, size));
         row["fits"] = fit;
-        row["largest"] = model ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
-                               : nlohmann::json{{"num_parameters", largest_params}};
+        row["largest"] = model   ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
+                         : llama ? nlohmann::json{{"num_hidden_layers", lo}, {"num_parameters", largest_params}}
+                                 : nlohmann::json{{"num_parameters", largest_params}};
         char buf[96];
         const bool unbounded = lo >= limit;  // no budget given binds this configuration
         row["largest"]["unbounded"] = unbounded;
         if (unbounded) std::snprintf(buf, sizeof buf, "   %-4s   unbounded by these budgets", fit ? "yes" : "no");
-        else if (model) std::snprintf(buf, sizeof buf, "   %-4s   L=%lld (%.3g params)", fit ? "yes" : "no",
-                                      static_cast<long long>(lo), static_cast<double>(largest_params));
+        else if (model || llama)
+          std::snprintf(buf, sizeof buf, "   %-4s   %s=%lld (%.3g params)", fit ? "yes" : "no",
+                        model ? "L" : "num_hidden_layers", static_cast<long long>(lo), static_cast<double>(largest_params));
         else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fit ? "yes" : "no", static_cast<double>(largest_params));
         extra = buf;
       }
-      char nvme[32];
-      std::snprintf(nvme, sizeof nvme, "%.2f", gb(e.nvme.total()));
-      std::printf("  %-54s %22s %22s %10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
-                  e.nvme.total() == 0 ? "0" : nvme, extra.c_str());
-      if (model) {
-        const auto pk = estimate_peak(cfg, workload(size), nccl);
-        std::printf("  %-54s device %.2f (+%.2f activations +%.2f buffers), host %.2f (+%.2f +%.2f), nvme %.2f\n",
-                    "  peak of a step:", gb(pk.device()), gb(pk.activations), gb(pk.device_buffers), gb(pk.host()),
-                    gb(pk.host_activations), gb(pk.host_buffers), gb(pk.nvme()));
+      std::printf("  %-54s %-50s %-50s %-10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
+                  e.nvme.total() == 0 ? "0" : format_bytes(e.nvme.total()).c_str(), extra.c_str());
+      if (peaks) {
+        const auto pk = peak_of(cfg, size);
+        std::printf("  %-54s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n",
+                    "  peak of a step:", format_bytes(pk.device()).c_str(), format_bytes(pk.activations).c_str(),
+                    format_bytes(pk.device_buffers).c_str(), format_bytes(pk.host()).c_str(),
+                    format_bytes(pk.host_activations).c_str(), format_bytes(pk.host_buffers).c_str(),
+                    format_bytes(pk.nvme()).c_str());
         row["peak"] = {{"device", pk.device()},          {"host", pk.host()},
                        {"nvme", pk.nvme()},              {"activations", pk.activations},
                        {"host_activations", pk.host_activations}, {"device_buffers", pk.device_buffers},
@@ -431,7 +565,7 @@ int estimate(const std::vector<std::string>& args) {
       out["configurations"].push_back(row);
     }
     if (budgets)
-      std::printf(model ? "budgets per rank: device %s, host %s, nvme %s (the peak of a step)\n"
+      std::printf(peaks ? "budgets per rank: device %s, host %s, nvme %s (the peak of a step)\n"
                         : "budgets per rank: device %s, host %s, nvme %s (model states only)\n",
                   device_budget ? format_bytes(*device_budget).c_str() : "-",
                   host_budget ? format_bytes(*host_budget).c_str() : "-",
@@ -440,6 +574,9 @@ int estimate(const std::vector<std::string>& args) {
     return 0;
   } catch (const Error& e) {
     std::cerr << "zero estimate: " << error_text(e) << "\n";
+    return 1;
+  } catch (const nlohmann::json::exception& e) {
+    std::cerr << "zero estimate: " << calibrate_path << ": a damaged run report: " << e.what() << "\n";
     return 1;
   }
 }

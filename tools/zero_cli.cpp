@@ -68,7 +68,7 @@ commands:
   checkpoint consolidate|export|verify|info DIR ...
       Engine checkpoints: full weights in one safetensors file (streamed),
       every checksum checked, what one holds. 'zero checkpoint --help'.
-  estimate (--params P | --model mingpt:L,C[,V,T]) [--ranks-per-node G --nodes M --stage S ...] [--json FILE]
+  estimate (--params P | --model mingpt:L,C[,V,T] | --hf-config FILE | --weights FILE | --calibrate REPORT) [--ranks-per-node G ...]
       Model-state memory per rank on the device, the host and NVMe for each
       ZeRO configuration, and with --device-memory/--host-memory/--nvme-bytes
       the largest model whose states fit each. 'zero estimate --help'.

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -185,6 +187,36 @@ int64_t LlamaConfig::num_parameters() const {
   const int64_t mlp = 3 * C * intermediate_size + (mlp_bias ? 2 * intermediate_size + C : 0);
   const int64_t layer = attn + mlp + 2 * C;
   return vocab_size * C * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + C;
+}
+
+std::vector<ParameterShape> llama_parameters(const LlamaConfig& c) {
+  std::vector<ParameterShape> out;
+  auto add = [&](const std::string& name, int64_t numel, int layer) { out.push_back({name, numel, layer}); };
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  add("model.embed_tokens.weight", c.vocab_size * H, 0);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const int layer = static_cast<int>(l) + 1;
+    // In the order the layer registers them: attention, MLP, the two norms.
+    for (const auto& [name, in, outs] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+             {"self_attn.q_proj", H, q}, {"self_attn.k_proj", H, kv}, {"self_attn.v_proj", H, kv},
+             {"self_attn.o_proj", q, H}}) {
+      add(p + name + ".weight", in * outs, layer);
+      if (c.attention_bias) add(p + name + ".bias", outs, layer);
+    }
+    for (const auto& [name, in, outs] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
+             {"mlp.gate_proj", H, I}, {"mlp.up_proj", H, I}, {"mlp.down_proj", I, H}}) {
+      add(p + name + ".weight", in * outs, layer);
+      if (c.mlp_bias) add(p + name + ".bias", outs, layer);
+    }
+    add(p + "input_layernorm.weight", H, layer);
+    add(p + "post_attention_layernorm.weight", H, layer);
+  }
+  const int last = static_cast<int>(c.num_hidden_layers) + 1;
+  add("model.norm.weight", H, last);
+  if (!c.tie_word_embeddings) add("lm_head.weight", H * c.vocab_size, last + 1);
+  return out;
 }
 
 }  // namespace zero::models

@@ -6,6 +6,8 @@
 // `llama logits` on it. transformers comes from scripts/setup.sh: without it
 // these tests fail, they do not skip.
 #include <algorithm>
+#include <cmath>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include "zero/models/llama.h"
 #include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/checkpoint_io.h"
+#include "zero/runtime/estimate.h"
 
 namespace {
 
@@ -271,6 +274,109 @@ TEST(LlamaTune, TunesTheLlamaProgram) {
                dir + "/train.log"),
             0)
       << ck::read_small_file(dir + "/train.log");
+  ck::remove_tree(dir);
+}
+
+// zero estimate of a Llama from its config.json (--hf-config) and from its
+// weights (--weights): each rank's model-state bytes per tier and kind
+// within 5% of the ledger's on 2 ranks, at every stage and offload tier;
+// with --calibrate (a stage-2 run's report), the device peak of a stage-3
+// step within 10% of a stage-3 run's. The model's parameters from the
+// module itself (zero::parameter_shapes) and from llama_parameters agree
+// with the engine's layout.
+TEST(LlamaEstimate, FromItsConfigAndWeightsWithin5PercentOfTheLedger) {
+  const std::string dir = kWork + "estimate";
+  ck::remove_tree(dir);
+  ck::make_folders(dir);
+  ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens 1,2 --hidden 128 --inter 256 "
+                   "--layers 4 --heads 4 --vocab 512 --shard-kb 400",
+               dir + "/make.log"),
+            0)
+      << ck::read_small_file(dir + "/make.log");
+  {
+    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
+    for (int i = 0; i < 20000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 5 + i / 7) % 512);
+      out.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  {  // the parameters three ways
+    const auto cfg = zero::models::LlamaConfig::from_file(dir + "/hf");
+    zero::models::LlamaForCausalLM model(cfg);
+    const auto from_module = zero::parameter_shapes(*model, model->stage3_layers());
+    const auto from_config = zero::models::llama_parameters(cfg);
+    ASSERT_EQ(from_module.size(), from_config.size());
+    for (size_t i = 0; i < from_module.size(); ++i) {
+      EXPECT_EQ(from_module[i].name, from_config[i].name);
+      EXPECT_EQ(from_module[i].numel, from_config[i].numel) << from_config[i].name;
+      EXPECT_EQ(from_module[i].layer, from_config[i].layer) << from_config[i].name;
+    }
+  }
+  struct Setup {
+    std::string name, zero;
+  };
+  const std::vector<Setup> setups = {
+      {"s0", R"({"stage": 0})"},
+      {"s1", R"({"stage": 1})"},
+      {"s2", R"({"stage": 2})"},
+      {"s2cpu", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"},
+      {"s3", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
+      {"s3cpu", R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                    "offload_param": {"device": "cpu"}})"},
+      {"s3nvme", R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "nvme",
+                     "nvme_path": "NVME"}, "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 0}})"}};
+  ck::make_folders(dir + "/nvme");
+  double worst = 0;
+  for (const auto& st : setups) {
+    std::string zero = st.zero;
+    for (size_t at; (at = zero.find("NVME")) != std::string::npos;) zero.replace(at, 4, dir + "/nvme");
+    const std::string cfg = dir + "/" + st.name + ".json";
+    std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                            "zero_optimization": )" << zero << "}";
+    ASSERT_EQ(sh("env OMP_NUM_THREADS=1 ZERO_RUN_REPORT=" + dir + "/" + st.name + ".report " + kBin +
+                     "zero launch --nproc_per_node 2 -- " + kBin + "llama train --model " + dir + "/hf --config " + cfg +
+                     " --data " + dir + "/tokens.bin --block_size 64 --steps 2 --summary-json " + dir + "/" + st.name +
+                     ".summary.json",
+                 dir + "/" + st.name + ".log"),
+              0)
+        << ck::read_small_file(dir + "/" + st.name + ".log");
+    const auto measured = nlohmann::json::parse(ck::read_small_file(dir + "/" + st.name + ".summary.json"));
+    const double psi = measured["num_parameters"].get<double>();
+    for (const char* source : {"--hf-config", "--weights"}) {
+      const std::string e = dir + "/" + st.name + source + ".json";
+      ASSERT_EQ(sh(kBin + "zero estimate " + source + " " + dir + "/hf --ranks-per-node 2 --config " + cfg + " --json " + e,
+                   e + ".log"),
+                0)
+          << ck::read_small_file(e + ".log");
+      const auto estimated = nlohmann::json::parse(ck::read_small_file(e));
+      ASSERT_EQ(estimated["num_parameters"], measured["num_parameters"]) << source;
+      const auto& row = estimated["configurations"][0];
+      for (const auto& rank : measured["ranks"])
+        for (const char* tier : {"device", "host", "nvme"})
+          for (const char* kind : {"parameters", "gradients", "optimizer_states"}) {
+            const double got = rank["model_state_bytes_by_tier"][tier][kind].get<double>();
+            const double want = row[tier][kind].get<double>();
+            if (std::max(want, got) > 0) worst = std::max(worst, std::abs(want - got) / std::max(want, got));
+            EXPECT_TRUE(std::abs(want - got) <= 0.05 * std::max(want, got) || std::max(want, got) < 0.01 * psi)
+                << st.name << " " << source << " rank " << rank["rank"] << " " << tier << " " << kind << ": estimated "
+                << want << ", the ledger " << got;
+          }
+    }
+  }
+  std::printf("zero estimate --hf-config / --weights: largest difference from the ledger %.2f%%\n", 100 * worst);
+  // --calibrate: stage 2's measured activations predict stage 3's peak.
+  const std::string e = dir + "/calibrated.json";
+  ASSERT_EQ(sh(kBin + "zero estimate --hf-config " + dir + "/hf --ranks-per-node 2 --backend gloo --config " + dir +
+                   "/s3.json --calibrate " + dir + "/s2.report.rank0 --json " + e,
+               e + ".log"),
+            0)
+      << ck::read_small_file(e + ".log");
+  const auto calibrated = nlohmann::json::parse(ck::read_small_file(e));
+  const double predicted = calibrated["configurations"][0]["peak"]["device"].get<double>();
+  const double actual = nlohmann::json::parse(ck::read_small_file(dir + "/s3.report.rank0"))["peak_bytes"]["device"].get<double>();
+  std::printf("zero estimate --calibrate: stage-3 device peak predicted %.0f, measured %.0f (%+.1f%%)\n", predicted, actual,
+              100 * (predicted / actual - 1));
+  EXPECT_NEAR(predicted, actual, 0.10 * actual) << ck::read_small_file(e + ".log");
   ck::remove_tree(dir);
 }
 

@@ -28,6 +28,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "zero/runtime/estimate.h"
+
 namespace zero {
 class Init;
 namespace checkpointing {
@@ -74,6 +76,13 @@ struct LlamaConfig {
   /// Parameters of the model this describes (a tied head counted once).
   int64_t num_parameters() const;
 };
+
+/// LlamaForCausalLM's trainable parameters, as the engine lays them out at
+/// stage 3 (the model built with stage3_layers()): transformers' names, full
+/// sizes, and their layers: 0 the embedding, 1..L the decoder layers, L+1
+/// the final norm, L+2 the head (none when tied to the embedding). What
+/// zero::estimate_model_states takes (zero estimate --hf-config).
+std::vector<ParameterShape> llama_parameters(const LlamaConfig& config);
 
 /// y = weight * x / sqrt(mean(x^2) + eps), computed in fp32.
 class LlamaRMSNormImpl : public torch::nn::Module {
