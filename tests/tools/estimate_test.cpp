@@ -261,8 +261,18 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   EXPECT_GT(largest(8), largest(7));
   EXPECT_EQ(t["configurations"][0]["fits"], false);  // 1.3B x 18 bytes > 16 GB
   EXPECT_EQ(t["configurations"][5]["fits"], true);
+  // A small model's cells read in the unit that fits, not 0.00 GB.
+  ASSERT_EQ(sh(e + "--params 1000 --stage 0 > " + dir.file("small.log") + " 2>&1"), 0) << read_text(dir.file("small.log"));
+  EXPECT_NE(read_text(dir.file("small.log")).find("18.00 KiB (2.00 KiB + 4.00 KiB + 12.00 KiB)"), std::string::npos)
+      << read_text(dir.file("small.log"));
+  // A missing file is named.
+  EXPECT_EQ(sh(e + "--weights " + dir.file("none.safetensors") + " > " + dir.file("w.log") + " 2>&1"), 1);
+  EXPECT_NE(read_text(dir.file("w.log")).find(dir.file("none.safetensors")), std::string::npos) << read_text(dir.file("w.log"));
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
-           {"", "expected one of --params P or --model"},
+           {"", "expected one model: --params P, --model mingpt:L,C[,V,T], --hf-config FILE"},
+           {"--params 1e9 --hf-config x.json", "expected one model"},
+           {"--params 1e9 --micro-batch 2", "--micro-batch goes with --model or --calibrate"},
+           {"--model mingpt:2,64 --calibrate r.json", "--calibrate measures them: give one"},
            {"--params 1.3Q", "--params: expected a whole number of parameters"},
            {"--model gpt:2,3", "--model: expected mingpt:L,C[,V,T]"},
            {"--params 1e9 --offload-param cpu", "go with --stage"},
