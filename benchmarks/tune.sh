@@ -6,23 +6,26 @@
 # one run's noise does not decide), and the runs and time each took. Writes
 # OUT/tune.md and OUT/tune.json.
 #
-#   benchmarks/tune.sh [--out DIR] [--bin DIR] [-- ZERO_TUNE_OPTIONS...]
+#   benchmarks/tune.sh [--out DIR] [--bin DIR] [--program] [-- ZERO_TUNE_OPTIONS... [-- PROGRAM ARGS...]]
 #
 # Default grid: mingpt:4,256,512,128 on 2 ranks, per rank 80 MiB of
 # (emulated) device memory and 1 GiB of host memory; stages 0-3, offload
 # none/cpu/nvme (a scratch folder), checkpointing none/blocks, micro-batches
 # 2, 8 and 32, one bucket size (4e5): a few minutes on two cores.
+# --program: the same model and grid (checkpointing none) with mingpt run
+# as a user's program (`zero tune ... -- mingpt --config {config} ...`).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
-out="$root/build/tune" bin="$root/build/bin"
+out="$root/build/tune" bin="$root/build/bin" program=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
+    --program) program=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tune.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
 done
@@ -30,19 +33,32 @@ done
 mkdir -p "$out"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/tune-bench-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-if [ $# -eq 0 ]; then
+if [ $# -eq 0 ] && [ $program = 1 ]; then
+  set -- --ranks 2 --device-memory 80MiB --host-memory 1GiB --nvme-path "$scratch" --checkpointing none \
+    --micro-batches 2,8,32 --bucket-sizes 4e5 --steps 4 -- "$bin/mingpt" --config '{config}' --vocab_size 512 \
+    --block_size 128 --n_layer 4 --n_embd 256 --n_head 4 --limit_train_batches 1000
+elif [ $# -eq 0 ]; then
   set -- --model mingpt:4,256,512,128 --ranks 2 --device-memory 80MiB --host-memory 1GiB \
     --nvme-path "$scratch" --checkpointing none,blocks --micro-batches 2,8,32 --bucket-sizes 4e5 --steps 4
 fi
+# The tuner's options, then (after --) the program's: the outputs go before it.
+opts=() prog=() after=0
+for a in "$@"; do
+  if [ $after = 0 ] && [ "$a" = "--" ]; then after=1
+  elif [ $after = 1 ]; then prog+=("$a")
+  else opts+=("$a"); fi
+done
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 echo "== zero tune $*"
 start=$(date +%s)
-"$bin/zero" tune "$@" --out "$out/tuned.config.json" --json "$out/tuned.json" 2>&1 | tee "$out/tuned.log"
+"$bin/zero" tune "${opts[@]}" --out "$out/tuned.config.json" --json "$out/tuned.json" ${prog[@]+-- "${prog[@]}"} 2>&1 |
+  tee "$out/tuned.log"
 tuned_s=$(( $(date +%s) - start ))
 echo "== zero tune --exhaustive $*"
 start=$(date +%s)
-"$bin/zero" tune "$@" --exhaustive --out "$out/exhaustive.config.json" --json "$out/exhaustive.json" 2>&1 |
+"$bin/zero" tune "${opts[@]}" --exhaustive --out "$out/exhaustive.config.json" --json "$out/exhaustive.json" \
+  ${prog[@]+-- "${prog[@]}"} 2>&1 |
   tee "$out/exhaustive.log"
 exhaustive_s=$(( $(date +%s) - start ))
 

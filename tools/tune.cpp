@@ -27,11 +27,11 @@
 //      the candidates it dominated come back into the frontier; one that
 //      failed, or ran past --run-timeout (stopped: a hung run), ends its
 //      point. Then the winner's other bucket sizes.
-// A program's model is known from a first run that only builds it
-// (ZERO_STOP_AFTER_STEPS=0 at stage 3 with everything offloaded: the run
-// report lists its parameters and layers); its activations are not known
-// before it trains, so its estimates hold the model states and the
-// engine's buffers only, and a run past a budget is reported and skipped.
+// A program's model is known from a first run of two steps at stage 3 with
+// everything offloaded (ZERO_STOP_AFTER_STEPS=2, no budgets): its run report
+// lists the parameters and layers, and its device peak less the estimated
+// states and buffers of that config gives the activations per sample, which
+// the candidates' estimates then take (as zero estimate --calibrate).
 // The fastest measured (tokens per second, or samples per second when the
 // program does not say its tokens per sample) is written as ds_config.json;
 // --exhaustive measures every candidate that fits instead (the benchmark of
@@ -554,11 +554,16 @@ int tune(const std::vector<std::string>& args) {
     };
 
     std::vector<ParameterShape> shapes;
+    double activation_per_sample = 0;  // a program's, measured
     if (plan.program.empty()) {
       shapes = mingpt_parameters(plan.n_layer, plan.n_embd, plan.vocab, plan.block);
     } else {
-      // The program's model, from a run that builds it and stops: at stage 3
-      // with everything offloaded (the least device memory), no budgets.
+      // The program's model and its activations, from a run that builds it
+      // and trains two steps at stage 3 with everything offloaded (the least
+      // device memory), no budgets: its report lists the parameters, and
+      // its device peak less what the estimator gives this config's states
+      // and buffers is the activations of `micro_batch` samples (as zero
+      // estimate --calibrate).
       Candidate d;
       d.family = 7;  // stage 3 + optimizer cpu + params cpu
       d.micro_batch = micro_batches.front();
@@ -567,9 +572,9 @@ int tune(const std::vector<std::string>& args) {
       cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // every layer's parameters in its layer
       const std::string cfg_path = scratch.path() + "/describe.json";
       ckpt::write_file_atomically(cfg_path, cfg.dump(2) + "\n");
-      std::fprintf(stderr, "zero tune: building the program's model once to read its parameters ...");
+      std::fprintf(stderr, "zero tune: training the program 2 steps at stage 3 with offload to read its model ...");
       std::fflush(stderr);
-      const auto r = zero::runs::run_probe(probe_run("describe", cfg_path, d.micro_batch, 0, 0, false));
+      const auto r = zero::runs::run_probe(probe_run("describe", cfg_path, d.micro_batch, 0, 2, false));
       if (r.outcome != zero::runs::ProbeResult::Outcome::kTrained || r.reports.empty()) {
         std::fprintf(stderr, " failed\n");
         std::cerr << "zero tune: the program did not build its model at stage 3 with offload (" << r.command
@@ -577,11 +582,21 @@ int tune(const std::vector<std::string>& args) {
         return 1;
       }
       shapes = r.reports.front().parameters();
-      std::fprintf(stderr, " %zu parameter tensors, %.1f s\n", shapes.size(), r.seconds);
       if (shapes.empty()) {
+        std::fprintf(stderr, " failed\n");
         std::cerr << "zero tune: the program's model has no trainable parameters\n";
         return 1;
       }
+      config::LoadOptions lo;
+      lo.world_size = plan.ranks;
+      lo.auto_stand_ins = true;
+      const auto dcfg = config::load_string(cfg.dump(), lo, "zero tune (its first run)");
+      const int64_t base = estimate_peak(dcfg, shapes, Activations{}, plan.on_cuda && plan.ranks > 1).device();
+      activation_per_sample = static_cast<double>(std::max<int64_t>(0, r.peak_device - base)) /
+                              static_cast<double>(d.micro_batch);
+      std::fprintf(stderr, " %zu parameter tensors; %s of activations a sample (device peak %s); %.1f s\n",
+                   shapes.size(), format_bytes(static_cast<int64_t>(activation_per_sample)).c_str(),
+                   format_bytes(r.peak_device).c_str(), r.seconds);
     }
     int64_t num_parameters = 0;
     std::map<int, int64_t> layer_sizes;
@@ -622,8 +637,10 @@ int tune(const std::vector<std::string>& args) {
               w.micro_batch = mb;
               w.checkpointing = ck > 0;
               c.estimate = estimate_peak(cfg, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
-            } else {  // activations unknown: model states and buffers
-              c.estimate = estimate_peak(cfg, shapes, Activations{}, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            } else {  // the activations measured in the first run, per sample
+              Activations a;
+              a.device = static_cast<int64_t>(activation_per_sample * static_cast<double>(mb));
+              c.estimate = estimate_peak(cfg, shapes, a, /*nccl=*/plan.on_cuda && plan.ranks > 1);
             }
             c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
                      (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
@@ -639,8 +656,8 @@ int tune(const std::vector<std::string>& args) {
                     static_cast<long long>(plan.vocab), static_cast<long long>(plan.block),
                     human_count(static_cast<double>(num_parameters)).c_str(), static_cast<long long>(plan.n_head));
     else
-      std::snprintf(what, sizeof what, "%s (%s parameters; estimates without its activations)",
-                    plan.program[0].c_str(), human_count(static_cast<double>(num_parameters)).c_str());
+      std::snprintf(what, sizeof what, "%s (%s parameters)", plan.program[0].c_str(),
+                    human_count(static_cast<double>(num_parameters)).c_str());
     std::fprintf(stderr, "zero tune: %s on %lld rank(s), %s, %s; per rank: device %s, host %s%s\n", what,
                  static_cast<long long>(plan.ranks), plan.on_cuda ? "cuda" : "cpu", plan.precision.c_str(),
                  mib(plan.device_budget).c_str(), mib(plan.host_budget).c_str(),

@@ -123,8 +123,8 @@ TEST(TuneProgram, RunsTheUsersProgramWithEachCandidate) {
                            " > " + dir.file("log") + " 2>&1";
   ASSERT_EQ(sh(tune), 0) << read_text(dir.file("log"));
   const std::string log = read_text(dir.file("log"));
-  EXPECT_NE(log.find("building the program's model once"), std::string::npos) << log;
-  EXPECT_NE(log.find("estimates without its activations"), std::string::npos) << log;
+  EXPECT_NE(log.find("training the program 2 steps at stage 3 with offload to read its model"), std::string::npos) << log;
+  EXPECT_NE(log.find("of activations a sample"), std::string::npos) << log;
   EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
   const auto report = nlohmann::json::parse(read_text(dir.file("tune.json")));
   EXPECT_EQ(report["model"]["program"][0], kBin + "mingpt");
