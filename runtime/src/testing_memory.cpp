@@ -14,6 +14,7 @@
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/run_report.h"
 
 namespace zero::testing {
 namespace {

@@ -1,5 +1,6 @@
 // Trains a linear model for a few steps through the installed zero package.
 #include <torch/nn/modules/linear.h>
+#include <zero/testing/memory.h>
 #include <zero/zero.h>
 
 int main() {
@@ -22,5 +23,8 @@ int main() {
   }
   std::printf("consumer: loss %.4f -> %.4f over %lld steps\n", first, last,
               static_cast<long long>(engine.global_steps()));
-  return last < first ? 0 : 1;
+  // A memory-regression check from another project's test.
+  const auto check = zero::testing::expect_model_states_near_formula(engine, 0.05);
+  if (!check) std::printf("%s", check.message.c_str());
+  return last < first && check ? 0 : 1;
 }

@@ -17,7 +17,6 @@
 
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
-#include "zero/runtime/run_report.h"
 
 namespace zero::testing {
 
@@ -27,7 +26,7 @@ namespace zero::testing {
 /// comm_buffers) and "model_states/<kind>" (bytes now).
 using MemoryFigures = std::map<std::string, int64_t>;
 
-MemoryFigures figures_of(const RunReport& report);
+/// This rank's figures now (a run report's, zero memcheck's, are the same).
 MemoryFigures figures_of(Engine& engine);
 
 /// A baseline file: every rank's figures and how they were made.

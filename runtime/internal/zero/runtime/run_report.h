@@ -49,6 +49,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero/runtime/estimate.h"
+#include "zero/testing/memory.h"
 
 namespace zero {
 
@@ -83,3 +84,8 @@ struct RunReport {
 RunReport read_run_report(const std::string& file);
 
 }  // namespace zero
+
+namespace zero::testing {
+/// A run report's memory figures, as figures_of(engine) gives them.
+MemoryFigures figures_of(const RunReport& report);
+}  // namespace zero::testing
