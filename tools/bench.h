@@ -74,18 +74,20 @@ int checkpoint_command(const std::vector<std::string>& args);
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
 namespace zero::tools {
 
-/// Parses `--NAME VALUE` pairs for the positive integer options already in
-/// `ints` (their defaults) and `--json FILE` (checked writable up front). On a bad value or an unknown
-/// option, prints an error naming it (with the nearest option) for `command`
-/// and returns false.
 /// The folder of the running executable (build/bin), where mingpt is too.
 std::string self_dir();
+
+/// Why option `a` is refused, or "" when it is one of `known` not given
+/// before (it is then added to `seen`): an unknown option names the nearest
+/// known one, a second one says to give it once.
+std::string option_problem(const std::string& a, const std::vector<std::string>& known, std::set<std::string>& seen);
 
 /// A fresh folder $TMPDIR/zero-bench-NAME-XXXXXX (TMPDIR or /tmp) for a bench's configs, logs and
 /// summaries, removed with everything in it (and any path given to

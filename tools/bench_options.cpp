@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -166,6 +167,15 @@ bool parse_bench_options(const std::string& command, const std::vector<std::stri
       return false;
     }
   return true;
+}
+
+std::string option_problem(const std::string& a, const std::vector<std::string>& known, std::set<std::string>& seen) {
+  if (std::find(known.begin(), known.end(), a) == known.end()) {
+    const auto near = nearest(a, known);
+    return a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?");
+  }
+  if (!seen.insert(a).second) return a + " given twice: give it once";
+  return "";
 }
 
 }  // namespace zero::tools

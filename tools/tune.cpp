@@ -365,11 +365,7 @@ int tune(const std::vector<std::string>& args) {
       std::cout << kTuneUsage;
       return 0;
     }
-    if (std::find(known.begin(), known.end(), a) == known.end()) {
-      const auto near = nearest(a, known);
-      return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
-    }
-    if (!seen.insert(a).second) return fail(a + " given twice: give it once");
+    if (const std::string problem = option_problem(a, known, seen); !problem.empty()) return fail(problem);
     if (a == "--exhaustive" || a == "--oversubscribe") {
       (a == "--exhaustive" ? exhaustive : oversubscribe) = true;
       continue;

@@ -47,6 +47,15 @@ at::Tensor read(const std::string& file, const std::string& name) {
   return reader->read_tensor(file, name);
 }
 
+// A flat file of `count` uint16 token ids, (i * mul + i / div) % vocab.
+void write_tokens(const std::string& path, int count, int mul, int div, int vocab) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < count; ++i) {
+    const uint16_t t = static_cast<uint16_t>((i * mul + i / div) % vocab);
+    out.write(reinterpret_cast<const char*>(&t), 2);
+  }
+}
+
 struct Case {
   std::string name;
   int tie, kv_heads;
@@ -93,13 +102,7 @@ TEST(LlamaTrain, SaveHfAtStage3OnTwoRanksLoadsInTransformers) {
   const std::string tokens = "3,1,4,1,5,9,2,6";
   ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens " + tokens, dir + "/make.log"), 0)
       << ck::read_small_file(dir + "/make.log");
-  {  // token ids 0..63, uint16
-    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
-    for (int i = 0; i < 4000; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 7 + i / 13) % 64);
-      out.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_tokens(dir + "/tokens.bin", 4000, 7, 13, 64);  // token ids 0..63, uint16
   std::ofstream(dir + "/ds.json")
       << R"({"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": 1.0,
              "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}},
@@ -190,13 +193,7 @@ TEST_P(LlamaStep, EqualsTorchAdamWWithTheSameGroups) {
   // pad_token_id 0 (token 0 is in the data): its embedding row takes no gradient.
   ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens 1 --pad 0", dir + "/make.log"), 0)
       << ck::read_small_file(dir + "/make.log");
-  {
-    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
-    for (int i = 0; i < 2000; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 11 + i / 7) % 64);
-      out.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_tokens(dir + "/tokens.bin", 2000, 11, 7, 64);
   std::ofstream(dir + "/ds.json") << R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.5}},
       "zero_optimization": {"stage": )" << stage
@@ -244,13 +241,7 @@ TEST(LlamaTune, TunesTheLlamaProgram) {
   ck::make_folders(dir + "/tmp");
   ASSERT_EQ(sh(py(dir) + dir + "/hf --tie 0 --kv-heads 2 --rope default --tokens 1,2", dir + "/make.log"), 0)
       << ck::read_small_file(dir + "/make.log");
-  {
-    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
-    for (int i = 0; i < 20000; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 5 + i / 7) % 64);
-      out.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_tokens(dir + "/tokens.bin", 20000, 5, 7, 64);
   std::ofstream(dir + "/base.json") << R"({"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.1}}})";
   const std::string train = kBin + "llama train --model " + dir + "/hf --data " + dir +
@@ -293,13 +284,7 @@ TEST(LlamaEstimate, FromItsConfigAndWeightsWithin5PercentOfTheLedger) {
                dir + "/make.log"),
             0)
       << ck::read_small_file(dir + "/make.log");
-  {
-    std::ofstream out(dir + "/tokens.bin", std::ios::binary);
-    for (int i = 0; i < 20000; ++i) {
-      const uint16_t t = static_cast<uint16_t>((i * 5 + i / 7) % 512);
-      out.write(reinterpret_cast<const char*>(&t), 2);
-    }
-  }
+  write_tokens(dir + "/tokens.bin", 20000, 5, 7, 512);
   {  // the parameters three ways
     const auto cfg = zero::models::LlamaConfig::from_file(dir + "/hf");
     zero::models::LlamaForCausalLM model(cfg);
