@@ -80,7 +80,9 @@ std::optional<nlohmann::json> run_mingpt_ranks(const std::string& command, const
   argv.insert(argv.end(), mingpt_args.begin(), mingpt_args.end());
   argv.insert(argv.end(), {"--summary-json", base + ".summary.json"});
   std::fprintf(stderr, "%s: running %s on %lld ranks ...\n", command.c_str(), name.c_str(), static_cast<long long>(nproc));
-  if (const int status = zero::runs::run_logged(argv, base + ".log"); status != 0) {
+  // Not told a stop or a budget: one exported in this shell must not end or cap the bench's runs.
+  const auto env = zero::runs::environment_without_protocol();
+  if (const int status = zero::runs::run_logged(argv, base + ".log", 0, 20, nullptr, &env); status != 0) {
     std::cerr << command << ": the run " << name << " failed with exit status " << status
               << "; the end of its output:\n" << log_tail(base + ".log", 15);
     return std::nullopt;

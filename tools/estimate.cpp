@@ -397,6 +397,7 @@ int estimate(const std::vector<std::string>& args) {
       ckpt::SavedLayout layout;
       ckpt::PieceReader::weights(ckpt::WeightFiles::resolve(weights_path), nullptr, &layout, &tensors, {});
       fixed = weights_parameters(tensors);
+      if (fixed.empty()) throw IoError(weights_path + ": no floating-point tensor (no parameter to count)");
       what = weights_path + " (" + std::to_string(fixed.size()) + " tensors)";
     } else if (report && sources == 0) {
       fixed = report->parameters();
@@ -425,10 +426,19 @@ int estimate(const std::vector<std::string>& args) {
     int64_t step_micro_batch = micro_batch;
     nlohmann::json calibration;
     if (report) {
+      if ((report->outcome != "completed" && report->outcome != "stopped") || report->steps < 1)
+        throw UsageError("--calibrate " + calibrate_path + ": a run that trained no step (outcome " + report->outcome +
+                         ", " + std::to_string(report->steps) + " steps) measured no activations");
       const auto& rc = report->json.at("config");
       Setup rs{"the report's config", rc.at("stage").get<int>(), rc.at("offload_optimizer").get<std::string>(),
                rc.at("offload_param").get<std::string>()};
-      const auto rcfg = config_for(rs, rc.at("precision").get<std::string>(), report->world_size);
+      // The run's own config, buckets and thresholds included.
+      config::LoadOptions ro;
+      ro.world_size = report->world_size;
+      ro.auto_stand_ins = true;
+      const auto rcfg = rc.contains("resolved")
+                            ? config::load_string(rc.at("resolved").dump(), ro, calibrate_path + " (its config)")
+                            : config_for(rs, rc.at("precision").get<std::string>(), report->world_size);
       const int64_t rmb = std::max<int64_t>(1, rc.at("train_micro_batch_size_per_gpu").get<int64_t>());
       const bool rnccl = report->json.value("device", "cpu").rfind("cuda", 0) == 0 && report->world_size > 1;
       const auto shapes = shapes_for(size);

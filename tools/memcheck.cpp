@@ -52,6 +52,8 @@ std::optional<double> parse_tolerance(std::string v) {
   errno = 0;
   const double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x) || x < 0) return std::nullopt;
+  // A bare 5 would be 500%: a share is below 1, or a percentage says so.
+  if (!percent && x >= 1) return std::nullopt;
   const double t = percent ? x / 100 : x;
   if (t > 100) return std::nullopt;
   return t;
@@ -111,7 +113,7 @@ int memcheck(const std::vector<std::string>& args) {
     } else if (a == "--tolerance") {
       if (mode != "check") return fail("--tolerance goes with check");
       const auto t = parse_tolerance(v);
-      if (!t) return fail("--tolerance: expected a share such as 5% or 0.05; got \"" + v + "\"");
+      if (!t) return fail("--tolerance: expected a share such as 5% or 0.05 (below 1 without %); got \"" + v + "\"");
       tolerance = *t;
     } else if (a == "--slack") {
       if (mode != "check") return fail("--slack goes with check");
@@ -141,7 +143,15 @@ int memcheck(const std::vector<std::string>& args) {
 
   try {
     std::optional<testing::Baseline> baseline;
-    if (mode == "check") baseline = testing::read_baseline(baseline_path);  // before the run: a bad file is found at once
+    if (mode == "check") {  // before the run: a bad file, or another world size, is found at once
+      baseline = testing::read_baseline(baseline_path);
+      if (baseline->world_size != ranks) {
+        std::cerr << "zero memcheck: " << baseline_path << " was recorded on " << baseline->world_size
+                  << " rank(s); --ranks " << ranks << " runs on " << ranks << ": give --ranks "
+                  << baseline->world_size << ", or record a baseline at this size\n";
+        return 2;
+      }
+    }
     runs::CatchStopSignals stop;
     runs::ScratchDir scratch(runs::temp_parent(), "zero-memcheck");
     runs::ProbeRun run;

@@ -262,6 +262,7 @@ struct Plan {
   nlohmann::json base;
   int64_t largest_layer = 0;  // elements of the largest stage-3 layer
   std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
+  bool set_precision = true;         // a program keeps its base config's precision unless --precision says
 };
 
 // The base config with the candidate's keys; `nvme_path` for its swap files.
@@ -271,8 +272,10 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   j.erase("train_batch_size");
   j["train_micro_batch_size_per_gpu"] = c.micro_batch;
   j["gradient_accumulation_steps"] = plan.gas;
-  j["fp16"] = {{"enabled", plan.precision == "fp16"}};
-  j["bf16"] = {{"enabled", plan.precision == "bf16"}};
+  if (plan.set_precision) {
+    j["fp16"] = {{"enabled", plan.precision == "fp16"}};
+    j["bf16"] = {{"enabled", plan.precision == "bf16"}};
+  }
   nlohmann::json z = j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
   for (const char* k : {"offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
                         "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
@@ -315,6 +318,19 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
                                      {"cpu_checkpointing", c.checkpointing == 2},
                                      {"contiguous_memory_optimization", false}};
   return j;
+}
+
+// "" when the run trained at `stage` with `micro_batch` as its config said;
+// else what it did instead (a program that does not read {config} whole).
+std::string config_mismatch(const RunReport& r, int stage, int64_t micro_batch) {
+  const auto& c = r.json.at("config");
+  const int got_stage = c.at("stage").get<int>();
+  const int64_t got_mb = c.at("train_micro_batch_size_per_gpu").get<int64_t>();
+  if (got_stage == stage && got_mb == micro_batch) return "";
+  return "the program trained at stage " + std::to_string(got_stage) + " with micro-batch " + std::to_string(got_mb) +
+         " where its config said stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro_batch) +
+         " (" + c.value("source", std::string("?")) + "): does it take its DeepSpeed config from {config}, whole, "
+         "without --batch_size or the like overriding it?";
 }
 
 int64_t free_bytes(const std::string& path) {
@@ -448,6 +464,7 @@ int tune(const std::vector<std::string>& args) {
   if (!program.empty()) {
     if (n_head) return fail("--n_head goes with --model mingpt:...");
     if (!trainer.empty()) return fail("--trainer goes with --model mingpt:...");
+    if (device) return fail("--device goes with --model mingpt:... (a program picks its own device)");
     bool has_config = false;
     for (const auto& a : program) has_config = has_config || a.find("{config}") != std::string::npos;
     if (!has_config)
@@ -469,6 +486,7 @@ int tune(const std::vector<std::string>& args) {
   if (offload && offload->count(2) && plan.nvme_path.empty()) return fail("--offload nvme needs --nvme-path DIR");
   if (!offload) offload = plan.nvme_path.empty() ? std::set<int>{0, 1} : std::set<int>{0, 1, 2};
   plan.program = program;
+  plan.set_precision = program.empty() || precision.has_value();
   if (model) {
     plan.n_layer = (*model)[0], plan.n_embd = (*model)[1], plan.vocab = (*model)[2], plan.block = (*model)[3];
     plan.n_head = n_head.value_or(std::max<int64_t>(1, plan.n_embd / 64));
@@ -570,11 +588,18 @@ int tune(const std::vector<std::string>& args) {
       ckpt::write_file_atomically(cfg_path, cfg.dump(2) + "\n");
       std::fprintf(stderr, "zero tune: training the program 2 steps at stage 3 with offload to read its model ...");
       std::fflush(stderr);
-      const auto r = zero::runs::run_probe(probe_run("describe", cfg_path, d.micro_batch, 0, 2, false));
+      auto describe_run = probe_run("describe", cfg_path, d.micro_batch, 0, 2, false);
+      describe_run.need_applied_step = false;  // fp16 may skip both: the peak of forward and backward is there
+      const auto r = zero::runs::run_probe(describe_run);
       if (r.outcome != zero::runs::ProbeResult::Outcome::kTrained || r.reports.empty()) {
         std::fprintf(stderr, " failed\n");
-        std::cerr << "zero tune: the program did not build its model at stage 3 with offload (" << r.command
-                  << "):\n" << r.message << "\n";
+        std::cerr << "zero tune: the program did not train at stage 3 with offload (" << r.command << "):\n"
+                  << r.message << "\n";
+        return 1;
+      }
+      if (const std::string off = config_mismatch(r.reports.front(), 3, d.micro_batch); !off.empty()) {
+        std::fprintf(stderr, " failed\n");
+        std::cerr << "zero tune: " << off << "\n";
         return 1;
       }
       shapes = r.reports.front().parameters();
@@ -681,6 +706,13 @@ int tune(const std::vector<std::string>& args) {
                    describe(c).c_str());
       std::fflush(stderr);
       c.run = zero::runs::run_probe(probe_run(tag, cfg_path, c.micro_batch, c.checkpointing, plan.steps, true));
+      if (!plan.program.empty() && c.run.outcome == zero::runs::ProbeResult::Outcome::kTrained) {
+        const std::string off = config_mismatch(c.run.reports.front(), kFamilies[c.family].stage, c.micro_batch);
+        if (!off.empty()) {  // measured, but not this candidate
+          c.run.outcome = zero::runs::ProbeResult::Outcome::kFailed;
+          c.run.message = off + "\n";
+        }
+      }
       run_seconds += c.run.seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char eta[96];

@@ -56,6 +56,7 @@ struct MemoryLedger::Shared {
   std::array<int64_t, kNumTiers> limits{};
   std::array<std::string, kNumTiers> limit_keys;
   int64_t host_limit = 0;  // pinned + pageable
+  LedgerCounter host_total;  // pinned + pageable: now, and the peak of the sum
   std::string host_limit_key;
   // The CUDA device whose run page-locks the pinned tier (NOTE [pinned host
   // memory]), or -1: a CPU run's pinned tier is host memory.
@@ -86,13 +87,20 @@ struct MemoryLedger::Shared {
     cell.peak_bytes = std::max(cell.peak_bytes, cell.current_bytes);
     tier.current_bytes += n;
     tier.peak_bytes = std::max(tier.peak_bytes, tier.current_bytes);
-    if (is_host(t)) g_host_tier_bytes.fetch_add(n, std::memory_order_relaxed);
+    if (is_host(t)) {
+      g_host_tier_bytes.fetch_add(n, std::memory_order_relaxed);
+      host_total.current_bytes += n;
+      host_total.peak_bytes = std::max(host_total.peak_bytes, host_total.current_bytes);
+    }
   }
   void sub(Tier t, Kind k, int64_t n) {
     std::lock_guard<std::mutex> lock(mu);
     cells[static_cast<int>(t)][static_cast<int>(k)].current_bytes -= n;
     tiers[static_cast<int>(t)].current_bytes -= n;
-    if (is_host(t)) g_host_tier_bytes.fetch_sub(n, std::memory_order_relaxed);
+    if (is_host(t)) {
+      g_host_tier_bytes.fetch_sub(n, std::memory_order_relaxed);
+      host_total.current_bytes -= n;
+    }
   }
 };
 
@@ -247,6 +255,12 @@ void MemoryLedger::reset_peaks() {
   for (auto& row : shared_->cells)
     for (auto& c : row) c.peak_bytes = c.current_bytes;
   for (auto& t : shared_->tiers) t.peak_bytes = t.current_bytes;
+  shared_->host_total.peak_bytes = shared_->host_total.current_bytes;
+}
+
+LedgerCounter MemoryLedger::host_total() const {
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  return shared_->host_total;
 }
 
 std::string MemoryLedger::summary() const {

@@ -239,6 +239,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   auto& s = *impl_;
   ZERO_CHECK(model != nullptr, "initialize needs a model");
   check_trainable(config);
+  (void)RunReportSettings::from_environment();  // a bad ZERO_STOP_AFTER_STEPS is refused before anything is made
   InitState* init = init_state.get();
   if (init != nullptr) {
     ZERO_CHECK(!init->adopted, "this zero::Init was already given to an engine");
@@ -369,8 +370,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
-  s.reporter = detail::RunReporter::start(s);  // NOTE [run report]
-  if (s.reporter) s.reporter->after_initialize();
+  try {  // NOTE [run report]
+    s.reporter = detail::RunReporter::start(s);
+    if (s.reporter) s.reporter->after_initialize();
+  } catch (...) {  // no destructor will run: the thread must not keep the checkpointer
+    checkpointing::unregister_current(s.checkpointer.get());
+    throw;
+  }
 }
 
 Engine::~Engine() {

@@ -82,6 +82,7 @@ namespace {
 
 std::mutex g_reporter_mutex;
 RunReporter* g_reporter = nullptr;  // the process's reporting engine's
+bool g_reported = false;            // an engine of this process has reported: later ones do not
 std::terminate_handler g_previous_terminate = nullptr;
 
 // An exception nobody caught: the report says so before the process goes.
@@ -128,9 +129,10 @@ const char* precision_of(const config::Config& c) { return c.bf16.enabled ? "bf1
 
 std::unique_ptr<RunReporter> RunReporter::start(Engine::Impl& engine) {
   const auto settings = RunReportSettings::from_environment();
-  if (settings.path.empty()) return nullptr;
+  if (settings.path.empty() && !settings.stop_after_steps) return nullptr;
   std::lock_guard<std::mutex> lock(g_reporter_mutex);
-  if (g_reporter != nullptr) return nullptr;  // the first engine reports
+  if (g_reported) return nullptr;  // the process's first engine reports
+  g_reported = true;
   std::unique_ptr<RunReporter> r(new RunReporter(engine, settings));
   g_reporter = r.get();
   g_previous_terminate = std::set_terminate(report_then_terminate);
@@ -180,6 +182,7 @@ void RunReporter::at_engine_end() {
 }
 
 void RunReporter::write(const std::string& outcome, const std::string& error) {
+  if (settings_.path.empty()) return;  // ZERO_STOP_AFTER_STEPS alone: a stop, no report
   auto& s = engine_;
   nlohmann::json ledger = nlohmann::json::object();
   for (const Tier t : {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme}) {
@@ -237,7 +240,8 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
        {{"device", device_peak_bytes(s)},
         {"pinned_host", s.ledger().get(Tier::kPinnedHost).peak_bytes},
         {"host", s.ledger().get(Tier::kHost).peak_bytes},
-        {"nvme", s.ledger().get(Tier::kNvme).peak_bytes}}},
+        {"nvme", s.ledger().get(Tier::kNvme).peak_bytes},
+        {"host_total", s.ledger().host_total().peak_bytes}}},
       {"ledger", ledger},
       {"model_state_bytes", states(std::nullopt)},
       {"model_state_bytes_by_tier", {{"device", states(Tier::kDevice)}, {"host", host}, {"nvme", states(Tier::kNvme)}}},
@@ -252,7 +256,8 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
         {"gradient_accumulation_steps", s.config.batch.gradient_accumulation_steps},
         {"train_batch_size", samples},
         {"offload_optimizer", config::to_string(z.offload_optimizer.device)},
-        {"offload_param", config::to_string(z.offload_param.device)}}},
+        {"offload_param", config::to_string(z.offload_param.device)},
+        {"resolved", nlohmann::json::parse(s.config.canonical_json)}}},
       {"parameters", params},
   };
   if (!error.empty()) j["error"] = {{"tier", out_of_memory_tier(error)}, {"message", error}};

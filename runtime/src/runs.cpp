@@ -271,19 +271,24 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::vector<std::string> environment_without_protocol() {
+  const std::vector<std::string> ours = {"ZERO_RUN_REPORT", "ZERO_STOP_AFTER_STEPS", "ZERO_DEVICE_MEMORY",
+                                         "ZERO_HOST_MEMORY", "ZERO_NVME_BYTES"};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (std::find(ours.begin(), ours.end(), entry.substr(0, entry.find('='))) == ours.end()) env.push_back(entry);
+  }
+  return env;
+}
+
 ProbeResult run_probe(const ProbeRun& run) {
   ProbeResult r;
   std::vector<std::string> argv;
   if (run.nproc > 1) argv = {run.launcher, "launch", "--nproc_per_node", std::to_string(run.nproc), "--"};
   argv.insert(argv.end(), run.argv.begin(), run.argv.end());
   // This process's environment less the protocol's variables, then the run's.
-  const std::vector<std::string> ours = {"ZERO_RUN_REPORT", "ZERO_STOP_AFTER_STEPS", "ZERO_DEVICE_MEMORY",
-                                         "ZERO_HOST_MEMORY", "ZERO_NVME_BYTES"};
-  std::vector<std::string> env, told;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    if (std::find(ours.begin(), ours.end(), entry.substr(0, entry.find('='))) == ours.end()) env.push_back(entry);
-  }
+  std::vector<std::string> env = environment_without_protocol(), told;
   told.push_back("ZERO_RUN_REPORT=" + run.report_path);
   if (run.stop_after_steps) told.push_back("ZERO_STOP_AFTER_STEPS=" + std::to_string(*run.stop_after_steps));
   if (run.device_budget) told.push_back("ZERO_DEVICE_MEMORY=" + std::to_string(*run.device_budget));
@@ -357,7 +362,10 @@ ProbeResult run_probe(const ProbeRun& run) {
   r.step_s = count ? sum / static_cast<double>(count) : 0;
   for (const auto& rep : r.reports) {
     r.peak_device = std::max(r.peak_device, rep.peak("device"));
-    r.peak_host = std::max(r.peak_host, rep.peak("pinned_host") + rep.peak("host"));
+    // The peak of pinned and pageable together (older reports: the sum of their peaks).
+    const int64_t host = rep.json.at("peak_bytes").contains("host_total") ? rep.peak("host_total")
+                                                                           : rep.peak("pinned_host") + rep.peak("host");
+    r.peak_host = std::max(r.peak_host, host);
     r.peak_nvme = std::max(r.peak_nvme, rep.peak("nvme"));
   }
   if (run.stop_after_steps && *run.stop_after_steps == 0) {  // a description run: nothing to train
@@ -370,7 +378,7 @@ ProbeResult run_probe(const ProbeRun& run) {
   }
   // fp16's first steps may all overflow and be skipped: then no optimizer
   // step ran (no CPU Adam, no swap of states) and the peak is short of one.
-  if (first.skipped_steps >= static_cast<int64_t>(r.step_times.size())) {
+  if (run.need_applied_step && first.skipped_steps >= static_cast<int64_t>(r.step_times.size())) {
     r.message = "every optimizer step was skipped (fp16 overflow), so its peak lacks an optimizer step: run more "
                 "steps or lower fp16.initial_scale_power";
     return r;

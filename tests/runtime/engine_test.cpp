@@ -829,10 +829,23 @@ namespace {
 // when it goes: its steps and their times, peaks per tier and kind, model
 // states and its parameters; an out-of-memory error made while it lived
 // (caught or not) is its outcome.
+// ZERO_RUN_REPORT for the test's life, and a folder for the report.
+struct ReportEnv {
+  std::string dir = std::filesystem::temp_directory_path().string() + "/zero-report-" + std::to_string(::getpid());
+  ReportEnv() {
+    std::filesystem::create_directories(dir);
+    ::setenv("ZERO_RUN_REPORT", (dir + "/r").c_str(), 1);
+  }
+  ~ReportEnv() {
+    ::unsetenv("ZERO_RUN_REPORT");
+    std::filesystem::remove(dir + "/r.rank0");
+    std::filesystem::remove(dir);
+  }
+};
+
 TEST(RunReport, WrittenWhenTheEngineGoes) {
-  const std::string dir = std::filesystem::temp_directory_path().string() + "/zero-report-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
-  ::setenv("ZERO_RUN_REPORT", (dir + "/r").c_str(), 1);
+  ReportEnv env;
+  const std::string dir = env.dir;
   zero::testing::MemoryFigures live;
   std::vector<zero::ParameterShape> shapes;
   {
@@ -850,6 +863,10 @@ TEST(RunReport, WrittenWhenTheEngineGoes) {
     const auto check = zero::testing::expect_model_states_near_formula(engine, 0.05);
     EXPECT_TRUE(check) << check.message;
   }
+  {  // a later engine (an evaluation, say) leaves the first one's report
+    auto model = make_model(1);
+    auto engine = zero::initialize(model.ptr(), config_json(""), quiet());
+  }
   auto r = zero::read_run_report(dir + "/r.rank0");
   EXPECT_EQ(r.outcome, "completed");
   EXPECT_EQ(r.steps, 2);
@@ -858,6 +875,7 @@ TEST(RunReport, WrittenWhenTheEngineGoes) {
   EXPECT_EQ(r.tokens_per_step, 24);
   EXPECT_GT(r.samples_per_s, 0);
   EXPECT_EQ(r.json["config"]["stage"], 2);
+  EXPECT_EQ(r.json["config"]["resolved"]["zero_optimization"]["stage"], 2);
   const auto params = r.parameters();
   ASSERT_EQ(params.size(), shapes.size());
   int64_t numel = 0;
@@ -882,8 +900,12 @@ TEST(RunReport, WrittenWhenTheEngineGoes) {
   EXPECT_NE(c.message.find("ledger/device/gradients"), std::string::npos) << c.message;
   EXPECT_NE(c.message.find("GREW"), std::string::npos) << c.message;
   EXPECT_TRUE(zero::testing::compare(b, {more}, 0.05, int64_t{1} << 40).ok) << "the slack lets it pass";
+}
 
-  {  // an out-of-memory error the program caught still makes the outcome
+// An out-of-memory error the program caught still makes the outcome, with its tier.
+TEST(RunReport, AnOutOfMemoryErrorCaughtIsTheOutcome) {
+  ReportEnv env;
+  {
     auto model = make_model(1);
     auto engine = zero::initialize(model.ptr(), config_json(""), quiet());
     try {
@@ -891,13 +913,10 @@ TEST(RunReport, WrittenWhenTheEngineGoes) {
     } catch (const zero::OutOfMemoryError&) {
     }
   }
-  r = zero::read_run_report(dir + "/r.rank0");
+  const auto r = zero::read_run_report(env.dir + "/r.rank0");
   EXPECT_EQ(r.outcome, "out_of_memory");
   EXPECT_EQ(r.error_tier, "host");
   EXPECT_EQ(r.steps, 0);
-  ::unsetenv("ZERO_RUN_REPORT");
-  std::filesystem::remove(dir + "/r.rank0");
-  std::filesystem::remove(dir);
 }
 
 }  // namespace

@@ -49,6 +49,11 @@ TEST(RunReport, TheEnvironmentStopsARunAndSetsItsBudgets) {
     EXPECT_GT(r["peak_bytes"]["device"].get<int64_t>(), 0);
   }
   EXPECT_EQ(read_text(dir.file("log")).find("Held-out accuracy"), std::string::npos) << "the run went past its stop";
+  // The stop alone, without a report.
+  std::string stop_only = run;
+  stop_only.replace(stop_only.find("ZERO_RUN_REPORT="), 16 + dir.file("r").size(), "");
+  ASSERT_EQ(sh(stop_only + " > " + dir.file("stop.log") + " 2>&1"), 0) << read_text(dir.file("stop.log"));
+  EXPECT_EQ(read_text(dir.file("stop.log")).find("Held-out accuracy"), std::string::npos) << read_text(dir.file("stop.log"));
 
   const int status = sh("ZERO_DEVICE_MEMORY=64KiB " + run + " > " + dir.file("oom.log") + " 2>&1");
   EXPECT_NE(status, 0);
@@ -105,6 +110,14 @@ TEST(Memcheck, HoldsAProgramToItsBaseline) {
                " 2>&1"),
             2);
   EXPECT_NE(read_text(dir.file("u2.log")).find("--tolerance: expected a share such as 5% or 0.05"), std::string::npos);
+  EXPECT_EQ(sh(kBin + "zero memcheck check --baseline " + baseline + " --tolerance 5 -- true > " + dir.file("u4.log") +
+               " 2>&1"),
+            2)
+      << "a bare 5 would be 500%";
+  EXPECT_EQ(sh(kBin + "zero memcheck check --baseline " + baseline + " --ranks 1 -- true > " + dir.file("u5.log") + " 2>&1"),
+            2);
+  EXPECT_NE(read_text(dir.file("u5.log")).find("was recorded on 2 rank(s)"), std::string::npos)
+      << read_text(dir.file("u5.log"));
   EXPECT_EQ(sh(kBin + "zero memcheck record --baseline " + baseline + " > " + dir.file("u3.log") + " 2>&1"), 2);
   EXPECT_NE(read_text(dir.file("u3.log")).find("-- PROGRAM ARGS"), std::string::npos);
 }

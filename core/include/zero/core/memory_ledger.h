@@ -53,6 +53,9 @@ class MemoryLedger {
   LedgerCounter get(Tier tier, Kind kind) const;
   /// Tier totals: current sum over kinds, and the peak of that sum.
   LedgerCounter get(Tier tier) const;
+  /// The pinned and pageable host tiers together: their sum now and its
+  /// peak (not the sum of their peaks, which may come at different times).
+  LedgerCounter host_total() const;
   /// Sum over tiers of the current bytes of one kind.
   int64_t current_bytes(Kind kind) const;
 

@@ -9,18 +9,18 @@
 //                               its first engine goes, when
 //                               ZERO_STOP_AFTER_STEPS ends the run, and when
 //                               an exception nobody catches ends the process;
-//   ZERO_STOP_AFTER_STEPS=N     after the N-th optimizer step of this
-//                               process the engine writes the report, waits
-//                               for the other ranks and ends the process with
-//                               status 0 (0: right after initialize, the
-//                               model described and nothing trained);
+//   ZERO_STOP_AFTER_STEPS=N     after the N-th optimizer step of the
+//                               process's first engine it writes the report
+//                               (if asked), waits for the other ranks and
+//                               ends the process with status 0 (0: right
+//                               after initialize, nothing trained);
 //   ZERO_DEVICE_MEMORY, ZERO_HOST_MEMORY, ZERO_NVME_BYTES: per-rank budgets
 //                               (512MiB, 2GiB, 80e9), as InitOptions'
 //                               device_memory_limit_bytes,
 //                               host_memory_limit_bytes and nvme_limit_bytes
 //                               where the program set none.
-// Only the first engine of a process reports (a second one alive beside it
-// writes nothing). A report says:
+// Only the first engine of a process reports and stops (a second one, beside
+// it or after it, an evaluation engine say, does neither). A report says:
 //   outcome             "completed" (the engine went), "stopped"
 //                       (ZERO_STOP_AFTER_STEPS), "out_of_memory" (an
 //                       OutOfMemoryError was made: "error" has its tier and
@@ -31,11 +31,19 @@
 //   samples_per_step, tokens_per_step (0 without InitOptions::
 //                       tokens_per_sample), samples_per_s, tokens_per_s (the
 //                       steps after the first)
-//   peak_bytes          device (measured), pinned_host, host, nvme (ledger)
+//   peak_bytes          device (measured), pinned_host, host, nvme (ledger);
+//                       host_total: pinned and pageable together, the peak
+//                       of their sum
 //   ledger              per tier, per kind: current and peak bytes
 //   model_state_bytes, model_state_bytes_by_tier
-//   process_peak_rss_bytes  VmHWM
-//   config              stage, precision, micro-batch, accumulation, offload
+//   process_peak_rss_bytes  VmHWM (since the process began, unless the
+//                       program reset it: llama does before load_weights)
+//   config              stage, precision, micro-batch, accumulation, offload;
+//                       "resolved": the whole config as the engine read it
+// A zero::OutOfMemoryError is seen wherever it is caught; CUDA's
+// c10::OutOfMemoryError only when nobody catches it (the terminate handler):
+// a program that catches it and exits reports "failed", and the tools read
+// its log's out-of-memory line.
 //   parameters          [{name, numel, layer}]: every trainable parameter at
 //                       its full size, with its stage-3 layer (-1: always
 //                       gathered), as zero::estimate takes them

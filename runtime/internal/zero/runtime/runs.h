@@ -103,6 +103,9 @@ struct ProbeRun {
   std::optional<int64_t> stop_after_steps;
   std::optional<int64_t> device_budget, host_budget, nvme_budget;  // ZERO_DEVICE_MEMORY, ...
   std::vector<std::string> env;  // more NAME=VALUE entries
+  /// A run whose every step was skipped (fp16 overflow) fails: its peak
+  /// lacks an optimizer step. false: it trained (a run that reads the model).
+  bool need_applied_step = true;
   double timeout_s = 0;  // a run longer than this is stopped (kTimedOut); 0: no limit
   double grace_s = 20;   // then SIGTERM, and SIGKILL this much later
 };
@@ -132,6 +135,11 @@ ProbeResult run_probe(const ProbeRun& run);
 
 /// `s` as one word for a shell, quoted only when it needs it.
 std::string shell_word(const std::string& s);
+
+/// This process's environment without the run report's variables
+/// (ZERO_RUN_REPORT, ZERO_STOP_AFTER_STEPS, the budgets): for runs that are
+/// not told them (a bench's), so an exported one does not stop or cap them.
+std::vector<std::string> environment_without_protocol();
 
 /// Why `path`, an output file named by option `flag`, cannot be written
 /// ("--out x/y.json: the folder x does not exist"), or "" when it can:
