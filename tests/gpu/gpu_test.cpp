@@ -487,4 +487,28 @@ TEST_P(GpuTwoRanks, GlooWithCudaTensorsMatchesOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Stages, GpuTwoRanks, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
+// NOTE [run report] on the card: the engine's report of a run stopped by
+// ZERO_STOP_AFTER_STEPS has the caching allocator's device peak, and a
+// ZERO_DEVICE_MEMORY budget below what the run needs ends it out of memory
+// (the caching allocator's memory fraction; c10's error in the log).
+TEST(GpuReport, TheRunReportAndABudgetOnTheCard) {
+  REQUIRE_CUDA();
+  const std::string work = nvme_dir("report");
+  const std::string cfg = work + "/config.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, )"
+                     << R"("optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 2}})";
+  const std::string run = "OMP_NUM_THREADS=1 ZERO_RUN_REPORT=" + work + "/r ZERO_STOP_AFTER_STEPS=2 " + kBin +
+                          "mingpt --config " + cfg + " --device cuda:0 --n_layer 2 --n_head 2 --n_embd 64 "
+                          "--limit_train_batches 10";
+  ASSERT_EQ(std::system((run + " > " + work + "/log 2>&1").c_str()), 0) << slurp(work + "/log");
+  const auto r = nlohmann::json::parse(slurp(work + "/r.rank0"));
+  EXPECT_EQ(r["outcome"], "stopped");
+  EXPECT_EQ(r["steps"], 2);
+  EXPECT_EQ(r["device"], "cuda:0");
+  EXPECT_GT(r["peak_bytes"]["device"].get<int64_t>(), r["model_state_bytes"]["parameters"].get<int64_t>());
+  EXPECT_NE(std::system(("ZERO_DEVICE_MEMORY=64KiB " + run + " > " + work + "/oom.log 2>&1").c_str()), 0);
+  EXPECT_NE(slurp(work + "/oom.log").find("out of memory"), std::string::npos) << slurp(work + "/oom.log");
+  std::filesystem::remove_all(work);
+}
+
 }  // namespace
