@@ -203,23 +203,31 @@ class ReduceScatterReducer final : public GradientReducer {
     }
   }
 
-  // NOTE [offload transfers]: the reduced chunk of group g goes to a pinned
-  // buffer on the copy stream; the host adds it into the fp32 partition
-  // later (add_host). `recycle` (if defined): the bucket `reduced` lives in,
-  // reused once the copy out of it has ended.
+  // NOTE [offload transfers]: the reduced chunk of group g goes to pinned
+  // buffers on the copy stream, in pieces of at most host_staging_numel
+  // elements (the buffers hold a piece, not a whole chunk: with DeepSpeed's
+  // default buckets a chunk is a rank's whole partition); the host adds each
+  // into the fp32 partition later (add_host). `recycle` (if defined): the
+  // bucket `reduced` lives in, reused once the copy of its last piece has
+  // ended (the copies run in stream order).
   void to_host(size_t g, const at::Tensor& reduced, at::Tensor recycle) {
+    const int64_t piece = std::max<int64_t>(1, options_.host_staging_numel);
     if (!ring_.defined()) {
       int64_t largest = 0;
       for (const auto& grp : params_.groups()) largest = std::max(largest, grp.chunk_numel);
-      ring_ = HostRing(ledger_, options_.pin_memory, kHostBuffers, largest, reduced.scalar_type(),
+      ring_ = HostRing(ledger_, options_.pin_memory, kHostBuffers, std::min(largest, piece), reduced.scalar_type(),
                        "gradient staging for the host");
     }
-    // As many copies pending as buffers: the oldest is added in, freeing its buffer.
-    while (to_host_.size() >= kHostBuffers) add_host();
-    at::Tensor host = ring_.next(reduced.numel(), copy_wait_s_);
-    StreamEvent done = copies_.copy(host, reduced);
-    ring_.used_by(done);
-    to_host_.push_back({g, host, done, std::move(recycle)});
+    const int64_t n = reduced.numel();
+    for (int64_t offset = 0; offset < n; offset += piece) {
+      const int64_t len = std::min(piece, n - offset);
+      // As many copies pending as buffers: the oldest is added in, freeing its buffer.
+      while (to_host_.size() >= kHostBuffers) add_host();
+      at::Tensor host = ring_.next(len, copy_wait_s_);
+      StreamEvent done = copies_.copy(host, reduced.narrow(0, offset, len));
+      ring_.used_by(done);
+      to_host_.push_back({g, offset, host, done, offset + len >= n ? std::move(recycle) : at::Tensor()});
+    }
   }
 
   void add_host() {
@@ -228,7 +236,7 @@ class ReduceScatterReducer final : public GradientReducer {
     const auto t0 = std::chrono::steady_clock::now();
     h.done.synchronize();
     copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    store_.grad(h.group).add_(h.host);
+    store_.grad(h.group).narrow(0, h.offset, h.host.numel()).add_(h.host);
     if (h.recycle.defined() && options_.reuse_buckets && spare_.size() < 2) spare_.push_back(h.recycle);
   }
 
@@ -262,6 +270,7 @@ class ReduceScatterReducer final : public GradientReducer {
   };
   struct HostGrad {
     size_t group;
+    int64_t offset;  // of the piece in the group's partition
     at::Tensor host;
     StreamEvent done;
     at::Tensor recycle;

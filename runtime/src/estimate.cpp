@@ -298,7 +298,9 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     int64_t chunk = 0;
     for (int64_t n : lay.groups) chunk = std::max(chunk, n / layout_ranks);
     chunk = std::min(chunk, std::max<int64_t>(1, z.sub_group_size));
-    e.host_buffers += 2 * g * chunk;
+    // The gradient staging ring holds pieces of at most 8M elements
+    // (ReductionOptions::host_staging_numel).
+    e.host_buffers += 2 * g * std::min<int64_t>(chunk, int64_t{1} << 23);
     if (!off_param) e.host_buffers += 2 * p * chunk;
   }
   return e;

@@ -79,6 +79,7 @@ at::Tensor expected_flat(const ZeroOptimizer& opt, double magnitude = 1.0,
 struct StageCase {
   int stage;
   bool offload;
+  int64_t staging = 0;  // host_staging_numel (0: the default)
 };
 
 class Reducer : public ::testing::TestWithParam<StageCase> {};
@@ -92,6 +93,7 @@ TEST_P(Reducer, OwnedChunksAreTheSumOverRanks) {
     zero::MemoryLedger ledger;
     auto o = options(c.stage);
     o.offload_optimizer = c.offload;
+    if (c.staging > 0) o.reduction.host_staging_numel = c.staging;
     ZeroOptimizer opt(make_params(), zero::optim::FlatOptimizer::create(adam()), o, ledger, &comm);
     backward(opt, rank);
     const at::Tensor want = expected_flat(opt);
@@ -106,9 +108,10 @@ TEST_P(Reducer, OwnedChunksAreTheSumOverRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Reducer,
                          ::testing::Values(StageCase{1, false}, StageCase{2, false}, StageCase{2, true},
-                                           StageCase{1, true}),
+                                           StageCase{1, true}, StageCase{2, true, 7}),
                          [](const auto& info) {
-                           return "stage" + std::to_string(info.param.stage) + (info.param.offload ? "_offload" : "");
+                           return "stage" + std::to_string(info.param.stage) + (info.param.offload ? "_offload" : "") +
+                                  (info.param.staging ? "_pieces" + std::to_string(info.param.staging) : "");
                          });
 
 // communication_data_type bf16: the reduction runs in bf16, so every reduced

@@ -71,6 +71,10 @@ struct ReductionOptions {
   /// buffers (stages 2-3).
   bool to_host = false;
   bool pin_memory = true;
+  /// Elements of each pinned staging buffer (two): a reduced chunk larger
+  /// goes to the host in pieces, so the buffers stay this size whatever the
+  /// buckets (8M elements: 32 MiB in fp32).
+  int64_t host_staging_numel = int64_t{1} << 23;
 };
 
 class GradientReducer {
