@@ -95,9 +95,11 @@ struct ZeroOptimizerOptions {
 // NOTE [offload transfers]
 // Those copies run on the optimizer's CopyStream (NOTE [device streams]):
 //   - gradients: at stages 2-3 each reduced chunk goes device-to-host as
-//     its bucket's reduce-scatter ends, into one of two pinned staging
-//     buffers, and the host adds it into the fp32 partition when the buffer
-//     is needed again or when backward ends; at stage 1, whose gradients
+//     its bucket's reduce-scatter ends, in pieces of at most
+//     ReductionOptions::host_staging_numel elements, each into one of two
+//     pinned staging buffers of that size, and the host adds a piece into
+//     the fp32 partition when its buffer is needed again or when backward
+//     ends; at stage 1, whose gradients
 //     stay on the device until the step, the next sub-group's gradient is
 //     copied while CPU Adam steps the current one;
 //   - parameters: CPU Adam writes each sub-group's new values, in the
