@@ -89,6 +89,9 @@ std::string self_dir();
 /// known one, a second one says to give it once.
 std::string option_problem(const std::string& a, const std::vector<std::string>& known, std::set<std::string>& seen);
 
+/// --run-timeout's value: seconds, 0 to 1e7 (0: no limit); nullopt when it is not one.
+std::optional<double> parse_run_timeout(const std::string& v);
+
 /// A fresh folder $TMPDIR/zero-bench-NAME-XXXXXX (TMPDIR or /tmp) for a bench's configs, logs and
 /// summaries, removed with everything in it (and any path given to
 /// also_remove) when the bench returns, failed or not: a failed run's error

@@ -171,6 +171,14 @@ bool parse_bench_options(const std::string& command, const std::vector<std::stri
   return true;
 }
 
+std::optional<double> parse_run_timeout(const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno != 0 || !(x >= 0) || x > 1e7) return std::nullopt;
+  return x;
+}
+
 std::string option_problem(const std::string& a, const std::vector<std::string>& known, std::set<std::string>& seen) {
   if (std::find(known.begin(), known.end(), a) == known.end()) {
     const auto near = nearest(a, known);

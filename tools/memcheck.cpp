@@ -121,12 +121,9 @@ int memcheck(const std::vector<std::string>& args) {
       if (!b || *b < 0) return fail("--slack: expected a byte count such as 64KiB; got \"" + v + "\"");
       slack = *b;
     } else {  // --run-timeout
-      char* end = nullptr;
-      errno = 0;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || errno != 0 || !(x >= 0) || x > 1e7)
-        return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
-      run_timeout = x;
+      const auto x = parse_run_timeout(v);
+      if (!x) return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
+      run_timeout = *x;
     }
   }
   if (baseline_path.empty()) return fail("--baseline FILE is required");

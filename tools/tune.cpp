@@ -406,12 +406,9 @@ int tune(const std::vector<std::string>& args) {
       if (!x) return fail(a + ": expected a positive integer; got \"" + v + "\"");
       (a == "--ranks" ? plan.ranks : a == "--steps" ? plan.steps : trials) = *x;
     } else if (a == "--run-timeout") {
-      char* end = nullptr;
-      errno = 0;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || errno != 0 || !(x >= 0) || x > 1e7)
-        return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
-      run_timeout = x;
+      const auto x = parse_run_timeout(v);
+      if (!x) return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
+      run_timeout = *x;
     } else if (a == "--config") {
       config_path = v;
     } else if (a == "--precision") {

@@ -34,6 +34,7 @@
 
 #include <algorithm>
 
+#include "zero/partition/gradient_reducer.h"
 #include "zero/partition/stage3_rules.h"
 
 namespace zero {
@@ -298,9 +299,8 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     int64_t chunk = 0;
     for (int64_t n : lay.groups) chunk = std::max(chunk, n / layout_ranks);
     chunk = std::min(chunk, std::max<int64_t>(1, z.sub_group_size));
-    // The gradient staging ring holds pieces of at most 8M elements
-    // (ReductionOptions::host_staging_numel).
-    e.host_buffers += 2 * g * std::min<int64_t>(chunk, int64_t{1} << 23);
+    // The gradient staging ring holds pieces (ReductionOptions::host_staging_numel).
+    e.host_buffers += 2 * g * std::min<int64_t>(chunk, partition::ReductionOptions{}.host_staging_numel);
     if (!off_param) e.host_buffers += 2 * p * chunk;
   }
   return e;

@@ -127,9 +127,23 @@ const char* precision_of(const config::Config& c) { return c.bf16.enabled ? "bf1
 
 }  // namespace
 
+std::vector<ParameterShape> parameter_shapes(const Engine::Impl& s) {
+  // Stage 3's group 0 is the always-gathered one; group k > 0 is layer k - 1.
+  std::vector<ParameterShape> out;
+  const bool stage3 = s.config.zero.stage == 3;
+  for (const auto& slot : s.optimizer->parameters().slots())
+    out.push_back({slot.name, slot.numel, stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1});
+  return out;
+}
+
 std::unique_ptr<RunReporter> RunReporter::start(Engine::Impl& engine) {
   const auto settings = RunReportSettings::from_environment();
   if (settings.path.empty() && !settings.stop_after_steps) return nullptr;
+  if (!settings.path.empty())
+    if (const std::string problem =
+            ckpt::output_file_problem("ZERO_RUN_REPORT", run_report_path(settings.path, engine.dist.rank));
+        !problem.empty())
+      throw UsageError(problem);
   std::lock_guard<std::mutex> lock(g_reporter_mutex);
   if (g_reported) return nullptr;  // the process's first engine reports
   g_reported = true;
@@ -214,12 +228,7 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
 
   // Every trainable parameter at its full size, with its stage-3 layer.
   nlohmann::json params = nlohmann::json::array();
-  const auto& flat = s.optimizer->parameters();
-  const bool stage3 = s.config.zero.stage == 3;
-  for (const auto& slot : flat.slots())
-    params.push_back({{"name", slot.name},
-                      {"numel", slot.numel},
-                      {"layer", stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1}});
+  for (const auto& p : parameter_shapes(s)) params.push_back({{"name", p.name}, {"numel", p.numel}, {"layer", p.layer}});
 
   const auto& z = s.config.zero;
   nlohmann::json j = {

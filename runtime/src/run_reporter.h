@@ -45,4 +45,7 @@ class RunReporter {
 /// Engine::peak_bytes(Tier::kDevice) of an engine's state.
 int64_t device_peak_bytes(const Engine::Impl& engine);
 
+/// The parameters as the engine laid them out (zero::testing::parameter_shapes).
+std::vector<ParameterShape> parameter_shapes(const Engine::Impl& engine);
+
 }  // namespace zero::detail

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_impl.h"
+#include "run_reporter.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
@@ -166,14 +167,7 @@ MemoryComparison compare_with_baseline(Engine& engine, const std::string& path, 
   return c;
 }
 
-std::vector<ParameterShape> parameter_shapes(Engine& engine) {
-  const auto& s = engine.impl();
-  std::vector<ParameterShape> out;
-  const bool stage3 = s.config.zero.stage == 3;
-  for (const auto& slot : s.optimizer->parameters().slots())
-    out.push_back({slot.name, slot.numel, stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1});
-  return out;
-}
+std::vector<ParameterShape> parameter_shapes(Engine& engine) { return detail::parameter_shapes(engine.impl()); }
 
 Check expect_model_states_near_formula(Engine& engine, double tolerance) {
   const auto params = parameter_shapes(engine);

@@ -64,6 +64,13 @@ TEST(RunReport, TheEnvironmentStopsARunAndSetsItsBudgets) {
   std::string bad = run;
   bad.replace(bad.find("ZERO_STOP_AFTER_STEPS=2"), 23, "ZERO_STOP_AFTER_STEPS=two");
   EXPECT_NE(sh(bad + " > " + dir.file("bad.log") + " 2>&1"), 0);
+  // A report into a folder that is not there is refused when the engine starts, naming it.
+  std::string nowhere = run;
+  nowhere.replace(nowhere.find("ZERO_RUN_REPORT=") + 16, dir.file("r").size(), dir.file("none/r"));
+  EXPECT_NE(sh(nowhere + " > " + dir.file("nowhere.log") + " 2>&1"), 0);
+  EXPECT_NE(read_text(dir.file("nowhere.log")).find("ZERO_RUN_REPORT " + dir.file("none/r") + ".rank0: the folder"),
+            std::string::npos)
+      << read_text(dir.file("nowhere.log"));
   EXPECT_NE(read_text(dir.file("bad.log")).find("ZERO_STOP_AFTER_STEPS: expected a step count"), std::string::npos)
       << read_text(dir.file("bad.log"));
 }

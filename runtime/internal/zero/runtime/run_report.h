@@ -27,7 +27,9 @@
 //                       message), "failed" (an uncaught exception: "error")
 //   steps, skipped_steps, step_time_s  optimizer steps of this process and
 //                       the wall time of each (boundary to boundary; the
-//                       first from initialize)
+//                       first from initialize; on a GPU the engine waits
+//                       for the device at each boundary while it reports,
+//                       so a step's time is its work, not its launches)
 //   samples_per_step, tokens_per_step (0 without InitOptions::
 //                       tokens_per_sample), samples_per_s, tokens_per_s (the
 //                       steps after the first)
