@@ -246,7 +246,15 @@ void read_optimizer(Section& top, Config& config) {
         ctx.warn("optimizer.params.torch_adam", "ignored: zero always uses its own Adam kernels");
       }
     }
-    accepted.insert(accepted.end(), {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam"});
+    // bitsandbytes' name for the bits of each moment (NOTE [8-bit states] in optim/).
+    int64_t bits = oc.optim_bits;
+    if (p.read_int("optim_bits", bits) == Got::kGiven && bits != 8 && bits != 32) {
+      ctx.problem("optimizer.params.optim_bits",
+                  "expected 32 (fp32 moments) or 8 (block-wise 8-bit moments); got " + std::to_string(bits));
+    } else {
+      oc.optim_bits = static_cast<int>(bits);
+    }
+    accepted.insert(accepted.end(), {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam", "optim_bits"});
   }
   if (oc.type == OptimizerType::kAdagrad) {
     p.read_double("initial_accumulator_value", oc.initial_accumulator_value, Range::at_least(0));

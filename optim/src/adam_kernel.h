@@ -74,3 +74,50 @@ void lion_fused_fp32(float* param, const float* grad, float* exp_avg, int64_t n,
                      Isa isa = best_isa(), uint16_t* low = nullptr, LowPrecision low_type = LowPrecision::kNone);
 
 }  // namespace zero::optim::detail
+
+namespace zero::optim::detail {
+
+// NOTE [8-bit states]
+// Adam's two moments in 8 bits a parameter, block-wise as bitsandbytes' and
+// torchao's 8-bit Adam: each block of kQuantBlock elements keeps one fp32
+// scale (the block's largest magnitude) and one byte per element, a
+// non-linear code: OCP fp8 E4M3 ("e4m3fn", torch.float8_e4m3fn) of the value
+// over the scale times 448 (E4M3's largest), round to nearest even. E4M3
+// spans 2^-9..448 with three significand bits, ~6% at worst, far finer
+// near the top; the first moment is coded signed, the second moment as its
+// square root (non-negative), whose range in a block is half as many
+// binades, so that small v are not flushed to zero (a zero v under a
+// non-zero m is the large step to avoid). Each block is dequantized,
+// updated with the same operations and order as the fp32 kernel, then
+// requantized against its new largest magnitude: a decay that every element
+// of a block shares moves the scale, not the codes. One pass over memory:
+// param 4+4, grad 4, two codes 1+1 read and written, scales 16/256 bytes.
+constexpr int64_t kQuantBlock = 256;
+
+/// E4M3 (fn) byte <-> float, as c10's Float8_e4m3fn conversions (round to
+/// nearest even; |x| >= 480 gives the NaN code 0x7f with x's sign).
+uint8_t to_e4m3(float x);
+float from_e4m3(uint8_t code);
+
+/// The quantized state of one moment: codes[n], absmax[ceil(n / kQuantBlock)].
+struct Quantized8 {
+  uint8_t* codes;
+  float* absmax;
+};
+
+/// A run of elements [start, start + numel) updated with one set of scalars
+/// (one parameter group); runs are in order and cover [0, n).
+struct AdamRun {
+  int64_t start, numel;
+  AdamScalars s;
+};
+
+/// One Adam step over 8-bit states (NOTE [8-bit states]): blocks are
+/// kQuantBlock elements from element 0; runs may split a block (its elements
+/// then use their own run's scalars and share the block's scale). oneTBB
+/// across cores by whole blocks; every ISA bit-identical to the scalar loop.
+void adam_fused_8bit(float* param, const float* grad, Quantized8 exp_avg, Quantized8 exp_avg_sq_sqrt, int64_t n,
+                     const AdamRun* runs, int64_t n_runs, Isa isa = best_isa(), uint16_t* low = nullptr,
+                     LowPrecision low_type = LowPrecision::kNone);
+
+}  // namespace zero::optim::detail

@@ -83,6 +83,64 @@ class FlatAdam final : public FlatOptimizer {
   bool decoupled_ = true;
 };
 
+detail::AdamScalars adam_scalars(const config::OptimizerConfig& c, bool decoupled, const StepParams& p) {
+  const double wd = p.weight_decay.value_or(c.weight_decay);
+  const double bc1 = c.bias_correction ? 1 - std::pow(p.beta1, p.step) : 1.0;
+  const double bc2 = c.bias_correction ? 1 - std::pow(p.beta2, p.step) : 1.0;
+  return {f32(p.beta1), f32(1 - p.beta1), f32(p.beta2),        f32(1 - p.beta2),   f32(c.eps),
+          f32(wd),      f32(1 - p.lr * wd), f32(std::sqrt(bc2)), f32(-p.lr / bc1), decoupled};
+}
+
+bool decoupled_of(const config::OptimizerConfig& c) {
+  // "AdamW" always decouples weight decay; "Adam" does when adam_w_mode.
+  return c.type == config::OptimizerType::kAdamW || c.adam_w_mode;
+}
+
+// Adam with both moments in 8 bits (NOTE [8-bit states] in adam_kernel.h):
+// the fused pass on contiguous CPU tensors, adam_8bit_aten elsewhere.
+class FlatAdam8 final : public FlatOptimizer {
+ public:
+  explicit FlatAdam8(config::OptimizerConfig c) : FlatOptimizer(std::move(c)) {}
+  int num_states() const override { return 4; }
+  std::vector<std::string> state_names() const override {
+    return {"exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax"};
+  }
+  std::vector<StateSpec> state_specs() const override {
+    const auto names = state_names();
+    return {{names[0], at::kByte, 0, 0.0},
+            {names[1], at::kFloat, detail::kQuantBlock, 0.0},
+            {names[2], at::kByte, 0, 0.0},
+            {names[3], at::kFloat, detail::kQuantBlock, 0.0}};
+  }
+  void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+              at::Tensor* low) const override {
+    update_runs({Run{0, param.numel(), p}}, param, grad, states, low);
+  }
+  void update_runs(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
+                   std::vector<at::Tensor>& states, at::Tensor* low) const override {
+    ZERO_CHECK(states.size() == 4, "8-bit Adam needs four state tensors (codes and scales of two moments)");
+    const int64_t n = param.numel(), blocks = (n + detail::kQuantBlock - 1) / detail::kQuantBlock;
+    ZERO_CHECK(states[0].numel() == n && states[2].numel() == n && states[1].numel() == blocks &&
+                   states[3].numel() == blocks && grad.numel() == n,
+               "8-bit Adam: state sizes do not match the parameters");
+    const bool fused = fusable({&param, &grad, &states[1], &states[3]}) && states[0].is_cpu() &&
+                       states[2].is_cpu() && states[0].is_contiguous() && states[2].is_contiguous() &&
+                       states[0].scalar_type() == at::kByte && states[2].scalar_type() == at::kByte;
+    if (!fused) {
+      adam_8bit_aten(runs, config_, param, grad, states, low);
+      return;
+    }
+    std::vector<detail::AdamRun> rs;
+    for (const Run& r : runs) rs.push_back({r.start, r.numel, adam_scalars(config_, decoupled_of(config_), r.params)});
+    const LowTarget out = low_target(low);
+    detail::adam_fused_8bit(param.data_ptr<float>(), grad.data_ptr<float>(),
+                            {states[0].data_ptr<uint8_t>(), states[1].data_ptr<float>()},
+                            {states[2].data_ptr<uint8_t>(), states[3].data_ptr<float>()}, n, rs.data(),
+                            static_cast<int64_t>(rs.size()), detail::best_isa(), out.data, out.type);
+    if (low != nullptr && out.data == nullptr) low->copy_(param);
+  }
+};
+
 // torch::optim::Adagrad without lr_decay (DeepSpeed's CPU Adagrad has none).
 class FlatAdagrad final : public FlatOptimizer {
  public:
@@ -144,12 +202,94 @@ class FlatLion final : public FlatOptimizer {
 
 }  // namespace
 
+std::vector<FlatOptimizer::StateSpec> FlatOptimizer::state_specs() const {
+  std::vector<StateSpec> specs;
+  const auto names = state_names();
+  for (int i = 0; i < num_states(); ++i) specs.push_back({names[static_cast<size_t>(i)], at::kFloat, 0, initial_state(i)});
+  return specs;
+}
+
+bool FlatOptimizer::elementwise_states() const {
+  for (const auto& s : state_specs())
+    if (s.per_block != 0 || s.dtype != at::kFloat) return false;
+  return true;
+}
+
+double FlatOptimizer::state_bytes_per_param() const {
+  double b = 0;
+  for (const auto& s : state_specs())
+    b += static_cast<double>(c10::elementSize(s.dtype)) / static_cast<double>(s.per_block > 0 ? s.per_block : 1);
+  return b;
+}
+
+void FlatOptimizer::update_runs(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
+                                std::vector<at::Tensor>& states, at::Tensor* low) const {
+  ZERO_CHECK(elementwise_states(), "an optimizer with block-wise states must override update_runs");
+  for (const Run& r : runs) {
+    at::Tensor p = param.narrow(0, r.start, r.numel);
+    std::vector<at::Tensor> s;
+    for (auto& t : states) s.push_back(t.narrow(0, r.start, r.numel));
+    at::Tensor l = low != nullptr ? low->narrow(0, r.start, r.numel) : at::Tensor();
+    update(r.params, p, grad.narrow(0, r.start, r.numel), s, low != nullptr ? &l : nullptr);
+  }
+}
+
+void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
+                    at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low) {
+  const int64_t n = param.numel(), block = detail::kQuantBlock, blocks = (n + block - 1) / block;
+  const auto opts = param.options().dtype(at::kFloat);
+  const at::Tensor e4m3_max = at::full({1}, 448.0, opts);
+  // Per-element dequantization factors: each block's scale / 448.
+  auto per_element = [&](const at::Tensor& per_block) {
+    return per_block.repeat_interleave(block).narrow(0, 0, n);
+  };
+  auto dequant = [&](const at::Tensor& codes, const at::Tensor& absmax) {
+    return codes.contiguous().view(at::kFloat8_e4m3fn).to(at::kFloat).mul(per_element(absmax.div(e4m3_max)));
+  };
+  const at::Tensor mo = dequant(states[0], states[1]);
+  const at::Tensor so = dequant(states[2], states[3]);
+  const at::Tensor vo = so.mul(so);
+  at::Tensor tm = at::empty({n}, opts), ts = at::empty({n}, opts);
+  const bool decoupled = decoupled_of(config);
+  for (const auto& r : runs) {
+    const detail::AdamScalars s = adam_scalars(config, decoupled, r.params);
+    auto sl = [&](const at::Tensor& t) { return t.narrow(0, r.start, r.numel); };
+    at::Tensor p = sl(param);
+    at::Tensor g = sl(grad);
+    at::Tensor pi = s.decoupled ? p.mul(static_cast<double>(s.decay)) : p;
+    if (!s.decoupled) g = g.add(p.mul(static_cast<double>(s.weight_decay)));
+    const at::Tensor mi = sl(mo).mul(static_cast<double>(s.beta1)).add(g.mul(static_cast<double>(s.one_minus_beta1)));
+    const at::Tensor vi =
+        sl(vo).mul(static_cast<double>(s.beta2)).add(g.mul(static_cast<double>(s.one_minus_beta2)).mul(g));
+    // ATen's CPU sqrt (SLEEF) is off by an ulp at times; through fp64 it is
+    // the correctly rounded one, as the fused pass's sqrt instruction.
+    const at::Tensor sq = vi.to(at::kDouble).sqrt().to(at::kFloat);
+    const at::Tensor denom =
+        sq.div(at::full({1}, static_cast<double>(s.bias_correction2_sqrt), opts)).add(static_cast<double>(s.eps));
+    p.copy_(pi.add(mi.mul(static_cast<double>(s.neg_step_size)).div(denom)));
+    sl(tm).copy_(mi);
+    sl(ts).copy_(sq);
+  }
+  // Requantize each block against its new largest magnitude.
+  auto requant = [&](const at::Tensor& t, at::Tensor& codes, at::Tensor& absmax) {
+    const at::Tensor amax = at::constant_pad_nd(t.abs(), {0, blocks * block - n}).view({blocks, block}).amax(1);
+    const at::Tensor inv = at::where(amax.gt(0), e4m3_max.div(amax), at::zeros_like(amax));
+    codes.copy_(t.mul(per_element(inv)).to(at::kFloat8_e4m3fn).view(at::kByte));
+    absmax.copy_(amax);
+  };
+  requant(tm, states[0], states[1]);
+  requant(ts, states[2], states[3]);
+  if (low != nullptr) low->copy_(param);
+}
+
 const char* cpu_adam_isa() { return detail::to_string(detail::best_isa()); }
 
 std::unique_ptr<FlatOptimizer> FlatOptimizer::create(const config::OptimizerConfig& config) {
   switch (config.type) {
     case config::OptimizerType::kAdam:
-    case config::OptimizerType::kAdamW: return std::make_unique<FlatAdam>(config);
+    case config::OptimizerType::kAdamW:
+      if (config.optim_bits == 8) return std::make_unique<FlatAdam8>(config);
+      return std::make_unique<FlatAdam>(config);
     case config::OptimizerType::kAdagrad: return std::make_unique<FlatAdagrad>(config);
     case config::OptimizerType::kLion: return std::make_unique<FlatLion>(config);
   }

@@ -151,6 +151,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "optimizer.params.max_grad_norm: expected no max_grad_norm"},
         BadCase{"amsgrad", R"("optimizer": {"type": "Adam", "params": {"amsgrad": true}})",
                 "optimizer.params.amsgrad: true is not implemented by zero"},
+        BadCase{"optim_bits", R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 16}})",
+                "optimizer.params.optim_bits: expected 32 (fp32 moments) or 8 (block-wise 8-bit moments); got 16"},
+        BadCase{"optim_bits_lion", R"("optimizer": {"type": "Lion", "params": {"optim_bits": 8}})",
+                "optimizer.params.optim_bits"},
         BadCase{"betas_shape", R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}})",
                 "optimizer.params.betas: expected a list of two numbers in [0, 1); got [0.9]"},
         BadCase{"lion_has_no_eps", R"("optimizer": {"type": "Lion", "params": {"eps": 1e-8}})",
@@ -407,6 +411,11 @@ TEST(Optimizer, TypesAreCaseInsensitiveWithDeepSpeedDefaults) {
   const Config lion = load_string(with(R"("optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.95, 0.98]}})"));
   EXPECT_EQ(lion.optimizer->type, OptimizerType::kLion);
   EXPECT_DOUBLE_EQ(lion.optimizer->betas[0], 0.95);
+}
+
+TEST(Optimizer, OptimBitsEightForAdam) {
+  EXPECT_EQ(load_string(with(R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 8}})")).optimizer->optim_bits, 8);
+  EXPECT_EQ(load_string(with(R"("optimizer": {"type": "Adam"})")).optimizer->optim_bits, 32);
 }
 
 TEST(Optimizer, TorchAdamIsAcceptedWithAWarning) {

@@ -52,6 +52,9 @@ struct OptimizerConfig {
   bool bias_correction = true;
   bool amsgrad = false;       // accepted; true is refused (no fused kernel does it)
   double initial_accumulator_value = 0.0;  // Adagrad
+  /// Adam/AdamW: bits a moment is kept in, bitsandbytes' name: 32 (fp32) or
+  /// 8 (block-wise quantized, NOTE [8-bit states] in optim/).
+  int optim_bits = 32;
 };
 
 enum class SchedulerType { kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle, kLRRangeTest };

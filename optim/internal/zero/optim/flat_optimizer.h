@@ -45,6 +45,39 @@ class FlatOptimizer {
   /// The value state `i` starts at (Adagrad: initial_accumulator_value; else 0).
   virtual double initial_state(int i) const { return 0.0; }
 
+  /// One state tensor: its name (checkpoints), dtype, length for a slice of
+  /// n elements (n, or one per `per_block` elements, rounded up) and start
+  /// value. fp32 per element unless the optimizer says otherwise (8-bit Adam:
+  /// NOTE [8-bit states] in optim/src/adam_kernel.h).
+  struct StateSpec {
+    std::string name;
+    at::ScalarType dtype = at::kFloat;
+    int64_t per_block = 0;
+    double initial = 0.0;
+    int64_t numel_for(int64_t n) const { return per_block > 0 ? (n + per_block - 1) / per_block : n; }
+  };
+  virtual std::vector<StateSpec> state_specs() const;
+  /// Whether every state is one fp32 element per parameter (its slices may
+  /// then be narrowed anywhere); false for block-wise states, whose slices
+  /// are whole sub-groups and which are updated a sub-group at a time by
+  /// update_runs.
+  bool elementwise_states() const;
+  /// Bytes of optimizer state per parameter (2 fp32 moments: 8; 8-bit: 2 and
+  /// the block scales).
+  double state_bytes_per_param() const;
+
+  /// A run of elements [start, start + numel) of one update with its own
+  /// step values (a parameter group's lr and weight decay).
+  struct Run {
+    int64_t start = 0, numel = 0;
+    StepParams params;
+  };
+  /// One update over runs in order that cover [0, param.numel()): the same as
+  /// update() on each run's slices, which is what this default does; an
+  /// optimizer with block-wise states overrides it (a block may hold two runs).
+  virtual void update_runs(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
+                           std::vector<at::Tensor>& states, at::Tensor* low_precision_out = nullptr) const;
+
   /// One update of `param` in place from `grad`; `states` are updated in place.
   /// All tensors are 1-D fp32 of equal numel. `low_precision_out`, when given
   /// (fp16 or bf16, same numel), receives the updated parameters cast to its
@@ -57,6 +90,18 @@ class FlatOptimizer {
   explicit FlatOptimizer(config::OptimizerConfig config) : config_(std::move(config)) {}
   config::OptimizerConfig config_;
 };
+
+/// Adam over 8-bit block-wise states (NOTE [8-bit states] in
+/// optim/src/adam_kernel.h) as ATen operations, for states on a device (or
+/// any tensors the fused CPU pass does not take): the fused pass's operations
+/// in its order, no fused multiply-add, every division by a tensor (CUDA
+/// turns a division by a scalar into a multiplication), the square root
+/// through fp64 (ATen's CPU sqrt is not always correctly rounded), so on the CPU it
+/// gives the fused pass's codes, scales and parameters bit for bit.
+/// `states`: exp_avg's codes (uint8, n) and block scales (fp32,
+/// ceil(n / 256)), then the same for the square root of exp_avg_sq.
+void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
+                    at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low);
 
 /// The instruction set of the fused CPU Adam kernel on this machine:
 /// "avx512", "avx2" or "scalar" (chosen at run time from the CPU's features).

@@ -1,0 +1,314 @@
+// Adam over 8-bit block-wise states (NOTE [8-bit states] in adam_kernel.h).
+// No LibTorch headers here: compiled with -O3 -ffp-contract=off outside the
+// shared precompiled header, as adam_kernel.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "adam_kernel.h"
+
+namespace zero::optim::detail {
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+// E4M3 rounding as c10's fp8e4m3fn_from_fp32_value: below the smallest
+// normal (2^-6) the value is added to 2^14, whose fp32 spacing is E4M3's
+// subnormal step 2^-9, and the FPU rounds; above, the exponent is rebiased
+// and the significand rounded to three bits, ties to even.
+constexpr uint32_t kMinNormalBits = 121u << 23;           // 2^-6
+constexpr uint32_t kOverflowBits = 1087u << 20;           // 480: the first value past 448's rounding range
+constexpr uint32_t kDenormMagicBits = 141u << 23;         // 2^14
+constexpr uint32_t kNormalBias = (static_cast<uint32_t>(7 - 127) << 23) + 0x7ffffu;
+
+inline uint32_t bits_of(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+inline float float_of(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+}  // namespace
+
+uint8_t to_e4m3(float x) {
+  uint32_t f = bits_of(x);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  uint32_t r;
+  if (f >= kOverflowBits) {
+    r = 0x7f;
+  } else if (f < kMinNormalBits) {
+    r = bits_of(float_of(f) + float_of(kDenormMagicBits)) - kDenormMagicBits;
+  } else {
+    const uint32_t odd = (f >> 20) & 1u;
+    r = (f + kNormalBias + odd) >> 20;
+  }
+  return static_cast<uint8_t>(r | (sign >> 24));
+}
+
+// The code 0x7f (E4M3's NaN) decodes as 480 here, as the vector decoders do;
+// no finite state produces it (values are scaled to at most 448).
+float from_e4m3(uint8_t code) {
+  const uint32_t mag = code & 0x7fu;
+  const float v = (mag & 0x78u) == 0 ? static_cast<float>(mag & 7u) * 0x1p-9f : float_of((mag << 20) + (120u << 23));
+  return float_of(bits_of(v) | (static_cast<uint32_t>(code & 0x80u) << 24));
+}
+
+namespace {
+
+struct Maxima {
+  float m = 0, s = 0;
+};
+
+// One run's part of a block: dequantize, Adam's update in the fp32 kernel's
+// order, the new moments (m, sqrt v) to tm/ts and their largest magnitudes.
+void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* mc, const uint8_t* vc, float mdq,
+                float vdq, int64_t n, const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float mo = from_e4m3(mc[i]) * mdq;
+    const float so = from_e4m3(vc[i]) * vdq;
+    const float vo = so * so;
+    float gi = g[i];
+    float pi = p[i];
+    if (s.decoupled) pi = pi * s.decay;
+    else gi = gi + s.weight_decay * pi;
+    const float mi = mo * s.beta1 + s.one_minus_beta1 * gi;
+    const float vi = vo * s.beta2 + s.one_minus_beta2 * gi * gi;
+    const float sq = std::sqrt(vi);
+    const float denom = sq / s.bias_correction2_sqrt + s.eps;
+    p[i] = pi + s.neg_step_size * mi / denom;
+    tm[i] = mi;
+    ts[i] = sq;
+    const float am = std::fabs(mi);
+    mx.m = am > mx.m ? am : mx.m;
+    mx.s = sq > mx.s ? sq : mx.s;
+  }
+}
+
+void quant_scalar(const float* t, uint8_t* codes, float inv, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) codes[i] = to_e4m3(t[i] * inv);
+}
+
+// --- AVX2: 8 lanes ---
+__attribute__((target("avx2"))) inline __m256 dec_avx2(const uint8_t* c) {
+  const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+  const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
+  const __m256 normal =
+      _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 sub =
+      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
+  const __m256 is_sub = _mm256_castsi256_ps(
+      _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x78)), _mm256_setzero_si256()));
+  return _mm256_or_ps(_mm256_blendv_ps(normal, sub, is_sub), _mm256_castsi256_ps(sign));
+}
+
+__attribute__((target("avx2"))) inline void enc_avx2(__m256 x, uint8_t* out) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256i a = _mm256_xor_si256(bits, sign);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+  const __m256i rn = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
+  const __m256 fs = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f));
+  const __m256i sn = _mm256_sub_epi32(_mm256_castps_si256(fs), _mm256_set1_epi32(static_cast<int>(kDenormMagicBits)));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(kMinNormalBits)), a);
+  const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+  __m256i r = _mm256_blendv_epi8(rn, sn, is_sub);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), is_big);
+  r = _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
+  // The low byte of each lane, lanes 0..7 to bytes 0..7.
+  const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(r, shuf), _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+__attribute__((target("avx2"))) inline float hmax_avx2(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  float r = l[0];
+  for (int i = 1; i < 8; ++i) r = l[i] > r ? l[i] : r;
+  return r;
+}
+
+__attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
+                                               float mdq, float vdq, int64_t n, const AdamScalars& s, float* tm,
+                                               float* ts, Maxima& mx) {
+  const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
+  const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 eps = _mm256_set1_ps(s.eps), wd = _mm256_set1_ps(s.weight_decay);
+  const __m256 decay = _mm256_set1_ps(s.decay), bc2 = _mm256_set1_ps(s.bias_correction2_sqrt);
+  const __m256 step = _mm256_set1_ps(s.neg_step_size), md = _mm256_set1_ps(mdq), vd = _mm256_set1_ps(vdq);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 maxm = _mm256_setzero_ps(), maxs = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 mo = _mm256_mul_ps(dec_avx2(mc + i), md);
+    const __m256 so = _mm256_mul_ps(dec_avx2(vc + i), vd);
+    const __m256 vo = _mm256_mul_ps(so, so);
+    __m256 gi = _mm256_loadu_ps(g + i);
+    __m256 pi = _mm256_loadu_ps(p + i);
+    if (s.decoupled) pi = _mm256_mul_ps(pi, decay);
+    else gi = _mm256_add_ps(gi, _mm256_mul_ps(wd, pi));
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(mo, b1), _mm256_mul_ps(omb1, gi));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
+    const __m256 sq = _mm256_sqrt_ps(vi);
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(sq, bc2), eps);
+    _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom)));
+    _mm256_storeu_ps(tm + i, mi);
+    _mm256_storeu_ps(ts + i, sq);
+    maxm = _mm256_max_ps(maxm, _mm256_and_ps(mi, abs_mask));
+    maxs = _mm256_max_ps(maxs, sq);
+  }
+  mx.m = std::max(mx.m, hmax_avx2(maxm));
+  mx.s = std::max(mx.s, hmax_avx2(maxs));
+  seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
+}
+
+__attribute__((target("avx2"))) void quant_avx2(const float* t, uint8_t* codes, float inv, int64_t n) {
+  const __m256 k = _mm256_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(t + i), k), codes + i);
+  quant_scalar(t + i, codes + i, inv, n - i);
+}
+
+// --- AVX-512F: 16 lanes ---
+__attribute__((target("avx512f"))) inline __m512 dec_avx512(const uint8_t* c) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_epi32(x, _mm512_set1_epi32(0x80)), 24);
+  const __m512i mag = _mm512_and_epi32(x, _mm512_set1_epi32(0x7f));
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
+  const __m512i sub = _mm512_castps_si512(
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f)));
+  const __mmask16 is_sub = _mm512_cmpeq_epi32_mask(_mm512_and_epi32(x, _mm512_set1_epi32(0x78)), _mm512_setzero_si512());
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_mask_blend_epi32(is_sub, normal, sub), sign));
+}
+
+__attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512i a = _mm512_xor_si512(bits, sign);
+  const __m512i odd = _mm512_and_epi32(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  const __m512i rn = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
+  const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
+  const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
+  const __mmask16 is_sub = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(kMinNormalBits)), a);
+  const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+  __m512i r = _mm512_mask_blend_epi32(is_sub, rn, sn);
+  r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));
+  r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
+}
+
+// (GCC 12's _mm512_reduce_max_ps warns inside its own header.)
+__attribute__((target("avx512f"))) inline float hmax_avx512(__m512 v) {
+  alignas(64) float l[16];
+  _mm512_store_ps(l, v);
+  float r = l[0];
+  for (int i = 1; i < 16; ++i) r = l[i] > r ? l[i] : r;
+  return r;
+}
+
+__attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
+                                                    float mdq, float vdq, int64_t n, const AdamScalars& s, float* tm,
+                                                    float* ts, Maxima& mx) {
+  const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
+  const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay);
+  const __m512 decay = _mm512_set1_ps(s.decay), bc2 = _mm512_set1_ps(s.bias_correction2_sqrt);
+  const __m512 step = _mm512_set1_ps(s.neg_step_size), md = _mm512_set1_ps(mdq), vd = _mm512_set1_ps(vdq);
+  __m512 maxm = _mm512_setzero_ps(), maxs = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 mo = _mm512_mul_ps(dec_avx512(mc + i), md);
+    const __m512 so = _mm512_mul_ps(dec_avx512(vc + i), vd);
+    const __m512 vo = _mm512_mul_ps(so, so);
+    __m512 gi = _mm512_loadu_ps(g + i);
+    __m512 pi = _mm512_loadu_ps(p + i);
+    if (s.decoupled) pi = _mm512_mul_ps(pi, decay);
+    else gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, pi));
+    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(mo, b1), _mm512_mul_ps(omb1, gi));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vo, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
+    const __m512 sq = _mm512_sqrt_ps(vi);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(sq, bc2), eps);
+    _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), denom)));
+    _mm512_storeu_ps(tm + i, mi);
+    _mm512_storeu_ps(ts + i, sq);
+    maxm = _mm512_max_ps(maxm, _mm512_abs_ps(mi));
+    maxs = _mm512_max_ps(maxs, sq);
+  }
+  mx.m = std::max(mx.m, hmax_avx512(maxm));
+  mx.s = std::max(mx.s, hmax_avx512(maxs));
+  seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
+}
+
+__attribute__((target("avx512f"))) void quant_avx512(const float* t, uint8_t* codes, float inv, int64_t n) {
+  const __m512 k = _mm512_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(t + i), k), codes + i);
+  quant_scalar(t + i, codes + i, inv, n - i);
+}
+
+using Seg = void (*)(float*, const float*, const uint8_t*, const uint8_t*, float, float, int64_t, const AdamScalars&,
+                     float*, float*, Maxima&);
+using Quant = void (*)(const float*, uint8_t*, float, int64_t);
+
+void write_low16(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
+  if (type == LowPrecision::kBf16) {
+    for (int64_t i = 0; i < n; ++i) low[i] = to_bf16(p[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) low[i] = to_fp16(p[i]);
+  }
+}
+
+}  // namespace
+
+void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v, int64_t n, const AdamRun* runs,
+                     int64_t n_runs, Isa isa, uint16_t* low, LowPrecision low_type) {
+  const Seg seg = isa == Isa::kAvx512 ? &seg_avx512 : isa == Isa::kAvx2 ? &seg_avx2 : &seg_scalar;
+  const Quant quant = isa == Isa::kAvx512 ? &quant_avx512 : isa == Isa::kAvx2 ? &quant_avx2 : &quant_scalar;
+  if (n <= 0) return;
+  const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  auto block_range = [&](int64_t b0, int64_t b1) {
+    alignas(64) float tm[kQuantBlock], ts[kQuantBlock];
+    // The run holding the first element of block b0; runs are in order.
+    const AdamRun* r =
+        std::upper_bound(runs, runs + n_runs, b0 * kQuantBlock, [](int64_t x, const AdamRun& run) { return x < run.start; }) - 1;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t start = b * kQuantBlock, len = std::min(kQuantBlock, n - start);
+      const float mdq = m.absmax[b] / kE4m3Max, vdq = v.absmax[b] / kE4m3Max;
+      Maxima mx;
+      for (int64_t at = start; at < start + len;) {
+        while (r->start + r->numel <= at) ++r;
+        const int64_t end = std::min(start + len, r->start + r->numel);
+        seg(param + at, grad + at, m.codes + at, v.codes + at, mdq, vdq, end - at, r->s, tm + (at - start),
+            ts + (at - start), mx);
+        at = end;
+      }
+      m.absmax[b] = mx.m;
+      v.absmax[b] = mx.s;
+      quant(tm, m.codes + start, mx.m > 0 ? kE4m3Max / mx.m : 0.0f, len);
+      quant(ts, v.codes + start, mx.s > 0 ? kE4m3Max / mx.s : 0.0f, len);
+      if (low != nullptr && low_type != LowPrecision::kNone) write_low16(param + start, low + start, len, low_type);
+    }
+  };
+  constexpr int64_t kGrainBlocks = 128;  // 32K elements, as the fp32 kernel's grain
+  if (blocks <= kGrainBlocks) {
+    block_range(0, blocks);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, kGrainBlocks),
+                    [&](const tbb::blocked_range<int64_t>& br) { block_range(br.begin(), br.end()); });
+}
+
+}  // namespace zero::optim::detail

@@ -1,0 +1,283 @@
+// 8-bit Adam (NOTE [8-bit states] in optim/src/adam_kernel.h): the E4M3 codec
+// against torch's float8_e4m3fn, every instruction set against the scalar
+// loop, the ATen path and an independent PyTorch script against the fused
+// pass to the last code, and the result against fp32 Adam within the
+// quantization's error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "adam_kernel.h"
+#include "zero/optim/flat_optimizer.h"
+
+namespace {
+
+namespace d = zero::optim::detail;
+using d::Isa;
+
+bool cpu_has(Isa isa) {
+  __builtin_cpu_init();
+  if (isa == Isa::kAvx512) return __builtin_cpu_supports("avx512f");
+  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2");
+  return true;
+}
+
+TEST(E4m3, DecodesAsTorch) {
+  auto codes = torch::arange(256, torch::kInt32).to(torch::kUInt8);
+  auto ref = codes.view(torch::kFloat8_e4m3fn).to(torch::kFloat);
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN: never produced (NOTE [8-bit states])
+    const float want = ref[c].item<float>();
+    const float got = d::from_e4m3(static_cast<uint8_t>(c));
+    EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << "code " << c << ": " << got << " vs " << want;
+  }
+}
+
+TEST(E4m3, EncodesAsTorchIncludingTiesAndSubnormals) {
+  std::vector<float> xs;
+  // Every code's value, the midpoints between neighbours (ties to even), and
+  // a float on each side of them.
+  for (int c = 0; c < 0x7e; ++c) {
+    const float a = d::from_e4m3(static_cast<uint8_t>(c)), b = d::from_e4m3(static_cast<uint8_t>(c + 1));
+    const float mid = (a + b) / 2;
+    for (float x : {a, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1000.0f)}) {
+      xs.push_back(x);
+      xs.push_back(-x);
+    }
+  }
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> expo(-14, 9);
+  for (int i = 0; i < 20000; ++i) xs.push_back(std::ldexp(1.0f + 0.001f * static_cast<float>(i % 997), static_cast<int>(expo(rng))) * (i % 2 ? 1 : -1));
+  for (auto& x : xs) x = std::min(std::max(x, -460.0f), 460.0f);
+  auto t = torch::from_blob(xs.data(), {static_cast<int64_t>(xs.size())}, torch::kFloat).clone();
+  auto ref = t.to(torch::kFloat8_e4m3fn).view(torch::kUInt8);
+  int bad = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const uint8_t want = ref[static_cast<int64_t>(i)].item<uint8_t>(), got = d::to_e4m3(xs[i]);
+    if (want != got && ++bad < 10) ADD_FAILURE() << xs[i] << ": " << int(got) << " vs torch " << int(want);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// A case: parameters, gradients for each step, and runs that split blocks.
+struct Case {
+  int64_t n;
+  int steps;
+  std::vector<float> p;
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<d::AdamRun>> runs;  // per step
+};
+
+d::AdamScalars scalars(int step, double lr, double wd, bool decoupled) {
+  const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.999, step);
+  return {0.9f, 0.1f, 0.999f, 0.001f, 1e-8f, static_cast<float>(wd), static_cast<float>(1 - lr * wd),
+          static_cast<float>(std::sqrt(bc2)), static_cast<float>(-lr / bc1), decoupled};
+}
+
+Case make_case(int64_t n, int steps, unsigned seed) {
+  Case c{n, steps, {}, {}, {}};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  c.p.resize(n);
+  for (auto& x : c.p) x = normal(rng);
+  // Gradients of very different sizes within a block (a scale of 1e-4..1 by
+  // element), and some exact zeros.
+  std::vector<float> mag(n);
+  for (int64_t i = 0; i < n; ++i) mag[i] = std::pow(10.0f, -4.0f * static_cast<float>((i * 37) % 101) / 100.0f);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> g(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = (i % 97 == 5) ? 0.0f : mag[i] * (0.3f + normal(rng));
+    c.grads.push_back(std::move(g));
+    // Three parameter groups: split at 1/3 (inside a block) and at n - 5.
+    std::vector<d::AdamRun> runs;
+    const int64_t a = n / 3, b = std::max(a, n - 5);
+    if (a > 0) runs.push_back({0, a, scalars(s + 1, 1e-3, 0.1, true)});
+    if (b > a) runs.push_back({a, b - a, scalars(s + 1, 3e-3, 0.0, true)});
+    if (n > b) runs.push_back({b, n - b, scalars(s + 1, 1e-3, 0.01, false)});
+    c.runs.push_back(std::move(runs));
+  }
+  return c;
+}
+
+struct State8 {
+  std::vector<float> p;
+  std::vector<uint8_t> mc, vc;
+  std::vector<float> ma, va;
+  std::vector<uint16_t> low;
+};
+
+State8 run_kernel(const Case& c, Isa isa) {
+  const int64_t blocks = (c.n + d::kQuantBlock - 1) / d::kQuantBlock;
+  State8 s{c.p, std::vector<uint8_t>(c.n), std::vector<uint8_t>(c.n), std::vector<float>(blocks),
+           std::vector<float>(blocks), std::vector<uint16_t>(c.n)};
+  for (int step = 0; step < c.steps; ++step) {
+    const auto& runs = c.runs[static_cast<size_t>(step)];
+    d::adam_fused_8bit(s.p.data(), c.grads[static_cast<size_t>(step)].data(), {s.mc.data(), s.ma.data()},
+                       {s.vc.data(), s.va.data()}, c.n, runs.data(), static_cast<int64_t>(runs.size()), isa,
+                       s.low.data(), d::LowPrecision::kBf16);
+  }
+  return s;
+}
+
+template <typename T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+class Adam8Isa : public ::testing::TestWithParam<std::tuple<Isa, int64_t>> {};
+
+TEST_P(Adam8Isa, BitIdenticalToScalar) {
+  const auto [isa, n] = GetParam();
+  if (!cpu_has(isa)) GTEST_SKIP() << "this CPU has no " << d::to_string(isa);
+  const Case c = make_case(n, 4, static_cast<unsigned>(n));
+  const State8 a = run_kernel(c, Isa::kScalar), b = run_kernel(c, isa);
+  EXPECT_TRUE(same(a.p, b.p));
+  EXPECT_TRUE(same(a.mc, b.mc));
+  EXPECT_TRUE(same(a.vc, b.vc));
+  EXPECT_TRUE(same(a.ma, b.ma));
+  EXPECT_TRUE(same(a.va, b.va));
+  EXPECT_TRUE(same(a.low, b.low));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, Adam8Isa,
+                         ::testing::Combine(::testing::Values(Isa::kAvx2, Isa::kAvx512),
+                                            ::testing::Values<int64_t>(1, 7, 255, 256, 257, 1000, 70000 + 13)));
+
+std::vector<zero::optim::FlatOptimizer::Run> runs_of(const std::vector<d::AdamRun>& rs, int step) {
+  // The optimizer's runs whose scalars are make_case's: lr and weight decay per run.
+  std::vector<zero::optim::FlatOptimizer::Run> out;
+  for (const auto& r : rs) {
+    zero::optim::StepParams p;
+    p.step = step;
+    p.lr = -static_cast<double>(r.s.neg_step_size) * (1 - std::pow(0.9, step));
+    p.weight_decay = static_cast<double>(r.s.weight_decay);
+    out.push_back({r.start, r.numel, p});
+  }
+  return out;
+}
+
+// The engine's path (FlatOptimizer with optim_bits 8) on contiguous CPU
+// tensors (the fused pass) and adam_8bit_aten (what device states run) give
+// the same bits.
+TEST(Adam8, AtenPathEqualsFusedPass) {
+  for (const bool decoupled : {true, false}) {
+    zero::config::OptimizerConfig cfg;
+    cfg.type = decoupled ? zero::config::OptimizerType::kAdamW : zero::config::OptimizerType::kAdam;
+    cfg.adam_w_mode = decoupled;
+    cfg.optim_bits = 8;
+    auto opt = zero::optim::FlatOptimizer::create(cfg);
+    ASSERT_FALSE(opt->elementwise_states());
+    EXPECT_NEAR(opt->state_bytes_per_param(), 2.0 + 8.0 / 256, 1e-12);
+    const Case c = make_case(3000, 5, 11);
+    const int64_t blocks = (c.n + 255) / 256;
+    auto fresh = [&] {
+      return std::vector<at::Tensor>{torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks}),
+                                     torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks})};
+    };
+    auto p1 = torch::from_blob(const_cast<float*>(c.p.data()), {c.n}).clone(), p2 = p1.clone();
+    auto s1 = fresh(), s2 = fresh();
+    auto l1 = torch::empty({c.n}, torch::kBFloat16), l2 = l1.clone();
+    for (int step = 1; step <= c.steps; ++step) {
+      auto g = torch::from_blob(const_cast<float*>(c.grads[static_cast<size_t>(step - 1)].data()), {c.n}).clone();
+      auto runs = runs_of(c.runs[static_cast<size_t>(step - 1)], step);
+      opt->update_runs(runs, p1, g, s1, &l1);
+      zero::optim::adam_8bit_aten(runs, cfg, p2, g, s2, &l2);
+    }
+    EXPECT_TRUE(p1.equal(p2)) << (p1 - p2).abs().max().item<float>();
+    for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(s1[i].equal(s2[i])) << "state " << i;
+    EXPECT_TRUE(l1.equal(l2));
+    EXPECT_GT(s1[0].ne(0).sum().item<int64_t>(), c.n / 2);  // the states are not all zero
+  }
+}
+
+// An independent reference written in PyTorch (tests/optim/adam8_reference.py)
+// gives the fused pass's codes, scales and parameters to the last bit.
+TEST(Adam8, EqualsThePyTorchReferenceToTheLastCode) {
+  const Case c = make_case(4099, 6, 5);
+  const std::string dir = testing::TempDir() + "adam8_ref_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  nlohmann::json runs = nlohmann::json::array();
+  for (size_t r = 0; r < c.runs[0].size(); ++r) {
+    nlohmann::json per_step = nlohmann::json::array();
+    for (int s = 0; s < c.steps; ++s) {
+      const auto& x = c.runs[static_cast<size_t>(s)][r].s;
+      per_step.push_back({x.beta1, x.one_minus_beta1, x.beta2, x.one_minus_beta2, x.eps, x.weight_decay, x.decay,
+                          x.bias_correction2_sqrt, x.neg_step_size, x.decoupled});
+    }
+    runs.push_back({{"start", c.runs[0][r].start}, {"numel", c.runs[0][r].numel}, {"scalars", per_step}});
+  }
+  std::ofstream(dir + "/case.json") << nlohmann::json{{"n", c.n}, {"steps", c.steps}, {"runs", runs}}.dump();
+  std::ofstream(dir + "/param.f32", std::ios::binary).write(reinterpret_cast<const char*>(c.p.data()), c.n * 4);
+  {
+    std::ofstream g(dir + "/grads.f32", std::ios::binary);
+    for (const auto& x : c.grads) g.write(reinterpret_cast<const char*>(x.data()), c.n * 4);
+  }
+  const std::string cmd = "python3 " + std::string(ZERO_SOURCE_DIR) + "/tests/optim/adam8_reference.py " + dir;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const State8 ours = run_kernel(c, d::best_isa());
+  auto load = [&](const std::string& name, auto& out) {
+    std::ifstream f(dir + "/" + name, std::ios::binary);
+    f.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size() * sizeof(out[0])));
+    ASSERT_TRUE(f.good()) << name;
+  };
+  State8 ref = ours;
+  load("param.out.f32", ref.p);
+  load("m.codes", ref.mc);
+  load("v.codes", ref.vc);
+  load("m.absmax.f32", ref.ma);
+  load("v.absmax.f32", ref.va);
+  int64_t code_diffs = 0;
+  for (int64_t i = 0; i < c.n; ++i) code_diffs += (ours.mc[i] != ref.mc[i]) + (ours.vc[i] != ref.vc[i]);
+  EXPECT_EQ(code_diffs, 0);
+  EXPECT_TRUE(same(ours.ma, ref.ma));
+  EXPECT_TRUE(same(ours.va, ref.va));
+  EXPECT_TRUE(same(ours.p, ref.p));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// Against fp32 Adam on the same gradients: the parameters' change differs by
+// the quantization's error, a few percent, not more.
+TEST(Adam8, WithinQuantizationErrorOfFp32Adam) {
+  const int64_t n = 20000;
+  const int steps = 30;
+  const Case c = make_case(n, steps, 7);
+  State8 q = {c.p, std::vector<uint8_t>(n), std::vector<uint8_t>(n), std::vector<float>((n + 255) / 256),
+              std::vector<float>((n + 255) / 256), std::vector<uint16_t>(n)};
+  std::vector<float> p32 = c.p, m(n), v(n);
+  for (int s = 0; s < steps; ++s) {
+    const auto& runs = c.runs[static_cast<size_t>(s)];
+    d::adam_fused_8bit(q.p.data(), c.grads[static_cast<size_t>(s)].data(), {q.mc.data(), q.ma.data()},
+                       {q.vc.data(), q.va.data()}, n, runs.data(), static_cast<int64_t>(runs.size()));
+    for (const auto& r : runs)
+      d::adam_fused_fp32(p32.data() + r.start, c.grads[static_cast<size_t>(s)].data() + r.start, m.data() + r.start,
+                         v.data() + r.start, r.numel, r.s);
+  }
+  double diff = 0, change = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff += std::pow(static_cast<double>(q.p[i]) - p32[i], 2);
+    change += std::pow(static_cast<double>(p32[i]) - c.p[i], 2);
+  }
+  const double rel = std::sqrt(diff / change);
+  std::printf("8-bit vs fp32 Adam after %d steps: parameter change differs by %.2f%%\n", steps, 100 * rel);
+  EXPECT_LT(rel, 0.05);
+  EXPECT_GT(rel, 0.0);  // it is quantized
+  // The first moment as a whole, dequantized, against fp32's.
+  double mdiff = 0, mnorm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double mq = d::from_e4m3(q.mc[i]) * (q.ma[i / 256] / 448.0f);
+    mdiff += (mq - m[i]) * (mq - m[i]);
+    mnorm += static_cast<double>(m[i]) * m[i];
+  }
+  std::printf("first moment differs by %.2f%%\n", 100 * std::sqrt(mdiff / mnorm));
+  EXPECT_LT(std::sqrt(mdiff / mnorm), 0.1);
+}
+
+}  // namespace
