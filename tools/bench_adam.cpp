@@ -85,6 +85,19 @@ int bench_adam(const std::vector<std::string>& args) {
                       /*amsgrad=*/false, /*maximize=*/false);
   });
 
+  // AdamW over 8-bit states (optimizer.params.optim_bits 8) on the same data.
+  auto q8_p = param0.clone();
+  const int64_t q8_blocks = (n + 255) / 256;
+  std::vector<at::Tensor> q8_st{torch::zeros({n}, torch::kUInt8), torch::zeros({q8_blocks}),
+                                torch::zeros({n}, torch::kUInt8), torch::zeros({q8_blocks})};
+  config::OptimizerConfig q8_cfg;
+  q8_cfg.type = config::OptimizerType::kAdamW;
+  q8_cfg.weight_decay = kWd;
+  q8_cfg.eps = kEps;
+  q8_cfg.optim_bits = 8;
+  std::shared_ptr<optim::FlatOptimizer> q8_opt = optim::FlatOptimizer::create(q8_cfg);
+  const size_t v_q8 = add([&](int64_t step) { q8_opt->update({step, kLr, kBeta1, kBeta2}, q8_p, grad, q8_st); });
+
   // The memory's speed: a pass with Adam's traffic and no arithmetic to speak
   // of (stream_adam_pattern: four arrays read, three written back, 28 bytes
   // per element, counted as Adam's are), and for reference the STREAM triad
@@ -117,12 +130,19 @@ int bench_adam(const std::vector<std::string>& args) {
   auto t = [&](size_t v) { return median(variants[v].seconds); };
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
   const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
+  const double t_q8 = t(v_q8);
   const double max_diff = (ours_p - fused_p).abs().max().item<double>();
+  // How far 8-bit states moved the parameters from fp32 states, relative to how far fp32 moved them.
+  const double q8_rel = ((q8_p - ours_p).norm() / (ours_p - param0).norm()).item<double>();
   if (norm_sink < 0) std::printf("\n");  // keeps the norms computed
 
   const double bytes_per_param = 28.0;
   const double ours_bw = bytes_per_param * n / t_ours_w, fused_bw = bytes_per_param * n / t_fused;
   const double pattern_bw = 28.0 * n / t_pattern, triad_bw = 16.0 * n / t_triad;
+  // 8-bit states: param 4 + 4, grad 4, two codes read and written 2 + 2, the
+  // block scales 2 x (4 + 4) / 256.
+  const double q8_bytes_per_param = 16.0 + 16.0 / 256;
+  const double q8_bw = q8_bytes_per_param * n / t_q8;
   std::printf("zero bench adam: %lld fp32 parameters, %s kernel, %d threads (oneTBB; LibTorch %d); median of %lld "
               "interleaved rounds\n",
               static_cast<long long>(n), optim::cpu_adam_isa(), tbb::this_task_arena::max_concurrency(),
@@ -131,6 +151,8 @@ int bench_adam(const std::vector<std::string>& args) {
   std::printf("  %-40s %14.3e %10.2f %12s\n", "zero CPU AdamW (fused, one pass)", n / t_ours_w, ours_bw / 1e9, "");
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "at::_fused_adamw_ (AdamW(fused=True))", n / t_fused,
               fused_bw / 1e9, t_fused / t_ours_w);
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "zero CPU AdamW, 8-bit states (16 B/el.)", n / t_q8, q8_bw / 1e9,
+              t_q8 / t_ours_w);
   std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
   std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
@@ -139,9 +161,12 @@ int bench_adam(const std::vector<std::string>& args) {
               "");
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "at::linalg_vector_norm (fp32)", n / t_norm_aten,
               4.0 * n / t_norm_aten / 1e9, t_norm_aten / t_norm);
-  std::printf("  zero AdamW's bytes/s as a fraction of the same traffic without math: %.2f; largest difference from "
-              "_fused_adamw_: %.2e\n",
-              ours_bw / pattern_bw, max_diff);
+  std::printf("  zero AdamW's bytes/s as a fraction of the same traffic without math: %.2f (8-bit states: %.2f); "
+              "largest difference from _fused_adamw_: %.2e\n",
+              ours_bw / pattern_bw, q8_bw / pattern_bw, max_diff);
+  std::printf("  8-bit states: %.2fx the fp32-state kernel's parameters/s; after %lld steps their parameters' change "
+              "differs from fp32 states' by %.2f%%\n",
+              t_ours_w / t_q8, static_cast<long long>(steps + 1), 100 * q8_rel);
   if (!json_path.empty()) {
     nlohmann::json j = {{"benchmark", "adam"},
                         {"numel", n},
@@ -154,6 +179,13 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"ours_adamw_params_per_s", n / t_ours_w},
                         {"fused_adamw_params_per_s", n / t_fused},
                         {"ratio_vs_fused_adamw", t_fused / t_ours_w},
+                        {"adamw_8bit_params_per_s", n / t_q8},
+                        {"ratio_8bit_vs_fp32_states", t_ours_w / t_q8},
+                        {"ratio_8bit_vs_fused_adamw", t_fused / t_q8},
+                        {"adamw_8bit_bytes_per_param", q8_bytes_per_param},
+                        {"adamw_8bit_bytes_per_s", q8_bw},
+                        {"adamw_8bit_bandwidth_fraction", q8_bw / pattern_bw},
+                        {"adamw_8bit_rel_change_vs_fp32", q8_rel},
                         {"max_abs_diff_vs_fused_adamw", max_diff},
                         {"ours_bytes_per_s", ours_bw},
                         {"fused_adamw_bytes_per_s", fused_bw},

@@ -72,6 +72,7 @@ struct Maxima {
 // order, the new moments (m, sqrt v) to tm/ts and their largest magnitudes.
 void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* mc, const uint8_t* vc, float mdq,
                 float vdq, int64_t n, const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
+  const float ibc2 = 1.0f / s.bias_correction2_sqrt;
   for (int64_t i = 0; i < n; ++i) {
     const float mo = from_e4m3(mc[i]) * mdq;
     const float so = from_e4m3(vc[i]) * vdq;
@@ -83,7 +84,7 @@ void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* m
     const float mi = mo * s.beta1 + s.one_minus_beta1 * gi;
     const float vi = vo * s.beta2 + s.one_minus_beta2 * gi * gi;
     const float sq = std::sqrt(vi);
-    const float denom = sq / s.bias_correction2_sqrt + s.eps;
+    const float denom = sq * ibc2 + s.eps;
     p[i] = pi + s.neg_step_size * mi / denom;
     tm[i] = mi;
     ts[i] = sq;
@@ -95,6 +96,11 @@ void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* m
 
 void quant_scalar(const float* t, uint8_t* codes, float inv, int64_t n) {
   for (int64_t i = 0; i < n; ++i) codes[i] = to_e4m3(t[i] * inv);
+}
+void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
+                   bool) {
+  quant_scalar(tm, mc, minv, n);
+  quant_scalar(ts, vc, vinv, n);
 }
 
 // --- AVX2: 8 lanes ---
@@ -146,7 +152,7 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
   const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
   const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
   const __m256 eps = _mm256_set1_ps(s.eps), wd = _mm256_set1_ps(s.weight_decay);
-  const __m256 decay = _mm256_set1_ps(s.decay), bc2 = _mm256_set1_ps(s.bias_correction2_sqrt);
+  const __m256 decay = _mm256_set1_ps(s.decay), ibc2 = _mm256_set1_ps(1.0f / s.bias_correction2_sqrt);
   const __m256 step = _mm256_set1_ps(s.neg_step_size), md = _mm256_set1_ps(mdq), vd = _mm256_set1_ps(vdq);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 maxm = _mm256_setzero_ps(), maxs = _mm256_setzero_ps();
@@ -162,7 +168,7 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(mo, b1), _mm256_mul_ps(omb1, gi));
     const __m256 vi = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
     const __m256 sq = _mm256_sqrt_ps(vi);
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(sq, bc2), eps);
+    const __m256 denom = _mm256_add_ps(_mm256_mul_ps(sq, ibc2), eps);
     _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom)));
     _mm256_storeu_ps(tm + i, mi);
     _mm256_storeu_ps(ts + i, sq);
@@ -174,11 +180,16 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
-__attribute__((target("avx2"))) void quant_avx2(const float* t, uint8_t* codes, float inv, int64_t n) {
-  const __m256 k = _mm256_set1_ps(inv);
+__attribute__((target("avx2"))) void quant2_avx2(const float* tm, uint8_t* mc, float minv, const float* ts,
+                                                   uint8_t* vc, float vinv, int64_t n, bool) {
+  const __m256 km = _mm256_set1_ps(minv), kv = _mm256_set1_ps(vinv);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(t + i), k), codes + i);
-  quant_scalar(t + i, codes + i, inv, n - i);
+  for (; i + 8 <= n; i += 8) {
+    enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(tm + i), km), mc + i);
+    enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(ts + i), kv), vc + i);
+  }
+  quant_scalar(tm + i, mc + i, minv, n - i);
+  quant_scalar(ts + i, vc + i, vinv, n - i);
 }
 
 // --- AVX-512F: 16 lanes ---
@@ -186,27 +197,40 @@ __attribute__((target("avx512f"))) inline __m512 dec_avx512(const uint8_t* c) {
   const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
   const __m512i sign = _mm512_slli_epi32(_mm512_and_epi32(x, _mm512_set1_epi32(0x80)), 24);
   const __m512i mag = _mm512_and_epi32(x, _mm512_set1_epi32(0x7f));
-  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
-  const __m512i sub = _mm512_castps_si512(
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f)));
+  __m512i r = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
   const __mmask16 is_sub = _mm512_cmpeq_epi32_mask(_mm512_and_epi32(x, _mm512_set1_epi32(0x78)), _mm512_setzero_si512());
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_mask_blend_epi32(is_sub, normal, sub), sign));
+  if (is_sub != 0) {  // E4M3 subnormals (and zeros): (code & 7) * 2^-9
+    const __m512i sub = _mm512_castps_si512(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f)));
+    r = _mm512_mask_blend_epi32(is_sub, r, sub);
+  }
+  return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
 }
 
+// kSigned: x may be negative (the first moment); kFinite: the block's
+// scale is finite, so no lane can reach the NaN code (|x| <= 448).
+template <bool kSigned, bool kFinite>
 __attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out) {
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i a = _mm512_xor_si512(bits, sign);
+  __m512i sign, a = bits;
+  if (kSigned) {
+    sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    a = _mm512_xor_si512(bits, sign);
+  }
   const __m512i odd = _mm512_and_epi32(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  const __m512i rn = _mm512_srli_epi32(
+  __m512i r = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
-  const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
-  const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
   const __mmask16 is_sub = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(kMinNormalBits)), a);
-  const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
-  __m512i r = _mm512_mask_blend_epi32(is_sub, rn, sn);
-  r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));
-  r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
+  if (is_sub != 0) {
+    const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
+    const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
+    r = _mm512_mask_blend_epi32(is_sub, r, sn);
+  }
+  if (!kFinite) {
+    const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+    r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));
+  }
+  if (kSigned) r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
 }
 
@@ -225,7 +249,7 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
   const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
   const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
   const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay);
-  const __m512 decay = _mm512_set1_ps(s.decay), bc2 = _mm512_set1_ps(s.bias_correction2_sqrt);
+  const __m512 decay = _mm512_set1_ps(s.decay), ibc2 = _mm512_set1_ps(1.0f / s.bias_correction2_sqrt);
   const __m512 step = _mm512_set1_ps(s.neg_step_size), md = _mm512_set1_ps(mdq), vd = _mm512_set1_ps(vdq);
   __m512 maxm = _mm512_setzero_ps(), maxs = _mm512_setzero_ps();
   int64_t i = 0;
@@ -240,7 +264,7 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(mo, b1), _mm512_mul_ps(omb1, gi));
     const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vo, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
     const __m512 sq = _mm512_sqrt_ps(vi);
-    const __m512 denom = _mm512_add_ps(_mm512_div_ps(sq, bc2), eps);
+    const __m512 denom = _mm512_add_ps(_mm512_mul_ps(sq, ibc2), eps);
     _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), denom)));
     _mm512_storeu_ps(tm + i, mi);
     _mm512_storeu_ps(ts + i, sq);
@@ -252,16 +276,30 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
-__attribute__((target("avx512f"))) void quant_avx512(const float* t, uint8_t* codes, float inv, int64_t n) {
-  const __m512 k = _mm512_set1_ps(inv);
+// Both moments of a block in one loop: m signed, sqrt(v) non-negative.
+template <bool kFinite>
+__attribute__((target("avx512f"))) void quant2_avx512_as(const float* tm, uint8_t* mc, float minv, const float* ts,
+                                                         uint8_t* vc, float vinv, int64_t n) {
+  const __m512 km = _mm512_set1_ps(minv), kv = _mm512_set1_ps(vinv);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(t + i), k), codes + i);
-  quant_scalar(t + i, codes + i, inv, n - i);
+  for (; i + 16 <= n; i += 16) {
+    enc_avx512<true, kFinite>(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
+    enc_avx512<!kFinite, kFinite>(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
+  }
+  quant_scalar(tm + i, mc + i, minv, n - i);
+  quant_scalar(ts + i, vc + i, vinv, n - i);
+}
+
+void quant2_avx512(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
+                   bool finite) {
+  if (finite) quant2_avx512_as<true>(tm, mc, minv, ts, vc, vinv, n);
+  else quant2_avx512_as<false>(tm, mc, minv, ts, vc, vinv, n);
 }
 
 using Seg = void (*)(float*, const float*, const uint8_t*, const uint8_t*, float, float, int64_t, const AdamScalars&,
                      float*, float*, Maxima&);
-using Quant = void (*)(const float*, uint8_t*, float, int64_t);
+// (m values, m codes, 448 / m's scale, sqrt v values, their codes, 448 / their scale, n, both scales finite)
+using Quant2 = void (*)(const float*, uint8_t*, float, const float*, uint8_t*, float, int64_t, bool);
 
 void write_low16(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
   if (type == LowPrecision::kBf16) {
@@ -276,7 +314,7 @@ void write_low16(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
 void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v, int64_t n, const AdamRun* runs,
                      int64_t n_runs, Isa isa, uint16_t* low, LowPrecision low_type) {
   const Seg seg = isa == Isa::kAvx512 ? &seg_avx512 : isa == Isa::kAvx2 ? &seg_avx2 : &seg_scalar;
-  const Quant quant = isa == Isa::kAvx512 ? &quant_avx512 : isa == Isa::kAvx2 ? &quant_avx2 : &quant_scalar;
+  const Quant2 quant2 = isa == Isa::kAvx512 ? &quant2_avx512 : isa == Isa::kAvx2 ? &quant2_avx2 : &quant2_scalar;
   if (n <= 0) return;
   const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
   auto block_range = [&](int64_t b0, int64_t b1) {
@@ -297,8 +335,8 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
       }
       m.absmax[b] = mx.m;
       v.absmax[b] = mx.s;
-      quant(tm, m.codes + start, mx.m > 0 ? kE4m3Max / mx.m : 0.0f, len);
-      quant(ts, v.codes + start, mx.s > 0 ? kE4m3Max / mx.s : 0.0f, len);
+      quant2(tm, m.codes + start, mx.m > 0 ? kE4m3Max / mx.m : 0.0f, ts, v.codes + start,
+             mx.s > 0 ? kE4m3Max / mx.s : 0.0f, len, std::isfinite(mx.m) && std::isfinite(mx.s));
       if (low != nullptr && low_type != LowPrecision::kNone) write_low16(param + start, low + start, len, low_type);
     }
   };

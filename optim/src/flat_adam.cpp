@@ -264,8 +264,8 @@ void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::O
     // ATen's CPU sqrt (SLEEF) is off by an ulp at times; through fp64 it is
     // the correctly rounded one, as the fused pass's sqrt instruction.
     const at::Tensor sq = vi.to(at::kDouble).sqrt().to(at::kFloat);
-    const at::Tensor denom =
-        sq.div(at::full({1}, static_cast<double>(s.bias_correction2_sqrt), opts)).add(static_cast<double>(s.eps));
+    const at::Tensor ibc2 = at::full({1}, 1.0, opts).div(at::full({1}, static_cast<double>(s.bias_correction2_sqrt), opts));
+    const at::Tensor denom = sq.mul(ibc2).add(static_cast<double>(s.eps));
     p.copy_(pi.add(mi.mul(static_cast<double>(s.neg_step_size)).div(denom)));
     sl(tm).copy_(mi);
     sl(ts).copy_(sq);

@@ -71,7 +71,8 @@ def main():
             mi = m_old[a:b] * beta1 + omb1 * g
             vi = v_old[a:b] * beta2 + (omb2 * g) * g
             sq = vi.double().sqrt().float()  # correctly rounded, as the CPU's sqrt instruction
-            denom = sq / torch.full((1,), bc2) + eps
+            ibc2 = torch.ones(1) / torch.full((1,), bc2)  # 1 / sqrt(bias_correction2) in fp32
+            denom = sq * ibc2 + eps
             p[a:b] = pi + (step_size * mi) / denom
             m_new[a:b] = mi
             s_new[a:b] = sq
