@@ -20,9 +20,20 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     for (int64_t start = 0; start < n; start += size) sub_groups_.push_back({g, start, std::min(size, n - start)});
   }
   names_.push_back("fp32_master");
-  for (int i = 0; i < optimizer.num_states(); ++i) {
-    names_.push_back(optimizer.state_names()[static_cast<size_t>(i)]);
-    initial_.push_back(optimizer.initial_state(i));
+  specs_ = optimizer.state_specs();
+  for (const auto& spec : specs_) {
+    names_.push_back(spec.name);
+    initial_.push_back(spec.initial);
+    // A block-wise state (8-bit Adam's scales) is laid out sub-group after
+    // sub-group, each from its own first element (NOTE [8-bit states]).
+    std::vector<int64_t> at;
+    int64_t total = 0;
+    for (const auto& sg : sub_groups_) {
+      at.push_back(total);
+      total += spec.numel_for(sg.numel);
+    }
+    at.push_back(total);
+    state_at_.push_back(std::move(at));
   }
   tier_ = options_.nvme ? Tier::kNvme : !options_.offload ? Tier::kDevice
                                        : options_.pin_memory ? Tier::kPinnedHost
@@ -30,9 +41,10 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   const int64_t owned = params_.owned_numel();
   // A buffer of the owned partition: on the device, or offloaded in host
   // memory, pinned when asked and within the ledger's pinned limit.
-  auto buffer = [&](at::ScalarType dtype, Kind kind, const std::string& what) {
-    if (!options_.offload) return LedgerAlloc::empty(ledger_, owned, dtype, options_.device, Tier::kDevice, kind, what);
-    return LedgerAlloc::host_empty(ledger_, owned, dtype, options_.pin_memory, kind, what);
+  auto buffer = [&](at::ScalarType dtype, Kind kind, const std::string& what, int64_t numel = -1) {
+    if (numel < 0) numel = owned;
+    if (!options_.offload) return LedgerAlloc::empty(ledger_, numel, dtype, options_.device, Tier::kDevice, kind, what);
+    return LedgerAlloc::host_empty(ledger_, numel, dtype, options_.pin_memory, kind, what);
   };
   if (options_.grad_partition) {
     // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's.
@@ -40,12 +52,17 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     grads_.zero_();
   }
   if (options_.nvme) {
-    swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), names_, *options_.nvme, ledger_);
+    std::vector<SwapTensor> tensors{{names_[0], at::kFloat, 0}};
+    for (const auto& spec : specs_) tensors.push_back({spec.name, spec.dtype, spec.per_block});
+    swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), std::move(tensors), *options_.nvme, ledger_);
     return;
   }
   if (!param_master_) master_ = buffer(at::kFloat, Kind::kOptimizerStates, "fp32 master parameters");
-  for (size_t i = 0; i < initial_.size(); ++i)
-    states_.push_back(buffer(at::kFloat, Kind::kOptimizerStates, "optimizer state " + names_[i + 1]));
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const auto& spec = specs_[i];
+    states_.push_back(buffer(spec.dtype, Kind::kOptimizerStates, "optimizer state " + names_[i + 1],
+                             spec.per_block > 0 ? state_at_[i].back() : owned));
+  }
 }
 
 void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const std::function<void(size_t g)>& done) {
@@ -77,7 +94,10 @@ void StateStore::visit(bool write_back, const Visit& fn) {
   for (size_t k = 0; k < sub_groups_.size(); ++k) {
     const auto [g, start, len] = sub_groups_[k];
     std::vector<at::Tensor> s;
-    for (size_t i = 0; i < states_.size(); ++i) s.push_back(state(i, g).narrow(0, start, len));
+    for (size_t i = 0; i < states_.size(); ++i) {
+      if (specs_[i].per_block > 0) s.push_back(states_[i].narrow(0, state_at_[i][k], state_at_[i][k + 1] - state_at_[i][k]));
+      else s.push_back(state(i, g).narrow(0, start, len));
+    }
     fn(k, master(g).narrow(0, start, len), std::move(s));
   }
 }
@@ -94,8 +114,18 @@ at::Tensor StateStore::master(size_t g) const {
 
 at::Tensor StateStore::state(size_t i, size_t g) const {
   ZERO_CHECK(!swapper_ && i < states_.size(), "no such optimizer state in memory");
-  return params_.owned_chunk_of(states_[i], g);
+  if (specs_[i].per_block == 0) return params_.owned_chunk_of(states_[i], g);
+  // A block-wise state: the blocks of g's sub-groups, which are consecutive.
+  int64_t begin = -1, end = 0;
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+    if (sub_groups_[k].group != g) continue;
+    if (begin < 0) begin = state_at_[i][k];
+    end = state_at_[i][k + 1];
+  }
+  return states_[i].narrow(0, std::max<int64_t>(begin, 0), end - std::max<int64_t>(begin, 0));
 }
+
+int64_t StateStore::state_numel(size_t i, int64_t numel) const { return specs_.at(i).numel_for(numel); }
 
 at::Tensor StateStore::grad(size_t g) const {
   ZERO_CHECK(grads_.defined(), "no gradient partition below stage 2");

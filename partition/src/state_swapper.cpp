@@ -42,34 +42,56 @@ std::vector<int64_t> sub_groups_of(const std::vector<int64_t>& group_numels, int
   return out;
 }
 
+namespace {
+std::vector<SwapTensor> fp32_tensors(const std::vector<std::string>& names) {
+  std::vector<SwapTensor> t;
+  for (const auto& n : names) t.push_back({n, at::kFloat, 0});
+  return t;
+}
+}  // namespace
+
 StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::string> names, SwapOptions options,
                            MemoryLedger& ledger)
-    : sub_groups_(std::move(sub_groups)), names_(std::move(names)), options_(std::move(options)) {
-  ZERO_CHECK(!names_.empty(), "state swapper: no tensors");
+    : StateSwapper(std::move(sub_groups), fp32_tensors(names), std::move(options), ledger) {}
+
+int64_t StateSwapper::bytes_of(size_t i, size_t k) const {
+  const SwapTensor& t = tensors_[i];
+  return offload::aio_aligned(t.numel_for(sub_groups_[k]) * static_cast<int64_t>(c10::elementSize(t.dtype)));
+}
+
+StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<SwapTensor> tensors, SwapOptions options,
+                           MemoryLedger& ledger)
+    : sub_groups_(std::move(sub_groups)), tensors_(std::move(tensors)), options_(std::move(options)) {
+  ZERO_CHECK(!tensors_.empty(), "state swapper: no tensors");
   if (options_.buffer_count < 1) {
     throw ConfigError({options_.config_key + ".buffer_count: expected at least 1 buffer; got " +
                        std::to_string(options_.buffer_count)});
   }
-  int64_t max_numel = 1, total = 0;
-  for (int64_t n : sub_groups_) {
-    offsets_.push_back(total);
-    total += offload::aio_aligned(n * 4);
-    max_numel = std::max(max_numel, n);
+  int64_t slot_bytes = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    int64_t total = 0, widest = offload::kAioAlignment;
+    offsets_.emplace_back();
+    for (size_t k = 0; k < sub_groups_.size(); ++k) {
+      offsets_[i].push_back(total);
+      total += bytes_of(i, k);
+      widest = std::max(widest, bytes_of(i, k));
+    }
+    file_size_.push_back(total);
+    slot_at_.push_back(slot_bytes);
+    slot_bytes += widest;
   }
-  stride_ = offload::aio_aligned(max_numel * 4);
   engine_ = std::make_unique<offload::AioEngine>(options_.aio);
   std::vector<offload::SwapFileSpec> specs;
-  for (const auto& n : names_) specs.push_back({n + ".swp", total});
+  for (size_t i = 0; i < tensors_.size(); ++i) specs.push_back({tensors_[i].name + ".swp", file_size_[i]});
   int64_t numel = 0;
   for (int64_t n : sub_groups_) numel += n;
   files_ = offload::create_swap_files(options_.nvme_path, options_.config_key + ".nvme_path", options_.tag,
-                                      std::to_string(numel) + " optimizer elements (" + std::to_string(names_.size()) +
-                                          " fp32 tensors) of " + options_.tag,
+                                      std::to_string(numel) + " optimizer elements (" +
+                                          std::to_string(tensors_.size()) + " state tensors) of " + options_.tag,
                                       specs);
   disk_ = LedgerAlloc::reserve(ledger, Tier::kNvme, Kind::kOptimizerStates, file_bytes(), "optimizer swap files");
   // Never more buffers than sub-groups: a small model does not pay for four.
   const int64_t count = std::min<int64_t>(options_.buffer_count, std::max<size_t>(1, sub_groups_.size()));
-  const int64_t slot_bytes = stride_ * static_cast<int64_t>(names_.size());
   buffers_ = SwapBuffers(ledger, options_.pin_memory, count, slot_bytes, Kind::kOptimizerStates,
                          "NVMe swap buffers",
                          "lower zero_optimization.sub_group_size (each buffer holds one sub-group of every state) or " +
@@ -94,8 +116,9 @@ StateSwapper::~StateSwapper() {
 }
 
 int64_t StateSwapper::file_bytes() const {
-  const int64_t per_file = sub_groups_.empty() ? 0 : offsets_.back() + offload::aio_aligned(sub_groups_.back() * 4);
-  return per_file * static_cast<int64_t>(names_.size());
+  int64_t total = 0;
+  for (int64_t f : file_size_) total += f;
+  return total;
 }
 
 void StateSwapper::clear_timings() {
@@ -106,8 +129,8 @@ void StateSwapper::clear_timings() {
 int64_t StateSwapper::buffer_bytes() const { return buffers_.total_bytes(); }
 
 at::Tensor StateSwapper::tensor_in(Slot& s, size_t i, size_t k) const {
-  char* p = s.buf + static_cast<int64_t>(i) * stride_;
-  return at::from_blob(p, {sub_groups_[k]}, at::TensorOptions().dtype(at::kFloat));
+  const SwapTensor& t = tensors_[i];
+  return at::from_blob(s.buf + slot_at_[i], {t.numel_for(sub_groups_[k])}, at::TensorOptions().dtype(t.dtype));
 }
 
 void StateSwapper::start_read(size_t k) {
@@ -115,10 +138,9 @@ void StateSwapper::start_read(size_t k) {
   if (s.reading == static_cast<int64_t>(k)) return;  // already on its way (prefetch)
   wait_reads(s);   // a read of another sub-group that was not used
   wait_writes(s);  // the buffer's last sub-group must be on disk first
-  const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
   for (size_t i = 0; i < files_.size(); ++i) {
-    char* p = s.buf + static_cast<int64_t>(i) * stride_;
-    s.reads.push_back(engine_->read(files_[i], p, len, offsets_[k]));
+    const int64_t len = bytes_of(i, k);
+    s.reads.push_back(engine_->read(files_[i], s.buf + slot_at_[i], len, offsets_[i][k]));
     stats_.bytes_read += len;
   }
   s.reading = static_cast<int64_t>(k);
@@ -189,10 +211,9 @@ void StateSwapper::pass(bool read, bool write, const Visit& visit) {
       for (size_t i = 0; i < files_.size(); ++i) tensors.push_back(tensor_in(s, i, k));
       visit(k, tensors);
       if (!write) continue;
-      const int64_t len = offload::aio_aligned(sub_groups_[k] * 4);
       for (size_t i = 0; i < files_.size(); ++i) {
-        const char* p = s.buf + static_cast<int64_t>(i) * stride_;
-        s.writes.push_back(engine_->write(files_[i], p, len, offsets_[k]));
+        const int64_t len = bytes_of(i, k);
+        s.writes.push_back(engine_->write(files_[i], s.buf + slot_at_[i], len, offsets_[i][k]));
         stats_.bytes_written += len;
       }
       wrote = true;

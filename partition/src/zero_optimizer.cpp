@@ -303,17 +303,15 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       optimizer_->update(params, m, g32, s, low);
       return;
     }
-    for (const Run& r : runs_[k]) {  // each run of one parameter group with its values
+    std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
+    for (const Run& r : runs_[k]) {
       optim::StepParams p = params;
       const GroupHyper& h = groups_[r.group];
       if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
       p.weight_decay = h.weight_decay;
-      at::Tensor pm = m.narrow(0, r.start, r.numel);
-      std::vector<at::Tensor> ps;
-      for (auto& t : s) ps.push_back(t.narrow(0, r.start, r.numel));
-      at::Tensor pl = low != nullptr ? low->narrow(0, r.start, r.numel) : at::Tensor();
-      optimizer_->update(p, pm, g32.narrow(0, r.start, r.numel), ps, low != nullptr ? &pl : nullptr);
+      runs.push_back({r.start, r.numel, p});
     }
+    optimizer_->update_runs(runs, m, g32, s, low);
   });
   zero_grad();
   out.applied = true;

@@ -56,6 +56,20 @@
 namespace zero {
 namespace {
 
+// State i's length over group g's sub-groups (a block-wise state's blocks).
+int64_t state_numel_of_group(const partition::StateStore& store, size_t i, size_t g) {
+  int64_t n = 0;
+  for (const auto& sg : store.sub_groups())
+    if (sg.group == g) n += store.state_numel(i, sg.numel);
+  return n;
+}
+
+bool has_block_states(const partition::StateStore& store) {
+  for (const auto& spec : store.state_specs())
+    if (spec.per_block > 0 || spec.dtype != at::kFloat) return true;
+  return false;
+}
+
 std::string part_name(int64_t rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "rank%05lld", static_cast<long long>(rank));
@@ -312,9 +326,14 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   // This rank's file: its partition of every state, its RNG states.
   ckpt::Layout layout;
   if (holds_partition) {
-    for (size_t g = 0; g < flat.groups().size(); ++g)
-      for (const auto& name : store.names())
-        layout.tensors.push_back({name + "." + std::to_string(g), at::kFloat, {flat.groups()[g].chunk_numel}});
+    const auto& specs = store.state_specs();
+    for (size_t g = 0; g < flat.groups().size(); ++g) {
+      layout.tensors.push_back({store.names()[0] + "." + std::to_string(g), at::kFloat, {flat.groups()[g].chunk_numel}});
+      // Each state in its own dtype and length (8-bit Adam: codes and block scales).
+      for (size_t i = 0; i < specs.size(); ++i)
+        layout.tensors.push_back({store.names()[i + 1] + "." + std::to_string(g), specs[i].dtype,
+                                  {state_numel_of_group(store, i, g)}});
+    }
   }
   const at::Tensor rng_cpu = generator_state(at::kCPU);
   layout.tensors.push_back({"rng.cpu", at::kByte, {rng_cpu.numel()}});
@@ -434,6 +453,11 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
           {"compute_dtype", ckpt::dtype_name(s.dtype)},
           {"optimizer", s.config.optimizer->type_name},
           {"states", store.names()},
+          // Block-wise states (NOTE [8-bit states]) are laid out by the
+          // partitions and sub-groups they were saved with.
+          {"state_blocks", has_block_states(store) ? nlohmann::json{{"partitions", partitions},
+                                                                    {"sub_group_size", s.config.zero.sub_group_size}}
+                                                   : nlohmann::json(nullptr)},
           {"global_steps", s.global_steps},
           {"micro_steps", s.micro_steps},
           {"skipped_steps", s.skipped_steps},
@@ -527,15 +551,51 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
+  // fp32 states by element ranges, at any world size; block-wise ones
+  // (8-bit Adam's) as they were saved, which takes the same partitions and
+  // sub-groups.
+  const auto& specs = store.state_specs();
+  std::vector<std::string> by_range{store.names()[0]};
+  std::vector<size_t> blockwise;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].per_block > 0 || specs[i].dtype != at::kFloat) blockwise.push_back(i);
+    else by_range.push_back(store.names()[i + 1]);
+  }
+  if (!blockwise.empty()) {
+    const nlohmann::json want = {{"partitions", flat.world_size()}, {"sub_group_size", s.config.zero.sub_group_size}};
+    const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
+    if (have != want)
+      throw ConfigError({meta_path + ": its block-wise optimizer states (" + store.names()[blockwise[0] + 1] +
+                         ", optimizer.params.optim_bits 8) were saved with " + have.dump() + " and load only as they "
+                         "were laid out; this run has " + want.dump() + ": load it at the world size and "
+                         "zero_optimization.sub_group_size it was saved with"});
+  }
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
-    return reader->issue(store.names(),
+    return reader->issue(by_range,
                          ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, meta_path), count);
   });
+  const std::string own_file = part_name(s.dist.rank) + ".safetensors";
+  std::vector<at::Tensor> group_state(specs.size());  // block-wise: group g's saved tensor
+  std::vector<int64_t> group_at(specs.size());        // where the next sub-group's part starts in it
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
     std::vector<at::Tensor*> dsts{&m};
-    for (auto& t : st) dsts.push_back(&t);
+    for (size_t i = 0; i < st.size(); ++i)
+      if (std::find(blockwise.begin(), blockwise.end(), i) == blockwise.end()) dsts.push_back(&st[i]);
     loader.fill(k, dsts);
+    const size_t g = groups[k].group;
+    const bool first_of_group = k == 0 || groups[k - 1].group != g;
+    for (size_t i : blockwise) {
+      if (first_of_group) {
+        const std::string name = store.names()[i + 1] + "." + std::to_string(g);
+        group_state[i] = reader->read_tensor(own_file, name);
+        if (group_state[i].scalar_type() != specs[i].dtype || group_state[i].numel() != state_numel_of_group(store, i, g))
+          throw IoError(tag_dir + "/" + own_file + ": " + name + " has another dtype or length than this run's");
+        group_at[i] = 0;
+      }
+      st[i].copy_(group_state[i].reshape({-1}).narrow(0, group_at[i], st[i].numel()));
+      group_at[i] += st[i].numel();
+    }
   });
   // Buffers and frozen parameters, by name.
   for (const auto& [name, t] : extra_state(*s.model)) {

@@ -183,23 +183,41 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   const bool params_are_master = p == 4 && !off_opt && (z.stage == 3 ? !off_param : layout_ranks == 1);
   const bool one_moment = c.optimizer && (c.optimizer->type == config::OptimizerType::kAdagrad ||
                                           c.optimizer->type == config::OptimizerType::kLion);
-  const int64_t states = (one_moment ? 1 : 2) + (params_are_master ? 0 : 1);
-  if (!off_opt) {
-    e.device.optimizer_states = 4 * states * part;
-  } else if (!nvme_opt) {
-    e.host.optimizer_states = 4 * states * part;
-  } else {
-    const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
-    int64_t file = 0, sub_groups = 0, largest = 1;
-    for (int64_t n : groups) {  // counted, not walked: sub-groups may be many
-      const int64_t chunk = n / layout_ranks, full = chunk / sub, rest = chunk % sub;
-      file += full * aligned(4 * sub) + (rest > 0 ? aligned(4 * rest) : 0);
-      sub_groups += full + (rest > 0 ? 1 : 0);
-      largest = std::max(largest, full > 0 ? sub : rest);
+  // The state tensors, each as bytes per element and elements per block (0:
+  // one per parameter): 8-bit Adam keeps each moment as 1-byte codes and a
+  // 4-byte scale per 256 elements of a sub-group (NOTE [8-bit states]).
+  struct StateTensor {
+    int64_t bytes, per_block;
+  };
+  std::vector<StateTensor> tensors;
+  if (!params_are_master) tensors.push_back({4, 0});
+  if (one_moment) tensors.push_back({4, 0});
+  else if (c.optimizer && c.optimizer->optim_bits == 8) tensors.insert(tensors.end(), {{1, 0}, {4, 256}, {1, 0}, {4, 256}});
+  else tensors.insert(tensors.end(), {{4, 0}, {4, 0}});
+  const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
+  auto numel_for = [](const StateTensor& t, int64_t n) { return t.per_block > 0 ? (n + t.per_block - 1) / t.per_block : n; };
+  // Over this rank's sub-groups (counted, not walked: they may be many):
+  // bytes in memory, bytes of the swap files, the largest sub-group.
+  int64_t in_memory = 0, file = 0, sub_groups = 0, largest = 1;
+  for (int64_t n : groups) {
+    const int64_t chunk = n / layout_ranks, full = chunk / sub, rest = chunk % sub;
+    for (const auto& t : tensors) {
+      in_memory += t.bytes * (full * numel_for(t, sub) + (rest > 0 ? numel_for(t, rest) : 0));
+      file += full * aligned(t.bytes * numel_for(t, sub)) + (rest > 0 ? aligned(t.bytes * numel_for(t, rest)) : 0);
     }
-    e.nvme.optimizer_states = states * file;
+    sub_groups += full + (rest > 0 ? 1 : 0);
+    largest = std::max(largest, full > 0 ? sub : rest);
+  }
+  if (!off_opt) {
+    e.device.optimizer_states = in_memory;
+  } else if (!nvme_opt) {
+    e.host.optimizer_states = in_memory;
+  } else {
+    e.nvme.optimizer_states = file;
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
-    e.host.optimizer_states = buffers * states * aligned(4 * largest);
+    int64_t slot = 0;
+    for (const auto& t : tensors) slot += std::max<int64_t>(aligned(t.bytes * numel_for(t, largest)), 4096);
+    e.host.optimizer_states = buffers * slot;
   }
   return e;
 }

@@ -126,6 +126,45 @@ INSTANTIATE_TEST_SUITE_P(Pipelines, SwapperRoundTrip,
                                   (p.write ? "_write" : "");
                          });
 
+// 8-bit Adam's tensors (NOTE [8-bit states]): bytes per element and an fp32
+// scale per 256 elements come back exactly, in files of their own sizes.
+TEST(SwapperRoundTrip, TensorsOfOtherDtypesAndBlockLengths) {
+  const std::string dir = fresh_dir("mixed");
+  zero::MemoryLedger ledger;
+  SwapOptions o;
+  o.nvme_path = dir;
+  o.buffer_count = 2;
+  o.pipeline_read = o.pipeline_write = true;
+  const std::vector<int64_t> sizes{300, 70001, 5};
+  {
+    StateSwapper sw(sizes, std::vector<zero::partition::SwapTensor>{{"fp32_master", at::kFloat, 0},
+                                                                     {"codes", at::kByte, 0},
+                                                                     {"scales", at::kFloat, 256}},
+                    o, ledger);
+    auto aligned = [](int64_t b) { return (b + 4095) / 4096 * 4096; };
+    int64_t want = 0;
+    for (int64_t n : sizes) want += aligned(4 * n) + aligned(n) + aligned(4 * ((n + 255) / 256));
+    EXPECT_EQ(sw.file_bytes(), want);
+    auto fill8 = [&](size_t k, const std::vector<at::Tensor>& t, int round) {
+      ASSERT_EQ(t[1].scalar_type(), at::kByte);
+      ASSERT_EQ(t[2].numel(), (sizes[k] + 255) / 256);
+      t[0].copy_(at::arange(sizes[k], at::kFloat).add_(round));
+      t[1].copy_(at::arange(sizes[k], at::kInt).add_(round * 7 + static_cast<int>(k)).remainder_(251).to(at::kByte));
+      t[2].copy_(at::arange(t[2].numel(), at::kFloat).mul_(0.5).add_(round));
+    };
+    sw.pass(false, true, [&](size_t k, const std::vector<at::Tensor>& t) { fill8(k, t, 1); });
+    int64_t bad = 0;
+    sw.pass(true, false, [&](size_t k, const std::vector<at::Tensor>& t) {
+      std::vector<at::Tensor> want_t{at::empty_like(t[0]), at::empty_like(t[1]), at::empty_like(t[2])};
+      fill8(k, want_t, 1);
+      for (size_t i = 0; i < 3; ++i) bad += !t[i].equal(want_t[i]);
+    });
+    EXPECT_EQ(bad, 0);
+  }
+  EXPECT_TRUE(empty_dir(dir));
+  ::rmdir(dir.c_str());
+}
+
 SwapOptions small_options(const std::string& dir) {
   SwapOptions o;
   o.nvme_path = dir;
@@ -146,7 +185,7 @@ TEST(SwapperFaults, FailedWriteNamesTheFileAndStopsLaterSteps) {
     zero::MemoryLedger ledger;
     SwapOptions o = small_options(dir);
     o.pipeline_read = o.pipeline_write = pipelined;
-    StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, o, ledger);
+    StateSwapper sw({5000, 5000, 5000}, std::vector<std::string>{"fp32_master", "exp_avg"}, o, ledger);
     sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
     sw.engine_for_testing().inject_fault(/*on_write=*/true, ENOSPC);
     std::vector<std::string> errors;
@@ -179,7 +218,7 @@ TEST(SwapperFaults, FailedWriteNamesTheFileAndStopsLaterSteps) {
 TEST(SwapperFaults, FailedReadNamesTheFileAndLosesNothing) {
   const std::string dir = fresh_dir("rfault");
   zero::MemoryLedger ledger;
-  StateSwapper sw({5000, 7000}, {"fp32_master", "exp_avg"}, small_options(dir), ledger);
+  StateSwapper sw({5000, 7000}, std::vector<std::string>{"fp32_master", "exp_avg"}, small_options(dir), ledger);
   sw.pass(false, true, [](size_t k, const std::vector<at::Tensor>& t) { fill(k, t, 0); });
   sw.engine_for_testing().inject_fault(/*on_write=*/false, EIO);
   int visited = 0;
@@ -238,7 +277,7 @@ TEST(SwapperOptions, BuffersArePinnedWhenAskedAndWithinTheLimit) {
     o.pin_memory = c.pin;
     const Tier other = c.want == Tier::kHost ? Tier::kPinnedHost : Tier::kHost;
     {
-      StateSwapper sw({5000, 5000, 5000}, {"fp32_master", "exp_avg"}, o, ledger);
+      StateSwapper sw({5000, 5000, 5000}, std::vector<std::string>{"fp32_master", "exp_avg"}, o, ledger);
       // Three buffers of one 5,000-element sub-group of two tensors.
       const int64_t want = 3 * 2 * zero::offload::aio_aligned(5000 * 4);
       EXPECT_GE(ledger.get(c.want, Kind::kOptimizerStates).current_bytes, want) << "pin " << c.pin;

@@ -82,10 +82,16 @@ class StateStore {
   const std::vector<std::string>& names() const { return names_; }
   /// The value optimizer state `i` (0-based, after the master) starts at.
   double initial_value(size_t i) const { return initial_.at(i); }
+  /// The optimizer's states: dtype and layout (8-bit Adam's are bytes and
+  /// block scales, NOTE [8-bit states]); a block-wise state is laid out
+  /// sub-group by sub-group.
+  const std::vector<optim::FlatOptimizer::StateSpec>& state_specs() const { return specs_; }
+  /// State i's length for `numel` elements of a sub-group.
+  int64_t state_numel(size_t i, int64_t numel) const;
 
   using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
-  /// Visits every sub-group in order with views of its master and states
-  /// (fp32). `write_back`: changes are kept (NVMe: written back). Throws IoError.
+  /// Visits every sub-group in order with views of its master (fp32) and
+  /// states (as state_specs()). `write_back`: changes are kept (NVMe: written back). Throws IoError.
   void visit(bool write_back, const Visit& fn);
   /// NVMe with pipeline_read: starts reading the first sub-groups for the
   /// next visit (behind backward). Never throws.
@@ -93,7 +99,8 @@ class StateStore {
 
   /// The master of group g (in memory; not on NVMe).
   at::Tensor master(size_t g) const;
-  /// The state `i` (0-based among the optimizer's states) of group g (in memory).
+  /// The state `i` (0-based among the optimizer's states) of group g (in
+  /// memory); a block-wise state's blocks of g's sub-groups.
   at::Tensor state(size_t i, size_t g) const;
 
   /// Stages 2-3: this rank's reduced gradient of group g.
@@ -114,6 +121,8 @@ class StateStore {
   MemoryLedger& ledger_;
   ParamMaster param_master_;
   std::vector<double> initial_;        // per optimizer state: its starting value
+  std::vector<optim::FlatOptimizer::StateSpec> specs_;
+  std::vector<std::vector<int64_t>> state_at_;  // per state: where each sub-group's part starts (and the end)
   std::vector<SubGroup> sub_groups_;
   std::vector<std::string> names_;
   Tier tier_ = Tier::kDevice;

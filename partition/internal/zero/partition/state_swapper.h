@@ -6,7 +6,9 @@
 // partition (the fp32 master, then the optimizer's states: exp_avg,
 // exp_avg_sq for Adam) is one swap file (NOTE [swap files]). The partition is
 // cut into sub-groups of at most sub_group_size elements; sub-group k sits at
-// the same 4 KiB-aligned offset in every file, so each transfer is O_DIRECT.
+// a 4 KiB-aligned offset in every file, so each transfer is O_DIRECT. A
+// tensor may be of another dtype or one element per block (8-bit Adam's
+// codes and scales, NOTE [8-bit states]): its file is that much smaller.
 // A pass visits the sub-groups in order through `buffer_count` host buffers
 // (pinned with pin_memory, see SwapBuffers), each holding all the tensors of
 // one sub-group:
@@ -88,6 +90,17 @@ struct SwapStats {
   int64_t passes = 0;
 };
 
+/// One swapped tensor: its name (the file is "<name>.swp"), dtype and
+/// length for a sub-group of n elements (n, or ceil(n / per_block)).
+struct SwapTensor {
+  SwapTensor(std::string name_, at::ScalarType dtype_, int64_t per_block_)  // (all three: a bare name is fp32's overload)
+      : name(std::move(name_)), dtype(dtype_), per_block(per_block_) {}
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  int64_t per_block = 0;
+  int64_t numel_for(int64_t n) const { return per_block > 0 ? (n + per_block - 1) / per_block : n; }
+};
+
 class StateSwapper {
  public:
   /// `sub_groups`: the elements of each sub-group, in order; `names`: one
@@ -98,12 +111,16 @@ class StateSwapper {
   /// zero::OutOfMemoryError past the host tier's limit.
   StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::string> names, SwapOptions options,
                MemoryLedger& ledger);
+  /// The same with each tensor's dtype and length (SwapTensor).
+  StateSwapper(std::vector<int64_t> sub_groups, std::vector<SwapTensor> tensors, SwapOptions options,
+               MemoryLedger& ledger);
   /// Waits for the I/O in flight.
   ~StateSwapper();
   StateSwapper(const StateSwapper&) = delete;
   StateSwapper& operator=(const StateSwapper&) = delete;
 
-  /// `tensors[i]`: sub-group k's tensor of names[i], fp32, in a host buffer.
+  /// `tensors[i]`: sub-group k's tensor of tensor i (fp32 unless its
+  /// SwapTensor says otherwise), in a host buffer.
   using Visit = std::function<void(size_t k, const std::vector<at::Tensor>& tensors)>;
   /// Visits every sub-group in order. `read`: the tensors hold the values on
   /// disk (false: uninitialised, for the visit to fill). `write`: written
@@ -136,12 +153,14 @@ class StateSwapper {
   void wait_writes(Slot& s);
   void drain() noexcept;
   at::Tensor tensor_in(Slot& s, size_t i, size_t k) const;
+  int64_t bytes_of(size_t i, size_t k) const;  // tensor i's sub-group k on disk, aligned
 
   std::vector<int64_t> sub_groups_;
-  std::vector<int64_t> offsets_;  // bytes, per sub-group, the same in every file
-  std::vector<std::string> names_;
+  std::vector<SwapTensor> tensors_;
+  std::vector<std::vector<int64_t>> offsets_;  // bytes: [tensor][sub-group] in the tensor's file
+  std::vector<int64_t> file_size_;             // bytes of each tensor's file
+  std::vector<int64_t> slot_at_;               // bytes: where each tensor's region starts in a buffer
   SwapOptions options_;
-  int64_t stride_ = 0;  // bytes of one tensor's region in a buffer
   // Declared before the engine: the engine, destroyed first, waits for every
   // transfer in flight before the buffers go.
   SwapBuffers buffers_;
