@@ -61,6 +61,10 @@ tables), or for one.
   --precision fp32|fp16|bf16 compute precision (default bf16)
   --stage S                  only stage S, with:
   --offload-optimizer none|cpu|nvme  --offload-param none|cpu|nvme
+  --optim-bits 32|8|both     Adam's moments in fp32 (default), 8-bit
+                             (optimizer.params.optim_bits 8: 2 bytes a
+                             parameter and a scale per 256), or each
+                             configuration both ways
   --config FILE              only the configuration a DeepSpeed config gives
                              ("auto" checked as zero config check does)
   --device-memory B --host-memory B --nvme-bytes B
@@ -88,6 +92,7 @@ struct Setup {
   std::string name;
   int stage = 0;
   std::string offload_optimizer = "none", offload_param = "none";
+  int optim_bits = 32;
 };
 
 // A parameter count: decimal digits with an optional fraction and exponent
@@ -152,7 +157,7 @@ config::Config config_for(const Setup& s, const std::string& precision, int64_t 
     z["offload_optimizer"] = {{"device", s.offload_optimizer}, {"nvme_path", "/nvme"}};
   if (s.offload_param != "none") z["offload_param"] = {{"device", s.offload_param}, {"nvme_path", "/nvme"}};
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", s.optim_bits}}}}},
                       {"zero_optimization", z}};
   if (precision == "fp16") j["fp16"] = {{"enabled", true}};
   if (precision == "bf16") j["bf16"] = {{"enabled", true}};
@@ -225,7 +230,7 @@ int estimate(const std::vector<std::string>& args) {
   bool micro_batch_given = false;
   bool precision_given = false;
   std::optional<int> stage;
-  std::string off_opt = "none", off_param = "none";
+  std::string off_opt = "none", off_param = "none", optim_bits = "32";
   std::optional<int64_t> device_budget, host_budget, nvme_budget;
   int64_t micro_batch = 1;
   std::optional<int64_t> n_head;
@@ -250,7 +255,7 @@ int estimate(const std::vector<std::string>& args) {
                                             "--stage", "--offload-optimizer", "--offload-param", "--config",
                                             "--device-memory", "--host-memory", "--nvme-bytes", "--json",
                                             "--micro-batch", "--n_head", "--backend", "--checkpointing",
-                                            "--hf-config", "--weights", "--calibrate"};
+                                            "--hf-config", "--weights", "--calibrate", "--optim-bits"};
     if (std::find(known.begin(), known.end(), a) == known.end()) {
       const auto near = nearest(a, known);
       return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
@@ -291,6 +296,9 @@ int estimate(const std::vector<std::string>& args) {
       if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
       precision = v;
       precision_given = true;
+    } else if (a == "--optim-bits") {
+      if (v != "32" && v != "8" && v != "both") return fail("--optim-bits: expected 32, 8 or both; got \"" + v + "\"");
+      optim_bits = v;
     } else if (a == "--stage") {
       auto x = integer(0, 3);
       if (!x) return fail("--stage: expected 0, 1, 2 or 3; got \"" + v + "\"");
@@ -335,6 +343,8 @@ int estimate(const std::vector<std::string>& args) {
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
   if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
+  if (given.count("--optim-bits") && !config_path.empty())
+    return fail("--optim-bits and --config both set the optimizer states (optimizer.params.optim_bits): give one");
   if (model) {
     const double L = static_cast<double>((*model)[0]), C = static_cast<double>((*model)[1]);
     if (L > 100000 || 12.0 * L * C * C + 2.0 * C * static_cast<double>((*model)[2]) > 1e16)
@@ -358,7 +368,7 @@ int estimate(const std::vector<std::string>& args) {
       o.auto_stand_ins = true;
       auto c = config::load_file(config_path, o);
       setups.push_back({Setup{config_path, c.zero.stage, config::to_string(c.zero.offload_optimizer.device),
-                              config::to_string(c.zero.offload_param.device)},
+                              config::to_string(c.zero.offload_param.device), c.optimizer ? c.optimizer->optim_bits : 32},
                         c});
     } else {
       std::vector<Setup> list;
@@ -378,7 +388,15 @@ int estimate(const std::vector<std::string>& args) {
                 {"stage 3 + offload_optimizer cpu + offload_param cpu", 3, "cpu", "cpu"},
                 {"stage 3 + offload_optimizer nvme + offload_param nvme", 3, "nvme", "nvme"}};
       }
-      for (const auto& s : list) setups.push_back({s, config_for(s, precision, world)});
+      for (const auto& s : list) {
+        for (int bits : {32, 8}) {
+          if ((bits == 8 && optim_bits == "32") || (bits == 32 && optim_bits == "8")) continue;
+          Setup b = s;
+          b.optim_bits = bits;
+          if (bits == 8) b.name += " + 8-bit states";
+          setups.push_back({b, config_for(b, precision, world)});
+        }
+      }
     }
 
     // The model: by size, minGPT's shape, a Llama config.json, a weights
@@ -502,7 +520,7 @@ int estimate(const std::vector<std::string>& args) {
                 static_cast<long long>(per_node), static_cast<long long>(nodes),
                 config_path.empty() ? precision.c_str() : "as the config says");
     std::printf("model states per rank (parameters + gradients + optimizer states):\n");
-    std::printf("  %-54s %-50s %-50s %-10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
+    std::printf("  %-68s %-50s %-50s %-10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
     nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"model", what},
                           {"configurations", nlohmann::json::array()}};
     if (!calibration.is_null()) out["calibration"] = calibration;
@@ -517,6 +535,7 @@ int estimate(const std::vector<std::string>& args) {
                             {"stage", setup.stage},
                             {"offload_optimizer", setup.offload_optimizer},
                             {"offload_param", setup.offload_param},
+                            {"optim_bits", setup.optim_bits},
                             {"device", to_json(e.device)},
                             {"host", to_json(e.host)},
                             {"nvme", to_json(e.nvme)}};
@@ -558,11 +577,11 @@ int estimate(const std::vector<std::string>& args) {
         else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fit ? "yes" : "no", static_cast<double>(largest_params));
         extra = buf;
       }
-      std::printf("  %-54s %-50s %-50s %-10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
+      std::printf("  %-68s %-50s %-50s %-10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
                   e.nvme.total() == 0 ? "0" : format_bytes(e.nvme.total()).c_str(), extra.c_str());
       if (peaks) {
         const auto pk = peak_of(cfg, size);
-        std::printf("  %-54s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n",
+        std::printf("  %-68s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n",
                     "  peak of a step:", format_bytes(pk.device()).c_str(), format_bytes(pk.activations).c_str(),
                     format_bytes(pk.device_buffers).c_str(), format_bytes(pk.host()).c_str(),
                     format_bytes(pk.host_activations).c_str(), format_bytes(pk.host_buffers).c_str(),

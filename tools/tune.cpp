@@ -120,6 +120,12 @@ swap files are removed however it ends.
                              other bucket sizes are run besides
   --run-timeout S            a run still going after S seconds is stopped, reported
                              and skipped (default 600; 0: no limit)
+  --allow-low-precision-states
+                             also try Adam's moments in 8 bits
+                             (optimizer.params.optim_bits 8: a model of about
+                             1.5x the parameters fits with offload), which
+                             changes the numerics; proposed only where fp32
+                             states do not fit or run slower
   --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
@@ -169,6 +175,7 @@ const char* status_name(Status s) {
 struct Candidate {
   int family = 0;  // index into kFamilies
   int checkpointing = 0;
+  int optim_bits = 32;  // 8: Adam's moments in 8 bits (--allow-low-precision-states)
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;
@@ -179,14 +186,17 @@ struct Candidate {
   // What the runs are ranked by: tokens per second where the program says
   // its tokens per sample (InitOptions::tokens_per_sample), else samples.
   double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
-  // The work that costs time besides the model's own, per component.
-  std::array<int, 4> work() const {
+  // The work that costs time besides the model's own, per component; 8-bit
+  // states count as one (their numerics differ from the base config's), so
+  // they are proposed only where they fit what fp32 states do not, or take a
+  // larger micro-batch.
+  std::array<int, 5> work() const {
     const Family& f = kFamilies[family];
-    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing};
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits == 8 ? 1 : 0};
   }
   int work_sum() const {
     const auto w = work();
-    return w[0] + w[1] + w[2] + w[3];
+    return w[0] + w[1] + w[2] + w[3] + w[4];
   }
 };
 
@@ -207,6 +217,7 @@ bool dominates(const Candidate& a, const Candidate& b) {
 std::string describe(const Candidate& c) {
   std::string s = family_name(kFamilies[c.family]);
   if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
+  if (c.optim_bits == 8) s += ", 8-bit Adam states";
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -263,6 +274,7 @@ struct Plan {
   int64_t largest_layer = 0;  // elements of the largest stage-3 layer
   std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
   bool set_precision = true;         // a program keeps its base config's precision unless --precision says
+  bool low_precision_states = false;  // --allow-low-precision-states
 };
 
 // The base config with the candidate's keys; `nvme_path` for its swap files.
@@ -304,6 +316,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
     }
   }
   j["zero_optimization"] = z;
+  if (c.optim_bits == 8) j["optimizer"]["params"]["optim_bits"] = 8;
   if (f.opt == 2 || f.param == 2) {
     if (!j.contains("aio"))
       j["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}, {"single_submit", false}, {"overlap_events", true}};
@@ -363,7 +376,7 @@ int tune(const std::vector<std::string>& args) {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
-      "--oversubscribe"};
+      "--oversubscribe", "--allow-low-precision-states"};
   std::set<std::string> seen;
   std::vector<std::string> program;
   bool checkpointing_given = false;
@@ -384,6 +397,10 @@ int tune(const std::vector<std::string>& args) {
     if (const std::string problem = option_problem(a, known, seen); !problem.empty()) return fail(problem);
     if (a == "--exhaustive" || a == "--oversubscribe") {
       (a == "--exhaustive" ? exhaustive : oversubscribe) = true;
+      continue;
+    }
+    if (a == "--allow-low-precision-states") {
+      plan.low_precision_states = true;
       continue;
     }
     if (i + 1 >= n_options) return fail(a + ": expected a value");
@@ -522,6 +539,16 @@ int tune(const std::vector<std::string>& args) {
                    {"zero_optimization", {{"overlap_comm", true}, {"contiguous_gradients", true}}}};
     }
     plan.precision = precision.value_or(plan.on_cuda ? "bf16" : "fp32");
+    if (plan.low_precision_states) {
+      const auto& opt = plan.base.value("optimizer", nlohmann::json::object());
+      std::string type = opt.is_object() ? opt.value("type", std::string("AdamW")) : std::string("AdamW");
+      std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      if (type != "adam" && type != "adamw") {
+        std::cerr << "zero tune: --allow-low-precision-states: the base config's optimizer " << opt.value("type", "")
+                  << " has no 8-bit states (optimizer.params.optim_bits is Adam's and AdamW's)\n";
+        return 2;
+      }
+    }
 
     // Scratch: configs, logs and reports under $TMPDIR; swap files under
     // --nvme-path; removed however the tuner ends, a stop signal included.
@@ -632,11 +659,14 @@ int tune(const std::vector<std::string>& args) {
     for (size_t f = 0; f < kFamilies.size(); ++f) {
       const Family& fam = kFamilies[f];
       if (!stages.count(fam.stage) || !offload->count(fam.opt) || !offload->count(fam.param)) continue;
+      for (int bits : {32, 8})
       for (int ck : checkpointing)
         for (int64_t mb : micro_batches)
           for (int64_t bucket : bucket_sizes) {
+            if (bits == 8 && !plan.low_precision_states) continue;
             Candidate c;
             c.family = static_cast<int>(f);
+            c.optim_bits = bits;
             c.checkpointing = ck;
             c.micro_batch = mb;
             c.bucket = bucket;
@@ -757,13 +787,13 @@ int tune(const std::vector<std::string>& args) {
       std::sort(order.begin(), order.end(), promising);
       for (size_t i = 0; i < order.size(); ++i) measure(*order[i], static_cast<int64_t>(order.size() - i - 1));
     } else {
-      // 2-3. One point per (setup, checkpointing, micro-batch): its buckets
+      // 2-3. One point per (setup, states, checkpointing, micro-batch): its buckets
       // that fit, largest first. A point stands for its largest bucket not
       // out of memory (a smaller one needs less); a run that failed
       // otherwise ends the point.
-      std::map<std::tuple<int, int, int64_t>, std::vector<Candidate*>> points;
+      std::map<std::tuple<int, int, int, int64_t>, std::vector<Candidate*>> points;
       for (auto& c : all)
-        if (c.fits) points[{c.family, c.checkpointing, c.micro_batch}].push_back(&c);
+        if (c.fits) points[{c.family, c.optim_bits, c.checkpointing, c.micro_batch}].push_back(&c);
       for (auto& [key, v] : points)
         std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
       auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
@@ -807,7 +837,7 @@ int tune(const std::vector<std::string>& args) {
         const Candidate winner = *best;
         std::vector<Candidate*> others;
         for (auto& c : all)
-          if (c.fits && c.status == Status::kNotRun && c.family == winner.family &&
+          if (c.fits && c.status == Status::kNotRun && c.family == winner.family && c.optim_bits == winner.optim_bits &&
               c.checkpointing == winner.checkpointing && c.micro_batch == winner.micro_batch && c.bucket != winner.bucket)
             others.push_back(&c);
         for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));
@@ -863,6 +893,7 @@ int tune(const std::vector<std::string>& args) {
                               {"offload_optimizer", kLevelName[f.opt]},
                               {"offload_param", kLevelName[f.param]},
                               {"checkpointing", kCheckpointName[c.checkpointing]},
+                              {"optim_bits", c.optim_bits},
                               {"micro_batch", c.micro_batch},
                               {"bucket_size", c.bucket},
                               {"estimate_bytes",

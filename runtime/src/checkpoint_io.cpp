@@ -231,7 +231,11 @@ class CheckpointReader final : public ReaderBase {
       for (const auto& p : batch->pieces) {
         OpenFile& f = open(rank_file(p.part) + ".safetensors");
         const TensorEntry& t = f.layout.at(states[s] + "." + std::to_string(p.group), f.path);
-        if (t.dtype != at::kFloat || (p.begin + p.count) * 4 > t.end - t.begin)
+        if (t.dtype != at::kFloat)
+          throw IoError(f.path + ": tensor " + t.name + " is " + std::string(c10::toString(t.dtype)) +
+                        ", not an fp32 state: 8-bit Adam's codes and block scales (NOTE [8-bit states]) are read "
+                        "whole by the engine that saved them, not element by element");
+        if ((p.begin + p.count) * 4 > t.end - t.begin)
           throw IoError(f.path + ": tensor " + t.name + " does not hold the elements the checkpoint's layout says");
         batch->reads.push_back({&f, &t, s, &p, start(f, t, p.begin * 4, (p.begin + p.count) * 4)});
       }

@@ -25,6 +25,7 @@ struct Case {
   const char* precision;  // fp32, bf16, fp16
   const char* zero;       // the zero_optimization section; NVME is replaced by a folder
   int ranks = 2;
+  int optim_bits = 32;    // 8: 8-bit Adam states (NOTE [8-bit states])
 };
 
 int sh(const std::string& cmd) {
@@ -40,7 +41,7 @@ TEST_P(EstimateMatchesLedger, EveryTierAndKindWithin5Percent) {
   std::string zero = c.zero;
   for (size_t at; (at = zero.find("NVME")) != std::string::npos;) zero.replace(at, 4, dir.path());
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 4},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", c.optim_bits}}}}},
                         {"zero_optimization", nlohmann::json::parse(zero)}};
   if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
   std::ofstream(dir.file("c.json")) << cfg.dump();
@@ -100,6 +101,15 @@ INSTANTIATE_TEST_SUITE_P(
                  "offload_param": {"device": "cpu"}})"},
         Case{"stage3_bf16_cpu", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
+        // 8-bit Adam states on each tier: codes and block scales per sub-group.
+        Case{"stage1_fp32_8bit", "fp32", R"({"stage": 1})", 2, 8},
+        Case{"stage2_bf16_cpu_8bit", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2, 8},
+        Case{"stage2_bf16_nvme_8bit", "bf16",
+             R"({"stage": 2, "sub_group_size": 20000, "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}})", 2,
+             8},
+        Case{"stage3_bf16_cpu_cpu_8bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                 "offload_param": {"device": "cpu"}})", 2, 8},
         Case{"stage3_bf16_nvme_nvme", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 30000,
                  "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"},
@@ -265,6 +275,21 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   ASSERT_EQ(sh(e + "--params 1000 --stage 0 > " + dir.file("small.log") + " 2>&1"), 0) << read_text(dir.file("small.log"));
   EXPECT_NE(read_text(dir.file("small.log")).find("18.00 KiB (2.00 KiB + 4.00 KiB + 12.00 KiB)"), std::string::npos)
       << read_text(dir.file("small.log"));
+  // --optim-bits both: each configuration with fp32 and with 8-bit moments;
+  // at stage 3 + CPU offload (host: 4 master + 8 moments + 4 gradients + 2
+  // parameters a parameter against 4 + 2.03 + 4 + 2) the host-bound largest
+  // model grows by about 18 / 12.
+  ASSERT_EQ(sh(e + "--params 1.3B --ranks-per-node 8 --device-memory 16GB --host-memory 200GB --optim-bits both --json " +
+               dir.file("b.json") + " > " + dir.file("b.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("b.log"));
+  const auto b = nlohmann::json::parse(read_text(dir.file("b.json")));
+  ASSERT_EQ(b["configurations"].size(), 18u);
+  EXPECT_EQ(b["configurations"][15]["optim_bits"], 8);
+  EXPECT_NE(b["configurations"][15]["name"].get<std::string>().find("offload_param cpu + 8-bit states"), std::string::npos);
+  const double grown = b["configurations"][15]["largest"]["num_parameters"].get<double>() /
+                       b["configurations"][14]["largest"]["num_parameters"].get<double>();
+  EXPECT_NEAR(grown, 18.0 / (12.0 + 8.0 / 256), 0.02) << b["configurations"][15].dump();
   // A missing file is named.
   EXPECT_EQ(sh(e + "--weights " + dir.file("none.safetensors") + " > " + dir.file("w.log") + " 2>&1"), 1);
   EXPECT_NE(read_text(dir.file("w.log")).find(dir.file("none.safetensors")), std::string::npos) << read_text(dir.file("w.log"));
@@ -277,7 +302,8 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
            {"--model gpt:2,3", "--model: expected mingpt:L,C[,V,T]"},
            {"--params 1e9 --offload-param cpu", "go with --stage"},
            {"--params 1e9 --stage 2 --offload-param cpu", "--offload-param needs --stage 3"},
-           {"--params 1e9 --devise-memory 1GB", "did you mean --device-memory?"}}) {
+           {"--params 1e9 --devise-memory 1GB", "did you mean --device-memory?"},
+           {"--params 1e9 --optim-bits 4", "--optim-bits: expected 32, 8 or both"}}) {
     EXPECT_EQ(sh(e + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
   }

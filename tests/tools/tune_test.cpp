@@ -237,6 +237,47 @@ TEST(Tune, KilledOutrightLeavesNoRunAndTheNextTunerRemovesItsFolders) {
       << read_text(dir.file("log2"));
 }
 
+// --allow-low-precision-states: 8-bit Adam states are candidates too, beaten
+// by their fp32 twins wherever those fit (the first run, generous budgets:
+// none is run), and proposed where only they fit (the second: a device that
+// needs offload, a host budget between the two offloaded estimates): the
+// config written has optim_bits 8 and loads.
+TEST(Tune, EightBitStatesOnlyWhereFp32StatesDoNotFit) {
+  TempDir dir, tmp;
+  const std::string base = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
+                           "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
+                           "--steps 2 --stages 2 --offload none,cpu --allow-low-precision-states";
+  ASSERT_EQ(sh(base + " --device-memory 1GiB --host-memory 1GiB --out " + dir.file("a.json") + " --json " +
+               dir.file("ra.json") + " > " + dir.file("a.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("a.log"));
+  const auto first = nlohmann::json::parse(read_text(dir.file("ra.json")));
+  std::map<std::pair<std::string, int>, nlohmann::json> est;  // (offload, bits) -> estimate
+  for (const auto& c : first["candidates"]) {
+    est[{c["offload_optimizer"].get<std::string>(), c["optim_bits"].get<int>()}] = c["estimate_bytes"];
+    if (c["optim_bits"] == 8) EXPECT_NE(c["status"], "trained") << c.dump();
+  }
+  ASSERT_EQ(est.size(), 4u) << first.dump();
+  EXPECT_FALSE(nlohmann::json::parse(read_text(dir.file("a.json")))["optimizer"]["params"].contains("optim_bits"));
+  auto at = [&](const char* off, int bits, const char* tier) { return est[{off, bits}][tier].get<int64_t>(); };
+  const int64_t device = (std::max(at("cpu", 32, "device"), at("cpu", 8, "device")) +
+                          std::min(at("none", 32, "device"), at("none", 8, "device"))) / 2;
+  const int64_t host = (at("cpu", 32, "host") + at("cpu", 8, "host")) / 2;
+  ASSERT_LT(at("cpu", 8, "host"), host);
+  ASSERT_LT(std::max(at("cpu", 32, "device"), at("cpu", 8, "device")), device);
+  ASSERT_EQ(sh(base + " --device-memory " + std::to_string(device) + " --host-memory " + std::to_string(host) +
+               " --out " + dir.file("b.json") + " --json " + dir.file("rb.json") + " > " + dir.file("b.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("b.log"));
+  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  EXPECT_EQ(config["optimizer"]["params"]["optim_bits"], 8) << config.dump();
+  EXPECT_EQ(config["zero_optimization"]["offload_optimizer"]["device"], "cpu") << config.dump();
+  EXPECT_NE(read_text(dir.file("b.log")).find("8-bit Adam states"), std::string::npos) << read_text(dir.file("b.log"));
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
+      << read_text(dir.file("check"));
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+}
+
 TEST(Tune, UsageErrorsNameTheOption) {
   TempDir dir;
   const std::string t = kBin + "zero tune ";
