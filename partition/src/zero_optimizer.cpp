@@ -284,7 +284,8 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     grad_ring_.used_by(done);
     grads_ahead.emplace_back(host, done);
   };
-  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low) {
+  const auto& specs = store_->state_specs();
+  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
     at::Tensor g32;
     if (grads_from_device) {
@@ -299,19 +300,36 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       g32 = reducer_->owned(g).narrow(0, start, len).to(m.device(), at::kFloat);
     }
     if (combined != 1.0) g32.mul_(1.0 / combined);
-    if (runs_.empty()) {
-      optimizer_->update(params, m, g32, s, low);
-      return;
-    }
     std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
-    for (const Run& r : runs_[k]) {
+    if (runs_.empty()) runs.push_back({0, len, params});
+    for (const Run& r : runs_.empty() ? std::vector<Run>{} : runs_[k]) {
       optim::StepParams p = params;
       const GroupHyper& h = groups_[r.group];
       if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
       p.weight_decay = h.weight_decay;
       runs.push_back({r.start, r.numel, p});
     }
-    optimizer_->update_runs(runs, m, g32, s, low);
+    // A piece at a time where the new values go through the host ring
+    // (write_pass); each piece's runs and states are its own slices (a
+    // block-wise state's blocks: pieces start on block boundaries).
+    const int64_t step = low.wanted() ? low.max_piece() : len;
+    for (int64_t a = 0; a < len; a += step) {
+      const int64_t n = std::min(step, len - a);
+      std::vector<optim::FlatOptimizer::Run> piece_runs;
+      for (const auto& r : runs) {
+        const int64_t b = std::max(a, r.start), e = std::min(a + n, r.start + r.numel);
+        if (e > b) piece_runs.push_back({b - a, e - b, r.params});
+      }
+      at::Tensor pm = n == len ? m : m.narrow(0, a, n);
+      std::vector<at::Tensor> ps;
+      for (size_t i = 0; i < s.size(); ++i) {
+        const int64_t per = specs[i].per_block;
+        ps.push_back(n == len ? s[i] : per > 0 ? s[i].narrow(0, a / per, specs[i].numel_for(n)) : s[i].narrow(0, a, n));
+      }
+      at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
+      optimizer_->update_runs(piece_runs, pm, n == len ? g32 : g32.narrow(0, a, n), ps, low.wanted() ? &pl : nullptr);
+      if (low.wanted()) low.done();
+    }
   });
   zero_grad();
   out.applied = true;
@@ -366,7 +384,23 @@ std::vector<int64_t> ZeroOptimizer::param_group_numels() const {
 // partition, a buffer this rank's chunk is all-gathered from, stage 3's shard;
 // a pinned buffer on its way to the device when offloaded, NOTE [offload
 // transfers]); null when the master is the parameters themselves.
-void ZeroOptimizer::write_pass(const PassBody& body) {
+at::Tensor ZeroOptimizer::LowOut::piece(int64_t start, int64_t len) {
+  ZERO_CHECK(wanted() && len <= max_piece_ && start + len <= out_.numel(), "a write pass's piece out of its sub-group");
+  start_ = start;
+  len_ = len;
+  if (mode_ == Mode::kInPlace) return out_.narrow(0, start, len);
+  host_ = owner_->param_ring_.next(len, owner_->copy_wait_s_);
+  return host_;
+}
+
+void ZeroOptimizer::LowOut::done() {
+  if (mode_ != Mode::kToDevice) return;
+  *group_last_ = *last_ = owner_->copies_.copy(out_.narrow(0, start_, len_), host_, /*host_source=*/true);
+  owner_->param_ring_.used_by(*group_last_);
+  host_ = at::Tensor();
+}
+
+void ZeroOptimizer::write_pass(const WriteBody& body) {
   const size_t n_groups = flat_->groups().size();
   std::vector<at::Tensor> outs(n_groups);
   // A shard on disk gets its buffer when its first values are ready.
@@ -386,13 +420,18 @@ void ZeroOptimizer::write_pass(const PassBody& body) {
     }
   }
   // The new values of a device-side destination pass through pinned buffers
-  // (not when stage 3 keeps its shards in host memory: they are written in place).
+  // (not when stage 3 keeps its shards in host memory: they are written in
+  // place), a piece of at most host_staging_numel elements at a time, so the
+  // ring holds two pieces, not two sub-groups (NOTE [offload transfers]).
   const bool values_to_device = store_->offloaded() && !(stage3_ && stage3_->shards_offloaded());
   const auto& sub_groups = store_->sub_groups();
+  constexpr int64_t kBlock = 256;  // pieces start on 8-bit states' block boundaries (NOTE [8-bit states])
+  const int64_t piece = std::max<int64_t>(kBlock, options_.reduction.host_staging_numel / kBlock * kBlock);
   if (values_to_device && !param_ring_.defined()) {
-    int64_t piece = 0;
-    for (const auto& sg : sub_groups) piece = std::max(piece, sg.numel);
-    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.compute_dtype, "parameters for the device");
+    int64_t largest = 0;
+    for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
+    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.compute_dtype,
+                           "parameters for the device");
   }
   std::vector<StreamEvent> to_device(n_groups);  // per group: its last copy of new values
   StreamEvent last_to_device;                     // of all groups (one stream: the others end before it)
@@ -410,17 +449,16 @@ void ZeroOptimizer::write_pass(const PassBody& body) {
   store_->visit(/*write_back=*/true, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
     const auto [g, start, len] = sub_groups[k];
     if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
-    if (!outs[g].defined()) {
-      body(k, m, s, nullptr);
-    } else if (values_to_device) {
-      at::Tensor low = param_ring_.next(len, copy_wait_s_);
-      body(k, m, s, &low);
-      to_device[g] = last_to_device = copies_.copy(outs[g].narrow(0, start, len), low, /*host_source=*/true);
-      param_ring_.used_by(to_device[g]);
-    } else {
-      at::Tensor low = outs[g].narrow(0, start, len);
-      body(k, m, s, &low);
+    LowOut low;
+    low.owner_ = this;
+    if (outs[g].defined()) {
+      low.out_ = outs[g].narrow(0, start, len);
+      low.mode_ = values_to_device ? LowOut::Mode::kToDevice : LowOut::Mode::kInPlace;
+      low.max_piece_ = values_to_device ? piece : len;
+      low.last_ = &last_to_device;
+      low.group_last_ = &to_device[g];
     }
+    body(k, m, s, low);
     if (k + 1 == sub_groups.size() || sub_groups[k + 1].group != g) group_done(g);
   });
   for (auto& w : gathers) gather_clock_.time([&] { w.wait(); });
@@ -439,9 +477,14 @@ void ZeroOptimizer::read_states(const StateStore::Visit& fn) {
 void ZeroOptimizer::load_states(const PassBody& fill) {
   at::NoGradGuard no_grad;
   zero_grad();
-  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, at::Tensor* low) {
+  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     fill(k, m, s, nullptr);
-    if (low != nullptr) low->copy_(m);  // the parameters as the step would have left them
+    if (!low.wanted()) return;
+    for (int64_t a = 0; a < m.numel(); a += low.max_piece()) {  // the parameters as the step would have left them
+      const int64_t n = std::min(low.max_piece(), m.numel() - a);
+      low.piece(a, n).copy_(m.narrow(0, a, n));
+      low.done();
+    }
   });
 }
 

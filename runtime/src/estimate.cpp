@@ -317,9 +317,11 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     int64_t chunk = 0;
     for (int64_t n : lay.groups) chunk = std::max(chunk, n / layout_ranks);
     chunk = std::min(chunk, std::max<int64_t>(1, z.sub_group_size));
-    // The gradient staging ring holds pieces (ReductionOptions::host_staging_numel).
-    e.host_buffers += 2 * g * std::min<int64_t>(chunk, partition::ReductionOptions{}.host_staging_numel);
-    if (!off_param) e.host_buffers += 2 * p * chunk;
+    // The staging rings, gradients to the host and new values to the device,
+    // hold two pieces each (ReductionOptions::host_staging_numel).
+    const int64_t piece = std::min<int64_t>(chunk, partition::ReductionOptions{}.host_staging_numel);
+    e.host_buffers += 2 * g * piece;
+    if (!off_param) e.host_buffers += 2 * p * piece;
   }
   return e;
 }

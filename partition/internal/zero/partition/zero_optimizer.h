@@ -103,8 +103,10 @@ struct ZeroOptimizerOptions {
 //     stay on the device until the step, the next sub-group's gradient is
 //     copied while CPU Adam steps the current one;
 //   - parameters: CPU Adam writes each sub-group's new values, in the
-//     compute dtype, into one of two pinned buffers, which goes
-//     host-to-device while it steps the next sub-group. A buffer is written
+//     compute dtype, a piece of at most host_staging_numel elements (a
+//     multiple of 256, so 8-bit states' blocks are not cut) at a time, into
+//     one of two pinned buffers of that size, which goes host-to-device
+//     while it steps the next piece. A buffer is written
 //     again only after its copy has ended (the host waits for that copy,
 //     never for the compute stream); the group's all-gather, and the next
 //     forward, wait for the copies on the GPU.
@@ -236,7 +238,30 @@ class ZeroOptimizer {
 
  private:
   void init(Stage3Layout* layout);
-  void write_pass(const PassBody& body);
+  /// Where a write pass's body puts sub-group k's new values in the compute
+  /// dtype (see write_pass): a piece [start, start + len) at a time, of at
+  /// most max_piece() elements (a multiple of 256, the 8-bit states' block),
+  /// done() after each piece is written.
+  class LowOut {
+   public:
+    bool wanted() const { return mode_ != Mode::kNone; }
+    int64_t max_piece() const { return max_piece_; }
+    at::Tensor piece(int64_t start, int64_t len);
+    void done();
+
+   private:
+    friend class ZeroOptimizer;
+    enum class Mode { kNone, kInPlace, kToDevice };
+    Mode mode_ = Mode::kNone;
+    ZeroOptimizer* owner_ = nullptr;
+    at::Tensor out_;  // the sub-group's destination (its range of the group's output)
+    int64_t max_piece_ = 0, start_ = 0, len_ = 0;
+    at::Tensor host_;  // kToDevice: the ring buffer of the piece being written
+    StreamEvent* last_ = nullptr;
+    StreamEvent* group_last_ = nullptr;
+  };
+  using WriteBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low)>;
+  void write_pass(const WriteBody& body);
   /// Stage 3: group g's shard, read from the parameter swap file when it is
   /// there, until shard_done(g).
   const at::Tensor& shard(size_t g) const;
