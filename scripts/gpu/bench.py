@@ -43,6 +43,9 @@ def configs(nvme_dir, layer_numel):
         ("stage 0", {"stage": 0}),
         ("stage 3", dict(base3)),
         ("stage 3 + CPU offload", dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True})),
+        # 8-bit Adam states (optimizer.params.optim_bits 8): "_optim_bits" goes to the optimizer section.
+        ("stage 3 + CPU offload, 8-bit states",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _optim_bits=8)),
         ("stage 3 + NVMe offload", dict(
             base3,
             offload_optimizer={"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4,
@@ -144,11 +147,14 @@ def main():
     failed = False
     for name, zero in configs(a.nvme, layer_numel):
         steps = sc["nvme_steps"] if "NVMe" in name else sc["steps"]
+        zero = dict(zero)
+        optim_bits = zero.pop("_optim_bits", 32)
         cfg = {"train_micro_batch_size_per_gpu": sc["batch"], "gradient_accumulation_steps": 1,
                "gradient_clipping": 1.0, "bf16": {"enabled": True},
-               "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+               "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
+                                                         "optim_bits": optim_bits}},
                "zero_optimization": dict(zero, sub_group_size=100_000_000), "steps_per_print": 1000000}
-        slug = name.replace(" ", "_").replace("+", "").replace("__", "_")
+        slug = name.replace(" ", "_").replace("+", "").replace(",", "").replace("__", "_")
         cfg_path = os.path.join(work, slug + ".json")
         summary_path = os.path.join(work, slug + ".summary.json")
         with open(cfg_path, "w") as fh:

@@ -512,3 +512,50 @@ TEST(GpuReport, TheRunReportAndABudgetOnTheCard) {
 }
 
 }  // namespace
+
+#include "zero/optim/flat_optimizer.h"
+
+namespace {
+
+// 8-bit Adam states on the device run the ATen path (NOTE [8-bit states]):
+// separate element-wise kernels (no multiply-add contracted across them),
+// divisions by tensors, sqrt through fp64, E4M3 through c10's conversion;
+// so its codes, scales, parameters and bf16 copy equal the CPU's fused
+// pass, bit for bit, over steps and three parameter groups.
+TEST(GpuOptim, EightBitStatesOnTheDeviceEqualTheCpuKernel) {
+  REQUIRE_CUDA();
+  zero::config::OptimizerConfig cfg;
+  cfg.type = zero::config::OptimizerType::kAdamW;
+  cfg.weight_decay = 0.1;
+  cfg.optim_bits = 8;
+  const auto opt = zero::optim::FlatOptimizer::create(cfg);
+  const int64_t n = 100003, blocks = (n + 255) / 256;
+  torch::manual_seed(5);
+  auto p_cpu = torch::randn({n});
+  auto p_dev = p_cpu.to(kCuda);
+  std::vector<at::Tensor> s_cpu{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}), torch::zeros({n}, torch::kUInt8),
+                                torch::zeros({blocks})};
+  std::vector<at::Tensor> s_dev;
+  for (const auto& t : s_cpu) s_dev.push_back(t.to(kCuda));
+  auto low_cpu = torch::empty({n}, torch::kBFloat16), low_dev = low_cpu.to(kCuda);
+  const auto scale = torch::logspace(-4, 0, n);  // gradients of very different sizes within a block
+  for (int64_t step = 1; step <= 5; ++step) {
+    const auto g = torch::randn({n}) * scale;
+    std::vector<zero::optim::FlatOptimizer::Run> runs;
+    for (int r = 0; r < 3; ++r) {
+      zero::optim::StepParams sp;
+      sp.step = step;
+      sp.lr = 1e-3 * (r + 1);
+      sp.weight_decay = 0.1 * r;
+      runs.push_back({r * (n / 3), r < 2 ? n / 3 : n - 2 * (n / 3), sp});
+    }
+    opt->update_runs(runs, p_cpu, g, s_cpu, &low_cpu);
+    const auto g_dev = g.to(kCuda);
+    opt->update_runs(runs, p_dev, g_dev, s_dev, &low_dev);
+  }
+  EXPECT_TRUE(p_cpu.equal(p_dev.cpu())) << (p_cpu - p_dev.cpu()).abs().max().item<float>();
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(s_cpu[i].equal(s_dev[i].cpu())) << "state " << i;
+  EXPECT_TRUE(low_cpu.equal(low_dev.cpu()));
+}
+
+}  // namespace
