@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <immintrin.h>
 
@@ -97,8 +98,7 @@ void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* m
 void quant_scalar(const float* t, uint8_t* codes, float inv, int64_t n) {
   for (int64_t i = 0; i < n; ++i) codes[i] = to_e4m3(t[i] * inv);
 }
-void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
-                   bool) {
+void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n) {
   quant_scalar(tm, mc, minv, n);
   quant_scalar(ts, vc, vinv, n);
 }
@@ -181,7 +181,7 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
 }
 
 __attribute__((target("avx2"))) void quant2_avx2(const float* tm, uint8_t* mc, float minv, const float* ts,
-                                                   uint8_t* vc, float vinv, int64_t n, bool) {
+                                                   uint8_t* vc, float vinv, int64_t n) {
   const __m256 km = _mm256_set1_ps(minv), kv = _mm256_set1_ps(vinv);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -207,30 +207,22 @@ __attribute__((target("avx512f"))) inline __m512 dec_avx512(const uint8_t* c) {
   return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
 }
 
-// kSigned: x may be negative (the first moment); kFinite: the block's
-// scale is finite, so no lane can reach the NaN code (|x| <= 448).
-template <bool kSigned, bool kFinite>
 __attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out) {
   const __m512i bits = _mm512_castps_si512(x);
-  __m512i sign, a = bits;
-  if (kSigned) {
-    sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-    a = _mm512_xor_si512(bits, sign);
-  }
+  const __m512i sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512i a = _mm512_xor_si512(bits, sign);
   const __m512i odd = _mm512_and_epi32(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
   const __mmask16 is_sub = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(kMinNormalBits)), a);
-  if (is_sub != 0) {
+  if (is_sub != 0) {  // only where a lane needs it: E4M3 subnormals and zeros
     const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
     const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
     r = _mm512_mask_blend_epi32(is_sub, r, sn);
   }
-  if (!kFinite) {
-    const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
-    r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));
-  }
-  if (kSigned) r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
+  const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+  r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));  // NaN (and inf): 0x7f with the sign
+  r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
 }
 
@@ -276,30 +268,34 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
-// Both moments of a block in one loop: m signed, sqrt(v) non-negative.
-template <bool kFinite>
-__attribute__((target("avx512f"))) void quant2_avx512_as(const float* tm, uint8_t* mc, float minv, const float* ts,
-                                                         uint8_t* vc, float vinv, int64_t n) {
+// Both moments of a block in one loop.
+__attribute__((target("avx512f"))) void quant2_avx512(const float* tm, uint8_t* mc, float minv, const float* ts,
+                                                      uint8_t* vc, float vinv, int64_t n) {
   const __m512 km = _mm512_set1_ps(minv), kv = _mm512_set1_ps(vinv);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    enc_avx512<true, kFinite>(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
-    enc_avx512<!kFinite, kFinite>(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
+    enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
+    enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
   }
   quant_scalar(tm + i, mc + i, minv, n - i);
   quant_scalar(ts + i, vc + i, vinv, n - i);
 }
 
-void quant2_avx512(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
-                   bool finite) {
-  if (finite) quant2_avx512_as<true>(tm, mc, minv, ts, vc, vinv, n);
-  else quant2_avx512_as<false>(tm, mc, minv, ts, vc, vinv, n);
-}
-
 using Seg = void (*)(float*, const float*, const uint8_t*, const uint8_t*, float, float, int64_t, const AdamScalars&,
                      float*, float*, Maxima&);
-// (m values, m codes, 448 / m's scale, sqrt v values, their codes, 448 / their scale, n, both scales finite)
-using Quant2 = void (*)(const float*, uint8_t*, float, const float*, uint8_t*, float, int64_t, bool);
+// (m values, m codes, 448 / m's scale, sqrt v values, their codes, 448 / their scale, n)
+using Quant2 = void (*)(const float*, uint8_t*, float, const float*, uint8_t*, float, int64_t);
+
+// A block's scale and the factor its values are multiplied by before
+// encoding: 448 / scale; a scale too small for that to be finite (below
+// about 1.3e-36: a block whose gradients stopped long ago) is zero, codes
+// and all, on every path (the ATen one too).
+inline float inverse_of(float& scale) {
+  const float inv = kE4m3Max / scale;
+  if (scale > 0 && inv <= std::numeric_limits<float>::max()) return inv;
+  if (!std::isnan(scale)) scale = 0;
+  return 0.0f;
+}
 
 void write_low16(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
   if (type == LowPrecision::kBf16) {
@@ -333,10 +329,10 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
             ts + (at - start), mx);
         at = end;
       }
+      const float minv = inverse_of(mx.m), vinv = inverse_of(mx.s);
       m.absmax[b] = mx.m;
       v.absmax[b] = mx.s;
-      quant2(tm, m.codes + start, mx.m > 0 ? kE4m3Max / mx.m : 0.0f, ts, v.codes + start,
-             mx.s > 0 ? kE4m3Max / mx.s : 0.0f, len, std::isfinite(mx.m) && std::isfinite(mx.s));
+      quant2(tm, m.codes + start, minv, ts, v.codes + start, vinv, len);
       if (low != nullptr && low_type != LowPrecision::kNone) write_low16(param + start, low + start, len, low_type);
     }
   };

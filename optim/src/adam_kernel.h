@@ -95,6 +95,11 @@ namespace zero::optim::detail {
 // Blocks of a thread's range are finished one at a time in L1, so memory
 // sees one pass: param 4+4, grad 4, two codes 1+1 read and written, scales
 // 2 x (4+4)/256 bytes, 16.06 bytes a parameter against fp32 states' 28.
+// Every path gives the same codes, scales and parameters for finite values.
+// A NaN lane is skipped by the block maxima (and codes as E4M3's NaN, 0x7f
+// with its sign); a scale whose inverse 448 / scale is not finite (a block
+// below about 1.3e-36, whose gradients stopped long ago) becomes zero,
+// codes and all.
 // Arithmetic, not memory, bounds it where cores are few per memory channel
 // (dequantizing, two maxima and requantizing cost about as much as Adam):
 // `zero bench adam` reports both kernels side by side.

@@ -3,6 +3,7 @@
 // The order of operations is LibTorch's (torch/csrc/api/src/optim/adamw.cpp),
 // so fp32 results agree with torch::optim to rounding.
 #include <cmath>
+#include <limits>
 
 #include <ATen/ATen.h>
 
@@ -234,8 +235,11 @@ void FlatOptimizer::update_runs(const std::vector<Run>& runs, at::Tensor& param,
   }
 }
 
-void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
-                    at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low) {
+namespace {
+
+// adam_8bit_aten over one window of whole blocks (runs relative to it).
+void adam_8bit_aten_window(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
+                           at::Tensor param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low) {
   const int64_t n = param.numel(), block = detail::kQuantBlock, blocks = (n + block - 1) / block;
   const auto opts = param.options().dtype(at::kFloat);
   const at::Tensor e4m3_max = at::full({1}, 448.0, opts);
@@ -270,16 +274,45 @@ void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::O
     sl(tm).copy_(mi);
     sl(ts).copy_(sq);
   }
-  // Requantize each block against its new largest magnitude.
+  // Requantize each block against its new largest magnitude (NaN lanes
+  // skipped, as the fused pass's maxima do); a scale whose inverse is not
+  // finite is zero, codes and all.
   auto requant = [&](const at::Tensor& t, at::Tensor& codes, at::Tensor& absmax) {
-    const at::Tensor amax = at::constant_pad_nd(t.abs(), {0, blocks * block - n}).view({blocks, block}).amax(1);
-    const at::Tensor inv = at::where(amax.gt(0), e4m3_max.div(amax), at::zeros_like(amax));
+    const at::Tensor mag = at::constant_pad_nd(t.abs().nan_to_num(0.0, std::numeric_limits<double>::infinity()), {0, blocks * block - n});
+    at::Tensor amax = mag.view({blocks, block}).amax(1);
+    const at::Tensor inv_raw = e4m3_max.div(amax);
+    const at::Tensor ok = amax.gt(0).logical_and(inv_raw.le(std::numeric_limits<float>::max()));
+    amax = at::where(ok, amax, at::zeros_like(amax));
+    const at::Tensor inv = at::where(ok, inv_raw, at::zeros_like(amax));
     codes.copy_(t.mul(per_element(inv)).to(at::kFloat8_e4m3fn).view(at::kByte));
     absmax.copy_(amax);
   };
   requant(tm, states[0], states[1]);
   requant(ts, states[2], states[3]);
   if (low != nullptr) low->copy_(param);
+}
+
+}  // namespace
+
+void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
+                    at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low) {
+  // Windows of whole blocks bound the temporaries (about 48 bytes an element
+  // of the window) whatever the sub-group's size.
+  constexpr int64_t kWindow = int64_t{1} << 22;
+  const int64_t n = param.numel(), block = detail::kQuantBlock;
+  for (int64_t a = 0; a < n; a += kWindow) {
+    const int64_t len = std::min(kWindow, n - a);
+    std::vector<FlatOptimizer::Run> window_runs;
+    for (const auto& r : runs) {
+      const int64_t b = std::max(a, r.start), e = std::min(a + len, r.start + r.numel);
+      if (e > b) window_runs.push_back({b - a, e - b, r.params});
+    }
+    std::vector<at::Tensor> st{states[0].narrow(0, a, len), states[1].narrow(0, a / block, (len + block - 1) / block),
+                               states[2].narrow(0, a, len), states[3].narrow(0, a / block, (len + block - 1) / block)};
+    at::Tensor l = low != nullptr ? low->narrow(0, a, len) : at::Tensor();
+    adam_8bit_aten_window(window_runs, config, param.narrow(0, a, len), grad.narrow(0, a, len), st,
+                          low != nullptr ? &l : nullptr);
+  }
 }
 
 const char* cpu_adam_isa() { return detail::to_string(detail::best_isa()); }

@@ -313,6 +313,9 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     // (write_pass); each piece's runs and states are its own slices (a
     // block-wise state's blocks: pieces start on block boundaries).
     const int64_t step = low.wanted() ? low.max_piece() : len;
+    for (const auto& spec : specs)
+      ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
+                 "a write pass's pieces must start on the optimizer states' block boundaries");
     for (int64_t a = 0; a < len; a += step) {
       const int64_t n = std::min(step, len - a);
       std::vector<optim::FlatOptimizer::Run> piece_runs;

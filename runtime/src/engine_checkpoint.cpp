@@ -525,9 +525,13 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     std::string have, want;
     for (const auto& n : saved_states) have += (have.empty() ? "" : ", ") + n;
     for (const auto& n : store.names()) want += (want.empty() ? "" : ", ") + n;
+    const bool bits_differ = (have.find(".q8") == std::string::npos) != (want.find(".q8") == std::string::npos);
     throw ConfigError({meta_path + ": the checkpoint holds the states " + have + " (optimizer " +
                        meta.value("optimizer", "?") + "); this engine's optimizer (" + s.config.optimizer->type_name +
-                       ") has " + want});
+                       ") has " + want +
+                       (bits_differ ? " (optimizer.params.optim_bits differs: fp32 and 8-bit states are not converted; "
+                                      "load the weights alone with engine.load_weights to start the states afresh)"
+                                    : "")});
   }
   const ckpt::SavedLayout saved = ckpt::SavedLayout::from_json(meta.at("layout"), meta_path);
   const auto index = saved.index();
@@ -562,20 +566,26 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     else by_range.push_back(store.names()[i + 1]);
   }
   if (!blockwise.empty()) {
+    // Their blocks follow the partitions, the groups (stage, bucket sizes)
+    // and the sub-groups they were saved with: all must be this run's.
     const nlohmann::json want = {{"partitions", flat.world_size()}, {"sub_group_size", s.config.zero.sub_group_size}};
     const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
-    if (have != want)
-      throw ConfigError({meta_path + ": its block-wise optimizer states (" + store.names()[blockwise[0] + 1] +
-                         ", optimizer.params.optim_bits 8) were saved with " + have.dump() + " and load only as they "
-                         "were laid out; this run has " + want.dump() + ": load it at the world size and "
-                         "zero_optimization.sub_group_size it was saved with"});
+    const bool same_groups = meta.at("layout") == ckpt::layout_of(flat, flat.world_size(), *s.model).to_json();
+    if (have != want || !same_groups)
+      throw ConfigError({meta_path + ": its 8-bit optimizer states (" + store.names()[blockwise[0] + 1] +
+                         ", optimizer.params.optim_bits 8) load only as they were laid out: saved with " + have.dump() +
+                         " at stage " + std::to_string(meta.value("stage", -1)) + ", this run has " + want.dump() +
+                         " at stage " + std::to_string(s.config.zero.stage) +
+                         (same_groups ? "" : ", and its groups (stage, reduce_bucket_size, allgather_bucket_size) differ") +
+                         ": load it at the world size, stage, bucket sizes and zero_optimization.sub_group_size it "
+                         "was saved with"});
   }
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
     return reader->issue(by_range,
                          ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, meta_path), count);
   });
-  const std::string own_file = part_name(s.dist.rank) + ".safetensors";
+  const std::string own_file = part_name(layout_rank) + ".safetensors";  // stage 0: rank 0's, which holds all
   std::vector<at::Tensor> group_state(specs.size());  // block-wise: group g's saved tensor
   std::vector<int64_t> group_at(specs.size());        // where the next sub-group's part starts in it
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {

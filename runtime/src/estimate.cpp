@@ -21,8 +21,10 @@
 // - Gradients: stages 0-1 a flat buffer of g x padded on the device; stages
 //   2-3 the partition, g x P on the device, or 4 x P on the host when the
 //   optimizer is offloaded (accumulated in fp32 there).
-// - Optimizer states: Adam's two fp32 moments, 8 x P (Adagrad's and Lion's
-//   one, 4 x P; stage 0: of the padded whole),
+// - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
+//   two 1-byte codes and a 4-byte scale per 256 elements of each sub-group,
+//   about 2.03 x P (NOTE [8-bit states]) (Adagrad's and Lion's one, 4 x P;
+//   stage 0: of the padded whole),
 //   and an fp32 master, 4 x P, except where the parameters are the master:
 //   fp32 on the device in one partition (stage 0, or one rank), and stage
 //   3's fp32 shards on the device.
@@ -253,9 +255,10 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   what min(stage3_prefetch_bucket_size, stage3_max_live_parameters - it)
 //   prefetches; the layers peak in forward, the buckets in backward: the
 //   larger of the two counts.
-// - Offloaded optimizer: two pinned buffers of the largest chunk for the
-//   reduced gradients (g), and two for the new values going to the device
-//   (p) unless stage 3's shards live on the host.
+// - Offloaded optimizer: two pinned pieces of at most host_staging_numel
+//   elements (the largest chunk when smaller) for the reduced gradients (g),
+//   and two for the new values going to the device (p) unless stage 3's
+//   shards live on the host.
 PeakEstimate estimate_peak(const config::Config& c, const MinGPTWorkload& w, bool nccl) {
   const auto params = mingpt_parameters(w.n_layer, w.n_embd, w.vocab_size, w.block_size, w.tie_weights);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;

@@ -40,7 +40,11 @@ def quantize(values, n):
     padded = torch.zeros(blocks * BLOCK)
     padded[:n] = values.abs()
     absmax = padded.view(blocks, BLOCK).amax(dim=1)
-    inv = torch.where(absmax > 0, torch.full((1,), E4M3_MAX) / absmax, torch.zeros(1))
+    # A scale whose inverse is not finite (a block of values below ~1e-36) is zero.
+    inv = torch.full((1,), E4M3_MAX) / absmax
+    ok = (absmax > 0) & (inv <= torch.finfo(torch.float32).max)
+    absmax = torch.where(ok, absmax, torch.zeros(1))
+    inv = torch.where(ok, inv, torch.zeros(1))
     codes = (values * per_element(inv, n)).to(torch.float8_e4m3fn).view(torch.uint8)
     return codes, absmax
 

@@ -281,3 +281,69 @@ TEST(Adam8, WithinQuantizationErrorOfFp32Adam) {
 }
 
 }  // namespace
+
+namespace {
+
+// A block whose first moment has decayed below ~1e-36 (its gradients
+// stopped long ago): 448 / scale is not finite, so the block's scale and
+// codes become zero, alike on every instruction set and the ATen path (not
+// E4M3's NaN code, which decodes as NaN on a device).
+TEST(Adam8, AScaleTooSmallToInvertBecomesZeroOnEveryPath) {
+  const int64_t n = 1000, blocks = 4;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  std::vector<float> p0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = normal(rng);
+    g[i] = i >= 256 && i < 512 ? 0.0f : 0.01f * normal(rng);
+  }
+  auto start_states = [&] {
+    State8 s{p0, std::vector<uint8_t>(n, 0x38), std::vector<uint8_t>(n, 0x38), std::vector<float>(blocks, 0.5f),
+             std::vector<float>(blocks, 0.1f), std::vector<uint16_t>(n)};
+    s.ma[1] = 1e-37f;  // block 1: a first moment of about 2e-40, no gradient
+    s.va[1] = 1e-30f;
+    return s;
+  };
+  const d::AdamRun run{0, n, scalars(3, 1e-3, 0.0, true)};
+  std::vector<State8> results;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!cpu_has(isa)) continue;
+    State8 s = start_states();
+    d::adam_fused_8bit(s.p.data(), g.data(), {s.mc.data(), s.ma.data()}, {s.vc.data(), s.va.data()}, n, &run, 1, isa,
+                       s.low.data(), d::LowPrecision::kBf16);
+    EXPECT_EQ(s.ma[1], 0.0f) << d::to_string(isa);
+    for (int64_t i = 256; i < 512; ++i) ASSERT_EQ(s.mc[i] & 0x7f, 0) << d::to_string(isa) << " element " << i;
+    results.push_back(std::move(s));
+  }
+  for (size_t k = 1; k < results.size(); ++k) {
+    EXPECT_TRUE(same(results[0].p, results[k].p));
+    EXPECT_TRUE(same(results[0].mc, results[k].mc));
+    EXPECT_TRUE(same(results[0].ma, results[k].ma));
+  }
+  // The ATen path against the fused pass, from the same states and step values.
+  zero::config::OptimizerConfig cfg;
+  cfg.optim_bits = 8;
+  const auto opt = zero::optim::FlatOptimizer::create(cfg);
+  zero::optim::StepParams sp;
+  sp.step = 3;
+  sp.lr = 1e-3;
+  sp.weight_decay = 0.0;
+  State8 fused = start_states(), aten = start_states();
+  auto tensors = [](State8& x) {
+    auto t8 = [](std::vector<uint8_t>& v) { return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}, torch::kUInt8); };
+    auto t32 = [](std::vector<float>& v) { return torch::from_blob(v.data(), {static_cast<int64_t>(v.size())}); };
+    return std::vector<at::Tensor>{t8(x.mc), t32(x.ma), t8(x.vc), t32(x.va)};
+  };
+  auto sf = tensors(fused), sa = tensors(aten);
+  at::Tensor grad = torch::from_blob(g.data(), {n});
+  at::Tensor pf = torch::from_blob(fused.p.data(), {n}), pa = torch::from_blob(aten.p.data(), {n});
+  opt->update_runs({{0, n, sp}}, pf, grad, sf, nullptr);
+  zero::optim::adam_8bit_aten({{0, n, sp}}, cfg, pa, grad, sa, nullptr);
+  EXPECT_EQ(fused.ma[1], 0.0f);
+  EXPECT_EQ(aten.ma[1], 0.0f);
+  EXPECT_TRUE(same(fused.mc, aten.mc));
+  EXPECT_TRUE(same(fused.ma, aten.ma));
+  EXPECT_TRUE(same(fused.p, aten.p));
+}
+
+}  // namespace

@@ -1045,16 +1045,32 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRefusesAnotherLayout) {
     EXPECT_EQ(j.at("states").size(), 5u);
     EXPECT_EQ(j.at("state_blocks").at("sub_group_size").get<int64_t>(), 3000);
   }
-  auto model = make_model(7);
-  auto engine = zero::initialize(
-      model.ptr(), config_8bit(R"({"stage": 2, "sub_group_size": 5000, "offload_optimizer": {"device": "cpu"}})"), quiet());
-  try {
-    engine.load_checkpoint(dir, "at3");
-    FAIL() << "expected a ConfigError";
-  } catch (const zero::ConfigError& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("sub_group_size"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("optim_bits 8"), std::string::npos) << msg;
+  // Another sub_group_size, or other groups (buckets) with the same one: refused, naming what differs.
+  for (const char* other : {R"({"stage": 2, "sub_group_size": 5000, "offload_optimizer": {"device": "cpu"}})",
+                            R"({"stage": 2, "sub_group_size": 3000, "reduce_bucket_size": 20000, )"
+                            R"("allgather_bucket_size": 20000, "offload_optimizer": {"device": "cpu"}})"}) {
+    auto model = make_model(7);
+    auto engine = zero::initialize(model.ptr(), config_8bit(other), quiet());
+    try {
+      engine.load_checkpoint(dir, "at3");
+      ADD_FAILURE() << "expected a ConfigError for " << other;
+    } catch (const zero::ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("sub_group_size"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("optim_bits 8"), std::string::npos) << msg;
+    }
+  }
+  {  // fp32 states from an 8-bit checkpoint: not converted, said so.
+    auto model = make_model(7);
+    auto fp32 = config;
+    fp32.replace(fp32.find(R"(, "optim_bits": 8)"), std::string(R"(, "optim_bits": 8)").size(), "");
+    auto engine = zero::initialize(model.ptr(), fp32, quiet());
+    try {
+      engine.load_checkpoint(dir, "at3");
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const zero::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("optim_bits differs"), std::string::npos) << e.what();
+    }
   }
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
