@@ -65,8 +65,16 @@ float from_e4m3(uint8_t code) {
 
 namespace {
 
+// A block's largest magnitudes (a NaN lane skipped, an inf one kept), and a
+// sum of its new first moments whose only use is to be finite when they all
+// are: a NaN in either moment comes from a NaN or inf gradient (or, with L2
+// decay, parameter), which makes the first moment NaN or inf too; an
+// overflow of the sum only sends the block down the general path, which
+// gives the same codes. A clean block's encoders skip the NaN handling, and
+// sqrt(v)'s the sign.
 struct Maxima {
   float m = 0, s = 0;
+  float probe = 0;
 };
 
 // One run's part of a block: dequantize, Adam's update in the fp32 kernel's
@@ -92,29 +100,38 @@ void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* m
     const float am = std::fabs(mi);
     mx.m = am > mx.m ? am : mx.m;
     mx.s = sq > mx.s ? sq : mx.s;
+    mx.probe += mi;
   }
 }
 
 void quant_scalar(const float* t, uint8_t* codes, float inv, int64_t n) {
   for (int64_t i = 0; i < n; ++i) codes[i] = to_e4m3(t[i] * inv);
 }
-void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n) {
+void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
+                   bool) {
   quant_scalar(tm, mc, minv, n);
   quant_scalar(ts, vc, vinv, n);
 }
 
 // --- AVX2: 8 lanes ---
+// The code sign-extended and shifted left by 20: bits 20-26 its magnitude
+// (exponent at 23-26, significand at 20-22), bit 31 its sign once bits
+// 27-30 are cleared; 120 << 23 added rebiases the exponent (E4M3's 7 to
+// fp32's 127). Exponent 0 (subnormals, zero): (code & 7) * 2^-9, signed.
 __attribute__((target("avx2"))) inline __m256 dec_avx2(const uint8_t* c) {
-  const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-  const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-  const __m256 normal =
-      _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
-  const __m256 sub =
-      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
-  const __m256 is_sub = _mm256_castsi256_ps(
-      _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x78)), _mm256_setzero_si256()));
-  return _mm256_or_ps(_mm256_blendv_ps(normal, sub, is_sub), _mm256_castsi256_ps(sign));
+  const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+  const __m256i y = _mm256_and_si256(_mm256_slli_epi32(x, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
+  __m256i r = _mm256_add_epi32(y, _mm256_set1_epi32(120 << 23));
+  const __m256i is_sub =
+      _mm256_cmpeq_epi32(_mm256_and_si256(y, _mm256_set1_epi32(0x07800000)), _mm256_setzero_si256());
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(is_sub)) != 0) {
+    const __m256 mag =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
+    const __m256i sub = _mm256_or_si256(_mm256_castps_si256(mag),
+                                        _mm256_and_si256(y, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
+    r = _mm256_blendv_epi8(r, sub, is_sub);
+  }
+  return _mm256_castsi256_ps(r);
 }
 
 __attribute__((target("avx2"))) inline void enc_avx2(__m256 x, uint8_t* out) {
@@ -155,7 +172,7 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
   const __m256 decay = _mm256_set1_ps(s.decay), ibc2 = _mm256_set1_ps(1.0f / s.bias_correction2_sqrt);
   const __m256 step = _mm256_set1_ps(s.neg_step_size), md = _mm256_set1_ps(mdq), vd = _mm256_set1_ps(vdq);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 maxm = _mm256_setzero_ps(), maxs = _mm256_setzero_ps();
+  __m256 maxm = _mm256_setzero_ps(), maxs = _mm256_setzero_ps(), probe = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 mo = _mm256_mul_ps(dec_avx2(mc + i), md);
@@ -172,16 +189,20 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
     _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(step, mi), denom)));
     _mm256_storeu_ps(tm + i, mi);
     _mm256_storeu_ps(ts + i, sq);
-    maxm = _mm256_max_ps(maxm, _mm256_and_ps(mi, abs_mask));
-    maxs = _mm256_max_ps(maxs, sq);
+    maxm = _mm256_max_ps(_mm256_and_ps(mi, abs_mask), maxm);  // a NaN lane keeps the maximum, as the scalar loop
+    maxs = _mm256_max_ps(sq, maxs);
+    probe = _mm256_add_ps(probe, mi);
   }
   mx.m = std::max(mx.m, hmax_avx2(maxm));
   mx.s = std::max(mx.s, hmax_avx2(maxs));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, probe);
+  for (float l : lanes) mx.probe += l;
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
 __attribute__((target("avx2"))) void quant2_avx2(const float* tm, uint8_t* mc, float minv, const float* ts,
-                                                   uint8_t* vc, float vinv, int64_t n) {
+                                                   uint8_t* vc, float vinv, int64_t n, bool) {
   const __m256 km = _mm256_set1_ps(minv), kv = _mm256_set1_ps(vinv);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -193,24 +214,33 @@ __attribute__((target("avx2"))) void quant2_avx2(const float* tm, uint8_t* mc, f
 }
 
 // --- AVX-512F: 16 lanes ---
+// As dec_avx2.
 __attribute__((target("avx512f"))) inline __m512 dec_avx512(const uint8_t* c) {
-  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_epi32(x, _mm512_set1_epi32(0x80)), 24);
-  const __m512i mag = _mm512_and_epi32(x, _mm512_set1_epi32(0x7f));
-  __m512i r = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
-  const __mmask16 is_sub = _mm512_cmpeq_epi32_mask(_mm512_and_epi32(x, _mm512_set1_epi32(0x78)), _mm512_setzero_si512());
-  if (is_sub != 0) {  // E4M3 subnormals (and zeros): (code & 7) * 2^-9
-    const __m512i sub = _mm512_castps_si512(
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f)));
+  const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m512i y = _mm512_and_epi32(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
+  __m512i r = _mm512_add_epi32(y, _mm512_set1_epi32(120 << 23));
+  const __mmask16 is_sub = _mm512_testn_epi32_mask(y, _mm512_set1_epi32(0x07800000));
+  if (is_sub != 0) {
+    const __m512 mag =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f));
+    const __m512i sub = _mm512_or_si512(_mm512_castps_si512(mag),
+                                        _mm512_and_epi32(y, _mm512_set1_epi32(static_cast<int>(0x80000000u))));
     r = _mm512_mask_blend_epi32(is_sub, r, sub);
   }
-  return _mm512_castsi512_ps(_mm512_or_si512(r, sign));
+  return _mm512_castsi512_ps(r);
 }
 
+// kGeneral: any value (NaN and inf to 0x7f with their sign); else the
+// block is clean (finite values, |x| <= 448 after scaling), and kSigned
+// says whether x may be negative (the first moment; sqrt(v) is not).
+template <bool kSigned, bool kGeneral>
 __attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out) {
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m512i a = _mm512_xor_si512(bits, sign);
+  __m512i sign = _mm512_setzero_si512(), a = bits;
+  if (kSigned || kGeneral) {
+    sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    a = _mm512_xor_si512(bits, sign);
+  }
   const __m512i odd = _mm512_and_epi32(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
@@ -220,9 +250,11 @@ __attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out
     const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
     r = _mm512_mask_blend_epi32(is_sub, r, sn);
   }
-  const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
-  r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));  // NaN (and inf): 0x7f with the sign
-  r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
+  if (kGeneral) {
+    const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+    r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));  // NaN (and inf): 0x7f with the sign
+  }
+  if (kSigned || kGeneral) r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
 }
 
@@ -243,7 +275,7 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
   const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay);
   const __m512 decay = _mm512_set1_ps(s.decay), ibc2 = _mm512_set1_ps(1.0f / s.bias_correction2_sqrt);
   const __m512 step = _mm512_set1_ps(s.neg_step_size), md = _mm512_set1_ps(mdq), vd = _mm512_set1_ps(vdq);
-  __m512 maxm = _mm512_setzero_ps(), maxs = _mm512_setzero_ps();
+  __m512 maxm = _mm512_setzero_ps(), maxs = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 mo = _mm512_mul_ps(dec_avx512(mc + i), md);
@@ -260,31 +292,42 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
     _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), denom)));
     _mm512_storeu_ps(tm + i, mi);
     _mm512_storeu_ps(ts + i, sq);
-    maxm = _mm512_max_ps(maxm, _mm512_abs_ps(mi));
-    maxs = _mm512_max_ps(maxs, sq);
+    maxm = _mm512_max_ps(_mm512_abs_ps(mi), maxm);  // a NaN lane keeps the maximum, as the scalar loop
+    maxs = _mm512_max_ps(sq, maxs);
+    probe = _mm512_add_ps(probe, mi);
   }
   mx.m = std::max(mx.m, hmax_avx512(maxm));
   mx.s = std::max(mx.s, hmax_avx512(maxs));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, probe);
+  for (float l : lanes) mx.probe += l;
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
 // Both moments of a block in one loop.
-__attribute__((target("avx512f"))) void quant2_avx512(const float* tm, uint8_t* mc, float minv, const float* ts,
-                                                      uint8_t* vc, float vinv, int64_t n) {
+template <bool kGeneral>
+__attribute__((target("avx512f"))) void quant2_avx512_as(const float* tm, uint8_t* mc, float minv, const float* ts,
+                                                         uint8_t* vc, float vinv, int64_t n) {
   const __m512 km = _mm512_set1_ps(minv), kv = _mm512_set1_ps(vinv);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
-    enc_avx512(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
+    enc_avx512<true, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
+    enc_avx512<false, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
   }
   quant_scalar(tm + i, mc + i, minv, n - i);
   quant_scalar(ts + i, vc + i, vinv, n - i);
 }
 
+void quant2_avx512(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
+                   bool clean) {
+  if (clean) quant2_avx512_as<false>(tm, mc, minv, ts, vc, vinv, n);
+  else quant2_avx512_as<true>(tm, mc, minv, ts, vc, vinv, n);
+}
+
 using Seg = void (*)(float*, const float*, const uint8_t*, const uint8_t*, float, float, int64_t, const AdamScalars&,
                      float*, float*, Maxima&);
-// (m values, m codes, 448 / m's scale, sqrt v values, their codes, 448 / their scale, n)
-using Quant2 = void (*)(const float*, uint8_t*, float, const float*, uint8_t*, float, int64_t);
+// (m values, m codes, 448 / m's scale, sqrt v values, their codes, 448 / their scale, n, the block is clean)
+using Quant2 = void (*)(const float*, uint8_t*, float, const float*, uint8_t*, float, int64_t, bool);
 
 // A block's scale and the factor its values are multiplied by before
 // encoding: 448 / scale; a scale too small for that to be finite (below
@@ -332,7 +375,8 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
       const float minv = inverse_of(mx.m), vinv = inverse_of(mx.s);
       m.absmax[b] = mx.m;
       v.absmax[b] = mx.s;
-      quant2(tm, m.codes + start, minv, ts, v.codes + start, vinv, len);
+      const bool clean = std::isfinite(mx.probe) && std::isfinite(mx.m) && std::isfinite(mx.s);
+      quant2(tm, m.codes + start, minv, ts, v.codes + start, vinv, len, clean);
       if (low != nullptr && low_type != LowPrecision::kNone) write_low16(param + start, low + start, len, low_type);
     }
   };

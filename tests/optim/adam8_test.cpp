@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -344,6 +345,58 @@ TEST(Adam8, AScaleTooSmallToInvertBecomesZeroOnEveryPath) {
   EXPECT_TRUE(same(fused.mc, aten.mc));
   EXPECT_TRUE(same(fused.ma, aten.ma));
   EXPECT_TRUE(same(fused.p, aten.p));
+}
+
+}  // namespace
+
+namespace {
+
+// A NaN gradient: its lane codes as E4M3's NaN (0x7f with a sign) and the
+// block's scale skips it, alike on every instruction set and the ATen path;
+// the block's other codes stay what they were without it.
+TEST(Adam8, ANanLaneIsSkippedByTheScaleOnEveryPath) {
+  const int64_t n = 600;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal;
+  std::vector<float> p0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) p0[i] = normal(rng), g[i] = 0.01f * normal(rng);
+  g[300] = std::numeric_limits<float>::quiet_NaN();
+  zero::config::OptimizerConfig cfg;
+  cfg.optim_bits = 8;
+  zero::optim::StepParams sp;
+  sp.step = 1;
+  const d::AdamRun run{0, n, scalars(1, 1e-3, 0.0, true)};
+  std::vector<State8> results;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!cpu_has(isa)) continue;
+    State8 s{p0, std::vector<uint8_t>(n), std::vector<uint8_t>(n), std::vector<float>(3), std::vector<float>(3),
+             std::vector<uint16_t>(n)};
+    d::adam_fused_8bit(s.p.data(), g.data(), {s.mc.data(), s.ma.data()}, {s.vc.data(), s.va.data()}, n, &run, 1, isa);
+    EXPECT_TRUE(std::isfinite(s.ma[1]) && s.ma[1] > 0) << d::to_string(isa);
+    EXPECT_EQ(s.mc[300] & 0x7f, 0x7f) << d::to_string(isa);
+    EXPECT_EQ(s.vc[300] & 0x7f, 0x7f) << d::to_string(isa);
+    results.push_back(std::move(s));
+  }
+  for (size_t k = 1; k < results.size(); ++k) {
+    EXPECT_TRUE(same(results[0].mc, results[k].mc));
+    EXPECT_TRUE(same(results[0].vc, results[k].vc));
+    EXPECT_TRUE(same(results[0].ma, results[k].ma));
+    EXPECT_TRUE(same(results[0].va, results[k].va));
+  }
+  // The ATen path: the same scales and the same codes but for the NaN's sign.
+  std::vector<float> p = p0;
+  std::vector<at::Tensor> st{torch::zeros({n}, torch::kUInt8), torch::zeros({3}), torch::zeros({n}, torch::kUInt8),
+                             torch::zeros({3})};
+  at::Tensor pt = torch::from_blob(p.data(), {n}), gt = torch::from_blob(g.data(), {n});
+  zero::optim::adam_8bit_aten({{0, n, sp}}, cfg, pt, gt, st, nullptr);
+  for (int64_t b = 0; b < 3; ++b) {
+    EXPECT_EQ(st[1][b].item<float>(), results[0].ma[b]) << "block " << b;
+    EXPECT_EQ(st[3][b].item<float>(), results[0].va[b]) << "block " << b;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(st[0][i].item<uint8_t>() & 0x7f, results[0].mc[i] & 0x7f) << i;
+    if (i != 300) ASSERT_EQ(st[0][i].item<uint8_t>(), results[0].mc[i]) << i;
+  }
 }
 
 }  // namespace
