@@ -301,13 +301,16 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     }
     if (combined != 1.0) g32.mul_(1.0 / combined);
     std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
-    if (runs_.empty()) runs.push_back({0, len, params});
-    for (const Run& r : runs_.empty() ? std::vector<Run>{} : runs_[k]) {
-      optim::StepParams p = params;
-      const GroupHyper& h = groups_[r.group];
-      if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
-      p.weight_decay = h.weight_decay;
-      runs.push_back({r.start, r.numel, p});
+    if (runs_.empty()) {
+      runs.push_back({0, len, params});
+    } else {
+      for (const Run& r : runs_[k]) {
+        optim::StepParams p = params;
+        const GroupHyper& h = groups_[r.group];
+        if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
+        p.weight_decay = h.weight_decay;
+        runs.push_back({r.start, r.numel, p});
+      }
     }
     // A piece at a time where the new values go through the host ring
     // (write_pass); each piece's runs and states are its own slices (a
@@ -380,13 +383,6 @@ std::vector<int64_t> ZeroOptimizer::param_group_numels() const {
   return out;
 }
 
-// A pass over the store's sub-groups that changes the masters (the step, a
-// load) and brings the model's parameters up to date: `body` updates sub-group
-// k's master and states and writes the new values, in the compute dtype, to
-// `low` when it is given (where the model reads them: its own chunk at one
-// partition, a buffer this rank's chunk is all-gathered from, stage 3's shard;
-// a pinned buffer on its way to the device when offloaded, NOTE [offload
-// transfers]); null when the master is the parameters themselves.
 at::Tensor ZeroOptimizer::LowOut::piece(int64_t start, int64_t len) {
   ZERO_CHECK(wanted() && len <= max_piece_ && start + len <= out_.numel(), "a write pass's piece out of its sub-group");
   start_ = start;
@@ -403,6 +399,14 @@ void ZeroOptimizer::LowOut::done() {
   host_ = at::Tensor();
 }
 
+// A pass over the store's sub-groups that changes the masters (the step, a
+// load) and brings the model's parameters up to date: `body` updates sub-group
+// k's master and states and writes the new values, in the compute dtype,
+// through `low` a piece at a time (to where the model reads them: its own
+// chunk at one partition, a buffer this rank's chunk is all-gathered from,
+// stage 3's shard; to a pinned buffer on its way to the device when
+// offloaded, NOTE [offload transfers]); `low` is not wanted when the master
+// is the parameters themselves.
 void ZeroOptimizer::write_pass(const WriteBody& body) {
   const size_t n_groups = flat_->groups().size();
   std::vector<at::Tensor> outs(n_groups);
