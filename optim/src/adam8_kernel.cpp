@@ -390,3 +390,23 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
 }
 
 }  // namespace zero::optim::detail
+
+namespace zero::optim {
+
+float dequantize_8bit(uint8_t code, float absmax) { return detail::from_e4m3(code) * (absmax / detail::kE4m3Max); }
+
+void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax) {
+  for (int64_t b = 0; b * detail::kQuantBlock < n; ++b) {
+    const int64_t start = b * detail::kQuantBlock, len = std::min(detail::kQuantBlock, n - start);
+    float mx = 0;
+    for (int64_t i = start; i < start + len; ++i) {
+      const float a = std::fabs(values[i]);
+      mx = a > mx ? a : mx;
+    }
+    const float inv = detail::inverse_of(mx);
+    absmax[b] = mx;
+    detail::quant_scalar(values + start, codes + start, inv, len);
+  }
+}
+
+}  // namespace zero::optim

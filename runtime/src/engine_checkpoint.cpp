@@ -556,8 +556,7 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
   // fp32 states by element ranges, at any world size; block-wise ones
-  // (8-bit Adam's) as they were saved, which takes the same partitions and
-  // sub-groups.
+  // (8-bit Adam's) below.
   const auto& specs = store.state_specs();
   std::vector<std::string> by_range{store.names()[0]};
   std::vector<size_t> blockwise;
@@ -565,21 +564,56 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     if (specs[i].per_block > 0 || specs[i].dtype != at::kFloat) blockwise.push_back(i);
     else by_range.push_back(store.names()[i + 1]);
   }
+  // 8-bit states laid out as this run lays them out (partitions, groups,
+  // sub-groups) are read as they are; otherwise each moment is dequantized
+  // from the saved blocks and quantized again in this run's (NOTE [8-bit
+  // states]), with a warning: a value moves by at most half an E4M3 step of
+  // its new block's scale.
+  bool requantize = false;
+  int64_t saved_sub_group = 0;
   if (!blockwise.empty()) {
-    // Their blocks follow the partitions, the groups (stage, bucket sizes)
-    // and the sub-groups they were saved with: all must be this run's.
     const nlohmann::json want = {{"partitions", flat.world_size()}, {"sub_group_size", s.config.zero.sub_group_size}};
     const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
     const bool same_groups = meta.at("layout") == ckpt::layout_of(flat, flat.world_size(), *s.model).to_json();
-    if (have != want || !same_groups)
-      throw ConfigError({meta_path + ": its 8-bit optimizer states (" + store.names()[blockwise[0] + 1] +
-                         ", optimizer.params.optim_bits 8) load only as they were laid out: saved with " + have.dump() +
-                         " at stage " + std::to_string(meta.value("stage", -1)) + ", this run has " + want.dump() +
-                         " at stage " + std::to_string(s.config.zero.stage) +
-                         (same_groups ? "" : ", and its groups (stage, reduce_bucket_size, allgather_bucket_size) differ") +
-                         ": load it at the world size, stage, bucket sizes and zero_optimization.sub_group_size it "
-                         "was saved with"});
+    const std::vector<std::string> q8 = {"exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax"};
+    if (!have.is_object() || !have.contains("sub_group_size") || !have.at("sub_group_size").is_number_integer() ||
+        have.at("sub_group_size").get<int64_t>() < 1)
+      throw IoError(meta_path + ": 8-bit optimizer states without their state_blocks layout: a damaged checkpoint");
+    requantize = have != want || !same_groups;
+    if (requantize && std::vector<std::string>(store.names().begin() + 1, store.names().end()) != q8)
+      throw ConfigError({meta_path + ": block-wise states other than 8-bit Adam's load only as they were laid out"});
+    saved_sub_group = have.at("sub_group_size").get<int64_t>();
+    if (requantize && s.dist.rank == 0)
+      log::warning("load_checkpoint: the 8-bit optimizer states were saved laid out by " + have.dump() + " at stage " +
+                   std::to_string(meta.value("stage", -1)) + (same_groups ? "" : " with other groups") +
+                   "; this run lays them out by " + want.dump() + " at stage " + std::to_string(s.config.zero.stage) +
+                   ": they are dequantized and quantized again in this run's blocks (each value moves by at most "
+                   "half an E4M3 step of its new block's scale)");
   }
+  // A saved rank's 8-bit tensors of a group, read whole, the last few kept.
+  struct SavedQ8 {
+    at::Tensor m_codes, m_scale, v_codes, v_scale;
+  };
+  std::map<std::pair<int64_t, size_t>, SavedQ8> saved_q8;
+  std::deque<std::pair<int64_t, size_t>> saved_order;
+  auto saved_q8_of = [&](int64_t part, size_t group) -> const SavedQ8& {
+    const auto key = std::make_pair(part, group);
+    if (auto it = saved_q8.find(key); it != saved_q8.end()) return it->second;
+    const std::string file = part_name(part) + ".safetensors", gs = "." + std::to_string(group);
+    auto read = [&](const std::string& name, at::ScalarType dtype) {
+      at::Tensor t = reader->read_tensor(file, name + gs).reshape({-1}).contiguous();
+      if (t.scalar_type() != dtype) throw IoError(tag_dir + "/" + file + ": " + name + gs + " is not " + c10::toString(dtype));
+      return t;
+    };
+    SavedQ8 q{read("exp_avg.q8", at::kByte), read("exp_avg.absmax", at::kFloat), read("exp_avg_sq.sqrt_q8", at::kByte),
+              read("exp_avg_sq.sqrt_absmax", at::kFloat)};
+    if (saved_order.size() >= 2) {
+      saved_q8.erase(saved_order.front());
+      saved_order.pop_front();
+    }
+    saved_order.push_back(key);
+    return saved_q8.emplace(key, std::move(q)).first->second;
+  };
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
     return reader->issue(by_range,
@@ -594,6 +628,37 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
       if (std::find(blockwise.begin(), blockwise.end(), i) == blockwise.end()) dsts.push_back(&st[i]);
     loader.fill(k, dsts);
     const size_t g = groups[k].group;
+    if (requantize) {
+      // This sub-group's moments by value from the saved blocks (saved
+      // sub-groups split each chunk from its start: element e of a saved
+      // chunk is in block (e / S) * ceil(S / 256) + (e % S) / 256).
+      const int64_t len = groups[k].numel, S = saved_sub_group, per_sub = (S + 255) / 256;
+      std::vector<float> mv(static_cast<size_t>(len), 0.0f), sv(static_cast<size_t>(len), 0.0f);
+      for (const auto& pc : ckpt::map_range(flat, layout_rank, g, groups[k].start, len, saved, index, meta_path)) {
+        const SavedQ8& q = saved_q8_of(pc.part, pc.group);
+        const int64_t blocks = q.m_scale.numel();
+        if (pc.begin + pc.count > q.m_codes.numel() || (pc.begin + pc.count - 1) / S * per_sub > blocks)
+          throw IoError(tag_dir + "/" + part_name(pc.part) + ".safetensors: its 8-bit states of group " +
+                        std::to_string(pc.group) + " do not hold the elements the checkpoint's layout says");
+        const uint8_t* mc = q.m_codes.data_ptr<uint8_t>();
+        const uint8_t* vc = q.v_codes.data_ptr<uint8_t>();
+        const float* ms = q.m_scale.data_ptr<float>();
+        const float* vs = q.v_scale.data_ptr<float>();
+        for (int64_t e = pc.begin; e < pc.begin + pc.count; ++e) {
+          const int64_t b = std::min(blocks - 1, (e / S) * per_sub + (e % S) / 256);
+          mv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(mc[e], ms[b]);
+          sv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(vc[e], vs[b]);
+        }
+      }
+      at::Tensor codes = at::empty({len}, at::kByte), scale = at::empty({st[1].numel()}, at::kFloat);
+      optim::quantize_8bit(mv.data(), len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+      st[0].copy_(codes);
+      st[1].copy_(scale);
+      optim::quantize_8bit(sv.data(), len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+      st[2].copy_(codes);
+      st[3].copy_(scale);
+      return;
+    }
     const bool first_of_group = k == 0 || groups[k - 1].group != g;
     for (size_t i : blockwise) {
       if (first_of_group) {

@@ -103,6 +103,14 @@ class FlatOptimizer {
 void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::OptimizerConfig& config,
                     at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low);
 
+/// 8-bit states by value (NOTE [8-bit states]), for a checkpoint saved at
+/// another layout: dequantize_8bit gives element i of a moment whose block
+/// of `block_of(i)` has scale absmax[block_of(i)]: code(i) * scale / 448;
+/// quantize_8bit codes n values in blocks of 256 from values[0], as the
+/// step does (a scale too small to invert is zero).
+float dequantize_8bit(uint8_t code, float absmax);
+void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax);
+
 /// The instruction set of the fused CPU Adam kernel on this machine:
 /// "avx512", "avx2" or "scalar" (chosen at run time from the CPU's features).
 const char* cpu_adam_isa();
