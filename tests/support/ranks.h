@@ -2,6 +2,7 @@
 // c10d::HashStore: collectives for unit tests without spawning processes.
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -17,6 +18,12 @@ namespace zero::testing {
 /// exception a rank threw once every thread has ended.
 template <typename F>
 void on_ranks(int world, F fn) {
+  // c10d's flight recorder is one per process, and its record of a
+  // collective is not safe from several process groups' threads at once (a
+  // crash inside it, now and then, under load): it is off for these
+  // in-process ranks (it reads the variable when it is first used). Real
+  // ranks are processes, one group each.
+  ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
