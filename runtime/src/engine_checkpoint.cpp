@@ -636,8 +636,10 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
       std::vector<float> mv(static_cast<size_t>(len), 0.0f), sv(static_cast<size_t>(len), 0.0f);
       for (const auto& pc : ckpt::map_range(flat, layout_rank, g, groups[k].start, len, saved, index, meta_path)) {
         const SavedQ8& q = saved_q8_of(pc.part, pc.group);
-        const int64_t blocks = q.m_scale.numel();
-        if (pc.begin + pc.count > q.m_codes.numel() || (pc.begin + pc.count - 1) / S * per_sub > blocks)
+        const int64_t blocks = q.m_scale.numel(), last = pc.begin + pc.count - 1;
+        if (pc.count <= 0) continue;
+        if (last >= q.m_codes.numel() || q.v_codes.numel() != q.m_codes.numel() || q.v_scale.numel() != blocks ||
+            (last / S) * per_sub + (last % S) / 256 >= blocks)
           throw IoError(tag_dir + "/" + part_name(pc.part) + ".safetensors: its 8-bit states of group " +
                         std::to_string(pc.group) + " do not hold the elements the checkpoint's layout says");
         const uint8_t* mc = q.m_codes.data_ptr<uint8_t>();
@@ -645,7 +647,7 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
         const float* ms = q.m_scale.data_ptr<float>();
         const float* vs = q.v_scale.data_ptr<float>();
         for (int64_t e = pc.begin; e < pc.begin + pc.count; ++e) {
-          const int64_t b = std::min(blocks - 1, (e / S) * per_sub + (e % S) / 256);
+          const int64_t b = (e / S) * per_sub + (e % S) / 256;  // below `blocks`: checked for the last
           mv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(mc[e], ms[b]);
           sv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(vc[e], vs[b]);
         }
