@@ -139,9 +139,9 @@ int bench_adam(const std::vector<std::string>& args) {
   const double bytes_per_param = 28.0;
   const double ours_bw = bytes_per_param * n / t_ours_w, fused_bw = bytes_per_param * n / t_fused;
   const double pattern_bw = 28.0 * n / t_pattern, triad_bw = 16.0 * n / t_triad;
-  // 8-bit states: param 4 + 4, grad 4, two codes read and written 2 + 2, the
-  // block scales 2 x (4 + 4) / 256.
-  const double q8_bytes_per_param = 16.0 + 16.0 / 256;
+  // 8-bit states: param 4 + 4, grad 4, and the states (codes and block
+  // scales, 2 + 8/256 bytes) read and written.
+  const double q8_bytes_per_param = 12.0 + 2 * q8_opt->state_bytes_per_param();
   const double q8_bw = q8_bytes_per_param * n / t_q8;
   std::printf("zero bench adam: %lld fp32 parameters, %s kernel, %d threads (oneTBB; LibTorch %d); median of %lld "
               "interleaved rounds\n",

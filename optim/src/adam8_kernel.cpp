@@ -340,13 +340,6 @@ inline float inverse_of(float& scale) {
   return 0.0f;
 }
 
-void write_low16(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
-  if (type == LowPrecision::kBf16) {
-    for (int64_t i = 0; i < n; ++i) low[i] = to_bf16(p[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) low[i] = to_fp16(p[i]);
-  }
-}
 
 }  // namespace
 
@@ -377,7 +370,7 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
       v.absmax[b] = mx.s;
       const bool clean = std::isfinite(mx.probe) && std::isfinite(mx.m) && std::isfinite(mx.s);
       quant2(tm, m.codes + start, minv, ts, v.codes + start, vinv, len, clean);
-      if (low != nullptr && low_type != LowPrecision::kNone) write_low16(param + start, low + start, len, low_type);
+      if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + start, low + start, len, low_type);
     }
   };
   constexpr int64_t kGrainBlocks = 128;  // 32K elements, as the fp32 kernel's grain

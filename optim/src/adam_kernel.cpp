@@ -43,8 +43,6 @@ uint16_t to_fp16(float x) {
   return static_cast<uint16_t>(sign | (f >> 13));
 }
 
-namespace {
-
 void write_low(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
   if (type == LowPrecision::kBf16) {
     for (int64_t i = 0; i < n; ++i) low[i] = to_bf16(p[i]);
@@ -52,6 +50,8 @@ void write_low(const float* p, uint16_t* low, int64_t n, LowPrecision type) {
     for (int64_t i = 0; i < n; ++i) low[i] = to_fp16(p[i]);
   }
 }
+
+namespace {
 
 void adam_range(float* __restrict p, const float* __restrict g, float* __restrict m,
                 float* __restrict v, int64_t n, const AdamScalars& s) {

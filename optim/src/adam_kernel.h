@@ -30,6 +30,8 @@ enum class LowPrecision { kNone, kFp16, kBf16 };
 /// float -> fp16 / bf16 with round-to-nearest-even, as LibTorch casts.
 uint16_t to_fp16(float x);
 uint16_t to_bf16(float x);
+/// low[i] = p[i] in `type` (fp16 or bf16), as above.
+void write_low(const float* p, uint16_t* low, int64_t n, LowPrecision type);
 
 /// The widest kernel this CPU runs (AVX-512F, else AVX2, else scalar), chosen
 /// once from the CPU's features.

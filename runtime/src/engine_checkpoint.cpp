@@ -64,9 +64,12 @@ int64_t state_numel_of_group(const partition::StateStore& store, size_t i, size_
   return n;
 }
 
+// A state read and written whole (8-bit Adam's codes and scales), not by element ranges.
+bool blockwise_state(const optim::FlatOptimizer::StateSpec& spec) { return spec.per_block > 0 || spec.dtype != at::kFloat; }
+
 bool has_block_states(const partition::StateStore& store) {
   for (const auto& spec : store.state_specs())
-    if (spec.per_block > 0 || spec.dtype != at::kFloat) return true;
+    if (blockwise_state(spec)) return true;
   return false;
 }
 
@@ -561,7 +564,7 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   std::vector<std::string> by_range{store.names()[0]};
   std::vector<size_t> blockwise;
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (specs[i].per_block > 0 || specs[i].dtype != at::kFloat) blockwise.push_back(i);
+    if (blockwise_state(specs[i])) blockwise.push_back(i);
     else by_range.push_back(store.names()[i + 1]);
   }
   // 8-bit states laid out as this run lays them out (partitions, groups,

@@ -15,11 +15,14 @@
 // The step sees the partition as sub-groups of at most sub_group_size
 // elements, never across two groups (sub_groups()), and visits them in
 // order (visit()), each as views of its master and states, which on NVMe
-// are read in and written back through a few buffers. Every state is
+// are read in and written back through a few buffers. Every fp32 state is
 // addressed the same way on every tier, by name and by (group, element)
 // range of the owned partition, which is also how a checkpoint saves and
 // reloads it at another world size (each rank's partition maps onto element
-// ranges of the global flat layout).
+// ranges of the global flat layout). A block-wise state (8-bit Adam's codes
+// and scales, NOTE [8-bit states]) has its blocks from each sub-group's
+// first element, laid out sub-group after sub-group: it is saved as it is
+// and, at another layout, requantized on load (engine_checkpoint.cpp).
 #pragma once
 
 #include <functional>
