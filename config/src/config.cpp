@@ -276,6 +276,13 @@ Config load_string(const std::string& json_text, const LoadOptions& given, const
   if (options.for_training && !config.optimizer)
     ctx.problem("optimizer", "expected an optimizer section, e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; "
                              "zero builds the optimizer from the config (client optimizers are not supported)");
+  if (config.optimizer && config.bf16.enabled && config.bf16.bf16_optimizer_states &&
+      config.bf16.bf16_master_weights_and_grads && config.zero.stage > 0) {
+    if (config.optimizer->optim_bits == 8)
+      ctx.problem("bf16.bf16_optimizer_states", "expected false with optimizer.params.optim_bits 8 (the states are "
+                                                "8-bit then); got true: give one");
+    config.optimizer->bf16_states = true;
+  }
   detail::read_scheduler(top, config);
   detail::read_aio(top, config);
   detail::read_activation_checkpointing(top, config);

@@ -66,12 +66,6 @@ constexpr FeatureRule kFeatures[] = {
     {"zero_optimization.mics_shard_size", When::kAbove, 0, Severity::kError, "MiCS sharding", "-1"},
     {"sequence_parallel_size", When::kAbove, 1, Severity::kError, "sequence parallelism", "1"},
     {"aio.use_gds", When::kTrue, 0, Severity::kError, "GPUDirect Storage", "false"},
-    {"fp16.fp16_master_weights_and_grads", When::kTrue, 0, Severity::kError,
-     "fp16 master weights and gradients (zero keeps them in fp32)", "false"},
-    {"bf16.bf16_master_weights_and_grads", When::kTrue, 0, Severity::kError,
-     "bf16 master weights and gradients (zero keeps them in fp32)", "false"},
-    {"bf16.bf16_optimizer_states", When::kTrue, 0, Severity::kError,
-     "bf16 optimizer states (zero keeps them in fp32)", "false"},
     // Warnings: accepted and ignored, the math is unchanged.
     {"flops_profiler.enabled", When::kTrue, 0, Severity::kWarning, "the flops profiler is not implemented by zero", nullptr},
     {"tensorboard.enabled", When::kTrue, 0, Severity::kWarning, "TensorBoard monitoring is not implemented by zero", nullptr},

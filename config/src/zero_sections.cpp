@@ -302,6 +302,7 @@ void read_precision(Section& top, Config& config) {
   fs.read_int("hysteresis", f.hysteresis);
   fs.read_bool("consecutive_hysteresis", f.consecutive_hysteresis);
   fs.read_bool("fp16_master_weights_and_grads", f.fp16_master_weights_and_grads);
+  fs.read_bool("stochastic_rounding", f.stochastic_rounding);
   fs.finish();
   // Rules 4.3: positive only matters for dynamic scaling.
   if (f.enabled && f.loss_scale == 0) {
@@ -336,6 +337,7 @@ void read_precision(Section& top, Config& config) {
   bs.read_bool("check_grad_overflow", b.check_grad_overflow);
   bs.read_bool("bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
   bs.read_bool("bf16_optimizer_states", b.bf16_optimizer_states);
+  bs.read_bool("stochastic_rounding", b.stochastic_rounding);
   bs.finish();
 
   if (f.enabled && b.enabled) {
@@ -355,6 +357,13 @@ void read_precision(Section& top, Config& config) {
     ctx.problem(bs.path_of("bf16_optimizer_states"),
                 "expected false unless ZeRO stage is 1-3 and bf16_master_weights_and_grads is true; got true");
   }
+  // A master in a precision the run does not compute in: DeepSpeed builds
+  // no such optimizer and the key has no effect; say so.
+  if (f.fp16_master_weights_and_grads && !f.enabled && stage > 0)
+    ctx.warn("fp16.fp16_master_weights_and_grads", "ignored: fp16.enabled is false (the master stays fp32)");
+  if (b.bf16_master_weights_and_grads && !b.enabled && stage > 0)
+    ctx.warn(bs.path_of("bf16_master_weights_and_grads"), "ignored: " + bs.path_of("enabled") +
+                                                             " is false (the master and states stay fp32)");
 }
 
 void read_aio(Section& top, Config& config) {

@@ -206,13 +206,15 @@ class FlatLion final : public FlatOptimizer {
 std::vector<FlatOptimizer::StateSpec> FlatOptimizer::state_specs() const {
   std::vector<StateSpec> specs;
   const auto names = state_names();
-  for (int i = 0; i < num_states(); ++i) specs.push_back({names[static_cast<size_t>(i)], at::kFloat, 0, initial_state(i)});
+  // bf16.bf16_optimizer_states: bf16, widened for each update (NOTE [16-bit master]).
+  const at::ScalarType dtype = config_.bf16_states ? at::kBFloat16 : at::kFloat;
+  for (int i = 0; i < num_states(); ++i) specs.push_back({names[static_cast<size_t>(i)], dtype, 0, initial_state(i)});
   return specs;
 }
 
 bool FlatOptimizer::elementwise_states() const {
   for (const auto& s : state_specs())
-    if (s.per_block != 0 || s.dtype != at::kFloat) return false;
+    if (s.per_block != 0 || s.dtype == at::kByte) return false;
   return true;
 }
 

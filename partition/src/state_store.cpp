@@ -12,6 +12,7 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     : params_(params), options_(std::move(options)), ledger_(ledger), param_master_(std::move(param_master)) {
   if (options_.nvme) options_.offload = true;
   ZERO_CHECK(!(param_master_ && options_.offload), "an offloaded master cannot be the parameters");
+  ZERO_CHECK(!(param_master_ && options_.master_dtype != at::kFloat), "a 16-bit master is its own buffer");
   const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
   std::vector<int64_t> numels;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
@@ -47,17 +48,25 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     return LedgerAlloc::host_empty(ledger_, numel, dtype, options_.pin_memory, kind, what);
   };
   if (options_.grad_partition) {
-    // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's.
-    grads_ = buffer(options_.offload ? at::kFloat : options_.grad_dtype, Kind::kGradients, "owned gradient partition");
+    // Offloaded, the partition accumulates in fp32 on the host, as DeepSpeed's
+    // (in the master's dtype with a 16-bit master, as DeepSpeed's "master
+    // weights and grads").
+    const at::ScalarType host = options_.master_dtype;
+    grads_ = buffer(options_.offload ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition");
     grads_.zero_();
   }
   if (options_.nvme) {
-    std::vector<SwapTensor> tensors{{names_[0], at::kFloat, 0}};
+    std::vector<SwapTensor> tensors{{names_[0], options_.master_dtype, 0}};
     for (const auto& spec : specs_) tensors.push_back({spec.name, spec.dtype, spec.per_block});
     swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), std::move(tensors), *options_.nvme, ledger_);
     return;
   }
-  if (!param_master_) master_ = buffer(at::kFloat, Kind::kOptimizerStates, "fp32 master parameters");
+  if (!param_master_)
+    master_ = buffer(options_.master_dtype, Kind::kOptimizerStates,
+                     std::string(options_.master_dtype == at::kBFloat16 ? "bf16"
+                                 : options_.master_dtype == at::kHalf   ? "fp16"
+                                                                        : "fp32") +
+                         " master parameters");
   for (size_t i = 0; i < specs_.size(); ++i) {
     const auto& spec = specs_[i];
     states_.push_back(buffer(spec.dtype, Kind::kOptimizerStates, "optimizer state " + names_[i + 1],

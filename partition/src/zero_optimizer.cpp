@@ -48,7 +48,15 @@ at::ScalarType compute_dtype(const config::Config& c) {
 
 at::ScalarType grad_accum_dtype(const config::Config& c) {
   if (c.grad_accum_dtype) return dtype_from_name(*c.grad_accum_dtype);
+  if (master_dtype(c) == at::kBFloat16) return at::kBFloat16;  // bf16 master weights "and grads"
   return c.fp16.enabled ? at::kHalf : at::kFloat;
+}
+
+at::ScalarType master_dtype(const config::Config& c) {
+  if (c.zero.stage < 1) return at::kFloat;
+  if (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads) return at::kBFloat16;
+  if (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) return at::kHalf;
+  return at::kFloat;
 }
 
 std::optional<at::ScalarType> communication_dtype(const config::Config& c) {
@@ -132,11 +140,15 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.sub_group_size = options_.sub_group_size;
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;
+  so.master_dtype = options_.master_dtype;
+  ZERO_CHECK(options_.master_dtype == at::kFloat || options_.master_dtype == options_.compute_dtype,
+             "a 16-bit master is in the compute dtype");
   // The master is the parameters themselves when they are fp32 on the device
   // and not partitioned below stage 3 (one partition), or are stage 3's
   // shards on the device.
   StateStore::ParamMaster param_master;
-  const bool fp32_on_device = options_.compute_dtype == at::kFloat && !options_.offload_optimizer;
+  const bool fp32_on_device = options_.compute_dtype == at::kFloat && !options_.offload_optimizer &&
+                              options_.master_dtype == at::kFloat;
   if (layout != nullptr) {
     if (fp32_on_device && !layout->nvme_param && flat_->part(0).device() == options_.device)
       param_master = [this](size_t g) { return flat_->part(g); };
@@ -285,6 +297,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     grads_ahead.emplace_back(host, done);
   };
   const auto& specs = store_->state_specs();
+  const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
     at::Tensor g32;
@@ -333,7 +346,13 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
         ps.push_back(n == len ? s[i] : per > 0 ? s[i].narrow(0, a / per, specs[i].numel_for(n)) : s[i].narrow(0, a, n));
       }
       at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
-      optimizer_->update_runs(piece_runs, pm, n == len ? g32 : g32.narrow(0, a, n), ps, low.wanted() ? &pl : nullptr);
+      // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
+      const auto& grp = flat_->groups()[g];
+      const optim::Rounding rounding{options_.stochastic_rounding,
+                                     static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
+                                     params.step};
+      optim::update_stored(*optimizer_, piece_runs, pm, n == len ? g32 : g32.narrow(0, a, n), ps,
+                           low.wanted() ? &pl : nullptr, rounding);
       if (low.wanted()) low.done();
     }
   });

@@ -231,13 +231,16 @@ class CheckpointReader final : public ReaderBase {
       for (const auto& p : batch->pieces) {
         OpenFile& f = open(rank_file(p.part) + ".safetensors");
         const TensorEntry& t = f.layout.at(states[s] + "." + std::to_string(p.group), f.path);
-        if (t.dtype != at::kFloat)
+        // fp32 states, or a 16-bit master's and states' (NOTE [16-bit
+        // master]), widened to fp32 as they arrive.
+        if (t.dtype != at::kFloat && t.dtype != at::kBFloat16 && t.dtype != at::kHalf)
           throw IoError(f.path + ": tensor " + t.name + " is " + std::string(c10::toString(t.dtype)) +
-                        ", not an fp32 state: 8-bit Adam's codes and block scales (NOTE [8-bit states]) are read "
-                        "whole by the engine that saved them, not element by element");
-        if ((p.begin + p.count) * 4 > t.end - t.begin)
+                        ", not an fp32 or 16-bit state: 8-bit Adam's codes and block scales (NOTE [8-bit states]) are "
+                        "read whole by the engine that saved them, not element by element");
+        const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+        if ((p.begin + p.count) * es > t.end - t.begin)
           throw IoError(f.path + ": tensor " + t.name + " does not hold the elements the checkpoint's layout says");
-        batch->reads.push_back({&f, &t, s, &p, start(f, t, p.begin * 4, (p.begin + p.count) * 4)});
+        batch->reads.push_back({&f, &t, s, &p, start(f, t, p.begin * es, (p.begin + p.count) * es)});
       }
     }
     return batch;
@@ -248,8 +251,16 @@ class CheckpointReader final : public ReaderBase {
     ZERO_CHECK(dsts.size() == batch.states, "a destination per state");
     for (float* d : dsts) zero_gaps(batch.pieces, batch.len, d);
     for (auto& r : batch.reads) {
-      finish(*r.file, *r.tensor, r.pending, r.piece->begin * 4, (r.piece->begin + r.piece->count) * 4,
-             reinterpret_cast<char*>(dsts[r.state] + r.piece->dst));
+      const TensorEntry& t = *r.tensor;
+      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype)), b = r.piece->begin, n = r.piece->count;
+      float* dst = dsts[r.state] + r.piece->dst;
+      if (t.dtype == at::kFloat) {
+        finish(*r.file, t, r.pending, b * es, (b + n) * es, reinterpret_cast<char*>(dst));
+        continue;
+      }
+      at::Tensor raw = at::empty({n}, at::TensorOptions().dtype(t.dtype));
+      finish(*r.file, t, r.pending, b * es, (b + n) * es, static_cast<char*>(raw.data_ptr()));
+      at::from_blob(dst, {n}, at::kFloat).copy_(raw);
     }
     batch.reads.clear();
   }

@@ -285,6 +285,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.average_gradients = s.config.gradient_allreduce_op != "sum";
   zo.compute_dtype = s.dtype;
   zo.grad_accum_dtype = s.grad_accum_dtype;
+  zo.master_dtype = partition::master_dtype(s.config);
+  zo.stochastic_rounding = zo.master_dtype == at::kHalf ? s.config.fp16.stochastic_rounding
+                                                        : s.config.bf16.stochastic_rounding;
   zo.device = s.device;
   zo.sub_group_size = s.config.zero.sub_group_size;
   // DeepSpeed offloads the optimizer at stages 1-3 only (the config warns at stage 0).

@@ -64,8 +64,21 @@ int64_t state_numel_of_group(const partition::StateStore& store, size_t i, size_
   return n;
 }
 
-// A state read and written whole (8-bit Adam's codes and scales), not by element ranges.
-bool blockwise_state(const optim::FlatOptimizer::StateSpec& spec) { return spec.per_block > 0 || spec.dtype != at::kFloat; }
+// A state read and written whole (8-bit Adam's codes and scales), not by
+// element ranges (fp32 and 16-bit states are: NOTE [16-bit master]).
+bool blockwise_state(const optim::FlatOptimizer::StateSpec& spec) { return spec.per_block > 0 || spec.dtype == at::kByte; }
+
+// "fp32", "bf16", "fp16": the precision of the master or of the element-wise states.
+std::string precision_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "fp16" : "fp32"; }
+
+// The master's and the element-wise states' precision, as meta.json records it.
+nlohmann::json precision_of(const partition::StateStore& store) {
+  std::string states = "fp32";
+  for (const auto& spec : store.state_specs())
+    if (blockwise_state(spec)) states = "8bit";
+    else states = precision_name(spec.dtype);
+  return {{"master", precision_name(store.master_dtype())}, {"states", states}};
+}
 
 bool has_block_states(const partition::StateStore& store) {
   for (const auto& spec : store.state_specs())
@@ -331,7 +344,8 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   if (holds_partition) {
     const auto& specs = store.state_specs();
     for (size_t g = 0; g < flat.groups().size(); ++g) {
-      layout.tensors.push_back({store.names()[0] + "." + std::to_string(g), at::kFloat, {flat.groups()[g].chunk_numel}});
+      layout.tensors.push_back({store.names()[0] + "." + std::to_string(g), store.master_dtype(),
+                                {flat.groups()[g].chunk_numel}});
       // Each state in its own dtype and length (8-bit Adam: codes and block scales).
       for (size_t i = 0; i < specs.size(); ++i)
         layout.tensors.push_back({store.names()[i + 1] + "." + std::to_string(g), specs[i].dtype,
@@ -456,6 +470,7 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
           {"compute_dtype", ckpt::dtype_name(s.dtype)},
           {"optimizer", s.config.optimizer->type_name},
           {"states", store.names()},
+          {"precision", precision_of(store)},
           // Block-wise states (NOTE [8-bit states]) are laid out by the
           // partitions and sub-groups they were saved with.
           {"state_blocks", has_block_states(store) ? nlohmann::json{{"partitions", partitions},
@@ -535,6 +550,18 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
                        (bits_differ ? " (optimizer.params.optim_bits differs: fp32 and 8-bit states are not converted; "
                                       "load the weights alone with engine.load_weights to start the states afresh)"
                                     : "")});
+  }
+  // A master or states saved in another precision are converted as they
+  // are read (NOTE [16-bit master]): widening is exact, narrowing rounds to
+  // nearest; say so.
+  {
+    const nlohmann::json saved_precision =
+        meta.value("precision", nlohmann::json{{"master", "fp32"}, {"states", "fp32"}});
+    const nlohmann::json precision = precision_of(store);
+    if (saved_precision != precision && s.dist.rank == 0)
+      log::warning("load_checkpoint: the master and optimizer states were saved in " + saved_precision.dump() +
+                   "; this run keeps them in " + precision.dump() +
+                   ": they are converted as they are read (to 16 bits: rounded to nearest)");
   }
   const ckpt::SavedLayout saved = ckpt::SavedLayout::from_json(meta.at("layout"), meta_path);
   const auto index = saved.index();

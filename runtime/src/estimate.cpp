@@ -20,12 +20,15 @@
 //   plus group 0 whole (padded) on the device.
 // - Gradients: stages 0-1 a flat buffer of g x padded on the device; stages
 //   2-3 the partition, g x P on the device, or 4 x P on the host when the
-//   optimizer is offloaded (accumulated in fp32 there).
+//   optimizer is offloaded (accumulated in fp32 there). With bf16/fp16
+//   master weights and grads (NOTE [16-bit master]) g is 2 unless
+//   grad_accum_dtype says otherwise, and the host's partition 2 x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
 //   two 1-byte codes and a 4-byte scale per 256 elements of each sub-group,
 //   about 2.03 x P (NOTE [8-bit states]) (Adagrad's and Lion's one, 4 x P;
 //   stage 0: of the padded whole),
-//   and an fp32 master, 4 x P, except where the parameters are the master:
+//   (bf16_optimizer_states: 2 bytes a moment), and an fp32 master, 4 x P
+//   (2 x P with a 16-bit master), except where the parameters are the master:
 //   fp32 on the device in one partition (stage 0, or one rank), and stage
 //   3's fp32 shards on the device.
 //   Offloaded to the CPU: all on the host. To NVMe: the swap files (each
@@ -53,6 +56,19 @@ int64_t padded(int64_t numel, int64_t ranks) {
 int64_t aligned(int64_t bytes) { return (bytes + kDiskBlock - 1) / kDiskBlock * kDiskBlock; }
 
 int64_t bytes_of(const std::string& dtype) { return dtype == "fp16" || dtype == "bf16" ? 2 : 4; }
+
+// A 16-bit master (bf16/fp16 master weights and grads, stages 1-3: NOTE
+// [16-bit master]) is in the compute dtype, as are the gradients with it.
+bool sixteen_bit_master(const config::Config& c) {
+  return c.zero.stage > 0 && ((c.bf16.enabled && c.bf16.bf16_master_weights_and_grads) ||
+                              (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads));
+}
+
+// The gradient accumulation dtype's bytes (partition::grad_accum_dtype).
+int64_t grad_bytes(const config::Config& c) {
+  if (c.grad_accum_dtype) return bytes_of(*c.grad_accum_dtype);
+  return c.fp16.enabled || (c.bf16.enabled && sixteen_bit_master(c)) ? 2 : 4;
+}
 
 // The flat layout's groups (padded numel) and stage 3's whole group 0.
 struct Layout {
@@ -125,7 +141,9 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   const auto& z = c.zero;
   const int64_t N = std::max<int64_t>(1, c.world_size);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
-  const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
+  const bool master16 = sixteen_bit_master(c);
+  const int64_t master_bytes = master16 ? 2 : 4;
+  const int64_t g = grad_bytes(c);
   // offload_optimizer has no effect at stage 0 (the config warns so).
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
   const bool nvme_opt = z.stage >= 1 && z.offload_optimizer.device == config::OffloadDevice::kNvme;
@@ -175,14 +193,15 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 
   // Gradients.
   if (z.stage < 2) e.device.gradients = g * flat;
-  else if (off_opt) e.host.gradients = 4 * part;
+  else if (off_opt) e.host.gradients = master_bytes * part;
   else e.device.gradients = g * part;
 
   // Optimizer states: two moments and, unless the parameters are it, a master.
   // (Stage 3 with offload_param: on a GPU the shards are not on the device,
   // so the master is separate; a CPU-only run, where host and device are one,
   // keeps 4 x P less.)
-  const bool params_are_master = p == 4 && !off_opt && (z.stage == 3 ? !off_param : layout_ranks == 1);
+  const bool params_are_master = p == 4 && !master16 && !off_opt && (z.stage == 3 ? !off_param : layout_ranks == 1);
+  const int64_t state_bytes = c.optimizer && c.optimizer->bf16_states ? 2 : 4;
   const bool one_moment = c.optimizer && (c.optimizer->type == config::OptimizerType::kAdagrad ||
                                           c.optimizer->type == config::OptimizerType::kLion);
   // The state tensors, each as bytes per element and elements per block (0:
@@ -192,10 +211,10 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     int64_t bytes, per_block;
   };
   std::vector<StateTensor> tensors;
-  if (!params_are_master) tensors.push_back({4, 0});
-  if (one_moment) tensors.push_back({4, 0});
+  if (!params_are_master) tensors.push_back({master_bytes, 0});
+  if (one_moment) tensors.push_back({state_bytes, 0});
   else if (c.optimizer && c.optimizer->optim_bits == 8) tensors.insert(tensors.end(), {{1, 0}, {4, 256}, {1, 0}, {4, 256}});
-  else tensors.insert(tensors.end(), {{4, 0}, {4, 0}});
+  else tensors.insert(tensors.end(), {{state_bytes, 0}, {state_bytes, 0}});
   const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
   auto numel_for = [](const StateTensor& t, int64_t n) { return t.per_block > 0 ? (n + t.per_block - 1) / t.per_block : n; };
   // Over this rank's sub-groups (counted, not walked: they may be many):
@@ -286,7 +305,9 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
   e.host_activations = activations.host;
   const int64_t N = std::max<int64_t>(1, c.world_size);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
-  const int64_t g = c.grad_accum_dtype ? bytes_of(*c.grad_accum_dtype) : c.fp16.enabled ? 2 : 4;
+  const bool master16 = sixteen_bit_master(c);
+  const int64_t master_bytes = master16 ? 2 : 4;
+  const int64_t g = grad_bytes(c);
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
   const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
 

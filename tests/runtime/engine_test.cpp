@@ -1084,3 +1084,124 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
 }
 
 }  // namespace
+
+namespace {
+
+// DeepSpeed's low-precision master and states (NOTE [16-bit master] in
+// optim/): bf16 master weights and grads, bf16 optimizer states.
+constexpr const char* kMasterAndStates = R"(, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true)";
+std::string config_16(const std::string& zero_section, const std::string& bf16_keys = kMasterAndStates) {
+  return R"({"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": true)" + bf16_keys +
+         R"(}, "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, )"
+         R"("weight_decay": 0.01}}, "zero_optimization": )" + zero_section + "}";
+}
+
+// The master and states on the device, in host memory and in NVMe swap
+// files of their 16-bit size step alike, bit for bit, at stages 1-3: the
+// stochastic rounding's words follow the flat index and the step, not the
+// tier, the sub-group or the thread.
+TEST(SixteenBitMaster, EveryTierStepsAlike) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_16bit_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  for (int stage : {1, 2, 3}) {
+    // (stage 3: the blocks' matrices partitioned, layer by layer)
+    const std::string base = R"({"stage": )" + std::to_string(stage) + R"(, "sub_group_size": 3000)" +
+                             (stage == 3 ? R"(, "stage3_param_persistence_threshold": 100)" : "");
+    const Run8 device = run_8bit(config_16(base + "}"), 4);
+    const Run8 cpu = run_8bit(config_16(base + R"(, "offload_optimizer": {"device": "cpu"}})"), 4);
+    const Run8 nvme = run_8bit(config_16(base + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
+                                         R"(", "buffer_count": 2, "pipeline_read": true}})"),
+                               4);
+    expect_same_bits(device, cpu, "stage " + std::to_string(stage) + " cpu");
+    expect_same_bits(device, nvme, "stage " + std::to_string(stage) + " nvme");
+    EXPECT_LT(device.losses.back(), device.losses.front());
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
+// The ledger's bytes a parameter (one rank, stage 2): a bf16 master 2, bf16
+// moments 2 + 2 (fp32 ones 8), gradients in bf16 (2) on the device and
+// offloaded, against fp32's 4 + 8 and fp32 gradients; and the estimator's
+// formulas agree (zero/testing).
+TEST(SixteenBitMaster, LedgerHoldsTheFormulasBytes) {
+  struct Case {
+    std::string bf16_keys;
+    double states, grads;
+  };
+  for (const Case& c : {Case{kMasterAndStates, 6.0, 2.0}, Case{R"(, "bf16_master_weights_and_grads": true)", 10.0, 2.0},
+                        Case{"", 12.0, 4.0}}) {
+    for (const char* offload : {"", R"(, "offload_optimizer": {"device": "cpu"})"}) {
+      auto model = make_model(1);
+      auto engine = zero::initialize(model.ptr(), config_16(std::string(R"({"stage": 2)") + offload + "}", c.bf16_keys), quiet());
+      const double psi = static_cast<double>(engine.num_parameters());
+      const auto bytes = engine.model_state_bytes();
+      EXPECT_NEAR(static_cast<double>(bytes.optimizer_states) / psi, c.states, 0.05 * c.states) << c.bf16_keys << offload;
+      EXPECT_NEAR(static_cast<double>(bytes.gradients) / psi, c.grads, 0.05 * c.grads) << c.bf16_keys << offload;
+      const auto check = zero::testing::expect_model_states_near_formula(engine, 0.02);
+      EXPECT_TRUE(check) << c.bf16_keys << offload << ": " << check.message;
+    }
+  }
+}
+
+// Against an fp32 master and states on the same data (bf16 compute both):
+// 30 steps with a bf16 master, stochastically rounded, and bf16 states end
+// at the fp32 run's loss within 5%, as does the mixed case (fp32 states).
+TEST(SixteenBitMaster, TrainsAsAnFp32MasterWithinRounding) {
+  const Run8 f = run_8bit(config_16(R"({"stage": 2})", ""), 30);
+  const Run8 b = run_8bit(config_16(R"({"stage": 2})"), 30);
+  const Run8 mixed = run_8bit(config_16(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+                                        R"(, "bf16_master_weights_and_grads": true)"),
+                              30);
+  std::printf("after 30 steps: loss fp32 master %.4f, bf16 master + states %.4f, bf16 master + fp32 states %.4f\n",
+              f.losses.back(), b.losses.back(), mixed.losses.back());
+  EXPECT_NEAR(b.losses.back(), f.losses.back(), 0.05 * f.losses.back());
+  EXPECT_NEAR(mixed.losses.back(), f.losses.back(), 0.05 * f.losses.back());
+  EXPECT_LT(b.losses.back(), b.losses.front());
+}
+
+// A checkpoint keeps the 16-bit master and states in their dtype: a resumed
+// run steps on bit for bit. An fp32 checkpoint loads into a bf16 master
+// (rounded to nearest, with a warning) and a bf16 one into fp32 (exactly).
+TEST(SixteenBitMaster, CheckpointResumesBitForBitAndConvertsPrecision) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_16bit_ckpt_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+  const std::string zero_section = R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})";
+  const std::string config = config_16(zero_section);
+  const Run8 whole = run_8bit(config, 6, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "at3");
+  });
+  const Run8 resumed = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "at3");
+  });
+  expect_same_bits(whole, resumed, "resumed");
+  {
+    std::ifstream meta(dir + "/at3/meta.json");
+    const auto j = nlohmann::json::parse(meta);
+    EXPECT_EQ(j.at("precision"), (nlohmann::json{{"master", "bf16"}, {"states", "bf16"}}));
+  }
+  // fp32 master and states from the bf16 checkpoint: widened exactly, so
+  // the first loss is the same; then each goes its own way, close.
+  const Run8 widened = run_8bit(config_16(zero_section, ""), 6, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "at3");
+  });
+  EXPECT_EQ(widened.losses[0], whole.losses[3]);
+  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(widened.losses[i], whole.losses[3 + i], 0.02 * whole.losses[3 + i]);
+  // An fp32 checkpoint into a bf16 master: the model's bf16 values were the
+  // fp32 master rounded to nearest, as the load rounds it, so the first loss
+  // is the same too.
+  const Run8 fp32 = run_8bit(config_16(zero_section, ""), 6, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "fp32");
+  });
+  testing::internal::CaptureStderr();
+  const Run8 narrowed = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "fp32");
+  });
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("they are converted as they are read"), std::string::npos) << err;
+  EXPECT_EQ(narrowed.losses[0], fp32.losses[3]);
+  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(narrowed.losses[i], fp32.losses[3 + i], 0.02 * fp32.losses[3 + i]);
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+}  // namespace

@@ -55,6 +55,9 @@ struct OptimizerConfig {
   /// Adam/AdamW: bits a moment is kept in, bitsandbytes' name: 32 (fp32) or
   /// 8 (block-wise quantized, NOTE [8-bit states] in optim/).
   int optim_bits = 32;
+  /// bf16.bf16_optimizer_states (with bf16.enabled and its master): the
+  /// states are bf16, one element per parameter (set by the config reader).
+  bool bf16_states = false;
 };
 
 enum class SchedulerType { kWarmupLR, kWarmupDecayLR, kWarmupCosineLR, kOneCycle, kLRRangeTest };
@@ -108,6 +111,10 @@ struct Fp16Config {
   bool consecutive_hysteresis = false;
   double min_loss_scale = 1.0;
   bool fp16_master_weights_and_grads = false;
+  /// zero's extension: a 16-bit master is written back with stochastic
+  /// rounding (NOTE [16-bit master] in optim/); false rounds to nearest, as
+  /// DeepSpeed does.
+  bool stochastic_rounding = true;
 };
 
 /// `bf16` section (or the legacy `bfloat16` when `bf16` is absent).
@@ -117,6 +124,8 @@ struct Bf16Config {
   bool check_grad_overflow = true;
   bool bf16_master_weights_and_grads = false;
   bool bf16_optimizer_states = false;
+  /// As Fp16Config::stochastic_rounding, for the bf16 master and states.
+  bool stochastic_rounding = true;
 };
 
 enum class OffloadDevice { kNone, kCpu, kNvme };

@@ -57,8 +57,9 @@ class FlatOptimizer {
     int64_t numel_for(int64_t n) const { return per_block > 0 ? (n + per_block - 1) / per_block : n; }
   };
   virtual std::vector<StateSpec> state_specs() const;
-  /// Whether every state is one fp32 element per parameter (its slices may
-  /// then be narrowed anywhere); false for block-wise states, whose slices
+  /// Whether every state is one element per parameter, fp32 or 16-bit (its
+  /// slices may then be narrowed anywhere; update() takes them widened to
+  /// fp32, update_stored); false for block-wise states, whose slices
   /// are whole sub-groups and which are updated a sub-group at a time by
   /// update_runs.
   bool elementwise_states() const;
@@ -110,6 +111,47 @@ void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::O
 /// step does (a scale too small to invert is zero).
 float dequantize_8bit(uint8_t code, float absmax);
 void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax);
+
+// NOTE [16-bit master]
+// DeepSpeed's low-precision master (bf16.bf16_master_weights_and_grads,
+// fp16.fp16_master_weights_and_grads) and states (bf16.bf16_optimizer_states)
+// are stored in 16 bits; the optimizer still computes in fp32. A step widens
+// a window of the master and of the 16-bit states to fp32 (exact), runs the
+// fp32 optimizer on it and rounds the new values back. On the CPU the
+// windows are 32K elements in a worker's cache, so memory sees only the
+// stored bytes: a bf16 master and bf16 states read and write 2 + 2 + 2
+// bytes each and the fp32 gradient 4, against 12 + 4 with fp32 ones, and
+// the model's 16-bit copy is the master's own bits. On a device, windows of
+// 4M elements as ATen operations.
+// Rounding back to nearest loses every update below half a step of the
+// value's 16-bit grid: a bf16 weight of 1.0 ignores any lr * update under
+// 2^-9, so at small learning rates training stalls. Stochastic rounding (on
+// by default; bf16.stochastic_rounding / fp16.stochastic_rounding false
+// rounds to nearest, as DeepSpeed) rounds up with probability equal to the
+// fraction of a step: unbiased, so small updates add up on average. Its
+// random word for element i of a tensor is a hash of (i's index in the flat
+// layout, the step, which tensor), the same on every path, thread count and
+// ISA: a run is reproducible. bf16 keeps the top 16 bits of x's pattern
+// after adding 16 random bits; fp16 does the same at its own step (2^-24
+// below its normal range; below its smallest step, inf and NaN round to
+// nearest).
+struct Rounding {
+  bool stochastic = true;
+  uint64_t index = 0;  // the flat index of element 0
+  int64_t step = 1;
+};
+
+/// One update as update_runs, with the master (`param`) and the element-wise
+/// states in their stored dtypes: fp32, or bf16/fp16 (NOTE [16-bit master]);
+/// block-wise states as the optimizer takes them. `low` (the model's copy):
+/// the master's bits when it has the master's dtype.
+void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& param,
+                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding);
+
+/// fp32 `x` rounded to `dtype` (bf16 or fp16) as a step rounds tensor
+/// `stream` (0 the master, 1 + i state i); `aten`: by ATen operations even
+/// on the CPU (the device path), which gives the same bits.
+at::Tensor round_to(const at::Tensor& x, at::ScalarType dtype, const Rounding& r, uint32_t stream = 0, bool aten = false);
 
 /// The instruction set of the fused CPU Adam kernel on this machine:
 /// "avx512", "avx2" or "scalar" (chosen at run time from the CPU's features).

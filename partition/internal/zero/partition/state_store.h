@@ -2,8 +2,10 @@
 //
 // NOTE [state store]
 // A rank's owned partition is its chunk of every group, in group order
-// (NOTE [flat layout]). The store keeps, for that partition, the fp32 master
-// copy and the optimizer's states ("exp_avg", "exp_avg_sq" for Adam), on one
+// (NOTE [flat layout]). The store keeps, for that partition, the master copy
+// (fp32, or 16-bit: NOTE [16-bit master] in optim/; named "fp32_master"
+// whatever its dtype, in checkpoints too) and the optimizer's states
+// ("exp_avg", "exp_avg_sq" for Adam, fp32 or bf16), on one
 // tier: the device; host memory (offload_optimizer cpu: pinned when
 // pin_memory, within the ledger's pinned limit); or NVMe swap files
 // (offload_optimizer nvme, NOTE [optimizer swapping]). At stages 2-3 it also
@@ -52,6 +54,10 @@ struct StoreOptions {
   /// the device (offloaded: fp32 in host memory).
   bool grad_partition = false;
   at::ScalarType grad_dtype = at::kFloat;
+  /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
+  /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/); a 16-bit
+  /// master's offloaded gradient partition is in its dtype too.
+  at::ScalarType master_dtype = at::kFloat;
 };
 
 /// A piece of the owned partition the step handles at once.
@@ -93,7 +99,7 @@ class StateStore {
   int64_t state_numel(size_t i, int64_t numel) const;
 
   using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
-  /// Visits every sub-group in order with views of its master (fp32) and
+  /// Visits every sub-group in order with views of its master (master_dtype()) and
   /// states (as state_specs()). `write_back`: changes are kept (NVMe: written back). Throws IoError.
   void visit(bool write_back, const Visit& fn);
   /// NVMe with pipeline_read: starts reading the first sub-groups for the
@@ -115,6 +121,7 @@ class StateStore {
   Tier tier() const { return tier_; }
   bool offloaded() const { return options_.offload; }
   bool master_is_param() const { return param_master_ != nullptr; }
+  at::ScalarType master_dtype() const { return options_.master_dtype; }
   /// The NVMe swapper (null unless nvme).
   const StateSwapper* swapper() const { return swapper_.get(); }
 

@@ -48,6 +48,11 @@ struct ZeroOptimizerOptions {
   int stage = 0;
   at::ScalarType compute_dtype = at::kFloat;
   at::ScalarType grad_accum_dtype = at::kFloat;
+  /// The master's dtype (master_dtype(config)): fp32, or the compute dtype
+  /// with bf16/fp16 master weights and grads (NOTE [16-bit master] in
+  /// optim/), written back with stochastic rounding when `stochastic_rounding`.
+  at::ScalarType master_dtype = at::kFloat;
+  bool stochastic_rounding = true;
   at::Device device = at::kCPU;
   int64_t sub_group_size = 1000000000;
   /// Elements per group (bucket): reduce_bucket_size (stage 1/2 also bounded
@@ -307,6 +312,9 @@ at::ScalarType compute_dtype(const config::Config& config);
 /// The gradient accumulation dtype: data_types.grad_accum_dtype, else
 /// DeepSpeed's default for the precision (fp16 -> fp16, bf16 -> fp32, fp32 -> fp32).
 at::ScalarType grad_accum_dtype(const config::Config& config);
+/// The master's dtype: bf16 with bf16.enabled and bf16_master_weights_and_grads,
+/// fp16 with fp16.enabled and fp16_master_weights_and_grads (stages 1-3), else fp32.
+at::ScalarType master_dtype(const config::Config& config);
 /// communication_data_type, when set: the dtype reductions run in. Unset,
 /// they run in the accumulation dtype (DeepSpeed's default is the compute
 /// dtype; this keeps bf16 reductions in fp32).

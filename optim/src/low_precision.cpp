@@ -1,0 +1,250 @@
+// A 16-bit master and 16-bit optimizer states (NOTE [16-bit master] in
+// flat_optimizer.h): windows widened to fp32, the fp32 optimizer, and the
+// new values rounded back, stochastically or to nearest.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "adam_kernel.h"
+#include "zero/core/error.h"
+#include "zero/optim/flat_optimizer.h"
+
+namespace zero::optim {
+namespace {
+
+constexpr uint32_t kMask16 = 0xFFFFu;
+
+bool is_16bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// The fp16 exponent rule of stochastic rounding: a float of biased
+// exponent E (fp32's) keeps its top bits down to fp16's step there, which
+// is 2^-24 below fp16's normal range: `k` low bits of the fp32 pattern go.
+// Out of [103, 254] (below fp16's smallest step, inf, NaN) it rounds to
+// nearest.
+inline int fp16_dropped_bits(uint32_t biased_exp) { return biased_exp >= 113 ? 13 : static_cast<int>(126 - biased_exp); }
+
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// x to bf16 / fp16 bits with the random word `r` (stochastic) or to nearest.
+inline uint16_t round_bf16(float x, uint32_t r, bool stochastic) {
+  if (!stochastic || x != x) return detail::to_bf16(x);
+  return static_cast<uint16_t>((float_to_bits(x) + (r & kMask16)) >> 16);
+}
+inline uint16_t round_fp16(float x, uint32_t r, bool stochastic) {
+  const uint32_t bits = float_to_bits(x);
+  const uint32_t e = (bits >> 23) & 0xFFu;
+  if (!stochastic || e == 255 || e < 103) return detail::to_fp16(x);
+  const uint32_t drop = (uint32_t{1} << fp16_dropped_bits(e)) - 1;
+  return detail::to_fp16(bits_to_float((bits + (r & drop)) & ~drop));  // exact: already on fp16's grid
+}
+
+inline float widen(uint16_t v, at::ScalarType t) {
+  return t == at::kBFloat16 ? bits_to_float(uint32_t{v} << 16) : c10::detail::fp16_ieee_to_fp32_value(v);
+}
+
+// The random word's key for tensor `stream` (0 the master, 1 + i state i).
+inline uint32_t stream_key(int64_t step, uint32_t stream) {
+  return static_cast<uint32_t>(step) * 0x85EBCA77u ^ stream * 0xC2B2AE3Du ^ 0x2545F491u;
+}
+inline uint32_t mix(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+inline uint32_t word(uint64_t index, uint32_t key) {
+  return mix(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(index >> 32) * 0x9E3779B1u ^ key);
+}
+
+// dst[i] = src[i] rounded to `t`, element i's random word from index + i.
+void round_into(const float* src, uint16_t* dst, int64_t n, at::ScalarType t, const Rounding& r, uint32_t stream) {
+  const uint32_t key = stream_key(r.step, stream);
+  if (t == at::kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i], r.stochastic ? word(r.index + i, key) : 0, r.stochastic);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = round_fp16(src[i], r.stochastic ? word(r.index + i, key) : 0, r.stochastic);
+  }
+}
+
+// ---- The same with ATen operations (a device's tensors) -------------------
+
+// Low 32 bits of a * c for 0 <= a < 2^32 in int64, without overflow.
+at::Tensor mul32(const at::Tensor& a, uint32_t c) {
+  const int64_t lo = c & kMask16, hi = c >> 16;
+  return a.mul(lo).add(a.mul(hi).bitwise_and(kMask16).bitwise_left_shift(16)).bitwise_and(0xFFFFFFFFll);
+}
+at::Tensor words_aten(int64_t n, const at::TensorOptions& device, const Rounding& r, uint32_t stream) {
+  const auto i64 = device.dtype(at::kLong);
+  // index + i, as unsigned 64-bit: its low and high words.
+  const uint64_t base = r.index;
+  at::Tensor lo = at::arange(static_cast<int64_t>(base & 0xFFFFFFFFu), static_cast<int64_t>(base & 0xFFFFFFFFu) + n, i64);
+  at::Tensor hi = at::full({n}, static_cast<int64_t>(base >> 32), i64).add(lo.bitwise_right_shift(32));
+  lo = lo.bitwise_and(0xFFFFFFFFll);
+  at::Tensor x = lo.bitwise_xor(mul32(hi.bitwise_and(0xFFFFFFFFll), 0x9E3779B1u)).bitwise_xor(int64_t{stream_key(r.step, stream)});
+  x = x.bitwise_xor(x.bitwise_right_shift(16));
+  x = mul32(x, 0x7FEB352Du);
+  x = x.bitwise_xor(x.bitwise_right_shift(15));
+  x = mul32(x, 0x846CA68Bu);
+  return x.bitwise_xor(x.bitwise_right_shift(16));
+}
+
+// A float's pattern as an int64 in [0, 2^32), and back.
+at::Tensor pattern_of(const at::Tensor& x32) { return x32.view(at::kInt).to(at::kLong).bitwise_and(0xFFFFFFFFll); }
+at::Tensor float_of(const at::Tensor& bits) {
+  return bits.sub(bits.bitwise_right_shift(31).bitwise_left_shift(32)).to(at::kInt).view(at::kFloat);
+}
+
+at::Tensor round_aten(const at::Tensor& x, at::ScalarType t, const Rounding& r, uint32_t stream) {
+  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  if (!r.stochastic) return x32.to(t);
+  const at::Tensor w = words_aten(x32.numel(), x32.options(), r, stream);
+  const at::Tensor bits = pattern_of(x32);
+  if (t == at::kBFloat16) {
+    at::Tensor top = bits.add(w.bitwise_and(kMask16)).bitwise_right_shift(16).bitwise_and(kMask16);
+    top = top.sub(top.bitwise_right_shift(15).bitwise_left_shift(16));  // as int16
+    const at::Tensor sr = top.to(at::kShort).view(at::kBFloat16);
+    return at::where(x32.isnan(), x32.to(at::kBFloat16), sr);
+  }
+  const at::Tensor e = bits.bitwise_right_shift(23).bitwise_and(0xFF);
+  const at::Tensor k = at::where(e.ge(113), at::full_like(e, 13), e.neg().add(126).clamp(13, 23));
+  const at::Tensor drop = at::ones_like(e).bitwise_left_shift(k).sub(1);
+  const at::Tensor kept = bits.add(w.bitwise_and(drop)).bitwise_and(drop.bitwise_not()).bitwise_and(0xFFFFFFFFll);
+  const at::Tensor sr = float_of(kept).to(at::kHalf);
+  return at::where(e.eq(255).logical_or(e.lt(103)), x32.to(at::kHalf), sr);
+}
+
+bool cpu_contiguous(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
+
+std::vector<FlatOptimizer::Run> window_runs(const std::vector<FlatOptimizer::Run>& runs, int64_t a, int64_t len) {
+  std::vector<FlatOptimizer::Run> out;
+  for (const auto& r : runs) {
+    const int64_t b = std::max(a, r.start), e = std::min(a + len, r.start + r.numel);
+    if (e > b) out.push_back({b - a, e - b, r.params});
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor round_to(const at::Tensor& x, at::ScalarType dtype, const Rounding& r, uint32_t stream, bool aten) {
+  ZERO_CHECK(is_16bit(dtype), "round_to: bf16 or fp16");
+  if (aten || !cpu_contiguous(x) || x.scalar_type() != at::kFloat) return round_aten(x, dtype, r, stream);
+  at::Tensor out = at::empty({x.numel()}, x.options().dtype(dtype));
+  round_into(x.data_ptr<float>(), static_cast<uint16_t*>(out.data_ptr()), x.numel(), dtype, r, stream);
+  return out;
+}
+
+void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& master,
+                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding) {
+  const auto specs = opt.state_specs();
+  ZERO_CHECK(states.size() == specs.size(), "a tensor per optimizer state");
+  std::vector<size_t> narrow;  // the 16-bit element-wise states
+  for (size_t i = 0; i < states.size(); ++i)
+    if (is_16bit(states[i].scalar_type())) {
+      ZERO_CHECK(specs[i].per_block == 0, "a 16-bit state is one element per parameter");
+      narrow.push_back(i);
+    }
+  const at::ScalarType mt = master.scalar_type();
+  if (mt == at::kFloat && narrow.empty()) {
+    opt.update_runs(runs, master, grad, states, low);
+    return;
+  }
+  ZERO_CHECK(mt == at::kFloat || is_16bit(mt), "the master is fp32, bf16 or fp16");
+  const int64_t n = master.numel();
+  // The model's copy is the master's bits when they share a dtype.
+  const bool low_is_master = low != nullptr && mt != at::kFloat && low->scalar_type() == mt;
+  bool fused = cpu_contiguous(master) && cpu_contiguous(grad) && grad.scalar_type() == at::kFloat &&
+               (low == nullptr || cpu_contiguous(*low));
+  for (const auto& s : states) fused = fused && cpu_contiguous(s);
+  if (fused) {
+    // Windows of 32K elements (the fp32 kernel runs one inline; a
+    // multiple of 8-bit states' blocks) on oneTBB's workers, their fp32
+    // copies in the worker's cache: memory sees the stored bytes once.
+    constexpr int64_t kWindow = int64_t{1} << 15;
+    const int64_t windows = (n + kWindow - 1) / kWindow;
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, windows, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      thread_local std::vector<float> scratch;
+      scratch.resize(static_cast<size_t>(kWindow) * (1 + narrow.size()));
+      for (int64_t w = range.begin(); w < range.end(); ++w) {
+        const int64_t a = w * kWindow, len = std::min(kWindow, n - a);
+        Rounding r = rounding;
+        r.index = rounding.index + static_cast<uint64_t>(a);
+        at::Tensor m32;
+        if (mt == at::kFloat) {
+          m32 = master.narrow(0, a, len);
+        } else {
+          const uint16_t* src = static_cast<const uint16_t*>(master.data_ptr()) + a;
+          for (int64_t i = 0; i < len; ++i) scratch[static_cast<size_t>(i)] = widen(src[i], mt);
+          m32 = at::from_blob(scratch.data(), {len}, at::kFloat);
+        }
+        std::vector<at::Tensor> s32;
+        size_t next = 0;
+        for (size_t i = 0; i < states.size(); ++i) {
+          const int64_t per = specs[i].per_block;
+          if (next < narrow.size() && narrow[next] == i) {
+            float* buf = scratch.data() + kWindow * static_cast<int64_t>(1 + next++);
+            const uint16_t* src = static_cast<const uint16_t*>(states[i].data_ptr()) + a;
+            const at::ScalarType st = states[i].scalar_type();
+            for (int64_t j = 0; j < len; ++j) buf[j] = widen(src[j], st);
+            s32.push_back(at::from_blob(buf, {len}, at::kFloat));
+          } else {
+            s32.push_back(per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len));
+          }
+        }
+        at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();
+        opt.update_runs(window_runs(runs, a, len), m32, grad.narrow(0, a, len), s32, l.defined() ? &l : nullptr);
+        if (mt != at::kFloat) {
+          uint16_t* dst = static_cast<uint16_t*>(master.data_ptr()) + a;
+          round_into(m32.data_ptr<float>(), dst, len, mt, r, 0);
+          if (low_is_master) std::memcpy(static_cast<uint16_t*>(low->data_ptr()) + a, dst, static_cast<size_t>(len) * 2);
+        }
+        for (size_t j = 0; j < narrow.size(); ++j) {
+          const size_t i = narrow[j];
+          round_into(s32[i].data_ptr<float>(), static_cast<uint16_t*>(states[i].data_ptr()) + a, len,
+                     states[i].scalar_type(), r, static_cast<uint32_t>(1 + i));
+        }
+      }
+    });
+    return;
+  }
+  // A device's tensors: windows of 4M elements as ATen operations.
+  constexpr int64_t kWindow = int64_t{1} << 22;
+  for (int64_t a = 0; a < n; a += kWindow) {
+    const int64_t len = std::min(kWindow, n - a);
+    Rounding r = rounding;
+    r.index = rounding.index + static_cast<uint64_t>(a);
+    at::Tensor mw = master.narrow(0, a, len);
+    at::Tensor m32 = mt == at::kFloat ? mw : mw.to(at::kFloat);
+    std::vector<at::Tensor> s32;
+    for (size_t i = 0; i < states.size(); ++i) {
+      const int64_t per = specs[i].per_block;
+      at::Tensor sw = per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len);
+      s32.push_back(is_16bit(sw.scalar_type()) ? sw.to(at::kFloat) : sw);
+    }
+    at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();
+    opt.update_runs(window_runs(runs, a, len), m32, grad.narrow(0, a, len), s32, l.defined() ? &l : nullptr);
+    if (mt != at::kFloat) {
+      mw.copy_(round_aten(m32, mt, r, 0));
+      if (low_is_master) low->narrow(0, a, len).copy_(mw);
+    }
+    for (size_t i : narrow) states[i].narrow(0, a, len).copy_(round_aten(s32[i], states[i].scalar_type(), r, static_cast<uint32_t>(1 + i)));
+  }
+}
+
+}  // namespace zero::optim
