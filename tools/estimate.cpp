@@ -61,10 +61,14 @@ tables), or for one.
   --precision fp32|fp16|bf16 compute precision (default bf16)
   --stage S                  only stage S, with:
   --offload-optimizer none|cpu|nvme  --offload-param none|cpu|nvme
-  --optim-bits 32|8|both     Adam's moments in fp32 (default), 8-bit
+  --optim-bits 32|16|8|both|all
+                             Adam's moments in fp32 (default); 16: a bf16
+                             master and bf16 moments (bf16.bf16_master_
+                             weights_and_grads and bf16_optimizer_states:
+                             --precision bf16, stages 1-3); 8: 8-bit moments
                              (optimizer.params.optim_bits 8: 2 bytes a
-                             parameter and a scale per 256), or each
-                             configuration both ways
+                             parameter and a scale per 256); both: 32 and 8;
+                             all: 32, 16 and 8, each configuration every way
   --config FILE              only the configuration a DeepSpeed config gives
                              ("auto" checked as zero config check does)
   --device-memory B --host-memory B --nvme-bytes B
@@ -92,7 +96,7 @@ struct Setup {
   std::string name;
   int stage = 0;
   std::string offload_optimizer = "none", offload_param = "none";
-  int optim_bits = 32;
+  int optim_bits = 32;  // 16: bf16 master weights and states (NOTE [16-bit master])
 };
 
 // A parameter count: decimal digits with an optional fraction and exponent
@@ -157,10 +161,12 @@ config::Config config_for(const Setup& s, const std::string& precision, int64_t 
     z["offload_optimizer"] = {{"device", s.offload_optimizer}, {"nvme_path", "/nvme"}};
   if (s.offload_param != "none") z["offload_param"] = {{"device", s.offload_param}, {"nvme_path", "/nvme"}};
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
-                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", s.optim_bits}}}}},
+                      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", s.optim_bits == 8 ? 8 : 32}}}}},
                       {"zero_optimization", z}};
   if (precision == "fp16") j["fp16"] = {{"enabled", true}};
   if (precision == "bf16") j["bf16"] = {{"enabled", true}};
+  if (s.optim_bits == 16)
+    j["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
   config::LoadOptions o;
   o.world_size = world;
   return config::load_string(j.dump(), o, "zero estimate (" + s.name + ")");
@@ -297,7 +303,8 @@ int estimate(const std::vector<std::string>& args) {
       precision = v;
       precision_given = true;
     } else if (a == "--optim-bits") {
-      if (v != "32" && v != "8" && v != "both") return fail("--optim-bits: expected 32, 8 or both; got \"" + v + "\"");
+      if (v != "32" && v != "16" && v != "8" && v != "both" && v != "all")
+        return fail("--optim-bits: expected 32, 16, 8, both or all; got \"" + v + "\"");
       optim_bits = v;
     } else if (a == "--stage") {
       auto x = integer(0, 3);
@@ -343,6 +350,8 @@ int estimate(const std::vector<std::string>& args) {
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
   if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
+  if ((optim_bits == "16" || optim_bits == "all") && precision != "bf16")
+    return fail("--optim-bits " + optim_bits + ": a bf16 master and states go with --precision bf16");
   if (given.count("--optim-bits") && !config_path.empty())
     return fail("--optim-bits and --config both set the optimizer states (optimizer.params.optim_bits): give one");
   if (model) {
@@ -368,7 +377,8 @@ int estimate(const std::vector<std::string>& args) {
       o.auto_stand_ins = true;
       auto c = config::load_file(config_path, o);
       setups.push_back({Setup{config_path, c.zero.stage, config::to_string(c.zero.offload_optimizer.device),
-                              config::to_string(c.zero.offload_param.device), c.optimizer ? c.optimizer->optim_bits : 32},
+                              config::to_string(c.zero.offload_param.device),
+                              c.optimizer && c.optimizer->bf16_states ? 16 : c.optimizer ? c.optimizer->optim_bits : 32},
                         c});
     } else {
       std::vector<Setup> list;
@@ -389,11 +399,15 @@ int estimate(const std::vector<std::string>& args) {
                 {"stage 3 + offload_optimizer nvme + offload_param nvme", 3, "nvme", "nvme"}};
       }
       for (const auto& s : list) {
-        for (int bits : {32, 8}) {
-          if ((bits == 8 && optim_bits == "32") || (bits == 32 && optim_bits == "8")) continue;
+        for (int bits : {32, 16, 8}) {
+          const bool wanted = optim_bits == "all" || optim_bits == std::to_string(bits) ||
+                              (optim_bits == "both" && bits != 16);
+          if (!wanted) continue;
+          if (bits == 16 && s.stage == 0) continue;  // DeepSpeed's rule: stages 1-3
           Setup b = s;
           b.optim_bits = bits;
           if (bits == 8) b.name += " + 8-bit states";
+          if (bits == 16) b.name += " + bf16 master and states";
           setups.push_back({b, config_for(b, precision, world)});
         }
       }

@@ -25,7 +25,8 @@ struct Case {
   const char* precision;  // fp32, bf16, fp16
   const char* zero;       // the zero_optimization section; NVME is replaced by a folder
   int ranks = 2;
-  int optim_bits = 32;    // 8: 8-bit Adam states (NOTE [8-bit states])
+  int optim_bits = 32;    // 8: 8-bit Adam states (NOTE [8-bit states]); 16: a 16-bit master
+                          // (and bf16 states with bf16), NOTE [16-bit master]
 };
 
 int sh(const std::string& cmd) {
@@ -41,9 +42,13 @@ TEST_P(EstimateMatchesLedger, EveryTierAndKindWithin5Percent) {
   std::string zero = c.zero;
   for (size_t at; (at = zero.find("NVME")) != std::string::npos;) zero.replace(at, 4, dir.path());
   nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 4},
-                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", c.optim_bits}}}}},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", c.optim_bits == 8 ? 8 : 32}}}}},
                         {"zero_optimization", nlohmann::json::parse(zero)}};
   if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
+  if (c.optim_bits == 16 && std::string(c.precision) == "bf16")
+    cfg["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
+  if (c.optim_bits == 16 && std::string(c.precision) == "fp16")
+    cfg["fp16"] = {{"enabled", true}, {"fp16_master_weights_and_grads", true}};
   std::ofstream(dir.file("c.json")) << cfg.dump();
   const std::string run = kBin + "zero launch --nproc_per_node " + std::to_string(c.ranks) + " -- " + kBin +
                           "mingpt --config " + dir.file("c.json") +
@@ -110,6 +115,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_bf16_cpu_cpu_8bit", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
                  "offload_param": {"device": "cpu"}})", 2, 8},
+        // A 16-bit master (bf16 with bf16 states; fp16 with fp32 states).
+        Case{"stage2_bf16_16bit", "bf16", R"({"stage": 2})", 2, 16},
+        Case{"stage2_bf16_cpu_16bit", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2, 16},
+        Case{"stage2_bf16_nvme_16bit", "bf16",
+             R"({"stage": 2, "sub_group_size": 20000, "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}})", 2,
+             16},
+        Case{"stage3_bf16_cpu_cpu_16bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
+                 "offload_param": {"device": "cpu"}})", 2, 16},
+        Case{"stage1_fp16_cpu_16bit", "fp16", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})", 2, 16},
         Case{"stage3_bf16_nvme_nvme", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 30000,
                  "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"},
@@ -290,6 +305,21 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   const double grown = b["configurations"][15]["largest"]["num_parameters"].get<double>() /
                        b["configurations"][14]["largest"]["num_parameters"].get<double>();
   EXPECT_NEAR(grown, 18.0 / (12.0 + 8.0 / 256), 0.02) << b["configurations"][15].dump();
+  // --optim-bits all adds a bf16 master and states at stages 1-3 (host: 2
+  // master + 4 moments + 2 gradients + 2 parameters): 18 / 10.
+  ASSERT_EQ(sh(e + "--params 1.3B --ranks-per-node 8 --device-memory 16GB --host-memory 200GB --optim-bits all --json " +
+               dir.file("a.json") + " > " + dir.file("a.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("a.log"));
+  const auto a = nlohmann::json::parse(read_text(dir.file("a.json")));
+  ASSERT_EQ(a["configurations"].size(), 26u);
+  EXPECT_EQ(a["configurations"][21]["optim_bits"], 16);
+  EXPECT_NE(a["configurations"][21]["name"].get<std::string>().find("offload_param cpu + bf16 master and states"),
+            std::string::npos);
+  EXPECT_NEAR(a["configurations"][21]["largest"]["num_parameters"].get<double>() /
+                  a["configurations"][20]["largest"]["num_parameters"].get<double>(),
+              18.0 / 10.0, 0.03)
+      << a["configurations"][21].dump();
   // A missing file is named.
   EXPECT_EQ(sh(e + "--weights " + dir.file("none.safetensors") + " > " + dir.file("w.log") + " 2>&1"), 1);
   EXPECT_NE(read_text(dir.file("w.log")).find(dir.file("none.safetensors")), std::string::npos) << read_text(dir.file("w.log"));
@@ -303,7 +333,8 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
            {"--params 1e9 --offload-param cpu", "go with --stage"},
            {"--params 1e9 --stage 2 --offload-param cpu", "--offload-param needs --stage 3"},
            {"--params 1e9 --devise-memory 1GB", "did you mean --device-memory?"},
-           {"--params 1e9 --optim-bits 4", "--optim-bits: expected 32, 8 or both"}}) {
+           {"--params 1e9 --optim-bits 4", "--optim-bits: expected 32, 16, 8, both or all"},
+           {"--params 1e9 --precision fp16 --optim-bits 16", "a bf16 master and states go with --precision bf16"}}) {
     EXPECT_EQ(sh(e + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
   }
