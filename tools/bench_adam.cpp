@@ -98,6 +98,19 @@ int bench_adam(const std::vector<std::string>& args) {
   std::shared_ptr<optim::FlatOptimizer> q8_opt = optim::FlatOptimizer::create(q8_cfg);
   const size_t v_q8 = add([&](int64_t step) { q8_opt->update({step, kLr, kBeta1, kBeta2}, q8_p, grad, q8_st); });
 
+  // AdamW with a bf16 master and bf16 states (bf16_master_weights_and_grads
+  // + bf16_optimizer_states, NOTE [16-bit master]), stochastically rounded.
+  auto b16_p = param0.to(torch::kBFloat16);
+  std::vector<at::Tensor> b16_st{torch::zeros({n}, torch::kBFloat16), torch::zeros({n}, torch::kBFloat16)};
+  config::OptimizerConfig b16_cfg = q8_cfg;
+  b16_cfg.optim_bits = 32;
+  b16_cfg.bf16_states = true;
+  std::shared_ptr<optim::FlatOptimizer> b16_opt = optim::FlatOptimizer::create(b16_cfg);
+  const size_t v_b16 = add([&](int64_t step) {
+    optim::FlatOptimizer::Run run{0, n, {step, kLr, kBeta1, kBeta2}};
+    optim::update_stored(*b16_opt, {run}, b16_p, grad, b16_st, nullptr, optim::Rounding{true, 0, step});
+  });
+
   // The memory's speed: a pass with Adam's traffic and no arithmetic to speak
   // of (stream_adam_pattern: four arrays read, three written back, 28 bytes
   // per element, counted as Adam's are), and for reference the STREAM triad
@@ -130,7 +143,7 @@ int bench_adam(const std::vector<std::string>& args) {
   auto t = [&](size_t v) { return median(variants[v].seconds); };
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
   const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
-  const double t_q8 = t(v_q8);
+  const double t_q8 = t(v_q8), t_b16 = t(v_b16);
   const double max_diff = (ours_p - fused_p).abs().max().item<double>();
   // How far 8-bit states moved the parameters from fp32 states, relative to how far fp32 moved them.
   const double q8_rel = ((q8_p - ours_p).norm() / (ours_p - param0).norm()).item<double>();
@@ -143,6 +156,10 @@ int bench_adam(const std::vector<std::string>& args) {
   // scales, 2 + 8/256 bytes) read and written.
   const double q8_bytes_per_param = 12.0 + 2 * q8_opt->state_bytes_per_param();
   const double q8_bw = q8_bytes_per_param * n / t_q8;
+  // bf16 master and states: master 2 + 2, grad 4, two moments 2 + 2 each.
+  const double b16_bytes_per_param = 4.0 + 4.0 + 2 * b16_opt->state_bytes_per_param();
+  const double b16_bw = b16_bytes_per_param * n / t_b16;
+  const double b16_rel = ((b16_p.to(torch::kFloat) - ours_p).norm() / (ours_p - param0).norm()).item<double>();
   std::printf("zero bench adam: %lld fp32 parameters, %s kernel, %d threads (oneTBB; LibTorch %d); median of %lld "
               "interleaved rounds\n",
               static_cast<long long>(n), optim::cpu_adam_isa(), tbb::this_task_arena::max_concurrency(),
@@ -153,6 +170,8 @@ int bench_adam(const std::vector<std::string>& args) {
               fused_bw / 1e9, t_fused / t_ours_w);
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "zero CPU AdamW, 8-bit states (16 B/el.)", n / t_q8, q8_bw / 1e9,
               t_q8 / t_ours_w);
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "zero CPU AdamW, bf16 master+states (16 B)", n / t_b16, b16_bw / 1e9,
+              t_b16 / t_ours_w);
   std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
   std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
@@ -167,6 +186,9 @@ int bench_adam(const std::vector<std::string>& args) {
   std::printf("  8-bit states: %.2fx the fp32-state kernel's parameters/s; after %lld steps their parameters' change "
               "differs from fp32 states' by %.2f%%\n",
               t_ours_w / t_q8, static_cast<long long>(steps + 1), 100 * q8_rel);
+  std::printf("  bf16 master and states: %.2fx the fp32-state kernel's parameters/s (%.2f of the traffic roof); "
+              "parameters' change differs from fp32's by %.2f%%\n",
+              t_ours_w / t_b16, b16_bw / pattern_bw, 100 * b16_rel);
   if (!json_path.empty()) {
     nlohmann::json j = {{"benchmark", "adam"},
                         {"numel", n},
@@ -186,6 +208,11 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"adamw_8bit_bytes_per_s", q8_bw},
                         {"adamw_8bit_bandwidth_fraction", q8_bw / pattern_bw},
                         {"adamw_8bit_rel_change_vs_fp32", q8_rel},
+                        {"adamw_bf16_params_per_s", n / t_b16},
+                        {"ratio_bf16_vs_fp32_states", t_ours_w / t_b16},
+                        {"adamw_bf16_bytes_per_param", b16_bytes_per_param},
+                        {"adamw_bf16_bandwidth_fraction", b16_bw / pattern_bw},
+                        {"adamw_bf16_rel_change_vs_fp32", b16_rel},
                         {"max_abs_diff_vs_fused_adamw", max_diff},
                         {"ours_bytes_per_s", ours_bw},
                         {"fused_adamw_bytes_per_s", fused_bw},

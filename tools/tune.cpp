@@ -123,9 +123,12 @@ swap files are removed however it ends.
   --allow-low-precision-states
                              also try Adam's moments in 8 bits
                              (optimizer.params.optim_bits 8: a model of about
-                             1.5x the parameters fits with offload), which
-                             changes the numerics; proposed only where fp32
-                             states do not fit or run slower
+                             1.5x the parameters fits with offload) and, in
+                             bf16, a bf16 master and bf16 states
+                             (bf16_master_weights_and_grads and
+                             bf16_optimizer_states: about 1.75x), which change
+                             the numerics; proposed only where fp32 states do
+                             not fit or run slower
   --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
@@ -175,7 +178,7 @@ const char* status_name(Status s) {
 struct Candidate {
   int family = 0;  // index into kFamilies
   int checkpointing = 0;
-  int optim_bits = 32;  // 8: Adam's moments in 8 bits (--allow-low-precision-states)
+  int optim_bits = 32;  // 8: Adam's moments in 8 bits; 16: a bf16 master and states (--allow-low-precision-states)
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;
@@ -187,12 +190,12 @@ struct Candidate {
   // its tokens per sample (InitOptions::tokens_per_sample), else samples.
   double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
   // The work that costs time besides the model's own, per component; 8-bit
-  // states count as one (their numerics differ from the base config's), so
+  // or bf16 states count as one (their numerics differ from the base config's), so
   // they are proposed only where they fit what fp32 states do not, or take a
   // larger micro-batch.
   std::array<int, 5> work() const {
     const Family& f = kFamilies[family];
-    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits == 8 ? 1 : 0};
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0};
   }
   int work_sum() const {
     const auto w = work();
@@ -218,6 +221,7 @@ std::string describe(const Candidate& c) {
   std::string s = family_name(kFamilies[c.family]);
   if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
   if (c.optim_bits == 8) s += ", 8-bit Adam states";
+  if (c.optim_bits == 16) s += ", bf16 master and states";
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -317,6 +321,8 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   }
   j["zero_optimization"] = z;
   if (c.optim_bits == 8) j["optimizer"]["params"]["optim_bits"] = 8;
+  if (c.optim_bits == 16)  // NOTE [16-bit master]: DeepSpeed's keys, stages 1-3
+    j["bf16"].update({{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}});
   if (f.opt == 2 || f.param == 2) {
     if (!j.contains("aio"))
       j["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}, {"single_submit", false}, {"overlap_events", true}};
@@ -659,11 +665,12 @@ int tune(const std::vector<std::string>& args) {
     for (size_t f = 0; f < kFamilies.size(); ++f) {
       const Family& fam = kFamilies[f];
       if (!stages.count(fam.stage) || !offload->count(fam.opt) || !offload->count(fam.param)) continue;
-      for (int bits : {32, 8})
+      for (int bits : {32, 16, 8})
       for (int ck : checkpointing)
         for (int64_t mb : micro_batches)
           for (int64_t bucket : bucket_sizes) {
-            if (bits == 8 && !plan.low_precision_states) continue;
+            if (bits != 32 && !plan.low_precision_states) continue;
+            if (bits == 16 && (plan.precision != "bf16" || fam.stage == 0)) continue;
             Candidate c;
             c.family = static_cast<int>(f);
             c.optim_bits = bits;

@@ -30,6 +30,22 @@ enum class LowPrecision { kNone, kFp16, kBf16 };
 /// float -> fp16 / bf16 with round-to-nearest-even, as LibTorch casts.
 uint16_t to_fp16(float x);
 uint16_t to_bf16(float x);
+/// 16-bit floats widened to fp32 (exact), and fp32 rounded back to nearest
+/// even or stochastically, element i with rounding_word(index + i, key)
+/// (NOTE [16-bit master] in flat_optimizer.h); vectorised, every CPU alike.
+void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16);
+void round_16bit(const float* src, uint16_t* dst, int64_t n, bool bf16, bool stochastic, uint64_t index, uint32_t key);
+/// The key of a step's tensor `stream` (0 the master, 1 + i state i), and
+/// the random word of element `index` under it.
+uint32_t rounding_key(int64_t step, uint32_t stream);
+uint32_t rounding_word(uint64_t index, uint32_t key);
+
+/// Adam (adam_fused_fp32's operations) over a bf16 master and bf16 moments
+/// in one pass, each rounded back as round_16bit would with streams 0, 1
+/// and 2 of `step`, element i at index + i. Not split across threads.
+void adam_fused_bf16(uint16_t* p, const float* g, uint16_t* m, uint16_t* v, int64_t n, const AdamScalars& s,
+                     bool stochastic, uint64_t index, int64_t step);
+
 /// low[i] = p[i] in `type` (fp16 or bf16), as above.
 void write_low(const float* p, uint16_t* low, int64_t n, LowPrecision type);
 

@@ -38,6 +38,19 @@ LowTarget low_target(at::Tensor* low) {
 
 float f32(double x) { return static_cast<float>(x); }
 
+detail::AdamScalars adam_scalars(const config::OptimizerConfig& c, bool decoupled, const StepParams& p) {
+  const double wd = p.weight_decay.value_or(c.weight_decay);
+  const double bc1 = c.bias_correction ? 1 - std::pow(p.beta1, p.step) : 1.0;
+  const double bc2 = c.bias_correction ? 1 - std::pow(p.beta2, p.step) : 1.0;
+  return {f32(p.beta1), f32(1 - p.beta1), f32(p.beta2),        f32(1 - p.beta2),   f32(c.eps),
+          f32(wd),      f32(1 - p.lr * wd), f32(std::sqrt(bc2)), f32(-p.lr / bc1), decoupled};
+}
+
+bool decoupled_of(const config::OptimizerConfig& c) {
+  // "AdamW" always decouples weight decay; "Adam" does when adam_w_mode.
+  return c.type == config::OptimizerType::kAdamW || c.adam_w_mode;
+}
+
 class FlatAdam final : public FlatOptimizer {
  public:
   explicit FlatAdam(config::OptimizerConfig c) : FlatOptimizer(std::move(c)) {
@@ -46,6 +59,25 @@ class FlatAdam final : public FlatOptimizer {
   }
   int num_states() const override { return 2; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+  bool update_fp32_arrays(const std::vector<Run>& runs, float* param, const float* grad, float* const* states,
+                          int64_t) const override {
+    for (const Run& r : runs) {
+      detail::adam_fused_fp32(param + r.start, grad + r.start, states[0] + r.start, states[1] + r.start, r.numel,
+                              adam_scalars(config_, decoupled_, r.params));
+    }
+    return true;
+  }
+
+  bool update_bf16_arrays(const std::vector<Run>& runs, uint16_t* param, const float* grad, uint16_t* const* states,
+                          int64_t, const Rounding& rounding) const override {
+    for (const Run& r : runs) {
+      detail::adam_fused_bf16(param + r.start, grad + r.start, states[0] + r.start, states[1] + r.start, r.numel,
+                              adam_scalars(config_, decoupled_, r.params), rounding.stochastic,
+                              rounding.index + static_cast<uint64_t>(r.start), rounding.step);
+    }
+    return true;
+  }
 
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
@@ -83,19 +115,6 @@ class FlatAdam final : public FlatOptimizer {
  private:
   bool decoupled_ = true;
 };
-
-detail::AdamScalars adam_scalars(const config::OptimizerConfig& c, bool decoupled, const StepParams& p) {
-  const double wd = p.weight_decay.value_or(c.weight_decay);
-  const double bc1 = c.bias_correction ? 1 - std::pow(p.beta1, p.step) : 1.0;
-  const double bc2 = c.bias_correction ? 1 - std::pow(p.beta2, p.step) : 1.0;
-  return {f32(p.beta1), f32(1 - p.beta1), f32(p.beta2),        f32(1 - p.beta2),   f32(c.eps),
-          f32(wd),      f32(1 - p.lr * wd), f32(std::sqrt(bc2)), f32(-p.lr / bc1), decoupled};
-}
-
-bool decoupled_of(const config::OptimizerConfig& c) {
-  // "AdamW" always decouples weight decay; "Adam" does when adam_w_mode.
-  return c.type == config::OptimizerType::kAdamW || c.adam_w_mode;
-}
 
 // Adam with both moments in 8 bits (NOTE [8-bit states] in adam_kernel.h):
 // the fused pass on contiguous CPU tensors, adam_8bit_aten elsewhere.
@@ -149,6 +168,15 @@ class FlatAdagrad final : public FlatOptimizer {
   int num_states() const override { return 1; }
   std::vector<std::string> state_names() const override { return {"sum"}; }
   double initial_state(int) const override { return config_.initial_accumulator_value; }
+  bool update_fp32_arrays(const std::vector<Run>& runs, float* param, const float* grad, float* const* states,
+                          int64_t) const override {
+    for (const Run& r : runs) {
+      const double wd = r.params.weight_decay.value_or(config_.weight_decay);
+      detail::adagrad_fused_fp32(param + r.start, grad + r.start, states[0] + r.start, r.numel,
+                                 {f32(wd), wd != 0, f32(config_.eps), f32(-r.params.lr)});
+    }
+    return true;
+  }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Adagrad needs one state");
@@ -177,6 +205,17 @@ class FlatLion final : public FlatOptimizer {
   explicit FlatLion(config::OptimizerConfig c) : FlatOptimizer(std::move(c)) {}
   int num_states() const override { return 1; }
   std::vector<std::string> state_names() const override { return {"exp_avg"}; }
+  bool update_fp32_arrays(const std::vector<Run>& runs, float* param, const float* grad, float* const* states,
+                          int64_t) const override {
+    for (const Run& r : runs) {
+      const StepParams& p = r.params;
+      const double wd = p.weight_decay.value_or(config_.weight_decay);
+      detail::lion_fused_fp32(param + r.start, grad + r.start, states[0] + r.start, r.numel,
+                              {f32(1 - p.lr * wd), wd != 0, f32(p.beta1), f32(1 - p.beta1), f32(p.beta2),
+                               f32(1 - p.beta2), f32(-p.lr)});
+    }
+    return true;
+  }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad,
               std::vector<at::Tensor>& states, at::Tensor* low) const override {
     ZERO_CHECK(states.size() == 1, "Lion needs one state");

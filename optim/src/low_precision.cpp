@@ -21,65 +21,9 @@ constexpr uint32_t kMask16 = 0xFFFFu;
 
 bool is_16bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
-// The fp16 exponent rule of stochastic rounding: a float of biased
-// exponent E (fp32's) keeps its top bits down to fp16's step there, which
-// is 2^-24 below fp16's normal range: `k` low bits of the fp32 pattern go.
-// Out of [103, 254] (below fp16's smallest step, inf, NaN) it rounds to
-// nearest.
-inline int fp16_dropped_bits(uint32_t biased_exp) { return biased_exp >= 113 ? 13 : static_cast<int>(126 - biased_exp); }
-
-inline float bits_to_float(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-inline uint32_t float_to_bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-// x to bf16 / fp16 bits with the random word `r` (stochastic) or to nearest.
-inline uint16_t round_bf16(float x, uint32_t r, bool stochastic) {
-  if (!stochastic || x != x) return detail::to_bf16(x);
-  return static_cast<uint16_t>((float_to_bits(x) + (r & kMask16)) >> 16);
-}
-inline uint16_t round_fp16(float x, uint32_t r, bool stochastic) {
-  const uint32_t bits = float_to_bits(x);
-  const uint32_t e = (bits >> 23) & 0xFFu;
-  if (!stochastic || e == 255 || e < 103) return detail::to_fp16(x);
-  const uint32_t drop = (uint32_t{1} << fp16_dropped_bits(e)) - 1;
-  return detail::to_fp16(bits_to_float((bits + (r & drop)) & ~drop));  // exact: already on fp16's grid
-}
-
-inline float widen(uint16_t v, at::ScalarType t) {
-  return t == at::kBFloat16 ? bits_to_float(uint32_t{v} << 16) : c10::detail::fp16_ieee_to_fp32_value(v);
-}
-
-// The random word's key for tensor `stream` (0 the master, 1 + i state i).
-inline uint32_t stream_key(int64_t step, uint32_t stream) {
-  return static_cast<uint32_t>(step) * 0x85EBCA77u ^ stream * 0xC2B2AE3Du ^ 0x2545F491u;
-}
-inline uint32_t mix(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
-inline uint32_t word(uint64_t index, uint32_t key) {
-  return mix(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(index >> 32) * 0x9E3779B1u ^ key);
-}
-
 // dst[i] = src[i] rounded to `t`, element i's random word from index + i.
 void round_into(const float* src, uint16_t* dst, int64_t n, at::ScalarType t, const Rounding& r, uint32_t stream) {
-  const uint32_t key = stream_key(r.step, stream);
-  if (t == at::kBFloat16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i], r.stochastic ? word(r.index + i, key) : 0, r.stochastic);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = round_fp16(src[i], r.stochastic ? word(r.index + i, key) : 0, r.stochastic);
-  }
+  detail::round_16bit(src, dst, n, t == at::kBFloat16, r.stochastic, r.index, detail::rounding_key(r.step, stream));
 }
 
 // ---- The same with ATen operations (a device's tensors) -------------------
@@ -96,7 +40,8 @@ at::Tensor words_aten(int64_t n, const at::TensorOptions& device, const Rounding
   at::Tensor lo = at::arange(static_cast<int64_t>(base & 0xFFFFFFFFu), static_cast<int64_t>(base & 0xFFFFFFFFu) + n, i64);
   at::Tensor hi = at::full({n}, static_cast<int64_t>(base >> 32), i64).add(lo.bitwise_right_shift(32));
   lo = lo.bitwise_and(0xFFFFFFFFll);
-  at::Tensor x = lo.bitwise_xor(mul32(hi.bitwise_and(0xFFFFFFFFll), 0x9E3779B1u)).bitwise_xor(int64_t{stream_key(r.step, stream)});
+  at::Tensor x = lo.bitwise_xor(mul32(hi.bitwise_and(0xFFFFFFFFll), 0x9E3779B1u))
+                     .bitwise_xor(int64_t{detail::rounding_key(r.step, stream)});
   x = x.bitwise_xor(x.bitwise_right_shift(16));
   x = mul32(x, 0x7FEB352Du);
   x = x.bitwise_xor(x.bitwise_right_shift(15));
@@ -173,11 +118,17 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
                (low == nullptr || cpu_contiguous(*low));
   for (const auto& s : states) fused = fused && cpu_contiguous(s);
   if (fused) {
-    // Windows of 32K elements (the fp32 kernel runs one inline; a
-    // multiple of 8-bit states' blocks) on oneTBB's workers, their fp32
-    // copies in the worker's cache: memory sees the stored bytes once.
+    // Windows of 32K elements (a multiple of 8-bit states' blocks) on
+    // oneTBB's workers, their fp32 copies in the worker's cache: memory
+    // sees the stored bytes once. The optimizer's fused pass runs on raw
+    // arrays where it has one (update_fp32_arrays), else on tensors.
     constexpr int64_t kWindow = int64_t{1} << 15;
     const int64_t windows = (n + kWindow - 1) / kWindow;
+    bool elementwise = true;
+    for (const auto& spec : specs) elementwise = elementwise && spec.per_block == 0 && spec.dtype != at::kByte;
+    const bool all_bf16 = mt == at::kBFloat16 && narrow.size() == states.size() && (low == nullptr || low_is_master) &&
+                          std::all_of(states.begin(), states.end(),
+                                      [](const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; });
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, windows, 1), [&](const tbb::blocked_range<int64_t>& range) {
       thread_local std::vector<float> scratch;
       scratch.resize(static_cast<size_t>(kWindow) * (1 + narrow.size()));
@@ -185,40 +136,52 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
         const int64_t a = w * kWindow, len = std::min(kWindow, n - a);
         Rounding r = rounding;
         r.index = rounding.index + static_cast<uint64_t>(a);
-        at::Tensor m32;
-        if (mt == at::kFloat) {
-          m32 = master.narrow(0, a, len);
-        } else {
-          const uint16_t* src = static_cast<const uint16_t*>(master.data_ptr()) + a;
-          for (int64_t i = 0; i < len; ++i) scratch[static_cast<size_t>(i)] = widen(src[i], mt);
-          m32 = at::from_blob(scratch.data(), {len}, at::kFloat);
-        }
-        std::vector<at::Tensor> s32;
-        size_t next = 0;
-        for (size_t i = 0; i < states.size(); ++i) {
-          const int64_t per = specs[i].per_block;
-          if (next < narrow.size() && narrow[next] == i) {
-            float* buf = scratch.data() + kWindow * static_cast<int64_t>(1 + next++);
-            const uint16_t* src = static_cast<const uint16_t*>(states[i].data_ptr()) + a;
-            const at::ScalarType st = states[i].scalar_type();
-            for (int64_t j = 0; j < len; ++j) buf[j] = widen(src[j], st);
-            s32.push_back(at::from_blob(buf, {len}, at::kFloat));
-          } else {
-            s32.push_back(per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len));
+        const auto wr = window_runs(runs, a, len);
+        if (all_bf16) {  // the optimizer's one-pass bf16 kernel, where it has one
+          std::vector<uint16_t*> s16;
+          for (auto& t : states) s16.push_back(static_cast<uint16_t*>(t.data_ptr()) + a);
+          uint16_t* p16 = static_cast<uint16_t*>(master.data_ptr()) + a;
+          if (opt.update_bf16_arrays(wr, p16, grad.data_ptr<float>() + a, s16.data(), len, r)) {
+            if (low_is_master) std::memcpy(static_cast<uint16_t*>(low->data_ptr()) + a, p16, static_cast<size_t>(len) * 2);
+            continue;
           }
         }
-        at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();
-        opt.update_runs(window_runs(runs, a, len), m32, grad.narrow(0, a, len), s32, l.defined() ? &l : nullptr);
-        if (mt != at::kFloat) {
-          uint16_t* dst = static_cast<uint16_t*>(master.data_ptr()) + a;
-          round_into(m32.data_ptr<float>(), dst, len, mt, r, 0);
-          if (low_is_master) std::memcpy(static_cast<uint16_t*>(low->data_ptr()) + a, dst, static_cast<size_t>(len) * 2);
-        }
+        float* m32 = mt == at::kFloat ? master.data_ptr<float>() + a : scratch.data();
+        if (mt != at::kFloat)
+          detail::widen_16bit(static_cast<const uint16_t*>(master.data_ptr()) + a, m32, len, mt == at::kBFloat16);
+        // Each state's window: its fp32 copy (16-bit ones) or itself.
+        std::vector<float*> s32(states.size(), nullptr);
         for (size_t j = 0; j < narrow.size(); ++j) {
           const size_t i = narrow[j];
-          round_into(s32[i].data_ptr<float>(), static_cast<uint16_t*>(states[i].data_ptr()) + a, len,
-                     states[i].scalar_type(), r, static_cast<uint32_t>(1 + i));
+          s32[i] = scratch.data() + kWindow * static_cast<int64_t>(1 + j);
+          detail::widen_16bit(static_cast<const uint16_t*>(states[i].data_ptr()) + a, s32[i], len,
+                              states[i].scalar_type() == at::kBFloat16);
         }
+        at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();
+        bool done = false;
+        if (elementwise && !l.defined()) {
+          for (size_t i = 0; i < states.size(); ++i)
+            if (s32[i] == nullptr) s32[i] = states[i].data_ptr<float>() + a;
+          done = opt.update_fp32_arrays(wr, m32, grad.data_ptr<float>() + a, s32.data(), len);
+        }
+        if (!done) {
+          at::Tensor mt32 = at::from_blob(m32, {len}, at::kFloat);
+          std::vector<at::Tensor> st;
+          for (size_t i = 0; i < states.size(); ++i) {
+            const int64_t per = specs[i].per_block;
+            if (is_16bit(states[i].scalar_type())) st.push_back(at::from_blob(s32[i], {len}, at::kFloat));
+            else st.push_back(per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len));
+          }
+          opt.update_runs(wr, mt32, grad.narrow(0, a, len), st, l.defined() ? &l : nullptr);
+        }
+        if (mt != at::kFloat) {
+          uint16_t* dst = static_cast<uint16_t*>(master.data_ptr()) + a;
+          round_into(m32, dst, len, mt, r, 0);
+          if (low_is_master) std::memcpy(static_cast<uint16_t*>(low->data_ptr()) + a, dst, static_cast<size_t>(len) * 2);
+        }
+        for (size_t i : narrow)
+          round_into(s32[i], static_cast<uint16_t*>(states[i].data_ptr()) + a, len, states[i].scalar_type(), r,
+                     static_cast<uint32_t>(1 + i));
       }
     });
     return;

@@ -203,3 +203,4 @@ TEST(SixteenBitMaster, Bf16StatesAreElementWiseTwoBytesEach) {
 }
 
 }  // namespace
+

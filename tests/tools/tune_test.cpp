@@ -278,6 +278,52 @@ TEST(Tune, EightBitStatesOnlyWhereFp32StatesDoNotFit) {
   EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
 }
 
+// In bf16, --allow-low-precision-states also tries a bf16 master and bf16
+// states (NOTE [16-bit master]), whose offloaded host bytes are the fewest
+// (2 + 4 + 2 a parameter against 8-bit states' 4 + 2.03 + 4): with a host
+// budget between the two, only they fit and are proposed; the config
+// written has DeepSpeed's keys and loads.
+TEST(Tune, Bf16MasterAndStatesWhereOnlyTheyFit) {
+  TempDir dir, tmp;
+  const std::string base = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
+                           "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
+                           "--steps 2 --stages 2 --offload none,cpu --precision bf16 --allow-low-precision-states";
+  ASSERT_EQ(sh(base + " --device-memory 1GiB --host-memory 1GiB --out " + dir.file("a.json") + " --json " +
+               dir.file("ra.json") + " > " + dir.file("a.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("a.log"));
+  // Offloaded: the largest estimate of bf16 states' candidates and the
+  // smallest of the others, on the host and on the device; not offloaded,
+  // the smallest on the device.
+  int64_t host16 = 0, host_other = int64_t{1} << 40, device_offloaded = 0, device_not = int64_t{1} << 40;
+  const auto first = nlohmann::json::parse(read_text(dir.file("ra.json")));
+  for (const auto& c : first["candidates"]) {
+    const int64_t d = c["estimate_bytes"]["device"].get<int64_t>(), h = c["estimate_bytes"]["host"].get<int64_t>();
+    if (c["offload_optimizer"] == "cpu") {
+      if (c["optim_bits"] == 16) host16 = std::max(host16, h);
+      else host_other = std::min(host_other, h);
+      device_offloaded = std::max(device_offloaded, d);
+    } else {
+      device_not = std::min(device_not, d);
+    }
+  }
+  ASSERT_GT(host16, 0) << first.dump();
+  ASSERT_LT(host16, host_other);
+  ASSERT_LT(device_offloaded, device_not);
+  ASSERT_EQ(sh(base + " --device-memory " + std::to_string((device_offloaded + device_not) / 2) + " --host-memory " +
+               std::to_string((host16 + host_other) / 2) + " --out " +
+               dir.file("b.json") + " --json " + dir.file("rb.json") + " > " + dir.file("b.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("b.log"));
+  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  EXPECT_EQ(config["bf16"]["bf16_master_weights_and_grads"], true) << config.dump();
+  EXPECT_EQ(config["bf16"]["bf16_optimizer_states"], true) << config.dump();
+  EXPECT_NE(read_text(dir.file("b.log")).find("bf16 master and states"), std::string::npos) << read_text(dir.file("b.log"));
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
+      << read_text(dir.file("check"));
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+}
+
 TEST(Tune, UsageErrorsNameTheOption) {
   TempDir dir;
   const std::string t = kBin + "zero tune ";

@@ -31,6 +31,13 @@ struct StepParams {
   std::optional<double> weight_decay;
 };
 
+/// How a 16-bit master and states are rounded back (NOTE [16-bit master]).
+struct Rounding {
+  bool stochastic = true;
+  uint64_t index = 0;  // the flat index of element 0
+  int64_t step = 1;
+};
+
 class FlatOptimizer {
  public:
   /// Throws zero::ConfigError for an optimizer type this build cannot run.
@@ -78,6 +85,23 @@ class FlatOptimizer {
   /// optimizer with block-wise states overrides it (a block may hold two runs).
   virtual void update_runs(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
                            std::vector<at::Tensor>& states, at::Tensor* low_precision_out = nullptr) const;
+
+  /// update_runs over raw fp32 CPU arrays of n elements (element-wise states,
+  /// in state_specs() order; runs relative to them) by the fused pass, no
+  /// tensors made (update_stored's windows, NOTE [16-bit master]); false
+  /// where this optimizer has no such pass (then nothing is changed).
+  virtual bool update_fp32_arrays(const std::vector<Run>& runs, float* param, const float* grad, float* const* states,
+                                  int64_t n) const {
+    return false;
+  }
+
+  /// The same over a bf16 master and bf16 element-wise states, each rounded
+  /// back as `rounding` says (NOTE [16-bit master]), in one pass; false where
+  /// this optimizer has none (then update_stored widens to fp32 arrays).
+  virtual bool update_bf16_arrays(const std::vector<Run>& runs, uint16_t* param, const float* grad,
+                                  uint16_t* const* states, int64_t n, const Rounding& rounding) const {
+    return false;
+  }
 
   /// One update of `param` in place from `grad`; `states` are updated in place.
   /// All tensors are 1-D fp32 of equal numel. `low_precision_out`, when given
@@ -135,11 +159,6 @@ void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax
 // after adding 16 random bits; fp16 does the same at its own step (2^-24
 // below its normal range; below its smallest step, inf and NaN round to
 // nearest).
-struct Rounding {
-  bool stochastic = true;
-  uint64_t index = 0;  // the flat index of element 0
-  int64_t step = 1;
-};
 
 /// One update as update_runs, with the master (`param`) and the element-wise
 /// states in their stored dtypes: fp32, or bf16/fp16 (NOTE [16-bit master]);
