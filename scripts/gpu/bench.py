@@ -46,6 +46,10 @@ def configs(nvme_dir, layer_numel):
         # 8-bit Adam states (optimizer.params.optim_bits 8): "_optim_bits" goes to the optimizer section.
         ("stage 3 + CPU offload, 8-bit states",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _optim_bits=8)),
+        # A bf16 master and bf16 states (NOTE [16-bit master]): "_bf16_master" goes to the bf16 section.
+        ("stage 3 + CPU offload, bf16 master and states",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _bf16_master=True)),
+        ("stage 3, bf16 master and states on the GPU", dict(base3, _bf16_master=True)),
         ("stage 3 + NVMe offload", dict(
             base3,
             offload_optimizer={"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4,
@@ -149,8 +153,11 @@ def main():
         steps = sc["nvme_steps"] if "NVMe" in name else sc["steps"]
         zero = dict(zero)
         optim_bits = zero.pop("_optim_bits", 32)
+        bf16 = {"enabled": True}
+        if zero.pop("_bf16_master", False):
+            bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
         cfg = {"train_micro_batch_size_per_gpu": sc["batch"], "gradient_accumulation_steps": 1,
-               "gradient_clipping": 1.0, "bf16": {"enabled": True},
+               "gradient_clipping": 1.0, "bf16": bf16,
                "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
                                                          "optim_bits": optim_bits}},
                "zero_optimization": dict(zero, sub_group_size=100_000_000), "steps_per_print": 1000000}

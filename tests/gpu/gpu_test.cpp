@@ -558,4 +558,46 @@ TEST(GpuOptim, EightBitStatesOnTheDeviceEqualTheCpuKernel) {
   EXPECT_TRUE(low_cpu.equal(low_dev.cpu()));
 }
 
+// A bf16 master and bf16 states on the device (NOTE [16-bit master]): the
+// stochastic rounding's words on the GPU are the CPU's (the same bits from
+// the same fp32 values), and a step of update_stored there tracks the CPU's
+// (whose inner fp32 Adam differs by ATen's rounding) within a bf16 step.
+TEST(GpuOptim, Bf16MasterOnTheDeviceRoundsAsTheCpu) {
+  REQUIRE_CUDA();
+  torch::manual_seed(6);
+  const int64_t n = 1 << 20;
+  const auto x = torch::randn({n}) * torch::exp(torch::randn({n}) * 4);
+  for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    const zero::optim::Rounding r{true, (uint64_t{3} << 32) - 1000, 9};
+    const auto cpu = zero::optim::round_to(x, dtype, r, 1);
+    const auto dev = zero::optim::round_to(x.to(kCuda), dtype, r, 1);
+    EXPECT_TRUE(cpu.view(torch::kShort).equal(dev.cpu().view(torch::kShort))) << c10::toString(dtype);
+  }
+  zero::config::OptimizerConfig cfg;
+  cfg.type = zero::config::OptimizerType::kAdamW;
+  cfg.weight_decay = 0.1;
+  cfg.bf16_states = true;
+  const auto opt = zero::optim::FlatOptimizer::create(cfg);
+  auto p_cpu = torch::randn({n}).to(torch::kBFloat16);
+  auto p_dev = p_cpu.to(kCuda);
+  std::vector<at::Tensor> s_cpu{torch::zeros({n}, torch::kBFloat16), torch::zeros({n}, torch::kBFloat16)};
+  std::vector<at::Tensor> s_dev{s_cpu[0].to(kCuda), s_cpu[1].to(kCuda)};
+  auto low_dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kBFloat16).device(kCuda));
+  for (int64_t step = 1; step <= 5; ++step) {
+    const auto g = torch::randn({n});
+    zero::optim::FlatOptimizer::Run run{0, n, {}};
+    run.params.step = step;
+    const zero::optim::Rounding r{true, 0, step};
+    zero::optim::update_stored(*opt, {run}, p_cpu, g, s_cpu, nullptr, r);
+    const auto g_dev = g.to(kCuda);
+    zero::optim::update_stored(*opt, {run}, p_dev, g_dev, s_dev, &low_dev, r);
+  }
+  EXPECT_TRUE(low_dev.equal(p_dev)) << "the model's copy is the master's bits";
+  const auto diff = (p_cpu.to(torch::kFloat) - p_dev.cpu().to(torch::kFloat)).abs();
+  const auto step = p_cpu.to(torch::kFloat).abs() / 128 + 1e-30;
+  const double beyond = diff.gt(step * 1.01).to(torch::kFloat).mean().item<double>();
+  EXPECT_LT(beyond, 1e-3) << "elements more than a bf16 step apart";
+  EXPECT_GT(diff.eq(0).to(torch::kFloat).mean().item<double>(), 0.9) << "most elements the same bits";
+}
+
 }  // namespace

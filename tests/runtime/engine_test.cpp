@@ -1120,6 +1120,21 @@ TEST(SixteenBitMaster, EveryTierStepsAlike) {
   std::filesystem::remove(dir);
 }
 
+// fp16.fp16_master_weights_and_grads: an fp16 master (fp32 states) under
+// dynamic loss scaling steps alike on the device and offloaded, and trains.
+TEST(SixteenBitMaster, Fp16MasterStepsAlikeOnEveryTier) {
+  auto config = [](const std::string& zero_section) {
+    return R"({"train_micro_batch_size_per_gpu": 16, "fp16": {"enabled": true, "fp16_master_weights_and_grads": true, )"
+           R"("initial_scale_power": 8}, "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], )"
+           R"("weight_decay": 0.01}}, "zero_optimization": )" + zero_section + "}";
+  };
+  const Run8 device = run_8bit(config(R"({"stage": 2})"), 8);
+  const Run8 cpu = run_8bit(config(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"), 8);
+  expect_same_bits(device, cpu, "fp16 master, cpu");
+  EXPECT_LT(device.losses.back(), device.losses.front());
+  EXPECT_NEAR(static_cast<double>(device.states.optimizer_states) / static_cast<double>(device.num_parameters), 10.0, 0.5);
+}
+
 // The ledger's bytes a parameter (one rank, stage 2): a bf16 master 2, bf16
 // moments 2 + 2 (fp32 ones 8), gradients in bf16 (2) on the device and
 // offloaded, against fp32's 4 + 8 and fp32 gradients; and the estimator's
