@@ -298,9 +298,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   };
   const auto& specs = store_->state_specs();
   const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
+  const int64_t piece_cap = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
-    at::Tensor g32;
+    at::Tensor grad;  // the sub-group's gradient, in its dtype; fp32 and unscaled a piece at a time below
     if (grads_from_device) {
       while (next_grad < sub_groups.size() && next_grad <= k + 1) fetch_grad();
       auto [host, done] = std::move(grads_ahead.front());
@@ -308,11 +309,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       const auto t0 = std::chrono::steady_clock::now();
       done.synchronize();
       copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      g32 = host.to(at::kFloat);
+      grad = host;
     } else {
-      g32 = reducer_->owned(g).narrow(0, start, len).to(m.device(), at::kFloat);
+      grad = reducer_->owned(g).narrow(0, start, len);
     }
-    if (combined != 1.0) g32.mul_(1.0 / combined);
     std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
     if (runs_.empty()) {
       runs.push_back({0, len, params});
@@ -325,10 +325,13 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
         runs.push_back({r.start, r.numel, p});
       }
     }
-    // A piece at a time where the new values go through the host ring
-    // (write_pass); each piece's runs and states are its own slices (a
-    // block-wise state's blocks: pieces start on block boundaries).
-    const int64_t step = low.wanted() ? low.max_piece() : len;
+    // A piece at a time: where the new values go through the host ring
+    // (write_pass), and at most host_staging_numel elements anyway, so a
+    // 16-bit gradient's fp32 copy is one piece, not the sub-group (a whole
+    // partition at the default sub_group_size). Each piece's runs and states
+    // are its own slices (a block-wise state's blocks: pieces start on block
+    // boundaries).
+    const int64_t step = low.wanted() ? low.max_piece() : std::min(len, piece_cap);
     for (const auto& spec : specs)
       ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
                  "a write pass's pieces must start on the optimizer states' block boundaries");
@@ -339,6 +342,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
         const int64_t b = std::max(a, r.start), e = std::min(a + n, r.start + r.numel);
         if (e > b) piece_runs.push_back({b - a, e - b, r.params});
       }
+      // fp32 gradients on the step's device are unscaled in place; others
+      // through this piece's fp32 copy.
+      at::Tensor g32 = (n == len ? grad : grad.narrow(0, a, n)).to(m.device(), at::kFloat);
+      if (combined != 1.0) g32.mul_(1.0 / combined);
       at::Tensor pm = n == len ? m : m.narrow(0, a, n);
       std::vector<at::Tensor> ps;
       for (size_t i = 0; i < s.size(); ++i) {
@@ -351,8 +358,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       const optim::Rounding rounding{options_.stochastic_rounding,
                                      static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
                                      params.step};
-      optim::update_stored(*optimizer_, piece_runs, pm, n == len ? g32 : g32.narrow(0, a, n), ps,
-                           low.wanted() ? &pl : nullptr, rounding);
+      optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, low.wanted() ? &pl : nullptr, rounding);
       if (low.wanted()) low.done();
     }
   });

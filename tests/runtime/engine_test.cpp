@@ -1220,3 +1220,30 @@ TEST(SixteenBitMaster, CheckpointResumesBitForBitAndConvertsPrecision) {
 }
 
 }  // namespace
+
+namespace {
+
+// NOTE [host allocator]: ZERO_HOST_MMAP_THRESHOLD is read at initialize; a
+// value that is not a byte count up to 32 MiB is refused, naming it.
+TEST(HostAllocator, MmapThresholdFromTheEnvironment) {
+  for (const char* bad : {"lots", "64MiB"}) {
+    setenv("ZERO_HOST_MMAP_THRESHOLD", bad, 1);
+    auto model = make_model(1);
+    try {
+      auto engine = zero::initialize(model.ptr(), config_16(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"), quiet());
+      ADD_FAILURE() << "expected a UsageError for " << bad;
+    } catch (const zero::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("ZERO_HOST_MMAP_THRESHOLD: expected a byte count up to 32MiB"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  for (const char* good : {"128KiB", "0"}) {
+    setenv("ZERO_HOST_MMAP_THRESHOLD", good, 1);
+    const Run8 r = run_8bit(config_16(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"), 2);
+    EXPECT_EQ(r.losses.size(), 2u) << good;
+  }
+  unsetenv("ZERO_HOST_MMAP_THRESHOLD");
+}
+
+}  // namespace
