@@ -350,6 +350,8 @@ int estimate(const std::vector<std::string>& args) {
   if (stage && *stage < 3 && off_param != "none") return fail("--offload-param needs --stage 3");
   if (stage && !config_path.empty()) return fail("--stage and --config both choose the configuration: give one");
   if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
+  if (optim_bits == "16" && stage && *stage == 0)
+    return fail("--optim-bits 16: a bf16 master and states need ZeRO stage 1-3 (DeepSpeed's rule); got --stage 0");
   if ((optim_bits == "16" || optim_bits == "all") && precision != "bf16")
     return fail("--optim-bits " + optim_bits + ": a bf16 master and states go with --precision bf16");
   if (given.count("--optim-bits") && !config_path.empty())

@@ -55,23 +55,33 @@ at::Tensor float_of(const at::Tensor& bits) {
   return bits.sub(bits.bitwise_right_shift(31).bitwise_left_shift(32)).to(at::kInt).view(at::kFloat);
 }
 
+// 16-bit patterns (int64 in [0, 2^16)) as a tensor of dtype t.
+at::Tensor as_16bit(at::Tensor bits, at::ScalarType t) {
+  bits = bits.sub(bits.bitwise_right_shift(15).bitwise_left_shift(16));  // as int16
+  return bits.to(at::kShort).view(t);
+}
+
 at::Tensor round_aten(const at::Tensor& x, at::ScalarType t, const Rounding& r, uint32_t stream) {
   const at::Tensor x32 = x.to(at::kFloat).contiguous();
-  if (!r.stochastic) return x32.to(t);
-  const at::Tensor w = words_aten(x32.numel(), x32.options(), r, stream);
   const at::Tensor bits = pattern_of(x32);
+  // NaN as the CPU loop makes it: quiet, its sign and top payload kept
+  // (bf16), or sign | 0x7e00 (fp16), not the device's own NaN.
+  const at::Tensor nan = x32.isnan();
+  const at::Tensor nan_bits = t == at::kBFloat16
+                                  ? as_16bit(bits.bitwise_right_shift(16).bitwise_or(0x40), t)
+                                  : as_16bit(bits.bitwise_right_shift(16).bitwise_and(0x8000).bitwise_or(0x7e00), t);
+  if (!r.stochastic) return at::where(nan, nan_bits, x32.to(t));
+  const at::Tensor w = words_aten(x32.numel(), x32.options(), r, stream);
   if (t == at::kBFloat16) {
-    at::Tensor top = bits.add(w.bitwise_and(kMask16)).bitwise_right_shift(16).bitwise_and(kMask16);
-    top = top.sub(top.bitwise_right_shift(15).bitwise_left_shift(16));  // as int16
-    const at::Tensor sr = top.to(at::kShort).view(at::kBFloat16);
-    return at::where(x32.isnan(), x32.to(at::kBFloat16), sr);
+    const at::Tensor top = bits.add(w.bitwise_and(kMask16)).bitwise_right_shift(16).bitwise_and(kMask16);
+    return at::where(nan, nan_bits, as_16bit(top, t));
   }
   const at::Tensor e = bits.bitwise_right_shift(23).bitwise_and(0xFF);
   const at::Tensor k = at::where(e.ge(113), at::full_like(e, 13), e.neg().add(126).clamp(13, 23));
   const at::Tensor drop = at::ones_like(e).bitwise_left_shift(k).sub(1);
   const at::Tensor kept = bits.add(w.bitwise_and(drop)).bitwise_and(drop.bitwise_not()).bitwise_and(0xFFFFFFFFll);
   const at::Tensor sr = float_of(kept).to(at::kHalf);
-  return at::where(e.eq(255).logical_or(e.lt(103)), x32.to(at::kHalf), sr);
+  return at::where(nan, nan_bits, at::where(e.eq(255).logical_or(e.lt(103)), x32.to(at::kHalf), sr));
 }
 
 bool cpu_contiguous(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
@@ -90,7 +100,7 @@ std::vector<FlatOptimizer::Run> window_runs(const std::vector<FlatOptimizer::Run
 at::Tensor round_to(const at::Tensor& x, at::ScalarType dtype, const Rounding& r, uint32_t stream, bool aten) {
   ZERO_CHECK(is_16bit(dtype), "round_to: bf16 or fp16");
   if (aten || !cpu_contiguous(x) || x.scalar_type() != at::kFloat) return round_aten(x, dtype, r, stream);
-  at::Tensor out = at::empty({x.numel()}, x.options().dtype(dtype));
+  at::Tensor out = at::empty_like(x, x.options().dtype(dtype));
   round_into(x.data_ptr<float>(), static_cast<uint16_t*>(out.data_ptr()), x.numel(), dtype, r, stream);
   return out;
 }
@@ -186,8 +196,9 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
     });
     return;
   }
-  // A device's tensors: windows of 4M elements as ATen operations.
-  constexpr int64_t kWindow = int64_t{1} << 22;
+  // A device's tensors: windows of 1M elements as ATen operations (the
+  // rounding's int64 temporaries are some 8 bytes an element each).
+  constexpr int64_t kWindow = int64_t{1} << 20;
   for (int64_t a = 0; a < n; a += kWindow) {
     const int64_t len = std::min(kWindow, n - a);
     Rounding r = rounding;

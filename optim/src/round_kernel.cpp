@@ -13,7 +13,7 @@ namespace zero::optim::detail {
 namespace {
 
 #define ZERO_INLINE inline __attribute__((always_inline))
-#define ZERO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+#define ZERO_AVX512 __attribute__((target("avx512f,prefer-vector-width=512")))  // what best_isa() checks
 #define ZERO_AVX2 __attribute__((target("avx2")))
 
 // f's body compiled for each ISA, chosen at run time.

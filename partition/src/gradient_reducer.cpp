@@ -207,7 +207,7 @@ class ReduceScatterReducer final : public GradientReducer {
   // buffers on the copy stream, in pieces of at most host_staging_numel
   // elements (the buffers hold a piece, not a whole chunk: with DeepSpeed's
   // default buckets a chunk is a rank's whole partition); the host adds each
-  // into the fp32 partition later (add_host). `recycle` (if defined): the
+  // into the host's partition later (add_host). `recycle` (if defined): the
   // bucket `reduced` lives in, reused once the copy of its last piece has
   // ended (the copies run in stream order).
   void to_host(size_t g, const at::Tensor& reduced, at::Tensor recycle) {

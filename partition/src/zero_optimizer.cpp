@@ -331,7 +331,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     // partition at the default sub_group_size). Each piece's runs and states
     // are its own slices (a block-wise state's blocks: pieces start on block
     // boundaries).
-    const int64_t step = low.wanted() ? low.max_piece() : std::min(len, piece_cap);
+    const int64_t step = std::min(low.wanted() ? low.max_piece() : len, piece_cap);
     for (const auto& spec : specs)
       ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
                  "a write pass's pieces must start on the optimizer states' block boundaries");

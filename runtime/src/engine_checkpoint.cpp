@@ -539,29 +539,45 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   const auto& flat = opt.parameters();
   const auto& store = opt.store();
   const auto saved_states = meta.at("states").get<std::vector<std::string>>();
-  if (saved_states != store.names()) {
+  // Adam's moments in fp32 or bf16 and in 8 bits (NOTE [8-bit states]) are
+  // converted into each other as they load: dequantized, or quantized into
+  // this run's blocks.
+  const std::vector<std::string> adam_names{"fp32_master", "exp_avg", "exp_avg_sq"};
+  const std::vector<std::string> q8_names{"fp32_master", "exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8",
+                                          "exp_avg_sq.sqrt_absmax"};
+  const bool from_8bit = saved_states == q8_names && store.names() == adam_names;
+  const bool to_8bit = saved_states == adam_names && store.names() == q8_names;
+  if (saved_states != store.names() && !from_8bit && !to_8bit) {
     std::string have, want;
     for (const auto& n : saved_states) have += (have.empty() ? "" : ", ") + n;
     for (const auto& n : store.names()) want += (want.empty() ? "" : ", ") + n;
-    const bool bits_differ = (have.find(".q8") == std::string::npos) != (want.find(".q8") == std::string::npos);
     throw ConfigError({meta_path + ": the checkpoint holds the states " + have + " (optimizer " +
                        meta.value("optimizer", "?") + "); this engine's optimizer (" + s.config.optimizer->type_name +
-                       ") has " + want +
-                       (bits_differ ? " (optimizer.params.optim_bits differs: fp32 and 8-bit states are not converted; "
-                                      "load the weights alone with engine.load_weights to start the states afresh)"
-                                    : "")});
+                       ") has " + want + ": load the weights alone with engine.load_weights to start the states afresh"});
   }
+  if ((from_8bit || to_8bit) && s.dist.rank == 0)
+    log::warning(std::string("load_checkpoint: the checkpoint's Adam moments are ") +
+                 (from_8bit ? "8-bit (optimizer.params.optim_bits 8) and this run keeps them element by element: they "
+                              "are dequantized (each value as its code and block scale give it)"
+                            : "element by element and this run keeps them in 8 bits (optimizer.params.optim_bits 8): "
+                              "they are quantized into this run's blocks (each value moves by at most half an E4M3 "
+                              "step of its block's scale)"));
   // A master or states saved in another precision are converted as they
   // are read (NOTE [16-bit master]): widening is exact, narrowing rounds to
   // nearest; say so.
   {
+    // (Checkpoints from before the key: an fp32 master, fp32 or 8-bit states.)
+    const bool saved_blocks = meta.contains("state_blocks") && !meta.at("state_blocks").is_null();
     const nlohmann::json saved_precision =
-        meta.value("precision", nlohmann::json{{"master", "fp32"}, {"states", "fp32"}});
+        meta.value("precision", nlohmann::json{{"master", "fp32"}, {"states", saved_blocks ? "8bit" : "fp32"}});
     const nlohmann::json precision = precision_of(store);
-    if (saved_precision != precision && s.dist.rank == 0)
+    // (8-bit against element-wise moments: said above.)
+    const bool states_differ = saved_precision.value("states", "") != precision.value("states", "") &&
+                               saved_precision.value("states", "") != "8bit" && precision.value("states", "") != "8bit";
+    if ((saved_precision.value("master", "") != precision.value("master", "") || states_differ) && s.dist.rank == 0)
       log::warning("load_checkpoint: the master and optimizer states were saved in " + saved_precision.dump() +
                    "; this run keeps them in " + precision.dump() +
-                   ": they are converted as they are read (to 16 bits: rounded to nearest)");
+                   ": they are converted as they are read (widened exactly, or rounded to nearest into 16 bits)");
   }
   const ckpt::SavedLayout saved = ckpt::SavedLayout::from_json(meta.at("layout"), meta_path);
   const auto index = saved.index();
@@ -594,6 +610,8 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     if (blockwise_state(specs[i])) blockwise.push_back(i);
     else by_range.push_back(store.names()[i + 1]);
   }
+  if (from_8bit) by_range = {adam_names[0]};  // the moments from the saved blocks below
+  if (to_8bit) by_range = adam_names;         // the moments by element ranges, quantized below
   // 8-bit states laid out as this run lays them out (partitions, groups,
   // sub-groups) are read as they are; otherwise each moment is dequantized
   // from the saved blocks and quantized again in this run's (NOTE [8-bit
@@ -601,18 +619,17 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   // its new block's scale.
   bool requantize = false;
   int64_t saved_sub_group = 0;
-  if (!blockwise.empty()) {
+  if ((!blockwise.empty() && !to_8bit) || from_8bit) {
     const nlohmann::json want = {{"partitions", flat.world_size()}, {"sub_group_size", s.config.zero.sub_group_size}};
     const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
     const bool same_groups = meta.at("layout") == ckpt::layout_of(flat, flat.world_size(), *s.model).to_json();
-    const std::vector<std::string> q8 = {"exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax"};
     if (!have.is_object() || !have.contains("sub_group_size") || !have.at("sub_group_size").is_number_integer() ||
         have.at("sub_group_size").get<int64_t>() < 1)
       throw IoError(meta_path + ": 8-bit optimizer states without their state_blocks layout: a damaged checkpoint");
-    requantize = have != want || !same_groups;
-    if (requantize && std::vector<std::string>(store.names().begin() + 1, store.names().end()) != q8)
-      throw ConfigError({meta_path + ": block-wise states other than 8-bit Adam's load only as they were laid out"});
     saved_sub_group = have.at("sub_group_size").get<int64_t>();
+    requantize = !from_8bit && (have != want || !same_groups);
+    if (requantize && store.names() != q8_names)
+      throw ConfigError({meta_path + ": block-wise states other than 8-bit Adam's load only as they were laid out"});
     if (requantize && s.dist.rank == 0)
       log::warning("load_checkpoint: the 8-bit optimizer states were saved laid out by " + have.dump() + " at stage " +
                    std::to_string(meta.value("stage", -1)) + (same_groups ? "" : " with other groups") +
@@ -652,43 +669,73 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   const std::string own_file = part_name(layout_rank) + ".safetensors";  // stage 0: rank 0's, which holds all
   std::vector<at::Tensor> group_state(specs.size());  // block-wise: group g's saved tensor
   std::vector<int64_t> group_at(specs.size());        // where the next sub-group's part starts in it
+  // Sub-group k's moments by value from the saved 8-bit blocks (saved
+  // sub-groups split each chunk from its start: element e of a saved chunk
+  // is in block (e / S) * ceil(S / 256) + (e % S) / 256): exp_avg into mv and
+  // the square root of exp_avg_sq into sv.
+  auto dequantize_saved = [&](size_t k, std::vector<float>& mv, std::vector<float>& sv) {
+    const auto [g, start, len] = groups[k];
+    const int64_t S = saved_sub_group, per_sub = (S + 255) / 256;
+    mv.assign(static_cast<size_t>(len), 0.0f);
+    sv.assign(static_cast<size_t>(len), 0.0f);
+    for (const auto& pc : ckpt::map_range(flat, layout_rank, g, start, len, saved, index, meta_path)) {
+      const SavedQ8& q = saved_q8_of(pc.part, pc.group);
+      const int64_t blocks = q.m_scale.numel(), last = pc.begin + pc.count - 1;
+      if (pc.count <= 0) continue;
+      if (last >= q.m_codes.numel() || q.v_codes.numel() != q.m_codes.numel() || q.v_scale.numel() != blocks ||
+          (last / S) * per_sub + (last % S) / 256 >= blocks)
+        throw IoError(tag_dir + "/" + part_name(pc.part) + ".safetensors: its 8-bit states of group " +
+                      std::to_string(pc.group) + " do not hold the elements the checkpoint's layout says");
+      const uint8_t* mc = q.m_codes.data_ptr<uint8_t>();
+      const uint8_t* vc = q.v_codes.data_ptr<uint8_t>();
+      const float* ms = q.m_scale.data_ptr<float>();
+      const float* vs = q.v_scale.data_ptr<float>();
+      for (int64_t e = pc.begin; e < pc.begin + pc.count; ++e) {
+        const int64_t b = (e / S) * per_sub + (e % S) / 256;  // below `blocks`: checked for the last
+        mv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(mc[e], ms[b]);
+        sv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(vc[e], vs[b]);
+      }
+    }
+  };
+  // Quantizes exp_avg (mv) and the square root of exp_avg_sq (sv) of a
+  // sub-group into this run's 8-bit states.
+  auto quantize_into = [&](std::vector<at::Tensor>& st, const float* mv, const float* sv, int64_t len) {
+    at::Tensor codes = at::empty({len}, at::kByte), scale = at::empty({st[1].numel()}, at::kFloat);
+    optim::quantize_8bit(mv, len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+    st[0].copy_(codes);
+    st[1].copy_(scale);
+    optim::quantize_8bit(sv, len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+    st[2].copy_(codes);
+    st[3].copy_(scale);
+  };
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    const int64_t len = groups[k].numel;
+    std::vector<float> mv, sv;
+    if (from_8bit) {  // the master by ranges; the moments dequantized, v = s * s as the step squares it
+      std::vector<at::Tensor*> dsts{&m};
+      loader.fill(k, dsts);
+      dequantize_saved(k, mv, sv);
+      at::Tensor mt = at::from_blob(mv.data(), {len}, at::kFloat), stt = at::from_blob(sv.data(), {len}, at::kFloat);
+      st[0].copy_(mt);
+      st[1].copy_(stt.mul(stt));
+      return;
+    }
+    if (to_8bit) {  // the moments by ranges into fp32, then quantized (the second as its square root)
+      at::Tensor tm = at::empty({len}, at::kFloat), tv = at::empty({len}, at::kFloat);
+      std::vector<at::Tensor*> dsts{&m, &tm, &tv};
+      loader.fill(k, dsts);
+      tv = tv.to(at::kDouble).sqrt().to(at::kFloat);  // correctly rounded, as the kernel's sqrt
+      quantize_into(st, tm.data_ptr<float>(), tv.data_ptr<float>(), len);
+      return;
+    }
     std::vector<at::Tensor*> dsts{&m};
     for (size_t i = 0; i < st.size(); ++i)
       if (std::find(blockwise.begin(), blockwise.end(), i) == blockwise.end()) dsts.push_back(&st[i]);
     loader.fill(k, dsts);
     const size_t g = groups[k].group;
     if (requantize) {
-      // This sub-group's moments by value from the saved blocks (saved
-      // sub-groups split each chunk from its start: element e of a saved
-      // chunk is in block (e / S) * ceil(S / 256) + (e % S) / 256).
-      const int64_t len = groups[k].numel, S = saved_sub_group, per_sub = (S + 255) / 256;
-      std::vector<float> mv(static_cast<size_t>(len), 0.0f), sv(static_cast<size_t>(len), 0.0f);
-      for (const auto& pc : ckpt::map_range(flat, layout_rank, g, groups[k].start, len, saved, index, meta_path)) {
-        const SavedQ8& q = saved_q8_of(pc.part, pc.group);
-        const int64_t blocks = q.m_scale.numel(), last = pc.begin + pc.count - 1;
-        if (pc.count <= 0) continue;
-        if (last >= q.m_codes.numel() || q.v_codes.numel() != q.m_codes.numel() || q.v_scale.numel() != blocks ||
-            (last / S) * per_sub + (last % S) / 256 >= blocks)
-          throw IoError(tag_dir + "/" + part_name(pc.part) + ".safetensors: its 8-bit states of group " +
-                        std::to_string(pc.group) + " do not hold the elements the checkpoint's layout says");
-        const uint8_t* mc = q.m_codes.data_ptr<uint8_t>();
-        const uint8_t* vc = q.v_codes.data_ptr<uint8_t>();
-        const float* ms = q.m_scale.data_ptr<float>();
-        const float* vs = q.v_scale.data_ptr<float>();
-        for (int64_t e = pc.begin; e < pc.begin + pc.count; ++e) {
-          const int64_t b = (e / S) * per_sub + (e % S) / 256;  // below `blocks`: checked for the last
-          mv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(mc[e], ms[b]);
-          sv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(vc[e], vs[b]);
-        }
-      }
-      at::Tensor codes = at::empty({len}, at::kByte), scale = at::empty({st[1].numel()}, at::kFloat);
-      optim::quantize_8bit(mv.data(), len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
-      st[0].copy_(codes);
-      st[1].copy_(scale);
-      optim::quantize_8bit(sv.data(), len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
-      st[2].copy_(codes);
-      st[3].copy_(scale);
+      dequantize_saved(k, mv, sv);
+      quantize_into(st, mv.data(), sv.data(), len);
       return;
     }
     const bool first_of_group = k == 0 || groups[k - 1].group != g;
@@ -862,11 +909,13 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
       else if (at::isFloatingType(t.dtype) && t.dtype != s.dtype) ++other_dtype[ckpt::dtype_name(t.dtype)];
     }
     for (const auto& [dtype, n] : other_dtype) {
-      // The master is fp32 whatever the compute dtype: a 16-bit file gives it
+      // The master is fp32 unless it is 16-bit by the config: a 16-bit file gives it
       // 16-bit values; an fp32 file keeps them whole and only the compute
       // copy is rounded.
       const std::string compute = ckpt::dtype_name(s.dtype);
-      const std::string how = dtype == "F64"   ? "the fp32 master is rounded from them"
+      // (A 16-bit master, NOTE [16-bit master], is the compute copy's dtype.)
+      const std::string how = store.master_dtype() != at::kFloat ? "the " + compute + " master and compute copy are rounded from them"
+                              : dtype == "F64"   ? "the fp32 master is rounded from them"
                               : dtype == "F32" ? "the fp32 master keeps them whole, the " + compute +
                                                      " compute copy is rounded from them"
                                                : "the fp32 master starts from the " + dtype + " values";

@@ -74,7 +74,7 @@ void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {
   const at::ScalarType dtype = options.dtype.value_or(s.dtype);
   if (c10::elementSize(dtype) > c10::elementSize(s.dtype) || !at::isFloatingType(dtype))
     throw UsageError(what + ": dtype " + std::string(ckpt::dtype_name(dtype)) + " from a model that computes in " +
-                     ckpt::dtype_name(s.dtype) + " would only pad the values it holds; the fp32 master is in the "
+                     ckpt::dtype_name(s.dtype) + " would only pad the values it holds; the master (fp32 unless 16-bit) is in the "
                      "engine's checkpoints: save_checkpoint, then `zero checkpoint export --hf --dtype fp32`");
   auto rename = [&](const std::string& n) {
     std::string out = n;

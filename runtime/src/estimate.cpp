@@ -1,7 +1,8 @@
 // NOTE [memory estimate]
 // The engine's model states per rank, written down from where the engine
 // allocates them (N ranks; p the compute dtype's bytes, g the gradient
-// accumulation dtype's: fp16 2, else 4, or data_types.grad_accum_dtype):
+// accumulation dtype's: fp16 2, bf16 with a bf16 master 2, else 4, or
+// data_types.grad_accum_dtype):
 //
 // - Flat layout (NOTE [flat layout]): below stage 3 the parameters are packed
 //   in model order into groups of at most min(reduce_bucket_size,
@@ -22,7 +23,7 @@
 //   2-3 the partition, g x P on the device, or 4 x P on the host when the
 //   optimizer is offloaded (accumulated in fp32 there). With bf16/fp16
 //   master weights and grads (NOTE [16-bit master]) g is 2 unless
-//   grad_accum_dtype says otherwise, and the host's partition 2 x P.
+//   grad_accum_dtype says otherwise, and the host's partition g x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
 //   two 1-byte codes and a 4-byte scale per 256 elements of each sub-group,
 //   about 2.03 x P (NOTE [8-bit states]) (Adagrad's and Lion's one, 4 x P;
@@ -193,7 +194,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 
   // Gradients.
   if (z.stage < 2) e.device.gradients = g * flat;
-  else if (off_opt) e.host.gradients = master_bytes * part;
+  else if (off_opt) e.host.gradients = (master16 ? g : 4) * part;
   else e.device.gradients = g * part;
 
   // Optimizer states: two moments and, unless the parameters are it, a master.
@@ -305,8 +306,6 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
   e.host_activations = activations.host;
   const int64_t N = std::max<int64_t>(1, c.world_size);
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
-  const bool master16 = sixteen_bit_master(c);
-  const int64_t master_bytes = master16 ? 2 : 4;
   const int64_t g = grad_bytes(c);
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
   const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;

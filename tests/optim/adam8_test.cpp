@@ -395,7 +395,9 @@ TEST(Adam8, ANanLaneIsSkippedByTheScaleOnEveryPath) {
   }
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(st[0][i].item<uint8_t>() & 0x7f, results[0].mc[i] & 0x7f) << i;
-    if (i != 300) ASSERT_EQ(st[0][i].item<uint8_t>(), results[0].mc[i]) << i;
+    if (i != 300) {
+      ASSERT_EQ(st[0][i].item<uint8_t>(), results[0].mc[i]) << i;
+    }
   }
 }
 

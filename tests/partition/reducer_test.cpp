@@ -256,10 +256,11 @@ TEST(ReducerKeys, ParameterPiecesStepAsWholeSubGroups) {
           opt.step({step, 1e-3, 0.9, 0.999}, 1.0, 0.0);
         }
         results.push_back(opt.parameters().flat().clone());
-        if (staging > 0)  // the rings, gradients and new values: two fp32 pieces each, not two sub-groups
+        if (staging > 0) {  // the rings, gradients and new values: two fp32 pieces each, not two sub-groups
           EXPECT_LE(ledger.get(zero::Tier::kPinnedHost, zero::Kind::kCommBuffers).peak_bytes +
                         ledger.get(zero::Tier::kHost, zero::Kind::kCommBuffers).peak_bytes,
                     2 * 2 * 256 * 4);
+        }
       }
       EXPECT_TRUE(results[0].equal(results[1])) << "optim_bits " << bits << " rank " << rank;
     });

@@ -1028,7 +1028,8 @@ TEST(EightBitStates, TrainsAsFp32StatesWithinTheQuantizationError) {
 
 // A checkpoint keeps the codes and scales as they are: a resumed run steps
 // on bit for bit; a run laid out otherwise requantizes them and steps on
-// within their error; fp32 states from it are refused, saying why.
+// within their error; fp32 states load from it dequantized, and 8-bit states
+// from an fp32 checkpoint quantized.
 TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_ckpt_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
@@ -1068,16 +1069,37 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
     EXPECT_LT(std::sqrt(diff / norm), 5e-3) << other;
     EXPECT_GT(diff, 0.0) << other << ": requantized, not the same bits";
   }
-  {  // fp32 states from an 8-bit checkpoint: not converted, said so.
+  // fp32 states from the 8-bit checkpoint: dequantized, with a warning; and
+  // 8-bit states from an fp32 checkpoint: quantized. The first loss is the
+  // saved run's (the parameters are the master's), the next follow it.
+  auto fp32 = config;
+  fp32.replace(fp32.find(R"(, "optim_bits": 8)"), std::string(R"(, "optim_bits": 8)").size(), "");
+  testing::internal::CaptureStderr();
+  const Run8 widened = run_8bit(fp32, 6, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "at3");
+  });
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("they are dequantized"), std::string::npos) << err;
+  EXPECT_EQ(widened.losses[0], whole.losses[3]);
+  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(widened.losses[i], whole.losses[3 + i], 0.01 * whole.losses[3 + i]);
+  const Run8 f = run_8bit(fp32, 6, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "fp32");
+  });
+  const Run8 quantized = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "fp32");
+  });
+  EXPECT_EQ(quantized.losses[0], f.losses[3]);
+  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(quantized.losses[i], f.losses[3 + i], 0.01 * f.losses[3 + i]);
+  {  // Another optimizer's states are refused, saying what to do.
     auto model = make_model(7);
-    auto fp32 = config;
-    fp32.replace(fp32.find(R"(, "optim_bits": 8)"), std::string(R"(, "optim_bits": 8)").size(), "");
-    auto engine = zero::initialize(model.ptr(), fp32, quiet());
+    const std::string lion = R"({"train_micro_batch_size_per_gpu": 16, "optimizer": {"type": "Lion", "params": {"lr": 0.001}}, )"
+                             R"("zero_optimization": {"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}}})";
+    auto engine = zero::initialize(model.ptr(), lion, quiet());
     try {
       engine.load_checkpoint(dir, "at3");
       ADD_FAILURE() << "expected a ConfigError";
     } catch (const zero::ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("optim_bits differs"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("engine.load_weights"), std::string::npos) << e.what();
     }
   }
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
@@ -1143,12 +1165,16 @@ TEST(SixteenBitMaster, LedgerHoldsTheFormulasBytes) {
   struct Case {
     std::string bf16_keys;
     double states, grads;
+    std::string top;  // more top-level keys
   };
   for (const Case& c : {Case{kMasterAndStates, 6.0, 2.0}, Case{R"(, "bf16_master_weights_and_grads": true)", 10.0, 2.0},
-                        Case{"", 12.0, 4.0}}) {
+                        Case{"", 12.0, 4.0},
+                        // data_types.grad_accum_dtype is honoured on every tier
+                        Case{kMasterAndStates, 6.0, 4.0, R"(, "data_types": {"grad_accum_dtype": "fp32"})"}}) {
     for (const char* offload : {"", R"(, "offload_optimizer": {"device": "cpu"})"}) {
       auto model = make_model(1);
-      auto engine = zero::initialize(model.ptr(), config_16(std::string(R"({"stage": 2)") + offload + "}", c.bf16_keys), quiet());
+      auto engine = zero::initialize(model.ptr(), config_16(std::string(R"({"stage": 2)") + offload + "}" + c.top, c.bf16_keys),
+                                     quiet());
       const double psi = static_cast<double>(engine.num_parameters());
       const auto bytes = engine.model_state_bytes();
       EXPECT_NEAR(static_cast<double>(bytes.optimizer_states) / psi, c.states, 0.05 * c.states) << c.bf16_keys << offload;

@@ -334,7 +334,8 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
            {"--params 1e9 --stage 2 --offload-param cpu", "--offload-param needs --stage 3"},
            {"--params 1e9 --devise-memory 1GB", "did you mean --device-memory?"},
            {"--params 1e9 --optim-bits 4", "--optim-bits: expected 32, 16, 8, both or all"},
-           {"--params 1e9 --precision fp16 --optim-bits 16", "a bf16 master and states go with --precision bf16"}}) {
+           {"--params 1e9 --precision fp16 --optim-bits 16", "a bf16 master and states go with --precision bf16"},
+           {"--params 1e9 --stage 0 --optim-bits 16", "need ZeRO stage 1-3"}}) {
     EXPECT_EQ(sh(e + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
   }

@@ -146,7 +146,7 @@ void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax
 // stored bytes: a bf16 master and bf16 states read and write 2 + 2 + 2
 // bytes each and the fp32 gradient 4, against 12 + 4 with fp32 ones, and
 // the model's 16-bit copy is the master's own bits. On a device, windows of
-// 4M elements as ATen operations.
+// 1M elements as ATen operations.
 // Rounding back to nearest loses every update below half a step of the
 // value's 16-bit grid: a bf16 weight of 1.0 ignores any lr * update under
 // 2^-9, so at small learning rates training stalls. Stochastic rounding (on

@@ -10,8 +10,8 @@
 // pin_memory, within the ledger's pinned limit); or NVMe swap files
 // (offload_optimizer nvme, NOTE [optimizer swapping]). At stages 2-3 it also
 // keeps the reduced gradient partition (the reducer adds into it; on the
-// device in grad_accum_dtype, or, offloaded, fp32 in host memory for every
-// tier). The master may be the parameters themselves (fp32 compute with
+// device in grad_accum_dtype, or, offloaded, in host memory for every tier:
+// fp32, or grad_accum_dtype with a 16-bit master). The master may be the parameters themselves (fp32 compute with
 // neither offload nor partitioned optimizer states): then nothing is copied.
 //
 // The step sees the partition as sub-groups of at most sub_group_size
@@ -51,12 +51,12 @@ struct StoreOptions {
   std::optional<SwapOptions> nvme;
   int64_t sub_group_size = 1000000000;
   /// Stages 2-3: keep the reduced gradient partition, in `grad_dtype` on
-  /// the device (offloaded: fp32 in host memory).
+  /// the device (offloaded: in host memory, fp32, or `grad_dtype` with a
+  /// 16-bit master).
   bool grad_partition = false;
   at::ScalarType grad_dtype = at::kFloat;
   /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
-  /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/); a 16-bit
-  /// master's offloaded gradient partition is in its dtype too.
+  /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/).
   at::ScalarType master_dtype = at::kFloat;
 };
 

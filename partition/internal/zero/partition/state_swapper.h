@@ -1,9 +1,9 @@
-// The owned partition's fp32 master and optimizer states in NVMe swap files,
+// The owned partition's master and optimizer states in NVMe swap files,
 // stepped sub-group by sub-group through a few host buffers.
 //
 // NOTE [optimizer swapping]
 // With offload_optimizer.device = nvme, each state tensor of the owned
-// partition (the fp32 master, then the optimizer's states: exp_avg,
+// partition (the master, fp32 or 16-bit, then the optimizer's states: exp_avg,
 // exp_avg_sq for Adam) is one swap file (NOTE [swap files]). The partition is
 // cut into sub-groups of at most sub_group_size elements; sub-group k sits at
 // a 4 KiB-aligned offset in every file, so each transfer is O_DIRECT. A

@@ -1,5 +1,6 @@
 // The ZeRO optimizer: owns the flat parameters, and through its parts the
-// gradients (GradientReducer, NOTE [gradient path]) and the fp32 master and
+// gradients (GradientReducer, NOTE [gradient path]) and the master (fp32 or
+// 16-bit, NOTE [16-bit master]) and
 // optimizer states (StateStore, NOTE [state store]); applies one optimizer
 // step at each accumulation boundary, the same step loop for every stage and
 // tier:
@@ -69,8 +70,8 @@ struct ZeroOptimizerOptions {
   /// Skip the step when gradients are not finite (fp16 always; bf16 when
   /// bf16.check_grad_overflow).
   bool check_overflow = true;
-  /// offload_optimizer.device = cpu (stages 1-3): fp32 master, optimizer
-  /// states and (stages 2-3) the fp32 gradient partition live in host memory
+  /// offload_optimizer.device = cpu (stages 1-3): the master, optimizer
+  /// states and (stages 2-3) the gradient partition live in host memory
   /// and the optimizer runs on the CPU; see NOTE [optimizer offload].
   bool offload_optimizer = false;
   /// offload_optimizer.pin_memory: the host buffers are page-locked (the

@@ -294,12 +294,13 @@ class Engine {
   /// files (other files, a tokenizer say, stay). A collective; at stage 3
   /// it needs stage3_gather_16bit_weights_on_model_save, as
   /// save_16bit_model. Throws ConfigError, UsageError (a dtype larger than
-  /// the compute dtype: the fp32 master is exported from a checkpoint by
+  /// the compute dtype: the master (fp32 unless 16-bit) is exported from a checkpoint by
   /// `zero checkpoint export --hf`), IoError, CommunicationError.
   void save_hf(const std::string& dir, const SaveHfOptions& options = {});
 
   /// Saves the training state as `dir`/`tag`/ (docs/checkpoints.md): every
-  /// rank writes its partition of the fp32 master and optimizer states from
+  /// rank writes its partition of the master (fp32, or 16-bit: NOTE [16-bit
+  /// master]) and optimizer states from
   /// where they live (device, host, NVMe), in parallel, with block checksums;
   /// rank 0 the buffers and frozen parameters, the step counters, LR
   /// schedule, loss scaler and `client_state` (a JSON object) in meta.json;
@@ -332,7 +333,7 @@ class Engine {
   /// model with other parameters), ConfigError (another optimizer),
   /// CommunicationError.
   CheckpointStats load_checkpoint(const std::string& dir, const std::string& tag = "");
-  /// Sets the parameters (and the fp32 master) from full weights by
+  /// Sets the parameters (and the master) from full weights by
   /// parameter name: one safetensors file (as `zero checkpoint consolidate`
   /// writes it), a sharded set's index (model.safetensors.index.json), or a
   /// folder holding either (Hugging Face's save_pretrained layout). Each
@@ -341,7 +342,7 @@ class Engine {
   /// through `options` (a prefix off or on, a rename); a tied parameter is
   /// found under any of its names. Buffers and frozen parameters found by
   /// name are loaded too. Rank 0 warns, naming them, of tensors in another
-  /// dtype than the model computes in (converted: the fp32 master starts
+  /// dtype than the model computes in (converted: an fp32 master starts
   /// from the file's values, the compute copy is rounded from the master)
   /// and of tensors the model
   /// has no place for (not loaded). The optimizer states start anew: call it
