@@ -1,7 +1,7 @@
 // Widening 16-bit floats to fp32 and rounding fp32 back, to nearest or
 // stochastically, and Adam over a bf16 master and bf16 moments in one pass
 // (NOTE [16-bit master] in flat_optimizer.h): branch-free loops the compiler
-// vectorises, compiled once per instruction set and chosen by best_isa(),
+// vectorises, compiled once per instruction set and chosen at run time,
 // every one the same bits (IEEE operations in the same order, no FMA).
 #include <algorithm>
 #include <cstdint>
@@ -13,7 +13,21 @@ namespace zero::optim::detail {
 namespace {
 
 #define ZERO_INLINE inline __attribute__((always_inline))
-#define ZERO_AVX512 __attribute__((target("avx512f,prefer-vector-width=512")))  // what best_isa() checks
+#define ZERO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+
+// The ISA of these kernels: their AVX-512 copy packs 16-bit lanes (BW, VL,
+// DQ besides F), so it runs where the CPU has all four; else AVX2's.
+Isa isa_16bit() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    return Isa::kScalar;
+  }();
+  return isa;
+}
 #define ZERO_AVX2 __attribute__((target("avx2")))
 
 // f's body compiled for each ISA, chosen at run time.
@@ -22,7 +36,7 @@ namespace {
   ZERO_AVX2 void name##_avx2 params { name##_body args; }     \
   void name##_scalar params { name##_body args; }             \
   void name params {                                          \
-    switch (best_isa()) {                                     \
+    switch (isa_16bit()) {                                    \
       case Isa::kAvx512: return name##_avx512 args;           \
       case Isa::kAvx2: return name##_avx2 args;               \
       case Isa::kScalar: break;                               \
