@@ -965,25 +965,35 @@ void expect_same_bits(const Run8& a, const Run8& b, const std::string& what) {
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], b.params[i])) << what << ": parameter " << i;
 }
 
-// The states on the device, in host memory and in NVMe swap files (whose
-// files hold the codes and scales) step alike, bit for bit, at stages 1-3,
-// with sub-groups that split the blocks of a group unevenly.
-TEST(EightBitStates, EveryTierStepsAlike) {
-  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_" + std::to_string(getpid());
+// Runs 4 steps of `config_of(zero_section)` at stages 1-3 with sub-groups
+// of 3000 elements with the states on the device, in host memory and in NVMe
+// swap files; expects the same bits on every tier (`stage3_layers`: stage 3
+// partitions the blocks' matrices, layer by layer).
+void expect_every_tier_steps_alike(const std::function<std::string(const std::string&)>& config_of,
+                                   const std::string& name, bool stage3_layers) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_" + name + "_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   for (int stage : {1, 2, 3}) {
-    const std::string base = R"({"stage": )" + std::to_string(stage) + R"(, "sub_group_size": 3000)";
-    const Run8 device = run_8bit(config_8bit(base + "}"), 4);
-    const Run8 cpu = run_8bit(config_8bit(base + R"(, "offload_optimizer": {"device": "cpu"}})"), 4);
-    const Run8 nvme = run_8bit(config_8bit(base + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
-                                            R"(", "buffer_count": 2, "pipeline_read": true}})"),
+    const std::string base = R"({"stage": )" + std::to_string(stage) + R"(, "sub_group_size": 3000)" +
+                             (stage == 3 && stage3_layers ? R"(, "stage3_param_persistence_threshold": 100)" : "");
+    const Run8 device = run_8bit(config_of(base + "}"), 4);
+    const Run8 cpu = run_8bit(config_of(base + R"(, "offload_optimizer": {"device": "cpu"}})"), 4);
+    const Run8 nvme = run_8bit(config_of(base + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
+                                         R"(", "buffer_count": 2, "pipeline_read": true}})"),
                                4);
-    expect_same_bits(device, cpu, "stage " + std::to_string(stage) + " cpu");
-    expect_same_bits(device, nvme, "stage " + std::to_string(stage) + " nvme");
+    expect_same_bits(device, cpu, name + " stage " + std::to_string(stage) + " cpu");
+    expect_same_bits(device, nvme, name + " stage " + std::to_string(stage) + " nvme");
     EXPECT_LT(device.losses.back(), device.losses.front());
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove(dir);
+}
+
+// The states on the device, in host memory and in NVMe swap files (whose
+// files hold the codes and scales) step alike, bit for bit, at stages 1-3,
+// with sub-groups that split the blocks of a group unevenly.
+TEST(EightBitStates, EveryTierStepsAlike) {
+  expect_every_tier_steps_alike([](const std::string& z) { return config_8bit(z); }, "8bit", false);
 }
 
 // The ledger's optimizer states: two 8-bit moments with their block scales
@@ -1119,27 +1129,11 @@ std::string config_16(const std::string& zero_section, const std::string& bf16_k
 }
 
 // The master and states on the device, in host memory and in NVMe swap
-// files of their 16-bit size step alike, bit for bit, at stages 1-3: the
-// stochastic rounding's words follow the flat index and the step, not the
-// tier, the sub-group or the thread.
+// files of their 16-bit size step alike, bit for bit, at stages 1-3 (stage
+// 3 layer by layer): the stochastic rounding's words follow the flat index
+// and the step, not the tier, the sub-group or the thread.
 TEST(SixteenBitMaster, EveryTierStepsAlike) {
-  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_16bit_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  for (int stage : {1, 2, 3}) {
-    // (stage 3: the blocks' matrices partitioned, layer by layer)
-    const std::string base = R"({"stage": )" + std::to_string(stage) + R"(, "sub_group_size": 3000)" +
-                             (stage == 3 ? R"(, "stage3_param_persistence_threshold": 100)" : "");
-    const Run8 device = run_8bit(config_16(base + "}"), 4);
-    const Run8 cpu = run_8bit(config_16(base + R"(, "offload_optimizer": {"device": "cpu"}})"), 4);
-    const Run8 nvme = run_8bit(config_16(base + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
-                                         R"(", "buffer_count": 2, "pipeline_read": true}})"),
-                               4);
-    expect_same_bits(device, cpu, "stage " + std::to_string(stage) + " cpu");
-    expect_same_bits(device, nvme, "stage " + std::to_string(stage) + " nvme");
-    EXPECT_LT(device.losses.back(), device.losses.front());
-  }
-  EXPECT_TRUE(std::filesystem::is_empty(dir));
-  std::filesystem::remove(dir);
+  expect_every_tier_steps_alike([](const std::string& z) { return config_16(z); }, "16bit", true);
 }
 
 // fp16.fp16_master_weights_and_grads: an fp16 master (fp32 states) under
