@@ -1136,6 +1136,19 @@ TEST(SixteenBitMaster, EveryTierStepsAlike) {
   expect_every_tier_steps_alike([](const std::string& z) { return config_16(z); }, "16bit", true);
 }
 
+// A bf16 master with 8-bit states (bf16_master_weights_and_grads and
+// optim_bits 8): block-wise states under a 16-bit master step alike on every
+// tier too, and train.
+TEST(SixteenBitMaster, WithEightBitStatesEveryTierStepsAlike) {
+  expect_every_tier_steps_alike(
+      [](const std::string& z) {
+        std::string c = config_16(z, R"(, "bf16_master_weights_and_grads": true)");
+        const std::string wd = R"("weight_decay": 0.01})";
+        return c.replace(c.find(wd), wd.size(), R"("weight_decay": 0.01, "optim_bits": 8})");
+      },
+      "16bit_8bit", true);
+}
+
 // fp16.fp16_master_weights_and_grads: an fp16 master (fp32 states) under
 // dynamic loss scaling steps alike on the device and offloaded, and trains.
 TEST(SixteenBitMaster, Fp16MasterStepsAlikeOnEveryTier) {
