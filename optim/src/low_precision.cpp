@@ -9,6 +9,7 @@
 #include <c10/util/Half.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "adam_kernel.h"
 #include "zero/core/error.h"
@@ -139,7 +140,10 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
     const bool all_bf16 = mt == at::kBFloat16 && narrow.size() == states.size() && (low == nullptr || low_is_master) &&
                           std::all_of(states.begin(), states.end(),
                                       [](const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; });
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, windows, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    // A window's kernels run inline (32K elements is their grain); isolated
+    // all the same, so a worker waiting inside one never picks up another
+    // window, which would reuse its thread's scratch.
+    auto body = [&](const tbb::blocked_range<int64_t>& range) {
       thread_local std::vector<float> scratch;
       scratch.resize(static_cast<size_t>(kWindow) * (1 + narrow.size()));
       for (int64_t w = range.begin(); w < range.end(); ++w) {
@@ -193,6 +197,9 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
           round_into(s32[i], static_cast<uint16_t*>(states[i].data_ptr()) + a, len, states[i].scalar_type(), r,
                      static_cast<uint32_t>(1 + i));
       }
+    };
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, windows, 1), [&](const tbb::blocked_range<int64_t>& range) {
+      tbb::this_task_arena::isolate([&] { body(range); });
     });
     return;
   }
