@@ -343,17 +343,22 @@ void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::O
   const int64_t n = param.numel(), block = detail::kQuantBlock;
   for (int64_t a = 0; a < n; a += kWindow) {
     const int64_t len = std::min(kWindow, n - a);
-    std::vector<FlatOptimizer::Run> window_runs;
-    for (const auto& r : runs) {
-      const int64_t b = std::max(a, r.start), e = std::min(a + len, r.start + r.numel);
-      if (e > b) window_runs.push_back({b - a, e - b, r.params});
-    }
+    const std::vector<FlatOptimizer::Run> window_runs = runs_within(runs, a, len);
     std::vector<at::Tensor> st{states[0].narrow(0, a, len), states[1].narrow(0, a / block, (len + block - 1) / block),
                                states[2].narrow(0, a, len), states[3].narrow(0, a / block, (len + block - 1) / block)};
     at::Tensor l = low != nullptr ? low->narrow(0, a, len) : at::Tensor();
     adam_8bit_aten_window(window_runs, config, param.narrow(0, a, len), grad.narrow(0, a, len), st,
                           low != nullptr ? &l : nullptr);
   }
+}
+
+std::vector<FlatOptimizer::Run> runs_within(const std::vector<FlatOptimizer::Run>& runs, int64_t start, int64_t numel) {
+  std::vector<FlatOptimizer::Run> out;
+  for (const auto& r : runs) {
+    const int64_t b = std::max(start, r.start), e = std::min(start + numel, r.start + r.numel);
+    if (e > b) out.push_back({b - start, e - b, r.params});
+  }
+  return out;
 }
 
 const char* cpu_adam_isa() { return detail::to_string(detail::best_isa()); }

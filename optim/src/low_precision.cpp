@@ -87,14 +87,6 @@ at::Tensor round_aten(const at::Tensor& x, at::ScalarType t, const Rounding& r, 
 
 bool cpu_contiguous(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
 
-std::vector<FlatOptimizer::Run> window_runs(const std::vector<FlatOptimizer::Run>& runs, int64_t a, int64_t len) {
-  std::vector<FlatOptimizer::Run> out;
-  for (const auto& r : runs) {
-    const int64_t b = std::max(a, r.start), e = std::min(a + len, r.start + r.numel);
-    if (e > b) out.push_back({b - a, e - b, r.params});
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -150,7 +142,7 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
         const int64_t a = w * kWindow, len = std::min(kWindow, n - a);
         Rounding r = rounding;
         r.index = rounding.index + static_cast<uint64_t>(a);
-        const auto wr = window_runs(runs, a, len);
+        const auto wr = runs_within(runs, a, len);
         if (all_bf16) {  // the optimizer's one-pass bf16 kernel, where it has one
           std::vector<uint16_t*> s16;
           for (auto& t : states) s16.push_back(static_cast<uint16_t*>(t.data_ptr()) + a);
@@ -219,7 +211,7 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
       s32.push_back(is_16bit(sw.scalar_type()) ? sw.to(at::kFloat) : sw);
     }
     at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();
-    opt.update_runs(window_runs(runs, a, len), m32, grad.narrow(0, a, len), s32, l.defined() ? &l : nullptr);
+    opt.update_runs(runs_within(runs, a, len), m32, grad.narrow(0, a, len), s32, l.defined() ? &l : nullptr);
     if (mt != at::kFloat) {
       mw.copy_(round_aten(m32, mt, r, 0));
       if (low_is_master) low->narrow(0, a, len).copy_(mw);

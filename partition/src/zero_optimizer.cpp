@@ -337,11 +337,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
                  "a write pass's pieces must start on the optimizer states' block boundaries");
     for (int64_t a = 0; a < len; a += step) {
       const int64_t n = std::min(step, len - a);
-      std::vector<optim::FlatOptimizer::Run> piece_runs;
-      for (const auto& r : runs) {
-        const int64_t b = std::max(a, r.start), e = std::min(a + n, r.start + r.numel);
-        if (e > b) piece_runs.push_back({b - a, e - b, r.params});
-      }
+      const std::vector<optim::FlatOptimizer::Run> piece_runs = optim::runs_within(runs, a, n);
       // fp32 gradients on the step's device are unscaled in place; others
       // through this piece's fp32 copy.
       at::Tensor g32 = (n == len ? grad : grad.narrow(0, a, n)).to(m.device(), at::kFloat);

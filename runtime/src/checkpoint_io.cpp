@@ -153,6 +153,20 @@ class ReaderBase : public PieceReader {
     free_.push_back(std::move(r.buf));
   }
 
+  // finish() for elements [first, first + count) of the tensor into fp32
+  // `dst`: fp32 as they are, 16-bit ones (a 16-bit master's and states',
+  // NOTE [16-bit master]) widened.
+  void finish_fp32(OpenFile& f, const TensorEntry& t, PendingRead& r, int64_t first, int64_t count, float* dst) {
+    const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
+    if (t.dtype == at::kFloat) {
+      finish(f, t, r, first * es, (first + count) * es, reinterpret_cast<char*>(dst));
+      return;
+    }
+    at::Tensor raw = at::empty({count}, at::TensorOptions().dtype(t.dtype));
+    finish(f, t, r, first * es, (first + count) * es, static_cast<char*>(raw.data_ptr()));
+    at::from_blob(dst, {count}, at::kFloat).copy_(raw);
+  }
+
   // A buffer of at least n bytes: a free one when one is large enough (reads
   // reuse their pages instead of faulting in new ones), else a new one.
   offload::AlignedBuffer take_buffer(int64_t n) {
@@ -250,18 +264,8 @@ class CheckpointReader final : public ReaderBase {
     auto& batch = static_cast<Reads&>(pending);
     ZERO_CHECK(dsts.size() == batch.states, "a destination per state");
     for (float* d : dsts) zero_gaps(batch.pieces, batch.len, d);
-    for (auto& r : batch.reads) {
-      const TensorEntry& t = *r.tensor;
-      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype)), b = r.piece->begin, n = r.piece->count;
-      float* dst = dsts[r.state] + r.piece->dst;
-      if (t.dtype == at::kFloat) {
-        finish(*r.file, t, r.pending, b * es, (b + n) * es, reinterpret_cast<char*>(dst));
-        continue;
-      }
-      at::Tensor raw = at::empty({n}, at::TensorOptions().dtype(t.dtype));
-      finish(*r.file, t, r.pending, b * es, (b + n) * es, static_cast<char*>(raw.data_ptr()));
-      at::from_blob(dst, {n}, at::kFloat).copy_(raw);
-    }
+    for (auto& r : batch.reads)
+      finish_fp32(*r.file, *r.tensor, r.pending, r.piece->begin, r.piece->count, dsts[r.state] + r.piece->dst);
     batch.reads.clear();
   }
 
@@ -350,18 +354,8 @@ class WeightsReader final : public ReaderBase {
   void complete(Pending& pending, const std::vector<float*>& dsts) override {
     auto& batch = static_cast<Reads&>(pending);
     zero_gaps(batch.pieces, batch.len, dsts[0]);
-    for (auto& r : batch.reads) {
-      const Piece& p = *r.piece;
-      const TensorEntry& t = *r.tensor;
-      const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));
-      if (t.dtype == at::kFloat) {
-        finish(*r.file, t, r.pending, p.begin * es, (p.begin + p.count) * es, reinterpret_cast<char*>(dsts[0] + p.dst));
-        continue;
-      }
-      at::Tensor raw = at::empty({p.count}, at::TensorOptions().dtype(t.dtype));
-      finish(*r.file, t, r.pending, p.begin * es, (p.begin + p.count) * es, static_cast<char*>(raw.data_ptr()));
-      at::from_blob(dsts[0] + p.dst, {p.count}, at::kFloat).copy_(raw);
-    }
+    for (auto& r : batch.reads)
+      finish_fp32(*r.file, *r.tensor, r.pending, r.piece->begin, r.piece->count, dsts[0] + r.piece->dst);
     batch.reads.clear();
   }
 

@@ -116,6 +116,10 @@ class FlatOptimizer {
   config::OptimizerConfig config_;
 };
 
+/// The runs' parts within elements [start, start + numel), relative to start:
+/// the runs of one window or piece of an update.
+std::vector<FlatOptimizer::Run> runs_within(const std::vector<FlatOptimizer::Run>& runs, int64_t start, int64_t numel);
+
 /// Adam over 8-bit block-wise states (NOTE [8-bit states] in
 /// optim/src/adam_kernel.h) as ATen operations, for states on a device (or
 /// any tensors the fused CPU pass does not take): the fused pass's operations
