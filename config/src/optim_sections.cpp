@@ -254,7 +254,10 @@ void read_optimizer(Section& top, Config& config) {
     } else {
       oc.optim_bits = static_cast<int>(bits);
     }
-    accepted.insert(accepted.end(), {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam", "optim_bits"});
+    // bitsandbytes' name too: smaller tensors keep fp32 moments.
+    p.read_int("min_8bit_size", oc.min_8bit_size, Range::at_least(0));
+    accepted.insert(accepted.end(),
+                    {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam", "optim_bits", "min_8bit_size"});
   }
   if (oc.type == OptimizerType::kAdagrad) {
     p.read_double("initial_accumulator_value", oc.initial_accumulator_value, Range::at_least(0));

@@ -118,6 +118,18 @@ namespace zero::optim::detail {
 // with its sign); a scale whose inverse 448 / scale is not finite (a block
 // below about 1.3e-36, whose gradients stopped long ago) becomes zero,
 // codes and all.
+// Small tensors keep fp32 moments, as bitsandbytes' min_8bit_size (default
+// 4096 elements; optimizer.params.min_8bit_size, 0: none): in a flat
+// partition their elements share blocks with their neighbours', so every
+// block that holds an element of a parameter with fewer elements stays
+// fp32 (biases and norms, with the few elements of larger tensors in the
+// same blocks). The store finds these blocks from the layout and marks
+// them in the states themselves: block j of a slice's fp32 blocks has
+// scale -(1 + j) (a true scale is never negative) and its moments at
+// [256 j, 256 j + 256) of two fp32 side states, laid out sub-group by
+// sub-group as the scales are. The step takes the stretches of 8-bit blocks
+// to this kernel and the fp32 ones to fp32 Adam; every tier and checkpoint
+// carries the marks with the scales.
 // Arithmetic, not memory, bounds it where cores are few per memory channel
 // (dequantizing, two maxima and requantizing cost about as much as Adam):
 // `zero bench adam` reports both kernels side by side.

@@ -2,6 +2,7 @@
 // CPU (adam_kernel.h), ATen operations elsewhere.
 // The order of operations is LibTorch's (torch/csrc/api/src/optim/adamw.cpp),
 // so fp32 results agree with torch::optim to rounding.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -117,32 +118,77 @@ class FlatAdam final : public FlatOptimizer {
 };
 
 // Adam with both moments in 8 bits (NOTE [8-bit states] in adam_kernel.h):
-// the fused pass on contiguous CPU tensors, adam_8bit_aten elsewhere.
+// the fused pass on contiguous CPU tensors, adam_8bit_aten elsewhere; the
+// blocks marked fp32 (min_8bit_size) by fp32 Adam over the side states.
 class FlatAdam8 final : public FlatOptimizer {
  public:
-  explicit FlatAdam8(config::OptimizerConfig c) : FlatOptimizer(std::move(c)) {}
-  int num_states() const override { return 4; }
+  explicit FlatAdam8(config::OptimizerConfig c) : FlatOptimizer(std::move(c)), fp32_(fp32_config(config_)) {}
+  int num_states() const override { return 6; }
   std::vector<std::string> state_names() const override {
-    return {"exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax"};
+    return {"exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax",
+            "exp_avg.fp32_blocks", "exp_avg_sq.fp32_blocks"};
   }
   std::vector<StateSpec> state_specs() const override {
     const auto names = state_names();
     return {{names[0], at::kByte, 0, 0.0},
             {names[1], at::kFloat, detail::kQuantBlock, 0.0},
             {names[2], at::kByte, 0, 0.0},
-            {names[3], at::kFloat, detail::kQuantBlock, 0.0}};
+            {names[3], at::kFloat, detail::kQuantBlock, 0.0},
+            {names[4], at::kFloat, detail::kQuantBlock, 0.0, /*side=*/true},
+            {names[5], at::kFloat, detail::kQuantBlock, 0.0, /*side=*/true}};
   }
   void update(const StepParams& p, at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
               at::Tensor* low) const override {
     update_runs({Run{0, param.numel(), p}}, param, grad, states, low);
   }
+  // `states`: the four of the 8-bit blocks, then (optionally) the two side
+  // states of the blocks marked fp32 (mark_fp32_blocks): those blocks are
+  // stepped by fp32 Adam, the rest a stretch of 8-bit blocks at a time.
   void update_runs(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
                    std::vector<at::Tensor>& states, at::Tensor* low) const override {
-    ZERO_CHECK(states.size() == 4, "8-bit Adam needs four state tensors (codes and scales of two moments)");
-    const int64_t n = param.numel(), blocks = (n + detail::kQuantBlock - 1) / detail::kQuantBlock;
+    ZERO_CHECK(states.size() == 4 || states.size() == 6,
+               "8-bit Adam needs four state tensors (codes and scales of two moments) and the two fp32 ones");
+    const int64_t n = param.numel(), block = detail::kQuantBlock, blocks = (n + block - 1) / block;
     ZERO_CHECK(states[0].numel() == n && states[2].numel() == n && states[1].numel() == blocks &&
                    states[3].numel() == blocks && grad.numel() == n,
                "8-bit Adam: state sizes do not match the parameters");
+    if (states.size() == 4) return update_8bit(runs, param, grad, states, low);
+    // Stretches of blocks: 8-bit ones, and fp32 ones whose side places follow each other.
+    const at::Tensor scales = states[1].device().is_cpu() ? states[1].contiguous() : states[1].to(at::kCPU);
+    const float* sc = scales.data_ptr<float>();
+    int64_t b = 0;
+    while (b < blocks) {
+      const bool fp32 = sc[b] < 0;
+      int64_t e = b + 1;
+      while (e < blocks && (sc[e] < 0) == fp32 && (!fp32 || sc[e] == sc[e - 1] - 1)) ++e;
+      const int64_t a = b * block, len = std::min(e * block, n) - a;
+      const auto rs = runs_within(runs, a, len);
+      at::Tensor p = param.narrow(0, a, len);
+      at::Tensor l = low != nullptr ? low->narrow(0, a, len) : at::Tensor();
+      if (fp32) {
+        const int64_t side = static_cast<int64_t>(-sc[b] - 1) * block;
+        ZERO_CHECK(side >= 0 && side + len <= states[4].numel() && side + len <= states[5].numel(),
+                   "8-bit Adam: a block marked fp32 has no place in the fp32 states (damaged states)");
+        std::vector<at::Tensor> st{states[4].narrow(0, side, len), states[5].narrow(0, side, len)};
+        fp32_.update_runs(rs, p, grad.narrow(0, a, len), st, low != nullptr ? &l : nullptr);
+      } else {
+        std::vector<at::Tensor> st{states[0].narrow(0, a, len), states[1].narrow(0, b, e - b),
+                                   states[2].narrow(0, a, len), states[3].narrow(0, b, e - b)};
+        update_8bit(rs, p, grad.narrow(0, a, len), st, low != nullptr ? &l : nullptr);
+      }
+      b = e;
+    }
+  }
+
+ private:
+  static config::OptimizerConfig fp32_config(config::OptimizerConfig c) {
+    c.optim_bits = 32;
+    c.bf16_states = false;
+    return c;
+  }
+  void update_8bit(const std::vector<Run>& runs, at::Tensor& param, const at::Tensor& grad,
+                   std::vector<at::Tensor>& states, at::Tensor* low) const {
+    const int64_t n = param.numel();
     const bool fused = fusable({&param, &grad, &states[1], &states[3]}) && states[0].is_cpu() &&
                        states[2].is_cpu() && states[0].is_contiguous() && states[2].is_contiguous() &&
                        states[0].scalar_type() == at::kByte && states[2].scalar_type() == at::kByte;
@@ -159,6 +205,7 @@ class FlatAdam8 final : public FlatOptimizer {
                             static_cast<int64_t>(rs.size()), detail::best_isa(), out.data, out.type);
     if (low != nullptr && out.data == nullptr) low->copy_(param);
   }
+  FlatAdam fp32_;  // the blocks kept in fp32
 };
 
 // torch::optim::Adagrad without lr_decay (DeepSpeed's CPU Adagrad has none).
@@ -259,8 +306,8 @@ bool FlatOptimizer::elementwise_states() const {
 
 double FlatOptimizer::state_bytes_per_param() const {
   double b = 0;
-  for (const auto& s : state_specs())
-    b += static_cast<double>(c10::elementSize(s.dtype)) / static_cast<double>(s.per_block > 0 ? s.per_block : 1);
+  for (const auto& s : state_specs())  // (a side state's length is the layout's: not per parameter)
+    if (!s.side) b += static_cast<double>(c10::elementSize(s.dtype)) / static_cast<double>(s.per_block > 0 ? s.per_block : 1);
   return b;
 }
 
@@ -359,6 +406,60 @@ std::vector<FlatOptimizer::Run> runs_within(const std::vector<FlatOptimizer::Run
     if (e > b) out.push_back({b - start, e - b, r.params});
   }
   return out;
+}
+
+at::Tensor state_window(const FlatOptimizer::StateSpec& spec, const at::Tensor& state, int64_t a, int64_t len) {
+  if (spec.side) return state;
+  if (spec.per_block > 0) return state.narrow(0, a / spec.per_block, spec.numel_for(len));
+  return state.narrow(0, a, len);
+}
+
+void mark_fp32_blocks(const std::vector<int64_t>& fp32_blocks, std::vector<at::Tensor>& states) {
+  if (fp32_blocks.empty()) return;
+  ZERO_CHECK(states.size() == 6, "mark_fp32_blocks: 8-bit Adam's six states");
+  const int64_t block = detail::kQuantBlock, count = static_cast<int64_t>(fp32_blocks.size());
+  ZERO_CHECK(states[4].numel() >= count * block && states[5].numel() >= count * block,
+             "mark_fp32_blocks: the fp32 states are too short");
+  at::Tensor index = at::empty({count}, at::kLong), marks = at::empty({count}, at::kFloat);
+  for (int64_t j = 0; j < count; ++j) {
+    index.data_ptr<int64_t>()[j] = fp32_blocks[static_cast<size_t>(j)];
+    marks.data_ptr<float>()[j] = static_cast<float>(-(j + 1));
+  }
+  const at::Device dev = states[1].device();
+  index = index.to(dev);
+  marks = marks.to(dev);
+  states[1].index_copy_(0, index, marks);
+  states[3].index_copy_(0, index, marks);
+  const int64_t n = states[0].numel();
+  for (int64_t b : fp32_blocks) {
+    const int64_t a = b * block, len = std::min(block, n - a);
+    states[0].narrow(0, a, len).zero_();
+    states[2].narrow(0, a, len).zero_();
+  }
+}
+
+void store_8bit(const float* m, const float* s, const float* v, int64_t n, const std::vector<int64_t>& fp32_blocks,
+                std::vector<at::Tensor>& states) {
+  ZERO_CHECK(states.size() == 4 || states.size() == 6, "store_8bit: 8-bit Adam's states");
+  const int64_t block = detail::kQuantBlock, blocks = (n + block - 1) / block;
+  at::Tensor codes = at::empty({n}, at::kByte), scale = at::empty({blocks}, at::kFloat);
+  quantize_8bit(m, n, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+  states[0].copy_(codes);
+  states[1].copy_(scale);
+  quantize_8bit(s, n, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
+  states[2].copy_(codes);
+  states[3].copy_(scale);
+  if (fp32_blocks.empty()) return;
+  ZERO_CHECK(states.size() == 6, "store_8bit: blocks kept in fp32 need the fp32 states");
+  mark_fp32_blocks(fp32_blocks, states);
+  at::Tensor sm = at::zeros({states[4].numel()}, at::kFloat), sv = at::zeros({states[5].numel()}, at::kFloat);
+  for (size_t j = 0; j < fp32_blocks.size(); ++j) {
+    const int64_t a = fp32_blocks[j] * block, len = std::min(block, n - a), side = static_cast<int64_t>(j) * block;
+    std::copy(m + a, m + a + len, sm.data_ptr<float>() + side);
+    std::copy(v + a, v + a + len, sv.data_ptr<float>() + side);
+  }
+  states[4].copy_(sm);
+  states[5].copy_(sv);
 }
 
 const char* cpu_adam_isa() { return detail::to_string(detail::best_isa()); }

@@ -174,9 +174,8 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
           at::Tensor mt32 = at::from_blob(m32, {len}, at::kFloat);
           std::vector<at::Tensor> st;
           for (size_t i = 0; i < states.size(); ++i) {
-            const int64_t per = specs[i].per_block;
             if (is_16bit(states[i].scalar_type())) st.push_back(at::from_blob(s32[i], {len}, at::kFloat));
-            else st.push_back(per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len));
+            else st.push_back(state_window(specs[i], states[i], a, len));
           }
           opt.update_runs(wr, mt32, grad.narrow(0, a, len), st, l.defined() ? &l : nullptr);
         }
@@ -206,8 +205,7 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
     at::Tensor m32 = mt == at::kFloat ? mw : mw.to(at::kFloat);
     std::vector<at::Tensor> s32;
     for (size_t i = 0; i < states.size(); ++i) {
-      const int64_t per = specs[i].per_block;
-      at::Tensor sw = per > 0 ? states[i].narrow(0, a / per, specs[i].numel_for(len)) : states[i].narrow(0, a, len);
+      at::Tensor sw = state_window(specs[i], states[i], a, len);
       s32.push_back(is_16bit(sw.scalar_type()) ? sw.to(at::kFloat) : sw);
     }
     at::Tensor l = low != nullptr && !low_is_master ? low->narrow(0, a, len) : at::Tensor();

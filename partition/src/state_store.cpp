@@ -1,6 +1,8 @@
 // NOTE [state store] in state_store.h.
 #include "zero/partition/state_store.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "zero/core/error.h"
@@ -22,16 +24,38 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   }
   names_.push_back("fp32_master");
   specs_ = optimizer.state_specs();
+  // min_8bit_size: the blocks of each sub-group that hold an element of a
+  // smaller parameter keep fp32 moments (NOTE [8-bit states]).
+  fp32_blocks_.resize(sub_groups_.size());
+  const bool side = std::any_of(specs_.begin(), specs_.end(), [](const auto& spec) { return spec.side; });
+  const int64_t min_8bit = optimizer.config().min_8bit_size;
+  for (size_t k = 0; side && min_8bit > 0 && k < sub_groups_.size(); ++k) {
+    const auto& sg = sub_groups_[k];
+    const auto& grp = params_.groups()[sg.group];
+    const int64_t lo = grp.begin + options_.layout_rank * grp.chunk_numel + sg.start, hi = lo + sg.numel;
+    const int64_t block = specs_.front().per_block > 0 ? specs_.front().per_block : 256;
+    std::vector<int64_t> blocks;
+    for (size_t slot : grp.slots) {
+      const auto& ps = params_.slots()[slot];
+      const int64_t b = std::max(lo, ps.offset), e = std::min(hi, ps.offset + ps.numel);
+      if (ps.numel >= min_8bit || e <= b) continue;
+      for (int64_t q = (b - lo) / block; q <= (e - 1 - lo) / block; ++q) blocks.push_back(q);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+    fp32_blocks_[k] = std::move(blocks);
+  }
   for (const auto& spec : specs_) {
     names_.push_back(spec.name);
     initial_.push_back(spec.initial);
-    // A block-wise state (8-bit Adam's scales) is laid out sub-group after
-    // sub-group, each from its own first element (NOTE [8-bit states]).
+    // A block-wise state (8-bit Adam's scales, the fp32 blocks' moments) is
+    // laid out sub-group after sub-group, each from its own first element
+    // (NOTE [8-bit states]).
     std::vector<int64_t> at;
     int64_t total = 0;
-    for (const auto& sg : sub_groups_) {
+    for (size_t k = 0; k < sub_groups_.size(); ++k) {
       at.push_back(total);
-      total += spec.numel_for(sg.numel);
+      total += spec.side ? spec.side_numel(static_cast<int64_t>(fp32_blocks_[k].size())) : spec.numel_for(sub_groups_[k].numel);
     }
     at.push_back(total);
     state_at_.push_back(std::move(at));
@@ -58,7 +82,12 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   }
   if (options_.nvme) {
     std::vector<SwapTensor> tensors{{names_[0], options_.master_dtype, 0}};
-    for (const auto& spec : specs_) tensors.push_back({spec.name, spec.dtype, spec.per_block});
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      const auto& spec = specs_[i];
+      tensors.push_back({spec.name, spec.dtype, spec.per_block});
+      if (spec.side)  // each sub-group's own length
+        for (size_t k = 0; k < sub_groups_.size(); ++k) tensors.back().numels.push_back(state_at_[i][k + 1] - state_at_[i][k]);
+    }
     swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), std::move(tensors), *options_.nvme, ledger_);
     return;
   }
@@ -81,12 +110,19 @@ void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const st
       const auto [g, start, len] = sub_groups_[k];
       t[0].copy_(chunk(g).narrow(0, start, len));
       for (size_t i = 1; i < t.size(); ++i) t[i].fill_(initial_[i - 1]);
+      std::vector<at::Tensor> st(t.begin() + 1, t.end());
+      optim::mark_fp32_blocks(fp32_blocks_[k], st);
       if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) done(g);
     });
     swapper_->clear_timings();
     return;
   }
   for (size_t i = 0; i < states_.size(); ++i) states_[i].fill_(initial_[i]);
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+    if (fp32_blocks_[k].empty()) continue;
+    std::vector<at::Tensor> st = sub_group_states(k);
+    optim::mark_fp32_blocks(fp32_blocks_[k], st);
+  }
   if (param_master_) return;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
     params_.owned_chunk_of(master_, g).copy_(chunk(g));
@@ -103,13 +139,18 @@ void StateStore::visit(bool write_back, const Visit& fn) {
   }
   for (size_t k = 0; k < sub_groups_.size(); ++k) {
     const auto [g, start, len] = sub_groups_[k];
-    std::vector<at::Tensor> s;
-    for (size_t i = 0; i < states_.size(); ++i) {
-      if (specs_[i].per_block > 0) s.push_back(states_[i].narrow(0, state_at_[i][k], state_at_[i][k + 1] - state_at_[i][k]));
-      else s.push_back(state(i, g).narrow(0, start, len));
-    }
-    fn(k, master(g).narrow(0, start, len), std::move(s));
+    fn(k, master(g).narrow(0, start, len), sub_group_states(k));
   }
+}
+
+std::vector<at::Tensor> StateStore::sub_group_states(size_t k) const {
+  const auto [g, start, len] = sub_groups_[k];
+  std::vector<at::Tensor> s;
+  for (size_t i = 0; i < states_.size(); ++i) {
+    if (specs_[i].per_block > 0) s.push_back(states_[i].narrow(0, state_at_[i][k], state_at_[i][k + 1] - state_at_[i][k]));
+    else s.push_back(state(i, g).narrow(0, start, len));
+  }
+  return s;
 }
 
 void StateStore::prefetch() {
@@ -135,7 +176,7 @@ at::Tensor StateStore::state(size_t i, size_t g) const {
   return states_[i].narrow(0, std::max<int64_t>(begin, 0), end - std::max<int64_t>(begin, 0));
 }
 
-int64_t StateStore::state_numel(size_t i, int64_t numel) const { return specs_.at(i).numel_for(numel); }
+int64_t StateStore::state_numel(size_t i, size_t k) const { return state_at_.at(i).at(k + 1) - state_at_.at(i).at(k); }
 
 at::Tensor StateStore::grad(size_t g) const {
   ZERO_CHECK(grads_.defined(), "no gradient partition below stage 2");

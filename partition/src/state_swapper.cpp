@@ -56,7 +56,7 @@ StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<std::str
 
 int64_t StateSwapper::bytes_of(size_t i, size_t k) const {
   const SwapTensor& t = tensors_[i];
-  return offload::aio_aligned(t.numel_for(sub_groups_[k]) * static_cast<int64_t>(c10::elementSize(t.dtype)));
+  return offload::aio_aligned(t.numel_of(k, sub_groups_[k]) * static_cast<int64_t>(c10::elementSize(t.dtype)));
 }
 
 StateSwapper::StateSwapper(std::vector<int64_t> sub_groups, std::vector<SwapTensor> tensors, SwapOptions options,
@@ -130,7 +130,7 @@ int64_t StateSwapper::buffer_bytes() const { return buffers_.total_bytes(); }
 
 at::Tensor StateSwapper::tensor_in(Slot& s, size_t i, size_t k) const {
   const SwapTensor& t = tensors_[i];
-  return at::from_blob(s.buf + slot_at_[i], {t.numel_for(sub_groups_[k])}, at::TensorOptions().dtype(t.dtype));
+  return at::from_blob(s.buf + slot_at_[i], {t.numel_of(k, sub_groups_[k])}, at::TensorOptions().dtype(t.dtype));
 }
 
 void StateSwapper::start_read(size_t k) {

@@ -141,6 +141,7 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;
   so.master_dtype = options_.master_dtype;
+  so.layout_rank = flat_->world_size() == 1 ? 0 : rank_;
   ZERO_CHECK(options_.master_dtype == at::kFloat || options_.master_dtype == options_.compute_dtype,
              "a 16-bit master is in the compute dtype");
   // The master is the parameters themselves when they are fp32 on the device
@@ -344,10 +345,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       if (combined != 1.0) g32.mul_(1.0 / combined);
       at::Tensor pm = n == len ? m : m.narrow(0, a, n);
       std::vector<at::Tensor> ps;
-      for (size_t i = 0; i < s.size(); ++i) {
-        const int64_t per = specs[i].per_block;
-        ps.push_back(n == len ? s[i] : per > 0 ? s[i].narrow(0, a / per, specs[i].numel_for(n)) : s[i].narrow(0, a, n));
-      }
+      for (size_t i = 0; i < s.size(); ++i) ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
       at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
       // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
       const auto& grp = flat_->groups()[g];

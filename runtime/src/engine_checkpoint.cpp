@@ -59,8 +59,8 @@ namespace {
 // State i's length over group g's sub-groups (a block-wise state's blocks).
 int64_t state_numel_of_group(const partition::StateStore& store, size_t i, size_t g) {
   int64_t n = 0;
-  for (const auto& sg : store.sub_groups())
-    if (sg.group == g) n += store.state_numel(i, sg.numel);
+  for (size_t k = 0; k < store.sub_groups().size(); ++k)
+    if (store.sub_groups()[k].group == g) n += store.state_numel(i, k);
   return n;
 }
 
@@ -473,9 +473,11 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
           {"precision", precision_of(store)},
           // Block-wise states (NOTE [8-bit states]) are laid out by the
           // partitions and sub-groups they were saved with.
-          {"state_blocks", has_block_states(store) ? nlohmann::json{{"partitions", partitions},
-                                                                    {"sub_group_size", s.config.zero.sub_group_size}}
-                                                   : nlohmann::json(nullptr)},
+          {"state_blocks", has_block_states(store)
+                               ? nlohmann::json{{"partitions", partitions},
+                                                {"sub_group_size", s.config.zero.sub_group_size},
+                                                {"min_8bit_size", s.config.optimizer->min_8bit_size}}
+                               : nlohmann::json(nullptr)},
           {"global_steps", s.global_steps},
           {"micro_steps", s.micro_steps},
           {"skipped_steps", s.skipped_steps},
@@ -543,11 +545,16 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   // converted into each other as they load: dequantized, or quantized into
   // this run's blocks.
   const std::vector<std::string> adam_names{"fp32_master", "exp_avg", "exp_avg_sq"};
-  const std::vector<std::string> q8_names{"fp32_master", "exp_avg.q8", "exp_avg.absmax", "exp_avg_sq.sqrt_q8",
-                                          "exp_avg_sq.sqrt_absmax"};
-  const bool from_8bit = saved_states == q8_names && store.names() == adam_names;
+  const std::vector<std::string> q8_names{"fp32_master",        "exp_avg.q8",          "exp_avg.absmax",
+                                          "exp_avg_sq.sqrt_q8", "exp_avg_sq.sqrt_absmax", "exp_avg.fp32_blocks",
+                                          "exp_avg_sq.fp32_blocks"};
+  // (Saved before min_8bit_size: every block in 8 bits, no fp32 blocks.)
+  const std::vector<std::string> q8_all_names(q8_names.begin(), q8_names.begin() + 5);
+  const bool saved_q8_states = saved_states == q8_names || saved_states == q8_all_names;
+  const bool from_8bit = saved_q8_states && store.names() == adam_names;
   const bool to_8bit = saved_states == adam_names && store.names() == q8_names;
-  if (saved_states != store.names() && !from_8bit && !to_8bit) {
+  const bool from_all_8bit = saved_states == q8_all_names && store.names() == q8_names;
+  if (saved_states != store.names() && !from_8bit && !to_8bit && !from_all_8bit) {
     std::string have, want;
     for (const auto& n : saved_states) have += (have.empty() ? "" : ", ") + n;
     for (const auto& n : store.names()) want += (want.empty() ? "" : ", ") + n;
@@ -620,14 +627,16 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   bool requantize = false;
   int64_t saved_sub_group = 0;
   if ((!blockwise.empty() && !to_8bit) || from_8bit) {
-    const nlohmann::json want = {{"partitions", flat.world_size()}, {"sub_group_size", s.config.zero.sub_group_size}};
+    const nlohmann::json want = {{"partitions", flat.world_size()},
+                                 {"sub_group_size", s.config.zero.sub_group_size},
+                                 {"min_8bit_size", s.config.optimizer->min_8bit_size}};
     const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
     const bool same_groups = meta.at("layout") == ckpt::layout_of(flat, flat.world_size(), *s.model).to_json();
     if (!have.is_object() || !have.contains("sub_group_size") || !have.at("sub_group_size").is_number_integer() ||
         have.at("sub_group_size").get<int64_t>() < 1)
       throw IoError(meta_path + ": 8-bit optimizer states without their state_blocks layout: a damaged checkpoint");
     saved_sub_group = have.at("sub_group_size").get<int64_t>();
-    requantize = !from_8bit && (have != want || !same_groups);
+    requantize = !from_8bit && (have != want || !same_groups || from_all_8bit);
     if (requantize && store.names() != q8_names)
       throw ConfigError({meta_path + ": block-wise states other than 8-bit Adam's load only as they were laid out"});
     if (requantize && s.dist.rank == 0)
@@ -640,6 +649,8 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   // A saved rank's 8-bit tensors of a group, read whole, the last few kept.
   struct SavedQ8 {
     at::Tensor m_codes, m_scale, v_codes, v_scale;
+    at::Tensor m_fp32, v_fp32;     // the fp32 blocks' moments (min_8bit_size), or none
+    std::vector<int64_t> fp32_at;  // per saved sub-group: where its fp32 blocks' moments start in them
   };
   std::map<std::pair<int64_t, size_t>, SavedQ8> saved_q8;
   std::deque<std::pair<int64_t, size_t>> saved_order;
@@ -654,6 +665,24 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     };
     SavedQ8 q{read("exp_avg.q8", at::kByte), read("exp_avg.absmax", at::kFloat), read("exp_avg_sq.sqrt_q8", at::kByte),
               read("exp_avg_sq.sqrt_absmax", at::kFloat)};
+    if (saved_states == q8_names) {
+      q.m_fp32 = read("exp_avg.fp32_blocks", at::kFloat);
+      q.v_fp32 = read("exp_avg_sq.fp32_blocks", at::kFloat);
+      // Each saved sub-group's fp32 blocks (its marked scales) take 256 of
+      // them each, at least 256 (FlatOptimizer::StateSpec::side_numel).
+      const int64_t per_sub = (saved_sub_group + 255) / 256, blocks = q.m_scale.numel();
+      const float* ms = q.m_scale.data_ptr<float>();
+      int64_t pos = 0;
+      for (int64_t b0 = 0; b0 < blocks; b0 += per_sub) {
+        q.fp32_at.push_back(pos);
+        int64_t marked = 0;
+        for (int64_t b = b0; b < std::min(blocks, b0 + per_sub); ++b) marked += ms[b] < 0 ? 1 : 0;
+        pos += 256 * std::max<int64_t>(1, marked);
+      }
+      if (pos != q.m_fp32.numel() || pos != q.v_fp32.numel())
+        throw IoError(tag_dir + "/" + file + ": the fp32 blocks of group " + std::to_string(group) +
+                      " (exp_avg.fp32_blocks) do not match its marked block scales: a damaged checkpoint");
+    }
     if (saved_order.size() >= 2) {
       saved_q8.erase(saved_order.front());
       saved_order.pop_front();
@@ -671,13 +700,15 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   std::vector<int64_t> group_at(specs.size());        // where the next sub-group's part starts in it
   // Sub-group k's moments by value from the saved 8-bit blocks (saved
   // sub-groups split each chunk from its start: element e of a saved chunk
-  // is in block (e / S) * ceil(S / 256) + (e % S) / 256): exp_avg into mv and
-  // the square root of exp_avg_sq into sv.
-  auto dequantize_saved = [&](size_t k, std::vector<float>& mv, std::vector<float>& sv) {
+  // is in block (e / S) * ceil(S / 256) + (e % S) / 256): exp_avg into mv,
+  // exp_avg_sq into vv and its square root into sv (a saved fp32 block's
+  // values as they are, with the square root correctly rounded).
+  auto dequantize_saved = [&](size_t k, std::vector<float>& mv, std::vector<float>& sv, std::vector<float>& vv) {
     const auto [g, start, len] = groups[k];
     const int64_t S = saved_sub_group, per_sub = (S + 255) / 256;
     mv.assign(static_cast<size_t>(len), 0.0f);
     sv.assign(static_cast<size_t>(len), 0.0f);
+    vv.assign(static_cast<size_t>(len), 0.0f);
     for (const auto& pc : ckpt::map_range(flat, layout_rank, g, start, len, saved, index, meta_path)) {
       const SavedQ8& q = saved_q8_of(pc.part, pc.group);
       const int64_t blocks = q.m_scale.numel(), last = pc.begin + pc.count - 1;
@@ -692,40 +723,42 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
       const float* vs = q.v_scale.data_ptr<float>();
       for (int64_t e = pc.begin; e < pc.begin + pc.count; ++e) {
         const int64_t b = (e / S) * per_sub + (e % S) / 256;  // below `blocks`: checked for the last
-        mv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(mc[e], ms[b]);
-        sv[static_cast<size_t>(pc.dst + e - pc.begin)] = optim::dequantize_8bit(vc[e], vs[b]);
+        const size_t d = static_cast<size_t>(pc.dst + e - pc.begin);
+        if (ms[b] < 0) {  // a block kept in fp32: its place in the saved sub-group's fp32 moments
+          const int64_t pos = q.m_fp32.defined() ? q.fp32_at[static_cast<size_t>(e / S)] +
+                                                       static_cast<int64_t>(-ms[b] - 1) * 256 + (e % S) % 256
+                                                 : -1;
+          if (pos < 0 || pos >= q.m_fp32.numel())
+            throw IoError(tag_dir + "/" + part_name(pc.part) + ".safetensors: a block of group " +
+                          std::to_string(pc.group) + " is marked fp32 and has no fp32 moments: a damaged checkpoint");
+          mv[d] = q.m_fp32.data_ptr<float>()[pos];
+          vv[d] = q.v_fp32.data_ptr<float>()[pos];
+          sv[d] = static_cast<float>(std::sqrt(static_cast<double>(vv[d])));
+          continue;
+        }
+        mv[d] = optim::dequantize_8bit(mc[e], ms[b]);
+        sv[d] = optim::dequantize_8bit(vc[e], vs[b]);
+        vv[d] = sv[d] * sv[d];  // as the step squares it
       }
     }
   };
-  // Quantizes exp_avg (mv) and the square root of exp_avg_sq (sv) of a
-  // sub-group into this run's 8-bit states.
-  auto quantize_into = [&](std::vector<at::Tensor>& st, const float* mv, const float* sv, int64_t len) {
-    at::Tensor codes = at::empty({len}, at::kByte), scale = at::empty({st[1].numel()}, at::kFloat);
-    optim::quantize_8bit(mv, len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
-    st[0].copy_(codes);
-    st[1].copy_(scale);
-    optim::quantize_8bit(sv, len, codes.data_ptr<uint8_t>(), scale.data_ptr<float>());
-    st[2].copy_(codes);
-    st[3].copy_(scale);
-  };
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
     const int64_t len = groups[k].numel;
-    std::vector<float> mv, sv;
+    std::vector<float> mv, sv, vv;
     if (from_8bit) {  // the master by ranges; the moments dequantized, v = s * s as the step squares it
       std::vector<at::Tensor*> dsts{&m};
       loader.fill(k, dsts);
-      dequantize_saved(k, mv, sv);
-      at::Tensor mt = at::from_blob(mv.data(), {len}, at::kFloat), stt = at::from_blob(sv.data(), {len}, at::kFloat);
-      st[0].copy_(mt);
-      st[1].copy_(stt.mul(stt));
+      dequantize_saved(k, mv, sv, vv);
+      st[0].copy_(at::from_blob(mv.data(), {len}, at::kFloat));
+      st[1].copy_(at::from_blob(vv.data(), {len}, at::kFloat));
       return;
     }
     if (to_8bit) {  // the moments by ranges into fp32, then quantized (the second as its square root)
       at::Tensor tm = at::empty({len}, at::kFloat), tv = at::empty({len}, at::kFloat);
       std::vector<at::Tensor*> dsts{&m, &tm, &tv};
       loader.fill(k, dsts);
-      tv = tv.to(at::kDouble).sqrt().to(at::kFloat);  // correctly rounded, as the kernel's sqrt
-      quantize_into(st, tm.data_ptr<float>(), tv.data_ptr<float>(), len);
+      const at::Tensor ts = tv.to(at::kDouble).sqrt().to(at::kFloat);  // correctly rounded, as the kernel's sqrt
+      optim::store_8bit(tm.data_ptr<float>(), ts.data_ptr<float>(), tv.data_ptr<float>(), len, store.fp32_blocks(k), st);
       return;
     }
     std::vector<at::Tensor*> dsts{&m};
@@ -734,8 +767,8 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     loader.fill(k, dsts);
     const size_t g = groups[k].group;
     if (requantize) {
-      dequantize_saved(k, mv, sv);
-      quantize_into(st, mv.data(), sv.data(), len);
+      dequantize_saved(k, mv, sv, vv);
+      optim::store_8bit(mv.data(), sv.data(), vv.data(), len, store.fp32_blocks(k), st);
       return;
     }
     const bool first_of_group = k == 0 || groups[k - 1].group != g;

@@ -26,7 +26,8 @@
 //   grad_accum_dtype says otherwise, and the host's partition g x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
 //   two 1-byte codes and a 4-byte scale per 256 elements of each sub-group,
-//   about 2.03 x P (NOTE [8-bit states]) (Adagrad's and Lion's one, 4 x P;
+//   about 2.03 x P (NOTE [8-bit states]), and two fp32 moments for the
+//   blocks that min_8bit_size keeps in fp32 (Adagrad's and Lion's one, 4 x P;
 //   stage 0: of the padded whole),
 //   (bf16_optimizer_states: 2 bytes a moment), and an fp32 master, 4 x P
 //   (2 x P with a 16-bit master), except where the parameters are the master:
@@ -39,6 +40,7 @@
 #include "zero/runtime/estimate.h"
 
 #include <algorithm>
+#include <map>
 
 #include "zero/partition/gradient_reducer.h"
 #include "zero/partition/stage3_rules.h"
@@ -74,6 +76,7 @@ int64_t grad_bytes(const config::Config& c) {
 // The flat layout's groups (padded numel) and stage 3's whole group 0.
 struct Layout {
   std::vector<int64_t> groups;
+  std::vector<std::vector<int64_t>> members;  // per group: its parameters' numels, in order
   int64_t group0_whole = 0;
   int64_t largest_parameter = 0;
 };
@@ -89,26 +92,39 @@ Layout layout_of(const config::Config& c, const std::vector<ParameterShape>& par
     const int64_t cap = std::max<int64_t>(
         1, z.stage == 0 ? z.reduce_bucket_size : std::min(z.reduce_bucket_size, z.allgather_bucket_size));
     int64_t used = 0;
+    std::vector<int64_t> members;
     for (const auto& q : params) {
-      if (used > 0 && used + q.numel > cap) groups.push_back(padded(used, layout_ranks)), used = 0;
+      if (used > 0 && used + q.numel > cap) {
+        groups.push_back(padded(used, layout_ranks)), used = 0;
+        out.members.push_back(std::move(members));
+        members.clear();
+      }
       used += q.numel;
+      members.push_back(q.numel);
     }
-    if (used > 0) groups.push_back(padded(used, layout_ranks));
+    if (used > 0) groups.push_back(padded(used, layout_ranks)), out.members.push_back(std::move(members));
   } else {
     partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
     std::vector<int64_t> layer_numel;
+    std::vector<std::vector<int64_t>> layer_members;
+    out.members.emplace_back();
     for (const auto& q : params) {
       const bool whole = keep.keep_whole(q.numel);  // spends the model's budget outside layers too
       if (q.layer < 0 || whole) {
         out.group0_whole += q.numel;
+        out.members[0].push_back(q.numel);
         continue;
       }
-      if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
+      if (static_cast<size_t>(q.layer) >= layer_numel.size()) {
+        layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
+        layer_members.resize(layer_numel.size());
+      }
       layer_numel[static_cast<size_t>(q.layer)] += q.numel;
+      layer_members[static_cast<size_t>(q.layer)].push_back(q.numel);
     }
     groups.push_back(padded(out.group0_whole, N));  // group 0 exists even when empty
-    for (int64_t n : layer_numel)
-      if (n > 0) groups.push_back(padded(n, N));
+    for (size_t i = 0; i < layer_numel.size(); ++i)
+      if (layer_numel[i] > 0) groups.push_back(padded(layer_numel[i], N)), out.members.push_back(layer_members[i]);
   }
   return out;
 }
@@ -230,6 +246,50 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     sub_groups += full + (rest > 0 ? 1 : 0);
     largest = std::max(largest, full > 0 ? sub : rest);
   }
+  // 8-bit Adam's blocks kept in fp32 (min_8bit_size): two fp32 moments for
+  // each 256-element block of a sub-group that holds an element of a
+  // smaller parameter, at least one block's per sub-group, found as the
+  // store finds them (walking the small parameters, not the sub-groups);
+  // the rank with the most.
+  int64_t side_slot = 0;
+  if (!one_moment && c.optimizer && c.optimizer->optim_bits == 8) {
+    const int64_t min_8bit = c.optimizer->min_8bit_size, block_bytes = 4 * kAlign;
+    // Per rank: (group, sub-group) -> (its fp32 blocks, the last one counted).
+    std::vector<std::map<std::pair<size_t, int64_t>, std::pair<int64_t, int64_t>>> marked(
+        static_cast<size_t>(layout_ranks));
+    for (size_t gi = 0; gi < groups.size() && min_8bit > 0; ++gi) {
+      const int64_t chunk = groups[gi] / layout_ranks;
+      int64_t o = 0;
+      for (int64_t q : lay.members[gi]) {
+        if (q > 0 && q < min_8bit && chunk > 0) {
+          for (int64_t r = o / chunk; r <= std::min(layout_ranks - 1, (o + q - 1) / chunk); ++r) {
+            const int64_t e0 = std::max(o, r * chunk) - r * chunk, e1 = std::min(o + q, (r + 1) * chunk) - r * chunk;
+            for (int64_t sg = e0 / sub; sg <= (e1 - 1) / sub; ++sg) {
+              const int64_t b0 = (std::max(e0, sg * sub) - sg * sub) / kAlign;
+              const int64_t b1 = (std::min(e1, (sg + 1) * sub) - 1 - sg * sub) / kAlign;
+              auto& [count, last] = marked[static_cast<size_t>(r)].try_emplace({gi, sg}, 0, -1).first->second;
+              for (int64_t b = std::max(b0, last + 1); b <= b1; ++b) ++count, last = b;
+            }
+          }
+        }
+        o += q;
+      }
+    }
+    int64_t side_memory = 0, side_file = 0;
+    for (const auto& m : marked) {
+      int64_t blocks = sub_groups - static_cast<int64_t>(m.size()), extents = blocks * aligned(block_bytes), most = 1;
+      for (const auto& [key, v] : m) {
+        blocks += std::max<int64_t>(1, v.first);
+        extents += aligned(block_bytes * std::max<int64_t>(1, v.first));
+        most = std::max(most, v.first);
+      }
+      side_memory = std::max(side_memory, 2 * block_bytes * blocks);
+      side_file = std::max(side_file, 2 * extents);
+      side_slot = std::max(side_slot, 2 * aligned(block_bytes * most));
+    }
+    in_memory += side_memory;
+    file += side_file;
+  }
   if (!off_opt) {
     e.device.optimizer_states = in_memory;
   } else if (!nvme_opt) {
@@ -239,6 +299,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
     int64_t slot = 0;
     for (const auto& t : tensors) slot += std::max<int64_t>(aligned(t.bytes * numel_for(t, largest)), 4096);
+    slot += side_slot;
     e.host.optimizer_states = buffers * slot;
   }
   return e;

@@ -155,6 +155,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "optimizer.params.optim_bits: expected 32 (fp32 moments) or 8 (block-wise 8-bit moments); got 16"},
         BadCase{"optim_bits_lion", R"("optimizer": {"type": "Lion", "params": {"optim_bits": 8}})",
                 "optimizer.params.optim_bits"},
+        BadCase{"min_8bit_size", R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 8, "min_8bit_size": -1}})",
+                "optimizer.params.min_8bit_size"},
         BadCase{"betas_shape", R"("optimizer": {"type": "Adam", "params": {"betas": [0.9]}})",
                 "optimizer.params.betas: expected a list of two numbers in [0, 1); got [0.9]"},
         BadCase{"lion_has_no_eps", R"("optimizer": {"type": "Lion", "params": {"eps": 1e-8}})",
@@ -415,6 +417,11 @@ TEST(Optimizer, TypesAreCaseInsensitiveWithDeepSpeedDefaults) {
 
 TEST(Optimizer, OptimBitsEightForAdam) {
   EXPECT_EQ(load_string(with(R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 8}})")).optimizer->optim_bits, 8);
+  // bitsandbytes' min_8bit_size, its default 4096.
+  EXPECT_EQ(load_string(with(R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 8}})")).optimizer->min_8bit_size, 4096);
+  EXPECT_EQ(load_string(with(R"("optimizer": {"type": "AdamW", "params": {"optim_bits": 8, "min_8bit_size": 0}})"))
+                .optimizer->min_8bit_size,
+            0);
   EXPECT_EQ(load_string(with(R"("optimizer": {"type": "Adam"})")).optimizer->optim_bits, 32);
 }
 

@@ -5,6 +5,7 @@
 // quantization's error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -176,7 +177,7 @@ TEST(Adam8, AtenPathEqualsFusedPass) {
     cfg.optim_bits = 8;
     auto opt = zero::optim::FlatOptimizer::create(cfg);
     ASSERT_FALSE(opt->elementwise_states());
-    EXPECT_NEAR(opt->state_bytes_per_param(), 2.0 + 8.0 / 256, 1e-12);
+    EXPECT_NEAR(opt->state_bytes_per_param(), 2.0 + 8.0 / 256, 1e-12);  // (the fp32 blocks' are the layout's)
     const Case c = make_case(3000, 5, 11);
     const int64_t blocks = (c.n + 255) / 256;
     auto fresh = [&] {
@@ -197,6 +198,91 @@ TEST(Adam8, AtenPathEqualsFusedPass) {
     EXPECT_TRUE(l1.equal(l2));
     EXPECT_GT(s1[0].ne(0).sum().item<int64_t>(), c.n / 2);  // the states are not all zero
   }
+}
+
+// min_8bit_size (NOTE [8-bit states]): blocks marked fp32 step as fp32 Adam
+// over their side states, the others as the 8-bit pass over the whole (each
+// block is its own), on the fused pass and on the ATen path (a strided
+// parameter), with several runs; the marks stay.
+TEST(Adam8, BlocksMarkedFp32StepAsFp32AdamAndTheRestAsEightBits) {
+  zero::config::OptimizerConfig cfg;
+  cfg.type = zero::config::OptimizerType::kAdamW;
+  cfg.optim_bits = 8;
+  auto opt = zero::optim::FlatOptimizer::create(cfg);
+  zero::config::OptimizerConfig cfg32 = cfg;
+  cfg32.optim_bits = 32;
+  auto opt32 = zero::optim::FlatOptimizer::create(cfg32);
+  const auto specs = opt->state_specs();
+  ASSERT_EQ(specs.size(), 6u);
+  EXPECT_TRUE(specs[4].side && specs[5].side);
+  EXPECT_EQ(specs[4].side_numel(0), 256);  // at least one block's
+  const Case c = make_case(3000, 4, 3);     // 12 blocks, the last partial
+  const int64_t blocks = (c.n + 255) / 256;
+  const std::vector<int64_t> fp32_blocks{1, 2, 5, 11};
+  for (const bool aten : {false, true}) {
+    std::vector<at::Tensor> st{torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks}),
+                               torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks}),
+                               torch::zeros({specs[4].side_numel(4)}), torch::zeros({specs[5].side_numel(4)})};
+    zero::optim::mark_fp32_blocks(fp32_blocks, st);
+    std::vector<at::Tensor> st8{torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks}),
+                                torch::zeros({c.n}, torch::kUInt8), torch::zeros({blocks})};
+    std::vector<at::Tensor> st32{torch::zeros({c.n}), torch::zeros({c.n})};
+    // The ATen path: every second element of a buffer twice as long (the
+    // references too: ATen's fp32 Adam is not the fused pass to the bit).
+    auto make_p = [&] {
+      at::Tensor t = aten ? torch::zeros({2 * c.n}).slice(0, 0, 2 * c.n, 2) : torch::empty({c.n});
+      t.copy_(torch::from_blob(const_cast<float*>(c.p.data()), {c.n}));
+      return t;
+    };
+    at::Tensor p = make_p(), p8 = make_p(), p32 = make_p();
+    for (int step = 1; step <= c.steps; ++step) {
+      auto g = torch::from_blob(const_cast<float*>(c.grads[static_cast<size_t>(step - 1)].data()), {c.n}).clone();
+      auto runs = runs_of(c.runs[static_cast<size_t>(step - 1)], step);
+      opt->update_runs(runs, p, g, st, nullptr);
+      opt->update_runs(runs, p8, g, st8, nullptr);
+      opt32->update_runs(runs, p32, g, st32, nullptr);
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t a = b * 256, len = std::min<int64_t>(256, c.n - a);
+      const auto it = std::find(fp32_blocks.begin(), fp32_blocks.end(), b);
+      if (it != fp32_blocks.end()) {
+        const int64_t j = it - fp32_blocks.begin();
+        EXPECT_TRUE(p.narrow(0, a, len).equal(p32.narrow(0, a, len))) << "aten " << aten << " fp32 block " << b;
+        EXPECT_TRUE(st[4].narrow(0, 256 * j, len).equal(st32[0].narrow(0, a, len))) << b;
+        EXPECT_TRUE(st[5].narrow(0, 256 * j, len).equal(st32[1].narrow(0, a, len))) << b;
+        EXPECT_EQ(st[1][b].item<float>(), static_cast<float>(-(j + 1)));
+        EXPECT_EQ(st[3][b].item<float>(), static_cast<float>(-(j + 1)));
+      } else {
+        EXPECT_TRUE(p.narrow(0, a, len).equal(p8.narrow(0, a, len))) << "aten " << aten << " 8-bit block " << b;
+        EXPECT_TRUE(st[0].narrow(0, a, len).equal(st8[0].narrow(0, a, len))) << b;
+        EXPECT_TRUE(st[2].narrow(0, a, len).equal(st8[2].narrow(0, a, len))) << b;
+        EXPECT_EQ(st[1][b].item<float>(), st8[1][b].item<float>()) << b;
+        EXPECT_GT(st[1][b].item<float>(), 0.0f) << b;
+      }
+    }
+    EXPECT_FALSE(p.equal(p8));  // the fp32 blocks differ from 8-bit ones
+  }
+  // store_8bit: values into marked and 8-bit blocks, as a checkpoint loads them.
+  std::vector<float> m(static_cast<size_t>(c.n)), v(m.size()), sq(m.size());
+  for (size_t i = 0; i < m.size(); ++i) {
+    m[i] = 0.01f * static_cast<float>(static_cast<int64_t>(i % 17) - 8);
+    v[i] = 1e-4f * static_cast<float>(i % 13 + 1);
+    sq[i] = static_cast<float>(std::sqrt(static_cast<double>(v[i])));
+  }
+  std::vector<at::Tensor> st{torch::empty({c.n}, torch::kUInt8), torch::empty({blocks}),
+                             torch::empty({c.n}, torch::kUInt8), torch::empty({blocks}),
+                             torch::empty({specs[4].side_numel(4)}), torch::empty({specs[5].side_numel(4)})};
+  zero::optim::store_8bit(m.data(), sq.data(), v.data(), c.n, fp32_blocks, st);
+  for (size_t j = 0; j < fp32_blocks.size(); ++j) {
+    const int64_t a = fp32_blocks[j] * 256, len = std::min<int64_t>(256, c.n - a);
+    EXPECT_EQ(st[1][fp32_blocks[j]].item<float>(), -static_cast<float>(j + 1));
+    for (int64_t t = 0; t < len; ++t) {
+      EXPECT_EQ(st[4][static_cast<int64_t>(j) * 256 + t].item<float>(), m[static_cast<size_t>(a + t)]);
+      EXPECT_EQ(st[5][static_cast<int64_t>(j) * 256 + t].item<float>(), v[static_cast<size_t>(a + t)]);
+    }
+  }
+  const float m0 = zero::optim::dequantize_8bit(st[0][0].item<uint8_t>(), st[1][0].item<float>());
+  EXPECT_NEAR(m0, m[0], 0.07 * std::abs(m[0]));
 }
 
 // An independent reference written in PyTorch (tests/optim/adam8_reference.py)

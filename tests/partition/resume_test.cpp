@@ -53,7 +53,10 @@ std::string write_config(const Job& j) {
       {"zero_optimization", {{"stage", j.stage}, {"reduce_bucket_size", 20000}, {"allgather_bucket_size", 20000}}},
   };
   if (j.precision == "bf16") c["bf16"] = {{"enabled", true}};
-  if (j.optim_bits == 8) c["optimizer"]["params"]["optim_bits"] = 8;
+  if (j.optim_bits == 8) {  // the matrices in 8 bits, the rest's blocks in fp32 (min_8bit_size)
+    c["optimizer"]["params"]["optim_bits"] = 8;
+    c["optimizer"]["params"]["min_8bit_size"] = 1000;
+  }
   if (j.master16)
     c["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
   auto& z = c["zero_optimization"];

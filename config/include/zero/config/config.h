@@ -55,6 +55,10 @@ struct OptimizerConfig {
   /// Adam/AdamW: bits a moment is kept in, bitsandbytes' name: 32 (fp32) or
   /// 8 (block-wise quantized, NOTE [8-bit states] in optim/).
   int optim_bits = 32;
+  /// With optim_bits 8: a parameter of fewer elements keeps fp32 moments
+  /// (bitsandbytes' min_8bit_size, its default), and so does every 8-bit
+  /// block that holds an element of one (NOTE [8-bit states] in optim/).
+  int64_t min_8bit_size = 4096;
   /// bf16.bf16_optimizer_states (with bf16.enabled and its master): the
   /// states are bf16, one element per parameter (set by the config reader).
   bool bf16_states = false;

@@ -10,6 +10,7 @@
 // call on disjoint slices from several threads.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,12 +57,22 @@ class FlatOptimizer {
   /// n elements (n, or one per `per_block` elements, rounded up) and start
   /// value. fp32 per element unless the optimizer says otherwise (8-bit Adam:
   /// NOTE [8-bit states] in optim/src/adam_kernel.h).
+  /// A `side` state holds the fp32 moments of the 8-bit blocks that stay
+  /// fp32 (min_8bit_size, NOTE [8-bit states]): per_block elements for each
+  /// such block of a slice, at least one block's; its length comes from the
+  /// layout (StateStore), its numel_for() is that least, and a window of
+  /// the slice takes it whole (state_window).
   struct StateSpec {
     std::string name;
     at::ScalarType dtype = at::kFloat;
     int64_t per_block = 0;
     double initial = 0.0;
-    int64_t numel_for(int64_t n) const { return per_block > 0 ? (n + per_block - 1) / per_block : n; }
+    bool side = false;
+    int64_t numel_for(int64_t n) const {
+      return side ? per_block : per_block > 0 ? (n + per_block - 1) / per_block : n;
+    }
+    /// A side state's length for `fp32_blocks` such blocks.
+    int64_t side_numel(int64_t fp32_blocks) const { return per_block * std::max<int64_t>(1, fp32_blocks); }
   };
   virtual std::vector<StateSpec> state_specs() const;
   /// Whether every state is one element per parameter, fp32 or 16-bit (its
@@ -116,6 +127,11 @@ class FlatOptimizer {
   config::OptimizerConfig config_;
 };
 
+/// State `state` (a slice's, as `spec` says) for elements [a, a + len) of
+/// the slice, `a` on a block boundary: an element-wise state's elements, a
+/// block-wise one's blocks, a side state whole.
+at::Tensor state_window(const FlatOptimizer::StateSpec& spec, const at::Tensor& state, int64_t a, int64_t len);
+
 /// The runs' parts within elements [start, start + numel), relative to start:
 /// the runs of one window or piece of an update.
 std::vector<FlatOptimizer::Run> runs_within(const std::vector<FlatOptimizer::Run>& runs, int64_t start, int64_t numel);
@@ -139,6 +155,20 @@ void adam_8bit_aten(const std::vector<FlatOptimizer::Run>& runs, const config::O
 /// step does (a scale too small to invert is zero).
 float dequantize_8bit(uint8_t code, float absmax);
 void quantize_8bit(const float* values, int64_t n, uint8_t* codes, float* absmax);
+
+/// min_8bit_size (NOTE [8-bit states]): marks blocks `fp32_blocks` (in
+/// order, of a slice's 8-bit Adam states: codes and scales of both
+/// moments, then the two side states) as kept in fp32: block fp32_blocks[j]'s
+/// scales become -(1 + j), its moments are elements [256 j, 256 j + 256) of
+/// the side states, and its codes are zero. Values are untouched.
+void mark_fp32_blocks(const std::vector<int64_t>& fp32_blocks, std::vector<at::Tensor>& states);
+
+/// A slice's 8-bit Adam states from values (a checkpoint of another layout
+/// or precision): exp_avg `m`, exp_avg_sq `v` and its square root `s` (the
+/// kernel's, correctly rounded), n elements; the marked blocks keep m and v
+/// in the side states, the others are quantized from m and s.
+void store_8bit(const float* m, const float* s, const float* v, int64_t n, const std::vector<int64_t>& fp32_blocks,
+                std::vector<at::Tensor>& states);
 
 // NOTE [16-bit master]
 // DeepSpeed's low-precision master (bf16.bf16_master_weights_and_grads,

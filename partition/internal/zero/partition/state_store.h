@@ -23,8 +23,10 @@
 // reloads it at another world size (each rank's partition maps onto element
 // ranges of the global flat layout). A block-wise state (8-bit Adam's codes
 // and scales, NOTE [8-bit states]) has its blocks from each sub-group's
-// first element, laid out sub-group after sub-group: it is saved as it is
-// and, at another layout, requantized on load (engine_checkpoint.cpp).
+// first element, laid out sub-group after sub-group, and so do the fp32
+// moments of the blocks that min_8bit_size keeps in fp32 (the store finds
+// them from the parameters' places and marks them at init): it is saved as
+// it is and, at another layout, requantized on load (engine_checkpoint.cpp).
 #pragma once
 
 #include <functional>
@@ -58,6 +60,9 @@ struct StoreOptions {
   /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
   /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/).
   at::ScalarType master_dtype = at::kFloat;
+  /// Which rank's chunks of the flat layout the partition is (0 when it is
+  /// one partition): which parameters' elements it holds (min_8bit_size).
+  int64_t layout_rank = 0;
 };
 
 /// A piece of the owned partition the step handles at once.
@@ -95,8 +100,12 @@ class StateStore {
   /// block scales, NOTE [8-bit states]); a block-wise state is laid out
   /// sub-group by sub-group.
   const std::vector<optim::FlatOptimizer::StateSpec>& state_specs() const { return specs_; }
-  /// State i's length for `numel` elements of a sub-group.
-  int64_t state_numel(size_t i, int64_t numel) const;
+  /// State i's length for sub-group k.
+  int64_t state_numel(size_t i, size_t k) const;
+  /// 8-bit Adam with min_8bit_size: the blocks of sub-group k (from its
+  /// first element) whose moments stay fp32, because they hold an element of
+  /// a parameter with fewer elements (NOTE [8-bit states]); in order.
+  const std::vector<int64_t>& fp32_blocks(size_t k) const { return fp32_blocks_.at(k); }
 
   using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
   /// Visits every sub-group in order with views of its master (master_dtype()) and
@@ -134,12 +143,16 @@ class StateStore {
   std::vector<optim::FlatOptimizer::StateSpec> specs_;
   std::vector<std::vector<int64_t>> state_at_;  // per state: where each sub-group's part starts (and the end)
   std::vector<SubGroup> sub_groups_;
+  std::vector<std::vector<int64_t>> fp32_blocks_;  // per sub-group (min_8bit_size)
   std::vector<std::string> names_;
   Tier tier_ = Tier::kDevice;
   at::Tensor master_;                   // laid out like the owned partition (memory tiers)
   std::vector<at::Tensor> states_;      // the same, one per optimizer state
   at::Tensor grads_;                    // stages 2-3
   std::unique_ptr<StateSwapper> swapper_;
+
+  // Sub-group k's views of the states in memory.
+  std::vector<at::Tensor> sub_group_states(size_t k) const;
 };
 
 }  // namespace zero::partition

@@ -98,7 +98,10 @@ struct SwapTensor {
   std::string name;
   at::ScalarType dtype = at::kFloat;
   int64_t per_block = 0;
+  /// When given: each sub-group's length, in order (8-bit Adam's fp32 blocks).
+  std::vector<int64_t> numels;
   int64_t numel_for(int64_t n) const { return per_block > 0 ? (n + per_block - 1) / per_block : n; }
+  int64_t numel_of(size_t k, int64_t n) const { return numels.empty() ? numel_for(n) : numels.at(k); }
 };
 
 class StateSwapper {
