@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -556,6 +557,46 @@ TEST(GpuOptim, EightBitStatesOnTheDeviceEqualTheCpuKernel) {
   EXPECT_TRUE(p_cpu.equal(p_dev.cpu())) << (p_cpu - p_dev.cpu()).abs().max().item<float>();
   for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(s_cpu[i].equal(s_dev[i].cpu())) << "state " << i;
   EXPECT_TRUE(low_cpu.equal(low_dev.cpu()));
+}
+
+// min_8bit_size on the device: the blocks marked fp32 step as fp32 Adam in
+// ATen operations (within their rounding of the CPU's fused pass), the
+// 8-bit blocks as the CPU's, bit for bit; the marks stay.
+TEST(GpuOptim, EightBitStatesWithFp32BlocksOnTheDevice) {
+  REQUIRE_CUDA();
+  zero::config::OptimizerConfig cfg;
+  cfg.type = zero::config::OptimizerType::kAdamW;
+  cfg.optim_bits = 8;
+  const auto opt = zero::optim::FlatOptimizer::create(cfg);
+  const auto specs = opt->state_specs();
+  const int64_t n = 10003, blocks = (n + 255) / 256;
+  const std::vector<int64_t> fp32_blocks{0, 1, 7, 20, blocks - 1};
+  torch::manual_seed(6);
+  auto p_cpu = torch::randn({n});
+  auto p_dev = p_cpu.to(kCuda);
+  std::vector<at::Tensor> s_cpu{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}),
+                                torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}),
+                                torch::zeros({specs[4].side_numel(5)}), torch::zeros({specs[5].side_numel(5)})};
+  zero::optim::mark_fp32_blocks(fp32_blocks, s_cpu);
+  std::vector<at::Tensor> s_dev;
+  for (const auto& t : s_cpu) s_dev.push_back(t.to(kCuda));
+  for (int64_t step = 1; step <= 4; ++step) {
+    const auto g = torch::randn({n});
+    zero::optim::StepParams sp;
+    sp.step = step;
+    opt->update_runs({{0, n, sp}}, p_cpu, g, s_cpu, nullptr);
+    const auto g_dev = g.to(kCuda);
+    opt->update_runs({{0, n, sp}}, p_dev, g_dev, s_dev, nullptr);
+  }
+  const auto p_back = p_dev.cpu();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t a = b * 256, len = std::min<int64_t>(256, n - a);
+    const bool fp32 = std::find(fp32_blocks.begin(), fp32_blocks.end(), b) != fp32_blocks.end();
+    if (fp32) EXPECT_TRUE(torch::allclose(p_cpu.narrow(0, a, len), p_back.narrow(0, a, len), 1e-6, 1e-7)) << b;
+    else EXPECT_TRUE(p_cpu.narrow(0, a, len).equal(p_back.narrow(0, a, len))) << b;
+  }
+  for (size_t i : {0, 1, 2, 3}) EXPECT_TRUE(s_cpu[i].equal(s_dev[i].cpu())) << "state " << i;  // codes, scales and marks
+  EXPECT_EQ(s_dev[1].lt(0).sum().item<int64_t>(), static_cast<int64_t>(fp32_blocks.size()));
 }
 
 // A bf16 master and bf16 states on the device (NOTE [16-bit master]): the

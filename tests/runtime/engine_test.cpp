@@ -1150,6 +1150,41 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
+// A checkpoint from before min_8bit_size (five states: every block in 8
+// bits, no min_8bit_size in state_blocks) loads into a run that keeps some
+// blocks in fp32: requantized, with the warning, and training goes on.
+TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_old_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+  const std::string z = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const Run8 whole = run_8bit(config_8bit(z, 16, 0), 5, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "at3");
+  });
+  {  // meta.json as it was written then
+    nlohmann::json meta;
+    {
+      std::ifstream in(dir + "/at3/meta.json");
+      meta = nlohmann::json::parse(in);
+    }
+    auto states = meta.at("states").get<std::vector<std::string>>();
+    ASSERT_EQ(states.size(), 7u);
+    states.resize(5);
+    meta["states"] = states;
+    meta["state_blocks"].erase("min_8bit_size");
+    std::ofstream(dir + "/at3/meta.json") << meta.dump(1);
+  }
+  testing::internal::CaptureStderr();
+  const Run8 resumed = run_8bit(config_8bit(z), 5, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "at3");
+  });
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("quantized again"), std::string::npos) << err;
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], whole.losses[3]);
+  EXPECT_NEAR(resumed.losses[1], whole.losses[4], 0.01 * whole.losses[4]);
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
 }  // namespace
 
 namespace {
