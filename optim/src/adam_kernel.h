@@ -128,8 +128,10 @@ namespace zero::optim::detail {
 // scale -(1 + j) (a true scale is never negative) and its moments at
 // [256 j, 256 j + 256) of two fp32 side states, laid out sub-group by
 // sub-group as the scales are. The step takes the stretches of 8-bit blocks
-// to this kernel and the fp32 ones to fp32 Adam; every tier and checkpoint
-// carries the marks with the scales.
+// to this kernel and the fp32 ones to fp32 Adam (on a device it reads the
+// piece's scales back to find them: a small copy per piece, and only in
+// sub-groups with fp32 blocks, the others get no side states); every tier
+// and checkpoint carries the marks with the scales.
 // Arithmetic, not memory, bounds it where cores are few per memory channel
 // (dequantizing, two maxima and requantizing cost about as much as Adam):
 // `zero bench adam` reports both kernels side by side.

@@ -101,7 +101,9 @@ at::Tensor round_to(const at::Tensor& x, at::ScalarType dtype, const Rounding& r
 void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& master,
                    const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding) {
   const auto specs = opt.state_specs();
-  ZERO_CHECK(states.size() == specs.size(), "a tensor per optimizer state");
+  const size_t sides = static_cast<size_t>(std::count_if(specs.begin(), specs.end(), [](const auto& s) { return s.side; }));
+  ZERO_CHECK(states.size() == specs.size() || states.size() + sides == specs.size(),
+             "a tensor per optimizer state (the side states may be left out)");
   std::vector<size_t> narrow;  // the 16-bit element-wise states
   for (size_t i = 0; i < states.size(); ++i)
     if (is_16bit(states[i].scalar_type())) {

@@ -109,19 +109,16 @@ void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const st
     swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
       const auto [g, start, len] = sub_groups_[k];
       t[0].copy_(chunk(g).narrow(0, start, len));
-      for (size_t i = 1; i < t.size(); ++i) t[i].fill_(initial_[i - 1]);
       std::vector<at::Tensor> st(t.begin() + 1, t.end());
-      optim::mark_fp32_blocks(fp32_blocks_[k], st);
+      start_states(k, st);
       if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) done(g);
     });
     swapper_->clear_timings();
     return;
   }
-  for (size_t i = 0; i < states_.size(); ++i) states_[i].fill_(initial_[i]);
   for (size_t k = 0; k < sub_groups_.size(); ++k) {
-    if (fp32_blocks_[k].empty()) continue;
     std::vector<at::Tensor> st = sub_group_states(k);
-    optim::mark_fp32_blocks(fp32_blocks_[k], st);
+    start_states(k, st);
   }
   if (param_master_) return;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
@@ -141,6 +138,12 @@ void StateStore::visit(bool write_back, const Visit& fn) {
     const auto [g, start, len] = sub_groups_[k];
     fn(k, master(g).narrow(0, start, len), sub_group_states(k));
   }
+}
+
+void StateStore::start_states(size_t k, std::vector<at::Tensor>& st) const {
+  ZERO_CHECK(st.size() == initial_.size(), "a tensor per optimizer state");
+  for (size_t i = 0; i < st.size(); ++i) st[i].fill_(initial_[i]);
+  optim::mark_fp32_blocks(fp32_blocks_.at(k), st);
 }
 
 std::vector<at::Tensor> StateStore::sub_group_states(size_t k) const {

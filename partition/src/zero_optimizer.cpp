@@ -345,7 +345,11 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
       if (combined != 1.0) g32.mul_(1.0 / combined);
       at::Tensor pm = n == len ? m : m.narrow(0, a, n);
       std::vector<at::Tensor> ps;
-      for (size_t i = 0; i < s.size(); ++i) ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
+      // (8-bit Adam's side states only where the sub-group has fp32 blocks:
+      // without them the step never reads its scales back from a device.)
+      for (size_t i = 0; i < s.size(); ++i)
+        if (!specs[i].side || !store_->fp32_blocks(k).empty())
+          ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
       at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
       // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
       const auto& grp = flat_->groups()[g];

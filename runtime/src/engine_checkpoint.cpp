@@ -630,13 +630,15 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     const nlohmann::json want = {{"partitions", flat.world_size()},
                                  {"sub_group_size", s.config.zero.sub_group_size},
                                  {"min_8bit_size", s.config.optimizer->min_8bit_size}};
-    const nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
+    nlohmann::json have = meta.value("state_blocks", nlohmann::json(nullptr));
+    // (Saved before min_8bit_size: every block in 8 bits, as min_8bit_size 0.)
+    if (have.is_object() && !have.contains("min_8bit_size")) have["min_8bit_size"] = 0;
     const bool same_groups = meta.at("layout") == ckpt::layout_of(flat, flat.world_size(), *s.model).to_json();
     if (!have.is_object() || !have.contains("sub_group_size") || !have.at("sub_group_size").is_number_integer() ||
         have.at("sub_group_size").get<int64_t>() < 1)
       throw IoError(meta_path + ": 8-bit optimizer states without their state_blocks layout: a damaged checkpoint");
     saved_sub_group = have.at("sub_group_size").get<int64_t>();
-    requantize = !from_8bit && (have != want || !same_groups || from_all_8bit);
+    requantize = !from_8bit && (have != want || !same_groups);
     if (requantize && store.names() != q8_names)
       throw ConfigError({meta_path + ": block-wise states other than 8-bit Adam's load only as they were laid out"});
     if (requantize && s.dist.rank == 0)
@@ -773,6 +775,10 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
     }
     const bool first_of_group = k == 0 || groups[k - 1].group != g;
     for (size_t i : blockwise) {
+      if (from_all_8bit && specs[i].side) {  // saved before them: no block in fp32
+        st[i].zero_();
+        continue;
+      }
       if (first_of_group) {
         const std::string name = store.names()[i + 1] + "." + std::to_string(g);
         group_state[i] = reader->read_tensor(own_file, name);
@@ -970,7 +976,7 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
   });
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
     loader.fill(k, {&m});
-    for (size_t i = 0; i < st.size(); ++i) st[i].fill_(store.initial_value(i));
+    store.start_states(k, st);  // (8-bit Adam's fp32 blocks marked again)
   });
   for (const auto& [name, t] : extra) {
     if (!reader->has_tensor("", name)) continue;

@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -116,6 +118,72 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StoreTiers,
                                            TierCase{"pageable", true, false, false, 1000000},
                                            TierCase{"nvme", true, true, true, 500}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// 8-bit Adam's min_8bit_size (NOTE [8-bit states]): each rank's store marks
+// exactly the blocks of each sub-group (from its first element) that hold
+// an element of a parameter under the size, found here independently by
+// writing 1 through the small parameters' own views into the flat buffer;
+// on the device and on NVMe (whose files take each sub-group's length), at
+// sub-groups that split blocks and groups after the first.
+TEST(StateStore, MarksTheBlocksOfSmallParametersFp32) {
+  for (const bool nvme : {false, true}) {
+    for (const int64_t rank : {0, 1}) {
+      zero::MemoryLedger ledger;
+      std::vector<std::pair<std::string, at::Tensor>> ps{
+          {"w0", at::zeros({1500}).requires_grad_()}, {"b0", at::zeros({30}).requires_grad_()},
+          {"w1", at::zeros({2000}).requires_grad_()}, {"b1", at::zeros({300}).requires_grad_()},
+          {"n1", at::zeros({5}).requires_grad_()},    {"w2", at::zeros({1200}).requires_grad_()},
+          {"b2", at::zeros({700}).requires_grad_()},  {"w3", at::zeros({3000}).requires_grad_()}};
+      FlatParameters flat(ps, at::kFloat, at::kCPU, /*world_size=*/2, /*group_numel=*/4000, ledger);
+      ASSERT_GE(flat.groups().size(), 2u);
+      zero::config::OptimizerConfig c;
+      c.type = zero::config::OptimizerType::kAdamW;
+      c.optim_bits = 8;
+      c.min_8bit_size = 1000;
+      auto opt = zero::optim::FlatOptimizer::create(c);
+      // 1 where an element is a small parameter's, through the parameters' views.
+      flat.flat().detach().zero_();
+      for (auto& slot : flat.slots())
+        if (slot.numel < 1000) slot.param.detach().fill_(1);
+      StoreOptions o;
+      o.sub_group_size = 700;
+      o.layout_rank = rank;
+      const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/store_marks_" + std::to_string(getpid());
+      if (nvme) {
+        std::filesystem::create_directories(dir);
+        zero::partition::SwapOptions so;
+        so.nvme_path = dir;
+        so.buffer_count = 2;
+        o.offload = true;
+        o.nvme = so;
+      }
+      {
+        StateStore store(flat, *opt, o, ledger);
+        store.init([&](size_t g) { return flat.chunk_of(flat.flat(), g, rank); }, [](size_t) {});
+        int64_t marked = 0;
+        store.visit(false, [&](size_t k, at::Tensor m, std::vector<at::Tensor> st) {
+          ASSERT_EQ(st.size(), 6u);
+          std::vector<int64_t> want;
+          for (int64_t b = 0; b * 256 < m.numel(); ++b)
+            if (m.narrow(0, b * 256, std::min<int64_t>(256, m.numel() - b * 256)).max().item<float>() > 0)
+              want.push_back(b);
+          EXPECT_EQ(store.fp32_blocks(k), want) << "rank " << rank << " sub-group " << k;
+          EXPECT_EQ(st[4].numel(), 256 * std::max<int64_t>(1, static_cast<int64_t>(want.size())));
+          for (int64_t b = 0; b < st[1].numel(); ++b) {
+            const auto it = std::find(want.begin(), want.end(), b);
+            const float mark = it == want.end() ? 0.0f : -static_cast<float>(it - want.begin() + 1);
+            EXPECT_EQ(st[1][b].item<float>(), mark) << "sub-group " << k << " block " << b;
+            EXPECT_EQ(st[3][b].item<float>(), mark) << "sub-group " << k << " block " << b;
+          }
+          marked += static_cast<int64_t>(want.size());
+        });
+        // Rank 0 holds b0 (group 0); rank 1 b1 and n1 (group 0) and b2 (group 1).
+        EXPECT_GE(marked, rank == 0 ? 1 : 4) << "rank " << rank;
+      }
+      if (nvme) ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+    }
+  }
+}
 
 // fp32 parameters in one partition: the master is the parameters themselves.
 TEST(StateStore, TheMasterCanBeTheParameters) {

@@ -1043,6 +1043,19 @@ TEST(EightBitStates, SmallTensorsKeepFp32States) {
   }
   expect_same_bits(run_8bit(config_8bit(R"({"stage": 2})", 16, 0), 3), run_8bit(config_8bit(R"({"stage": 2})", 16, 1), 3),
                    "min_8bit_size 0 and 1");
+  // load_weights starts the states afresh, the fp32 blocks marked again.
+  const std::string file = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_weights_" + std::to_string(getpid()) +
+                           ".safetensors";
+  const std::string z = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  run_8bit(without_8bit(config_8bit(z)), 2, 0, [&](zero::Engine& e, int s) {
+    if (s == 1) e.save_16bit_model(file);
+  });
+  auto from_file = [&](zero::Engine& e, int s) {
+    if (s == 0) e.load_weights(file);
+  };
+  expect_same_bits(run_8bit(config_8bit(z, 16, int64_t{1} << 40), 3, 0, from_file),
+                   run_8bit(without_8bit(config_8bit(z)), 3, 0, from_file), "after load_weights");
+  std::remove(file.c_str());
 }
 
 // Against fp32 moments on the same data: training follows the same path
@@ -1151,8 +1164,9 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
 }
 
 // A checkpoint from before min_8bit_size (five states: every block in 8
-// bits, no min_8bit_size in state_blocks) loads into a run that keeps some
-// blocks in fp32: requantized, with the warning, and training goes on.
+// bits, no min_8bit_size in state_blocks) loads into a run with
+// min_8bit_size 0 as it is (bit for bit), and into one that keeps some
+// blocks in fp32 requantized, with the warning; training goes on.
 TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_old_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
@@ -1173,6 +1187,10 @@ TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
     meta["state_blocks"].erase("min_8bit_size");
     std::ofstream(dir + "/at3/meta.json") << meta.dump(1);
   }
+  const Run8 as_saved = run_8bit(config_8bit(z, 16, 0), 5, 3, [&](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, "at3");
+  });
+  expect_same_bits(whole, as_saved, "min_8bit_size 0");
   testing::internal::CaptureStderr();
   const Run8 resumed = run_8bit(config_8bit(z), 5, 3, [&](zero::Engine& e, int s) {
     if (s == 3) e.load_checkpoint(dir, "at3");

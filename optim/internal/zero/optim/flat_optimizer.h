@@ -196,7 +196,8 @@ void store_8bit(const float* m, const float* s, const float* v, int64_t n, const
 
 /// One update as update_runs, with the master (`param`) and the element-wise
 /// states in their stored dtypes: fp32, or bf16/fp16 (NOTE [16-bit master]);
-/// block-wise states as the optimizer takes them. `low` (the model's copy):
+/// block-wise states as the optimizer takes them (side states may be left
+/// out where no block is marked fp32). `low` (the model's copy):
 /// the master's bits when it has the master's dtype.
 void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& param,
                    const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding);

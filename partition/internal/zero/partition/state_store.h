@@ -106,6 +106,9 @@ class StateStore {
   /// first element) whose moments stay fp32, because they hold an element of
   /// a parameter with fewer elements (NOTE [8-bit states]); in order.
   const std::vector<int64_t>& fp32_blocks(size_t k) const { return fp32_blocks_.at(k); }
+  /// Sets sub-group k's states `st` (as visit() gives them) to where they
+  /// start: the optimizer's initial values, its fp32 blocks marked.
+  void start_states(size_t k, std::vector<at::Tensor>& st) const;
 
   using Visit = std::function<void(size_t k, at::Tensor master, std::vector<at::Tensor> states)>;
   /// Visits every sub-group in order with views of its master (master_dtype()) and
