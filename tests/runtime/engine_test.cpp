@@ -1163,6 +1163,35 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
+// The fp32 blocks' moments convert exactly: with every block fp32 (every
+// parameter under min_8bit_size) a checkpoint loads at another
+// sub_group_size and buckets (requantized: each value from its saved
+// sub-group's fp32 states into this run's), into fp32 states and from them,
+// and training goes on bit for bit.
+TEST(EightBitStates, Fp32BlocksConvertExactlyOnLoad) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_fp32blocks_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+  const int64_t all = int64_t{1} << 40;
+  const std::string z = R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})";
+  const std::string other = R"({"stage": 2, "sub_group_size": 5000, "reduce_bucket_size": 20000, )"
+                            R"("allgather_bucket_size": 20000, "offload_optimizer": {"device": "cpu"}})";
+  const Run8 whole = run_8bit(config_8bit(z, 16, all), 6, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "q8");
+  });
+  auto load = [&](const std::string& tag) {
+    return [&, tag](zero::Engine& e, int s) {
+      if (s == 3) e.load_checkpoint(dir, tag);
+    };
+  };
+  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load("q8")), "requantized");
+  expect_same_bits(whole, run_8bit(without_8bit(config_8bit(z)), 6, 3, load("q8")), "into fp32 states");
+  run_8bit(without_8bit(config_8bit(z)), 4, 0, [&](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, "fp32");
+  });
+  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load("fp32")), "from fp32 states");
+  ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
 // A checkpoint from before min_8bit_size (five states: every block in 8
 // bits, no min_8bit_size in state_blocks) loads into a run with
 // min_8bit_size 0 as it is (bit for bit), and into one that keeps some
