@@ -430,12 +430,22 @@ void mark_fp32_blocks(const std::vector<int64_t>& fp32_blocks, std::vector<at::T
   marks = marks.to(dev);
   states[1].index_copy_(0, index, marks);
   states[3].index_copy_(0, index, marks);
+  // The blocks' codes zero: in place on the CPU, by one indexed fill elsewhere.
   const int64_t n = states[0].numel();
-  for (int64_t b : fp32_blocks) {
-    const int64_t a = b * block, len = std::min(block, n - a);
-    states[0].narrow(0, a, len).zero_();
-    states[2].narrow(0, a, len).zero_();
+  if (states[0].is_cpu() && states[2].is_cpu() && states[0].is_contiguous() && states[2].is_contiguous()) {
+    for (int64_t b : fp32_blocks) {
+      const int64_t a = b * block, len = std::min(block, n - a);
+      std::fill_n(states[0].data_ptr<uint8_t>() + a, len, uint8_t{0});
+      std::fill_n(states[2].data_ptr<uint8_t>() + a, len, uint8_t{0});
+    }
+    return;
   }
+  std::vector<int64_t> elements;
+  for (int64_t b : fp32_blocks)
+    for (int64_t e = b * block; e < std::min((b + 1) * block, n); ++e) elements.push_back(e);
+  const at::Tensor where = at::tensor(elements, at::kLong).to(states[0].device());
+  states[0].index_fill_(0, where, 0);
+  states[2].index_fill_(0, where, 0);
 }
 
 void store_8bit(const float* m, const float* s, const float* v, int64_t n, const std::vector<int64_t>& fp32_blocks,

@@ -27,13 +27,13 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   // min_8bit_size: the blocks of each sub-group that hold an element of a
   // smaller parameter keep fp32 moments (NOTE [8-bit states]).
   fp32_blocks_.resize(sub_groups_.size());
-  const bool side = std::any_of(specs_.begin(), specs_.end(), [](const auto& spec) { return spec.side; });
+  const auto side = std::find_if(specs_.begin(), specs_.end(), [](const auto& spec) { return spec.side; });
   const int64_t min_8bit = optimizer.config().min_8bit_size;
-  for (size_t k = 0; side && min_8bit > 0 && k < sub_groups_.size(); ++k) {
+  for (size_t k = 0; side != specs_.end() && min_8bit > 0 && k < sub_groups_.size(); ++k) {
     const auto& sg = sub_groups_[k];
     const auto& grp = params_.groups()[sg.group];
     const int64_t lo = grp.begin + options_.layout_rank * grp.chunk_numel + sg.start, hi = lo + sg.numel;
-    const int64_t block = specs_.front().per_block > 0 ? specs_.front().per_block : 256;
+    const int64_t block = side->per_block;  // the 8-bit blocks'
     std::vector<int64_t> blocks;
     for (size_t slot : grp.slots) {
       const auto& ps = params_.slots()[slot];

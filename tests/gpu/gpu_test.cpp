@@ -577,9 +577,13 @@ TEST(GpuOptim, EightBitStatesWithFp32BlocksOnTheDevice) {
   std::vector<at::Tensor> s_cpu{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}),
                                 torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}),
                                 torch::zeros({specs[4].side_numel(5)}), torch::zeros({specs[5].side_numel(5)})};
-  zero::optim::mark_fp32_blocks(fp32_blocks, s_cpu);
+  s_cpu[0].fill_(7);  // codes the marking zeroes in its blocks (under a zero scale they stand for 0)
+  s_cpu[2].fill_(7);
   std::vector<at::Tensor> s_dev;
   for (const auto& t : s_cpu) s_dev.push_back(t.to(kCuda));
+  zero::optim::mark_fp32_blocks(fp32_blocks, s_cpu);  // the device's: index_copy_ and index_fill_ there
+  zero::optim::mark_fp32_blocks(fp32_blocks, s_dev);
+  for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(s_cpu[i].equal(s_dev[i].cpu())) << "marked state " << i;
   for (int64_t step = 1; step <= 4; ++step) {
     const auto g = torch::randn({n});
     zero::optim::StepParams sp;

@@ -283,6 +283,18 @@ TEST(Adam8, BlocksMarkedFp32StepAsFp32AdamAndTheRestAsEightBits) {
   }
   const float m0 = zero::optim::dequantize_8bit(st[0][0].item<uint8_t>(), st[1][0].item<float>());
   EXPECT_NEAR(m0, m[0], 0.07 * std::abs(m[0]));
+  // The marking's indexed path (what device states take): strided codes.
+  std::vector<at::Tensor> strided{torch::full({2 * c.n}, 7, torch::kUInt8).slice(0, 0, 2 * c.n, 2), torch::ones({blocks}),
+                                  torch::full({2 * c.n}, 7, torch::kUInt8).slice(0, 0, 2 * c.n, 2), torch::ones({blocks}),
+                                  torch::zeros({specs[4].side_numel(4)}), torch::zeros({specs[5].side_numel(4)})};
+  zero::optim::mark_fp32_blocks(fp32_blocks, strided);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const bool fp32 = std::find(fp32_blocks.begin(), fp32_blocks.end(), b) != fp32_blocks.end();
+    const int64_t a = b * 256, len = std::min<int64_t>(256, c.n - a);
+    for (const size_t i : {size_t{0}, size_t{2}})
+      EXPECT_TRUE(strided[i].narrow(0, a, len).eq(fp32 ? 0 : 7).all().item<bool>()) << "block " << b << " state " << i;
+    EXPECT_EQ(strided[1][b].item<float>() < 0, fp32) << b;
+  }
 }
 
 // An independent reference written in PyTorch (tests/optim/adam8_reference.py)
