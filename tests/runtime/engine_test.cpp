@@ -969,6 +969,28 @@ Run8 run_8bit(const std::string& config, int steps, int first_step = 0,
   return out;
 }
 
+// run_8bit's at_step: at step 3, a checkpoint saved in `dir` as `tag`, or loaded from it.
+std::function<void(zero::Engine&, int)> save_at3(const std::string& dir, const std::string& tag) {
+  return [dir, tag](zero::Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(dir, tag);
+  };
+}
+std::function<void(zero::Engine&, int)> load_at3(const std::string& dir, const std::string& tag) {
+  return [dir, tag](zero::Engine& e, int s) {
+    if (s == 3) e.load_checkpoint(dir, tag);
+  };
+}
+
+// A run resumed at step 3 goes on as `whole`: its first loss the same
+// (the parameters are the master's, exactly), each next within `rel`.
+void expect_goes_on_as(const Run8& resumed, const Run8& whole, double rel, const std::string& what = "") {
+  ASSERT_GE(whole.losses.size(), 3 + resumed.losses.size()) << what;
+  ASSERT_FALSE(resumed.losses.empty()) << what;
+  EXPECT_EQ(resumed.losses[0], whole.losses[3]) << what;
+  for (size_t i = 1; i < resumed.losses.size(); ++i)
+    EXPECT_NEAR(resumed.losses[i], whole.losses[3 + i], rel * whole.losses[3 + i]) << what << " step " << 3 + i;
+}
+
 void expect_same_bits(const Run8& a, const Run8& b, const std::string& what) {
   ASSERT_EQ(a.params.size(), b.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], b.params[i])) << what << ": parameter " << i;
@@ -1088,12 +1110,8 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_ckpt_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   const std::string config = config_8bit(R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})");
-  const Run8 whole = run_8bit(config, 6, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "at3");
-  });
-  const Run8 resumed = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
+  const Run8 whole = run_8bit(config, 6, 0, save_at3(dir, "at3"));
+  const Run8 resumed = run_8bit(config, 6, 3, load_at3(dir, "at3"));
   expect_same_bits(whole, resumed, "resumed");
   {  // The codes are saved as bytes: the file is smaller than fp32 moments'.
     std::ifstream meta(dir + "/at3/meta.json");
@@ -1112,12 +1130,9 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
             R"("allgather_bucket_size": 20000, "offload_optimizer": {"device": "cpu"}})", 1000},
            {R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})", 0},
            {R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})", 5000}}) {
-    const Run8 relaid = run_8bit(config_8bit(other, 16, min_8bit), 6, 3, [&](zero::Engine& e, int s) {
-      if (s == 3) e.load_checkpoint(dir, "at3");
-    });
+    const Run8 relaid = run_8bit(config_8bit(other, 16, min_8bit), 6, 3, load_at3(dir, "at3"));
     ASSERT_EQ(relaid.losses.size(), 3u);
-    EXPECT_EQ(relaid.losses[0], whole.losses[3]) << other;  // the parameters are the fp32 master's, exactly
-    for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(relaid.losses[i], whole.losses[3 + i], 0.01 * whole.losses[3 + i]) << other;
+    expect_goes_on_as(relaid, whole, 0.01, other);
     double diff = 0, norm = 0;
     for (size_t i = 0; i < whole.params.size(); ++i) {
       diff += (relaid.params[i] - whole.params[i]).pow(2).sum().item<double>();
@@ -1133,21 +1148,13 @@ TEST(EightBitStates, CheckpointResumesBitForBitAndRequantizesForAnotherLayout) {
   // saved run's (the parameters are the master's), the next follow it.
   const auto fp32 = without_8bit(config);
   testing::internal::CaptureStderr();
-  const Run8 widened = run_8bit(fp32, 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
+  const Run8 widened = run_8bit(fp32, 6, 3, load_at3(dir, "at3"));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("they are dequantized"), std::string::npos) << err;
-  EXPECT_EQ(widened.losses[0], whole.losses[3]);
-  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(widened.losses[i], whole.losses[3 + i], 0.01 * whole.losses[3 + i]);
-  const Run8 f = run_8bit(fp32, 6, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "fp32");
-  });
-  const Run8 quantized = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "fp32");
-  });
-  EXPECT_EQ(quantized.losses[0], f.losses[3]);
-  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(quantized.losses[i], f.losses[3 + i], 0.01 * f.losses[3 + i]);
+  expect_goes_on_as(widened, whole, 0.01);
+  const Run8 f = run_8bit(fp32, 6, 0, save_at3(dir, "fp32"));
+  const Run8 quantized = run_8bit(config, 6, 3, load_at3(dir, "fp32"));
+  expect_goes_on_as(quantized, f, 0.01);
   {  // Another optimizer's states are refused, saying what to do.
     auto model = make_model(7);
     const std::string lion = R"({"train_micro_batch_size_per_gpu": 16, "optimizer": {"type": "Lion", "params": {"lr": 0.001}}, )"
@@ -1175,20 +1182,11 @@ TEST(EightBitStates, Fp32BlocksConvertExactlyOnLoad) {
   const std::string z = R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})";
   const std::string other = R"({"stage": 2, "sub_group_size": 5000, "reduce_bucket_size": 20000, )"
                             R"("allgather_bucket_size": 20000, "offload_optimizer": {"device": "cpu"}})";
-  const Run8 whole = run_8bit(config_8bit(z, 16, all), 6, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "q8");
-  });
-  auto load = [&](const std::string& tag) {
-    return [&, tag](zero::Engine& e, int s) {
-      if (s == 3) e.load_checkpoint(dir, tag);
-    };
-  };
-  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load("q8")), "requantized");
-  expect_same_bits(whole, run_8bit(without_8bit(config_8bit(z)), 6, 3, load("q8")), "into fp32 states");
-  run_8bit(without_8bit(config_8bit(z)), 4, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "fp32");
-  });
-  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load("fp32")), "from fp32 states");
+  const Run8 whole = run_8bit(config_8bit(z, 16, all), 6, 0, save_at3(dir, "q8"));
+  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load_at3(dir, "q8")), "requantized");
+  expect_same_bits(whole, run_8bit(without_8bit(config_8bit(z)), 6, 3, load_at3(dir, "q8")), "into fp32 states");
+  run_8bit(without_8bit(config_8bit(z)), 4, 0, save_at3(dir, "fp32"));
+  expect_same_bits(whole, run_8bit(config_8bit(other, 16, all), 6, 3, load_at3(dir, "fp32")), "from fp32 states");
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
@@ -1200,9 +1198,7 @@ TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_8bit_old_" + std::to_string(getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   const std::string z = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
-  const Run8 whole = run_8bit(config_8bit(z, 16, 0), 5, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "at3");
-  });
+  const Run8 whole = run_8bit(config_8bit(z, 16, 0), 5, 0, save_at3(dir, "at3"));
   {  // meta.json as it was written then
     nlohmann::json meta;
     {
@@ -1216,19 +1212,14 @@ TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
     meta["state_blocks"].erase("min_8bit_size");
     std::ofstream(dir + "/at3/meta.json") << meta.dump(1);
   }
-  const Run8 as_saved = run_8bit(config_8bit(z, 16, 0), 5, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
+  const Run8 as_saved = run_8bit(config_8bit(z, 16, 0), 5, 3, load_at3(dir, "at3"));
   expect_same_bits(whole, as_saved, "min_8bit_size 0");
   testing::internal::CaptureStderr();
-  const Run8 resumed = run_8bit(config_8bit(z), 5, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
+  const Run8 resumed = run_8bit(config_8bit(z), 5, 3, load_at3(dir, "at3"));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("quantized again"), std::string::npos) << err;
   ASSERT_EQ(resumed.losses.size(), 2u);
-  EXPECT_EQ(resumed.losses[0], whole.losses[3]);
-  EXPECT_NEAR(resumed.losses[1], whole.losses[4], 0.01 * whole.losses[4]);
+  expect_goes_on_as(resumed, whole, 0.01);
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
@@ -1333,12 +1324,8 @@ TEST(SixteenBitMaster, CheckpointResumesBitForBitAndConvertsPrecision) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   const std::string zero_section = R"({"stage": 2, "sub_group_size": 3000, "offload_optimizer": {"device": "cpu"}})";
   const std::string config = config_16(zero_section);
-  const Run8 whole = run_8bit(config, 6, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "at3");
-  });
-  const Run8 resumed = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
+  const Run8 whole = run_8bit(config, 6, 0, save_at3(dir, "at3"));
+  const Run8 resumed = run_8bit(config, 6, 3, load_at3(dir, "at3"));
   expect_same_bits(whole, resumed, "resumed");
   {
     std::ifstream meta(dir + "/at3/meta.json");
@@ -1347,25 +1334,17 @@ TEST(SixteenBitMaster, CheckpointResumesBitForBitAndConvertsPrecision) {
   }
   // fp32 master and states from the bf16 checkpoint: widened exactly, so
   // the first loss is the same; then each goes its own way, close.
-  const Run8 widened = run_8bit(config_16(zero_section, ""), 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "at3");
-  });
-  EXPECT_EQ(widened.losses[0], whole.losses[3]);
-  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(widened.losses[i], whole.losses[3 + i], 0.02 * whole.losses[3 + i]);
+  const Run8 widened = run_8bit(config_16(zero_section, ""), 6, 3, load_at3(dir, "at3"));
+  expect_goes_on_as(widened, whole, 0.02);
   // An fp32 checkpoint into a bf16 master: the model's bf16 values were the
   // fp32 master rounded to nearest, as the load rounds it, so the first loss
   // is the same too.
-  const Run8 fp32 = run_8bit(config_16(zero_section, ""), 6, 0, [&](zero::Engine& e, int s) {
-    if (s == 3) e.save_checkpoint(dir, "fp32");
-  });
+  const Run8 fp32 = run_8bit(config_16(zero_section, ""), 6, 0, save_at3(dir, "fp32"));
   testing::internal::CaptureStderr();
-  const Run8 narrowed = run_8bit(config, 6, 3, [&](zero::Engine& e, int s) {
-    if (s == 3) e.load_checkpoint(dir, "fp32");
-  });
+  const Run8 narrowed = run_8bit(config, 6, 3, load_at3(dir, "fp32"));
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("they are converted as they are read"), std::string::npos) << err;
-  EXPECT_EQ(narrowed.losses[0], fp32.losses[3]);
-  for (size_t i = 1; i < 3; ++i) EXPECT_NEAR(narrowed.losses[i], fp32.losses[3 + i], 0.02 * fp32.losses[3 + i]);
+  expect_goes_on_as(narrowed, fp32, 0.02);
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 

@@ -237,45 +237,61 @@ TEST(Tune, KilledOutrightLeavesNoRunAndTheNextTunerRemovesItsFolders) {
       << read_text(dir.file("log2"));
 }
 
+// zero tune of minGPT 2 x 128 at stage 2, offloaded or not, with
+// --allow-low-precision-states (and `extra`), its scratch in `tmp`: run at
+// the budgets given, the config to `dir`/<tag>.json, the report (returned)
+// to r<tag>.json, the log to <tag>.log.
+struct LowPrecisionTune {
+  TempDir dir, tmp;
+  std::string extra;
+  nlohmann::json run(const std::string& tag, const std::string& device, const std::string& host) {
+    const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
+                            "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
+                            "--steps 2 --stages 2 --offload none,cpu --allow-low-precision-states " + extra +
+                            " --device-memory " + device + " --host-memory " + host + " --out " + config_path(tag) +
+                            " --json " + dir.file("r" + tag + ".json") + " > " + log_path(tag) + " 2>&1";
+    EXPECT_EQ(sh(cmd), 0) << read_text(log_path(tag));
+    return nlohmann::json::parse(read_text(dir.file("r" + tag + ".json")));
+  }
+  std::string config_path(const std::string& tag) { return dir.file(tag + ".json"); }
+  std::string log_path(const std::string& tag) { return dir.file(tag + ".log"); }
+  // The config proposed at `tag` loads, and the scratch is gone.
+  void expect_config_loads(const std::string& tag) {
+    EXPECT_EQ(sh(kBin + "zero config check " + config_path(tag) + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
+        << read_text(dir.file("check"));
+    EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+  }
+};
+
 // --allow-low-precision-states: 8-bit Adam states are candidates too, beaten
 // by their fp32 twins wherever those fit (the first run, generous budgets:
 // none is run), and proposed where only they fit (the second: a device that
 // needs offload, a host budget between the two offloaded estimates): the
 // config written has optim_bits 8 and loads.
 TEST(Tune, EightBitStatesOnlyWhereFp32StatesDoNotFit) {
-  TempDir dir, tmp;
-  const std::string base = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
-                           "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
-                           "--steps 2 --stages 2 --offload none,cpu --allow-low-precision-states";
-  ASSERT_EQ(sh(base + " --device-memory 1GiB --host-memory 1GiB --out " + dir.file("a.json") + " --json " +
-               dir.file("ra.json") + " > " + dir.file("a.log") + " 2>&1"),
-            0)
-      << read_text(dir.file("a.log"));
-  const auto first = nlohmann::json::parse(read_text(dir.file("ra.json")));
+  LowPrecisionTune tune;
+  const auto first = tune.run("a", "1GiB", "1GiB");
   std::map<std::pair<std::string, int>, nlohmann::json> est;  // (offload, bits) -> estimate
   for (const auto& c : first["candidates"]) {
     est[{c["offload_optimizer"].get<std::string>(), c["optim_bits"].get<int>()}] = c["estimate_bytes"];
-    if (c["optim_bits"] == 8) EXPECT_NE(c["status"], "trained") << c.dump();
+    if (c["optim_bits"] == 8) {
+      EXPECT_NE(c["status"], "trained") << c.dump();
+    }
   }
   ASSERT_EQ(est.size(), 4u) << first.dump();
-  EXPECT_FALSE(nlohmann::json::parse(read_text(dir.file("a.json")))["optimizer"]["params"].contains("optim_bits"));
+  EXPECT_FALSE(nlohmann::json::parse(read_text(tune.config_path("a")))["optimizer"]["params"].contains("optim_bits"));
   auto at = [&](const char* off, int bits, const char* tier) { return est[{off, bits}][tier].get<int64_t>(); };
   const int64_t device = (std::max(at("cpu", 32, "device"), at("cpu", 8, "device")) +
                           std::min(at("none", 32, "device"), at("none", 8, "device"))) / 2;
   const int64_t host = (at("cpu", 32, "host") + at("cpu", 8, "host")) / 2;
   ASSERT_LT(at("cpu", 8, "host"), host);
   ASSERT_LT(std::max(at("cpu", 32, "device"), at("cpu", 8, "device")), device);
-  ASSERT_EQ(sh(base + " --device-memory " + std::to_string(device) + " --host-memory " + std::to_string(host) +
-               " --out " + dir.file("b.json") + " --json " + dir.file("rb.json") + " > " + dir.file("b.log") + " 2>&1"),
-            0)
-      << read_text(dir.file("b.log"));
-  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  tune.run("b", std::to_string(device), std::to_string(host));
+  const auto config = nlohmann::json::parse(read_text(tune.config_path("b")));
   EXPECT_EQ(config["optimizer"]["params"]["optim_bits"], 8) << config.dump();
   EXPECT_EQ(config["zero_optimization"]["offload_optimizer"]["device"], "cpu") << config.dump();
-  EXPECT_NE(read_text(dir.file("b.log")).find("8-bit Adam states"), std::string::npos) << read_text(dir.file("b.log"));
-  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
-      << read_text(dir.file("check"));
-  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+  EXPECT_NE(read_text(tune.log_path("b")).find("8-bit Adam states"), std::string::npos) << read_text(tune.log_path("b"));
+  tune.expect_config_loads("b");
 }
 
 // In bf16, --allow-low-precision-states also tries a bf16 master and bf16
@@ -284,19 +300,13 @@ TEST(Tune, EightBitStatesOnlyWhereFp32StatesDoNotFit) {
 // budget between the two, only they fit and are proposed; the config
 // written has DeepSpeed's keys and loads.
 TEST(Tune, Bf16MasterAndStatesWhereOnlyTheyFit) {
-  TempDir dir, tmp;
-  const std::string base = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
-                           "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
-                           "--steps 2 --stages 2 --offload none,cpu --precision bf16 --allow-low-precision-states";
-  ASSERT_EQ(sh(base + " --device-memory 1GiB --host-memory 1GiB --out " + dir.file("a.json") + " --json " +
-               dir.file("ra.json") + " > " + dir.file("a.log") + " 2>&1"),
-            0)
-      << read_text(dir.file("a.log"));
+  LowPrecisionTune tune;
+  tune.extra = "--precision bf16";
+  const auto first = tune.run("a", "1GiB", "1GiB");
   // Offloaded: the largest estimate of bf16 states' candidates and the
   // smallest of the others, on the host and on the device; not offloaded,
   // the smallest on the device.
   int64_t host16 = 0, host_other = int64_t{1} << 40, device_offloaded = 0, device_not = int64_t{1} << 40;
-  const auto first = nlohmann::json::parse(read_text(dir.file("ra.json")));
   for (const auto& c : first["candidates"]) {
     const int64_t d = c["estimate_bytes"]["device"].get<int64_t>(), h = c["estimate_bytes"]["host"].get<int64_t>();
     if (c["offload_optimizer"] == "cpu") {
@@ -310,18 +320,13 @@ TEST(Tune, Bf16MasterAndStatesWhereOnlyTheyFit) {
   ASSERT_GT(host16, 0) << first.dump();
   ASSERT_LT(host16, host_other);
   ASSERT_LT(device_offloaded, device_not);
-  ASSERT_EQ(sh(base + " --device-memory " + std::to_string((device_offloaded + device_not) / 2) + " --host-memory " +
-               std::to_string((host16 + host_other) / 2) + " --out " +
-               dir.file("b.json") + " --json " + dir.file("rb.json") + " > " + dir.file("b.log") + " 2>&1"),
-            0)
-      << read_text(dir.file("b.log"));
-  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  tune.run("b", std::to_string((device_offloaded + device_not) / 2), std::to_string((host16 + host_other) / 2));
+  const auto config = nlohmann::json::parse(read_text(tune.config_path("b")));
   EXPECT_EQ(config["bf16"]["bf16_master_weights_and_grads"], true) << config.dump();
   EXPECT_EQ(config["bf16"]["bf16_optimizer_states"], true) << config.dump();
-  EXPECT_NE(read_text(dir.file("b.log")).find("bf16 master and states"), std::string::npos) << read_text(dir.file("b.log"));
-  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
-      << read_text(dir.file("check"));
-  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+  EXPECT_NE(read_text(tune.log_path("b")).find("bf16 master and states"), std::string::npos)
+      << read_text(tune.log_path("b"));
+  tune.expect_config_loads("b");
 }
 
 TEST(Tune, UsageErrorsNameTheOption) {
