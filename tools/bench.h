@@ -25,6 +25,9 @@ int bench_overlap(const std::vector<std::string>& args);
 /// zero bench adam: zero's CPU Adam against torch::optim::Adam and the
 /// stream-triad bandwidth, same sizes, one run.
 int bench_adam(const std::vector<std::string>& args);
+/// zero bench transfer: host-device copies on the engine's copy stream from
+/// the pinned tier, LibTorch's pinned allocator and pageable memory (a GPU only).
+int bench_transfer(const std::vector<std::string>& args);
 /// zero estimate: model-state memory per rank for each ZeRO configuration (tools/estimate.cpp).
 int estimate(const std::vector<std::string>& args);
 

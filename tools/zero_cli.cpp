@@ -15,6 +15,7 @@
 #include "launch.h"
 #include "zero/runtime/runs.h"
 #include "zero/config/config.h"
+#include "zero/core/crash_report.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 
@@ -51,6 +52,10 @@ commands:
   bench adam [--numel N --steps N] [--json FILE]
       zero's CPU Adam against torch::optim::Adam and the machine's memory
       bandwidth (stream triad), on the same sizes.
+  bench transfer [--bytes N --rounds N] [--json FILE]
+      Host-to-device and device-to-host GB/s on the engine's copy stream from
+      the pinned tier, LibTorch's pinned allocator and pageable memory, each
+      said page-locked or not as the driver reports it (cuda:0; a GPU only).
   bench checkpoint [--n_layer N --n_embd N --n_head N --block_size N --batch_size N --steps N] [--json FILE]
       minGPT's activation memory peak and step time without activation
       checkpointing, with it, and with cpu_checkpointing.
@@ -191,6 +196,7 @@ int config_check(const std::vector<std::string>& args) {
 int run(const std::vector<std::string>& args);
 
 int main(int argc, char** argv) {
+  zero::install_crash_reporter("zero");  // NOTE [crash report]
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {
@@ -232,7 +238,8 @@ int run(const std::vector<std::string>& args) {
     if (args.size() >= 2 && args[1] == "engine") return zero::tools::bench_engine({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "checkpoint") return zero::tools::bench_checkpoint({args.begin() + 2, args.end()});
     if (args.size() >= 2 && args[1] == "adam") return zero::tools::bench_adam({args.begin() + 2, args.end()});
-    return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam'");
+    if (args.size() >= 2 && args[1] == "transfer") return zero::tools::bench_transfer({args.begin() + 2, args.end()});
+    return usage_error("expected 'zero bench engine|overlap|stage3|aio|offload|checkpoint|checkpoint-io|adam|transfer'");
   }
   if (args[0] == "launch") return zero::tools::launch({args.begin() + 1, args.end()});
   if (args[0] == "estimate") return zero::tools::estimate({args.begin() + 1, args.end()});

@@ -109,9 +109,11 @@ constexpr FeatureRule kFeatures[] = {
     {"zero_optimization.ignore_unused_parameters", When::kFalse, 0, Severity::kWarning,
      "has no effect: zero always reduces parameters without gradients as zeros", nullptr},
     {"zero_optimization.load_from_fp32_weights", When::kFalse, 0, Severity::kWarning,
-     "has no effect: zero has no engine checkpoints to load yet", nullptr},
+     "has no effect: load_checkpoint always sets the fp32 master from the checkpoint's own fp32 (or 16-bit "
+     "master) states, as true does; false, rebuilding it from the 16-bit weights, is not done", nullptr},
     {"zero_optimization.elastic_checkpoint", When::kTrue, 0, Severity::kWarning,
-     "has no effect: zero has no engine checkpoints yet", nullptr},
+     "has no effect: zero's checkpoints always load at another world size or stage (each rank reads its share, "
+     "docs/checkpoints.md), which is what it asks for", nullptr},
     {"zero_optimization.stage3_module_granularity_threshold", When::kAbove, 0, Severity::kWarning,
      "has no effect: zero's stage-3 layers are the modules it is given (NOTE [stage-3 layers])", nullptr},
     {"zero_optimization.module_granularity_threshold", When::kAbove, 0, Severity::kWarning,

@@ -178,6 +178,16 @@ at::Tensor LedgerAlloc::empty(MemoryLedger& ledger, int64_t numel, at::ScalarTyp
       raw.options());
 }
 
+bool page_locked(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || !at::globalContext().hasCUDA()) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, t.storage().data()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
 at::Tensor LedgerAlloc::host_empty(MemoryLedger& ledger, int64_t numel, at::ScalarType dtype, bool pin, Kind kind, const std::string& what) {
   if (pin) {
     try {

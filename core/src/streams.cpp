@@ -93,12 +93,25 @@ struct StreamEvent::State {
   c10::DeviceIndex device = 0;
   std::shared_ptr<DeferredQueue> queue;  // kDeferred
   uint64_t seq = 0;
+  // CUDA: the copy's tensors, kept until its end is known (synchronize, or
+  // a query that finds it done), then let go, so that a buffer the caller
+  // frees after synchronize() is freed then, not at the stream's next copy.
+  std::mutex mu;
+  std::vector<at::Tensor> keep;
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    keep.clear();
+  }
 };
 
 void StreamEvent::synchronize() const {
   if (!state_) return;
-  if (state_->cuda) state_->cuda->synchronize();
-  else if (state_->queue) state_->queue->synchronize(state_->seq);
+  if (state_->cuda) {
+    state_->cuda->synchronize();
+    state_->release();
+  } else if (state_->queue) {
+    state_->queue->synchronize(state_->seq);
+  }
 }
 
 void StreamEvent::block_current() const {
@@ -109,7 +122,11 @@ void StreamEvent::block_current() const {
 
 bool StreamEvent::query() const {
   if (!state_) return true;
-  if (state_->cuda) return state_->cuda->query();
+  if (state_->cuda) {
+    if (!state_->cuda->query()) return false;
+    state_->release();
+    return true;
+  }
   if (state_->queue) return state_->queue->done(state_->seq);
   return true;
 }
@@ -117,13 +134,14 @@ bool StreamEvent::query() const {
 struct CopyStream::Impl {
   std::optional<c10::cuda::CUDAStream> stream;  // CUDA
   std::shared_ptr<DeferredQueue> queue;          // CPU, kDeferred
-  // CUDA: the tensors of copies in flight, kept until their end. recordStream
-  // alone would not do: it skips memory the caching allocator did not hand
-  // out itself, such as the memory ledger's tensors (which wrap it).
-  std::deque<std::pair<StreamEvent, std::pair<at::Tensor, at::Tensor>>> in_flight;
+  // CUDA: the copies in flight, each event keeping its tensors until its end
+  // (StreamEvent::State::keep). recordStream alone would not do: it skips
+  // memory the caching allocator did not hand out itself, such as the memory
+  // ledger's tensors (which wrap it).
+  std::deque<StreamEvent> in_flight;
 
   void prune() {
-    while (!in_flight.empty() && in_flight.front().first.query()) in_flight.pop_front();
+    while (!in_flight.empty() && in_flight.front().query()) in_flight.pop_front();
   }
 
   // The side stream waits for what the current stream has queued so far
@@ -193,8 +211,9 @@ StreamEvent CopyStream::copy(const at::Tensor& dst, const at::Tensor& src, bool 
     record(dst);
     record(src);
     StreamEvent end = impl_->record_end(index);
+    end.state_->keep = {dst.detach(), src.detach()};
     impl_->prune();
-    impl_->in_flight.emplace_back(end, std::make_pair(dst.detach(), src.detach()));
+    impl_->in_flight.push_back(end);
     return end;
   }
   if (impl_->queue) {

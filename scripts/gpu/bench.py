@@ -126,6 +126,9 @@ def main():
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--nvme", default="/tmp/zero-nvme")
     ap.add_argument("--scale", choices=sorted(SCALES), default="full")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds since the epoch by which to be done: each run gets what is left, a run that "
+                         "cannot start 60 s before it is skipped, and the results so far are written after each")
     a = ap.parse_args()
     sc = SCALES[a.scale]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -149,7 +152,37 @@ def main():
                "scale": a.scale, "model": {k: sc[k] for k in ("n_layer", "n_embd", "n_head", "block_size")},
                "micro_batch": sc["batch"], "mingpt": [], "adam": None, "aio": None}
     failed = False
+
+    def time_for(limit):
+        """A run's time limit: `limit`, or what is left before the deadline; None when too little is."""
+        if not a.deadline:
+            return limit
+        left = a.deadline - time.time() - 20
+        return None if left < 60 else min(limit, left)
+
+    def save():
+        with open(os.path.join(a.out, "bench.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+
+    # Host-device copies from the pinned tier, LibTorch's pinned allocator
+    # and pageable memory (a GPU only): issue 35's pinned-memory figures.
+    results["transfer"] = None
+    if gpu != "cpu" and time_for(120):
+        transfer_json = os.path.join(work, "transfer.json")
+        print("bench: zero bench transfer ...", file=sys.stderr, flush=True)
+        rc, _ = run([binary("zero"), "bench", "transfer", "--bytes", str(1 << 30 if a.scale == "full" else 1 << 24),
+                     "--json", transfer_json], log, time_for(120))
+        if rc == 0:
+            results["transfer"] = json.load(open(transfer_json))
+        else:
+            failed = True
+        save()
     for name, zero in configs(a.nvme, layer_numel):
+        limit = time_for(sc["timeout"])
+        if limit is None:
+            results["mingpt"].append({"config": name, "skipped": "out of time (the call's deadline)"})
+            print(f"bench: minGPT {name}: skipped, out of time", file=sys.stderr, flush=True)
+            continue
         steps = sc["nvme_steps"] if "NVMe" in name else sc["steps"]
         zero = dict(zero)
         optim_bits = zero.pop("_optim_bits", 32)
@@ -171,7 +204,7 @@ def main():
                "--batch_size", str(sc["batch"]), "--limit_train_batches", str(steps), "--max_epochs", "1",
                "--precision", "bf16", "--dropout", "0", "--summary-json", summary_path]
         print(f"bench: minGPT {name} ...", file=sys.stderr, flush=True)
-        rc, out = run(cmd, log, sc["timeout"])
+        rc, out = run(cmd, log, limit)
         entry = {"config": name, "zero_optimization": zero, "rc": rc}
         if rc == 0 and os.path.exists(summary_path):
             with open(summary_path) as fh:
@@ -187,26 +220,28 @@ def main():
         shutil.rmtree(a.nvme, ignore_errors=True)
         os.makedirs(a.nvme, exist_ok=True)
         print(f"bench: minGPT {name}: rc {rc}", file=sys.stderr, flush=True)
+        save()
 
     adam_json = os.path.join(work, "adam.json")
-    print("bench: zero bench adam ...", file=sys.stderr, flush=True)
-    rc, _ = run([binary("zero"), "bench", "adam", "--numel", str(sc["adam_numel"]), "--json", adam_json], log, 300)
-    if rc == 0:
-        results["adam"] = json.load(open(adam_json))
-    else:
-        failed = True
+    if time_for(300):
+        print("bench: zero bench adam ...", file=sys.stderr, flush=True)
+        rc, _ = run([binary("zero"), "bench", "adam", "--numel", str(sc["adam_numel"]), "--json", adam_json], log,
+                    time_for(300))
+        if rc == 0:
+            results["adam"] = json.load(open(adam_json))
+        else:
+            failed = True
     aio_json = os.path.join(work, "aio.json")
-    print("bench: zero bench aio ...", file=sys.stderr, flush=True)
-    rc, _ = run([binary("zero"), "bench", "aio", "--path", a.nvme, "--size", sc["aio_size"],
-                 "--rounds", str(sc["aio_rounds"]), "--json", aio_json], log, 300)
-    if rc == 0:
-        results["aio"] = json.load(open(aio_json))
-    else:
-        failed = True
+    if time_for(300):
+        print("bench: zero bench aio ...", file=sys.stderr, flush=True)
+        rc, _ = run([binary("zero"), "bench", "aio", "--path", a.nvme, "--size", sc["aio_size"],
+                     "--rounds", str(sc["aio_rounds"]), "--json", aio_json], log, time_for(300))
+        if rc == 0:
+            results["aio"] = json.load(open(aio_json))
+        else:
+            failed = True
     shutil.rmtree(a.nvme, ignore_errors=True)
-
-    with open(os.path.join(a.out, "bench.json"), "w") as fh:
-        json.dump(results, fh, indent=1)
+    save()
     gib = 1024.0 ** 3
     md = [f"## Benchmarks on {gpu} ({a.scale} scale, commit {a.commit}, {results['date']})", ""]
     m = results["model"]
@@ -225,9 +260,21 @@ def main():
                       f"{e['peak_pinned_host_bytes'] / gib:.1f} | {100 * e['wait_share']:.0f}% |")
         elif e.get("did_not_fit"):
             md.append(f"| {e['config']} | | out of memory | | | | | |")
+        elif e.get("skipped"):
+            md.append(f"| {e['config']} | | not run: {e['skipped']} | | | | | |")
         else:
             md.append(f"| {e['config']} | | FAILED (rc {e['rc']}, see bench.log) | | | | | |")
     md.append("")
+    if results["transfer"]:
+        tr = results["transfer"]
+        md.append(f"`zero bench transfer` ({tr['bytes'] / 2**20:.0f} MiB per copy on the engine's copy stream):")
+        md.append("")
+        md.append("| host memory | page-locked | host to device (GB/s) | device to host (GB/s) |")
+        md.append("|---|---|---|---|")
+        for k in tr["kinds"]:
+            md.append(f"| {k['name']} | {'yes' if k['page_locked'] else 'no'} | {k['h2d_gb_per_s']:.1f} | "
+                      f"{k['d2h_gb_per_s']:.1f} |")
+        md.append("")
     if results["adam"]:
         ad = results["adam"]
         md.append(f"`zero bench adam --numel {ad['numel']}` ({ad['isa']}, {ad['threads']} threads): AdamW "

@@ -4,9 +4,15 @@
 # other build dependencies come from the folder scripts/gpu/bundle.sh made
 # here (carried with the call), nothing is installed.
 #
-#   scripts/gpu/run.sh test     configure, build everything, run the CTest suite
+#   scripts/gpu/run.sh all      the one call of a session (10 minutes): build only gpu_tests, mingpt and
+#                               zero; the gpu-labelled tests; each failed or crashed one again under
+#                               cuda-gdb (thread apply all bt) into gdb.log; then scripts/gpu/bench.py
+#                               with the time left. Works to a deadline (ZERO_DEADLINE_S after the
+#                               start, default 560): each phase gets what is left and the results so
+#                               far are written whatever happens. The CPU suite is CI's, not run here.
+#   scripts/gpu/run.sh test     configure, build everything, run the CTest suite (the gpu tests, then
+#                               the CPU suite with the GPU hidden): more than one call's 10 minutes
 #   scripts/gpu/run.sh bench    configure, build mingpt and zero, run scripts/gpu/bench.py
-#   scripts/gpu/run.sh all      both
 #   scripts/gpu/run.sh maxparams  build mingpt and zero, run benchmarks/max_params.sh on the
 #                               one GPU with budgets from ZERO_MAXP_ARGS (default: device
 #                               8GiB, host 16GiB, NVMe 24GiB, bf16): max_params.{md,json,png}
@@ -17,8 +23,9 @@
 # ZERO_NVME_DIR (the NVMe benchmarks' folder; default /tmp/zero-nvme),
 # ZERO_BENCH_SCALE (full, or smoke: tiny models, to check the script itself).
 # Results, at most 8 files (what the device tool brings back): env.txt,
-# build.log, test.log, ctest-gpu.xml, ctest-cpu.xml, bench.log, bench.json,
-# summary.md. Exits non-zero when the build, a test or a benchmark fails.
+# build.log, test.log, ctest-gpu.xml, bench.log, bench.json, summary.md, and
+# gdb.log (all) or ctest-cpu.xml (test). Exits non-zero when the build, a
+# test or a benchmark fails.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,6 +44,8 @@ t_start=$(date +%s)
 
 say() { echo "run.sh: $*" | tee -a "$out/env.txt" >&2; }
 elapsed() { echo $(( $(date +%s) - t_start ))s; }
+deadline=$(( t_start + ${ZERO_DEADLINE_S:-560} ))
+remaining() { echo $(( deadline - $(date +%s) )); }
 
 # ---- the machine ------------------------------------------------------------
 {
@@ -106,6 +115,10 @@ grep -E "^-- zero:" "$out/build.log" | sed 's/^-- /  /' >>"$out/env.txt"
 # The tests labelled gpu run with the GPU, one at a time (they share it). The
 # rest is the CPU suite CI runs: it runs with the GPU hidden
 # (CUDA_VISIBLE_DEVICES=), as on CI's machines, on all cores.
+failed_lines() {  # ctest log -> its lines of tests that failed, timed out or crashed
+  grep -hE "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child|BUS|ILLEGAL|OTHER)" "$1"
+}
+
 count() {  # ctest log -> "passed failed skipped total"
   local log=$1
   local total failed skipped
@@ -144,7 +157,7 @@ run_tests() {
     if [ "$rc" -ne 0 ]; then
       echo "Failed:"
       echo '```'
-      grep -hE "^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$out/test.log" | head -40
+      failed_lines "$out/test.log" | head -40
       echo '```'
     fi
     echo "Skipped (with their reasons in test.log):"
@@ -156,12 +169,67 @@ run_tests() {
   return $rc
 }
 
+# all: the gpu tests only (CI runs the CPU suite), to the deadline.
+run_gpu_tests() {
+  build gpu_tests mingpt zero_cli || return 1
+  local rc=0 left
+  left=$(remaining)
+  say "GPU tests, $left s left ($(elapsed))"
+  (cd "$build" && timeout -k 10 "$(( left > 180 ? left - 120 : 60 ))" \
+     ctest -L gpu --output-on-failure --timeout 300 --output-junit "$out/ctest-gpu.xml") >"$out/test.log" 2>&1 || rc=1
+  read -r gp gf gs gt <<<"$(count "$out/test.log")"
+  {
+    echo "## GPU tests ($(elapsed))"
+    echo
+    echo "| suite | passed | failed | skipped | total |"
+    echo "|---|---|---|---|---|"
+    echo "| gpu (\`ctest -L gpu\`) | $gp | $gf | $gs | $gt |"
+    echo
+    if [ "$rc" -ne 0 ]; then
+      echo "Failed (each again under a debugger in gdb.log):"
+      echo '```'
+      failed_lines "$out/test.log" | head -40
+      echo '```'
+    fi
+  } >>"$summary"
+  say "gpu tests: $gp passed, $gf failed, $gs skipped ($(elapsed))"
+  return $rc
+}
+
+# Each failed or crashed gpu test once more under cuda-gdb (gdb where there
+# is none), its threads' stacks into gdb.log; at most four, while the
+# benchmarks keep 150 s.
+rerun_under_debugger() {
+  local names dbg
+  names=$(failed_lines "$out/test.log" | sed -E 's/^\s*[0-9]+ - ([^ ]+) .*/\1/' | sort -u | head -4)
+  [ -n "$names" ] || return 0
+  dbg=$(command -v cuda-gdb || command -v gdb || true)
+  if [ -z "$dbg" ]; then
+    echo "no cuda-gdb or gdb on this machine: the failed tests were not rerun" >>"$out/gdb.log"
+    return 0
+  fi
+  for t in $names; do
+    local left
+    left=$(remaining)
+    if [ "$left" -lt 210 ]; then
+      echo "== $t: not rerun ($left s left, kept for the benchmarks)" >>"$out/gdb.log"
+      continue
+    fi
+    say "rerunning $t under $(basename "$dbg") ($(elapsed))"
+    echo "== $t under $dbg" >>"$out/gdb.log"
+    timeout -s KILL "$(( left - 150 < 120 ? left - 150 : 120 ))" "$dbg" -batch -ex run -ex "thread apply all bt" \
+      -ex "info sharedlibrary" -ex quit --args "$build/tests/gpu_tests" --gtest_filter="$t" >>"$out/gdb.log" 2>&1
+    echo "== $t: $dbg ended with status $?" >>"$out/gdb.log"
+  done
+}
+
 run_bench() {
   build mingpt zero_cli || return 1
-  say "benchmarks ($(elapsed))"
+  say "benchmarks, $(remaining) s left ($(elapsed))"
   local rc=0
   python3 "$root/scripts/gpu/bench.py" --build "$build" --out "$out" --commit "$commit" \
-    --nvme "${ZERO_NVME_DIR:-/tmp/zero-nvme}" --scale "${ZERO_BENCH_SCALE:-full}" >"$out/bench.log" 2>&1 || rc=1
+    --nvme "${ZERO_NVME_DIR:-/tmp/zero-nvme}" --scale "${ZERO_BENCH_SCALE:-full}" --deadline "$deadline" \
+    >"$out/bench.log" 2>&1 || rc=1
   if [ -f "$out/bench.md" ]; then
     cat "$out/bench.md" >>"$summary"
     rm -f "$out/bench.md"
@@ -193,7 +261,7 @@ case "$mode" in
   maxparams) run_maxparams || status=1 ;;
   test) run_tests || status=1 ;;
   bench) run_bench || status=1 ;;
-  all) run_tests || status=1; run_bench || status=1 ;;
+  all) run_gpu_tests || status=1; rerun_under_debugger; run_bench || status=1 ;;
 esac
 
 # Files over the size the device tool brings back keep their ends.

@@ -16,10 +16,11 @@ dups=$(echo "$defs" | uniq -d)
 status=0
 while IFS= read -r name; do
   [ -n "$name" ] || continue
-  echo "$defs" | grep -qxF "$name" || { echo "cited but never defined: NOTE [$name]"; status=1; }
+  # (a here-string: `echo | grep -q` under pipefail fails when grep quits first and echo gets SIGPIPE)
+  grep -qxF "$name" <<<"$defs" || { echo "cited but never defined: NOTE [$name]"; status=1; }
 done < <(grep -ohE 'NOTE \[[^]]+\]' $files | sed -E 's/NOTE \[([^]]+)\]/\1/' | sort -u)
 while IFS= read -r name; do
-  file=$(grep -lE "^\s*(//|#) NOTE \[$name\]\s*$" $files | head -1)
+  file=$(grep -lE "^\s*(//|#) NOTE \[$name\]\s*$" $files | sed -n 1p)
   grep -qF "| [$name] | \`$file\` |" docs/notes.md || { echo "docs/notes.md: missing or wrong row for NOTE [$name] ($file)"; status=1; }
 done <<< "$defs"
 [ $status -eq 0 ] && echo "notes: $(echo "$defs" | wc -l) definitions, every citation defined, docs/notes.md complete"

@@ -11,6 +11,7 @@
 //   - two ranks sharing the GPU through Gloo with CUDA tensors, against one.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +39,8 @@
 #include "zero/core/ledger_alloc.h"
 #include "zero/core/memory_ledger.h"
 #include "zero/core/streams.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/zero.h"
 
 #define REQUIRE_CUDA()                                                                                 \
@@ -182,9 +185,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, GpuStages, ::testing::Values(0, 1, 2, 3),
 // ---- offload ------------------------------------------------------------------
 
 // CPU offload runs Adam on the CPU (the fused kernel) instead of the GPU
-// (ATen): the same math, rounded differently, so the norms agree to 1e-5.
-// NVMe moves the same CPU arithmetic through swap files: equal bit for bit.
-// offload_param only changes where shards live: equal bit for bit too.
+// (ATen operations that mirror it, NOTE [device Adam]): the same operations
+// rounded the same way, so equal bit for bit (2026-11-27, before the mirror:
+// 1.55e-5 apart after 10 steps, ATen's fused add/addcmul/addcdiv rounding
+// otherwise, amplified by bf16's compute copies). NVMe moves the same CPU
+// arithmetic through swap files: equal bit for bit. offload_param only
+// changes where shards live: equal bit for bit too.
 TEST(GpuOffload, CpuAndNvmeOptimizerOffloadEqualNoOffload) {
   REQUIRE_CUDA();
   for (const int stage : {2, 3}) {
@@ -198,7 +204,8 @@ TEST(GpuOffload, CpuAndNvmeOptimizerOffloadEqualNoOffload) {
     const auto nvme = engine_loop(s + R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
                                       R"(", "pipeline_read": true, "pipeline_write": true})",
                                   R"("bf16": {"enabled": true}, )");
-    EXPECT_LT(rel(cpu.l2, none.l2), 1e-5) << "stage " << stage;
+    EXPECT_EQ(cpu.l2, none.l2) << "stage " << stage;
+    EXPECT_EQ(cpu.losses, none.losses) << "stage " << stage;
     EXPECT_EQ(nvme.l2, cpu.l2) << "stage " << stage;
     EXPECT_EQ(nvme.losses, cpu.losses) << "stage " << stage;
     EXPECT_EQ(pinned.l2, cpu.l2) << "stage " << stage;
@@ -230,12 +237,16 @@ TEST(GpuOffload, Stage3ParametersOnTheHostAndOnNvmeEqualOnTheDevice) {
   EXPECT_EQ(nvme.losses, device.losses);
   EXPECT_EQ(host.losses, device.losses);
   // With offload_param and offload_optimizer only the always-gathered group
-  // stays on the GPU: the embeddings, ln_f and the head (1792 parameters
-  // outside the blocks, padded to 2048, bf16).
+  // stays on the GPU: the embeddings, ln_f and the head, 1792 parameters
+  // outside the blocks, padded to a multiple of 256 per rank (NOTE [flat
+  // layout]): 1792 itself, in bf16. (2026-11-27 expected 2048, a power of two
+  // the layout never promised; the card said 3584, and so does the CPU twin,
+  // Stage3Bytes.TheAlwaysGatheredGroupIsAllThatStaysOnTheDevice.)
+  const int64_t kept = zero::partition::FlatParameters::padded_size(1792, 1) * 2;
   EXPECT_EQ(host.device_states.optimizer_states, 0);
   EXPECT_EQ(host.device_states.gradients, 0);
-  EXPECT_EQ(host.device_states.parameters, 2048 * 2);
-  EXPECT_EQ(nvme.device_states.parameters, 2048 * 2);
+  EXPECT_EQ(host.device_states.parameters, kept);
+  EXPECT_EQ(nvme.device_states.parameters, kept);
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
@@ -386,7 +397,10 @@ TEST(GpuMemory, PinnedBuffersArePageLockedExactAndCopied) {
   const int64_t torch_active = torch_host->get_stats().active_bytes.current;
   const int64_t n = (3 << 20) + 5;
   auto host = zero::LedgerAlloc::host_empty(ledger, n, torch::kFloat, /*pin=*/true, zero::Kind::kCommBuffers, "test ring");
-  EXPECT_TRUE(host.is_pinned());
+  // Page-locked as the driver says: LibTorch's is_pinned() asks its own host
+  // allocator, which knows nothing of cudaHostAlloc's memory (2026-11-27's
+  // failure here), until it has made a block itself.
+  EXPECT_TRUE(zero::page_locked(host));
   EXPECT_EQ(ledger.get(zero::Tier::kPinnedHost).current_bytes, n * 4);
   EXPECT_EQ(torch_host->get_stats().active_bytes.current, torch_active) << "LibTorch's pinned allocator was used";
   host.fill_(2);
@@ -401,6 +415,8 @@ TEST(GpuMemory, PinnedBuffersArePageLockedExactAndCopied) {
   auto act = zero::LedgerAlloc::empty(ledger, 1000, torch::kBFloat16, at::kCPU, zero::Tier::kPinnedHost,
                                       zero::Kind::kActivations, "kept input");
   EXPECT_TRUE(act.is_pinned());
+  EXPECT_TRUE(zero::page_locked(act));
+  EXPECT_FALSE(zero::page_locked(torch::empty({16})));
   EXPECT_GT(torch_host->get_stats().active_bytes.current, torch_active) << "activations use the caching allocator";
   act.reset();
   auto none = zero::LedgerAlloc::empty(ledger, 0, torch::kBFloat16, kCuda, zero::Tier::kDevice, zero::Kind::kActivations,
@@ -643,6 +659,96 @@ TEST(GpuOptim, Bf16MasterOnTheDeviceRoundsAsTheCpu) {
   const double beyond = diff.gt(step * 1.01).to(torch::kFloat).mean().item<double>();
   EXPECT_LT(beyond, 1e-3) << "elements more than a bf16 step apart";
   EXPECT_GT(diff.eq(0).to(torch::kFloat).mean().item<double>(), 0.9) << "most elements the same bits";
+}
+
+// NOTE [device Adam]: one fp32 Adam step on the device equals the fused CPU
+// pass bit for bit, decoupled (AdamW) and L2 (Adam), over steps.
+TEST(GpuOptim, Fp32AdamOnTheDeviceEqualsTheCpuKernel) {
+  REQUIRE_CUDA();
+  const int64_t n = 100003;
+  for (const bool adamw : {true, false}) {
+    zero::config::OptimizerConfig cfg;
+    cfg.type = adamw ? zero::config::OptimizerType::kAdamW : zero::config::OptimizerType::kAdam;
+    cfg.adam_w_mode = adamw;
+    cfg.weight_decay = 0.1;
+    const auto opt = zero::optim::FlatOptimizer::create(cfg);
+    auto p_cpu = torch::randn({n});
+    auto p_dev = p_cpu.to(kCuda);
+    std::vector<at::Tensor> s_cpu{torch::zeros({n}), torch::zeros({n})};
+    std::vector<at::Tensor> s_dev{s_cpu[0].to(kCuda), s_cpu[1].to(kCuda)};
+    for (int64_t step = 1; step <= 5; ++step) {
+      const auto g = torch::randn({n}) * 0.01;
+      zero::optim::StepParams sp{step, 3e-3, 0.9, 0.95};
+      opt->update(sp, p_cpu, g, s_cpu);
+      const auto g_dev = g.to(kCuda);
+      opt->update(sp, p_dev, g_dev, s_dev);
+    }
+    EXPECT_TRUE(p_cpu.equal(p_dev.cpu())) << (adamw ? "AdamW" : "Adam");
+    EXPECT_TRUE(s_cpu[0].equal(s_dev[0].cpu()));
+    EXPECT_TRUE(s_cpu[1].equal(s_dev[1].cpu()));
+  }
+}
+
+// ---- the tools that start processes, on the card (issue 35) -------------------
+
+std::string write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+int sh(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+const std::string kTinyGpt = " --n_layer 2 --n_head 2 --n_embd 64 --dropout 0 --device cuda:0 ";
+
+// zero tune -- mingpt ... --device cuda:0 {config}: the winner trains.
+TEST(GpuTools, TunePicksAConfigThatTrains) {
+  REQUIRE_CUDA();
+  const std::string work = nvme_dir("tune");
+  const std::string out = work + "/best.json";
+  const std::string cmd = "OMP_NUM_THREADS=1 " + kBin + "zero tune --device-memory 2GiB --host-memory 4GiB --stages 0,2,3 "
+                          "--micro-batches 8,16 --steps 3 --trials 3 --out " + out + " -- " + kBin + "mingpt --config {config}" +
+                          kTinyGpt + "--limit_train_batches 6 > " + work + "/tune.log 2>&1";
+  ASSERT_EQ(sh(cmd), 0) << slurp(work + "/tune.log");
+  ASSERT_EQ(sh(kBin + "mingpt --config " + out + kTinyGpt + "--limit_train_batches 6 > " + work + "/train.log 2>&1"), 0)
+      << slurp(work + "/train.log");
+  zero::ckpt::remove_tree(work);
+}
+
+// mingpt --find-max-params with a device budget on the card.
+TEST(GpuTools, FindMaxParamsWithADeviceBudget) {
+  REQUIRE_CUDA();
+  const std::string work = nvme_dir("findmax");
+  const std::string cfg = write_file(work + "/z3.json", R"({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 3}})");
+  const std::string cmd = "OMP_NUM_THREADS=1 " + kBin + "mingpt --config " + cfg + " --device cuda:0 --vocab_size 256 "
+                          "--block_size 64 --find-max-params --device-memory 256MiB --n_embd 128 --probe_steps 2 "
+                          "--summary-json " + work + "/s.json > " + work + "/log 2>&1";
+  ASSERT_EQ(sh(cmd), 0) << slurp(work + "/log");
+  const auto s = nlohmann::json::parse(slurp(work + "/s.json"));
+  EXPECT_GT(s["largest"]["num_parameters"].get<int64_t>(), 0) << s.dump(1);
+  zero::ckpt::remove_tree(work);
+}
+
+// zero memcheck record, then check, of a run on the card.
+TEST(GpuTools, MemcheckRecordThenCheck) {
+  REQUIRE_CUDA();
+  const std::string work = nvme_dir("memcheck");
+  const std::string cfg = write_file(work + "/z2.json", R"({"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": {"stage": 2}})");
+  const std::string program = " -- " + kBin + "mingpt --config " + cfg + kTinyGpt + "--limit_train_batches 6";
+  ASSERT_EQ(sh(kBin + "zero memcheck record --baseline " + work + "/b.json --steps 2" + program + " > " + work +
+               "/record.log 2>&1"),
+            0)
+      << slurp(work + "/record.log");
+  ASSERT_EQ(sh(kBin + "zero memcheck check --baseline " + work + "/b.json --steps 2" + program + " > " + work +
+               "/check.log 2>&1"),
+            0)
+      << slurp(work + "/check.log");
+  EXPECT_NE(slurp(work + "/check.log").find("no figure grew"), std::string::npos) << slurp(work + "/check.log");
+  zero::ckpt::remove_tree(work);
 }
 
 }  // namespace

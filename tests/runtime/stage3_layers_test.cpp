@@ -8,21 +8,14 @@
 #include <torch/utils.h>
 
 #include "data.h"
-#include "model.h"
+#include "tiny_gpt.h"
 #include "zero/zero.h"
 
 namespace {
 
 mingpt::GPT tiny(uint64_t seed) {
-  mingpt::GPTConfig c;
-  c.vocab_size = 10;
-  c.block_size = 6;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0;
   torch::manual_seed(seed);
-  return mingpt::GPT(c);
+  return mingpt::GPT(zero::test::tiny_gpt_config());
 }
 
 zero::InitOptions quiet(mingpt::GPT* layers_of = nullptr) {

@@ -1,4 +1,9 @@
 // Trains a linear model for a few steps through the installed zero package.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include <torch/nn/modules/linear.h>
 #include <zero/testing/memory.h>
 #include <zero/zero.h>
@@ -26,5 +31,12 @@ int main() {
   // A memory-regression check from another project's test.
   const auto check = zero::testing::expect_model_states_near_formula(engine, 0.05);
   if (!check) std::printf("%s", check.message.c_str());
-  return last < first && check ? 0 : 1;
+  // NOTE [standard library first]: the user's own std::filesystem calls bind to
+  // libstdc++ (LibTorch's copy of remove_all crashes on a folder with files).
+  const auto dir = std::filesystem::temp_directory_path() / ("zero-consumer-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "sub");
+  std::ofstream(dir / "sub" / "file") << "x";
+  const auto removed = std::filesystem::remove_all(dir);
+  std::printf("consumer: std::filesystem::remove_all removed %llu entries\n", static_cast<unsigned long long>(removed));
+  return last < first && check && removed == 3 ? 0 : 1;
 }

@@ -61,6 +61,14 @@ class LedgerAlloc {
                                    const std::string& what);
 };
 
+/// Whether `t`'s memory is page-locked host memory, as the CUDA driver
+/// reports it (cudaPointerGetAttributes). Not at::Tensor::is_pinned(): since
+/// LibTorch 2.8 that asks LibTorch's own caching host allocator, which
+/// answers false for memory it did not hand out (the pinned tier's
+/// cudaHostAlloc buffers) until it has made a block of its own. False
+/// without CUDA.
+bool page_locked(const at::Tensor& t);
+
 /// Process-wide CPU tensor statistics from the counting allocator.
 struct CpuAllocatorStats {
   bool installed = false;
