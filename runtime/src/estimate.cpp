@@ -335,7 +335,12 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   Otherwise each layer goes after its use and the largest is followed by
 //   what min(stage3_prefetch_bucket_size, stage3_max_live_parameters - it)
 //   prefetches; the layers peak in forward, the buckets in backward: the
-//   larger of the two counts.
+//   larger of the two counts. Under Gloo (world size above 1), an
+//   all-gather in flight also holds a flat copy of its output that c10d's
+//   worker makes (ProcessGroupGloo's allgather), as large as the layer: it
+//   lives while the worker runs the collective, beside whatever the
+//   training thread holds then (so when depends on the machine's load), and
+//   is counted at the peak.
 // - Offloaded optimizer: two pinned pieces of at most host_staging_numel
 //   elements (the largest chunk when smaller) for the reduced gradients (g),
 //   and two for the new values going to the device (p) unless stage 3's
@@ -395,6 +400,7 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
                                                                   z.max_live_parameters - largest_group)) / largest_group;
     gathered = p * std::min(layer_total, live * largest_group);
     if (off_param) gathered += p * (largest_group / N);  // the shard's device copy being sent
+    if (!nccl && N > 1) gathered += p * largest_group;    // Gloo's flat copy of the output
   }
   e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));
   if (off_opt) {
