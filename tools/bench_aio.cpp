@@ -100,6 +100,11 @@ int bench_aio(const std::vector<std::string>& args) {
     std::cerr << "zero bench aio: --path DIR is required (a folder on the disk to measure)\n";
     return 2;
   }
+  if (!ckpt::is_folder(path)) {
+    std::cerr << "zero bench aio: --path " << path << ": " << (ckpt::path_exists(path) ? "is a file" : "no such folder")
+              << "; expected a folder on the disk to measure (its test files are made and removed there)\n";
+    return 2;
+  }
   const std::string file_path = path + "/zero-bench-aio-" + std::to_string(getpid());
   const std::string log = file_path + ".fio.json";
   // The test file and fio's log go whatever happens: a failed run leaves

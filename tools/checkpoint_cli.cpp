@@ -16,11 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/checkpoint_io.h"
+#include "zero/runtime/hf_export.h"
+#include "zero/runtime/runs.h"
 
 namespace zero::tools {
 namespace {
@@ -129,37 +132,21 @@ bool written_by_consolidate(const std::string& path) {
   }
 }
 
-std::string real_path(const std::string& path) {
-  char buf[PATH_MAX];
-  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : std::string();
-}
-
 // Why consolidate must not write `out` (checkpoint folder `dir`, the tag's
-// folder `tag_dir`), or "": an output that cannot be written, one inside the
-// checkpoint being read (a rank file overwritten is a checkpoint lost), a
-// file of the checkpoint under another name (a link), or an existing file
-// that no earlier consolidate wrote, unless `force`.
+// folder `tag_dir`), or "": an output that cannot be written, one over what
+// is read (NOTE [outputs and inputs]: inside the checkpoint folder, a file
+// of the checkpoint under another name), or an existing file that no
+// earlier consolidate wrote, unless `force`.
 std::string consolidate_output_problem(const std::string& dir, const std::string& tag_dir, const std::string& out,
                                        bool force) {
   if (std::string problem = ckpt::output_file_problem("OUT", out); !problem.empty()) return problem;
-  const auto slash = out.rfind('/');
-  const std::string parent = real_path(slash == std::string::npos ? "." : slash == 0 ? "/" : out.substr(0, slash));
-  const std::string base = slash == std::string::npos ? out : out.substr(slash + 1);
-  const std::string target = ckpt::path_exists(out) ? real_path(out) : parent + "/" + base;
-  for (const std::string& d : {dir, tag_dir}) {
-    const std::string root = real_path(d);
-    if (root.empty()) continue;
-    for (const std::string& p : {parent, target})
-      if (p == root || p.rfind(root + "/", 0) == 0)
-        return "OUT " + out + " is inside the checkpoint folder " + d + " being read: write it elsewhere";
-  }
-  struct stat o {};
-  if (::stat(out.c_str(), &o) != 0) return "";
-  for (const std::string& name : ckpt::list_folder(tag_dir)) {
-    struct stat f {};
-    if (::stat((tag_dir + "/" + name).c_str(), &f) == 0 && f.st_dev == o.st_dev && f.st_ino == o.st_ino)
-      return "OUT " + out + " is the checkpoint's file " + tag_dir + "/" + name + " (a link to it): write elsewhere";
-  }
+  CommandFiles files;
+  files.reads_folder("the checkpoint folder DIR", dir);
+  files.reads_folder("the checkpoint's tag folder", tag_dir);
+  for (const std::string& name : ckpt::list_folder(tag_dir)) files.reads("the checkpoint's file", tag_dir + "/" + name);
+  files.writes("OUT", out);
+  if (std::string problem = files.problem(); !problem.empty()) return problem;
+  if (!ckpt::path_exists(out)) return "";
   if (!force && !written_by_consolidate(out))
     return "OUT " + out + " exists and is not a file zero checkpoint consolidate wrote; give --force to replace it";
   return "";
@@ -210,9 +197,11 @@ int consolidate_command(const std::vector<std::string>& args) {
   }
   std::optional<ProgressLine> progress;
   ckpt::ConsolidateStats st;
+  runs::CatchStopSignals stop;  // Ctrl-C unwinds: the unfinished file goes with its writer
   const double secs = seconds([&] {
     st = ckpt::consolidate(tag_dir, p.positional[1], *dtype, p.state, offload::AioOptions{},
                            [&](int64_t done, int64_t total) {
+                             runs::check_stop();
                              if (!progress) progress.emplace("consolidate", total, "elements");
                              progress->update(done);
                            });
@@ -227,6 +216,35 @@ int consolidate_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Why `text` (export's --config, written as OUT_DIR/config.json) is not a
+// Hugging Face model config for the checkpoint in `tag_dir`, or "":
+// transformers reads config.json by its model_type, and a config whose
+// vocabulary or width differs from the weights' loads as an error there.
+std::string export_config_problem(const std::string& path, const std::string& text, const std::string& tag_dir) {
+  const std::string head = "--config " + path + ": ";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    return head + "not valid JSON (" + e.what() + ")";
+  }
+  if (!j.is_object() || !j.contains("model_type") || !j.at("model_type").is_string())
+    return head + "has no \"model_type\": expected the model's Hugging Face config.json (transformers picks the "
+                  "model class by it), not a DeepSpeed config";
+  const auto meta = ckpt::read_meta(tag_dir);
+  const auto layout = ckpt::SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
+  for (const auto& g : layout.groups)
+    for (const auto& sp : g.params) {
+      const bool embedding = sp.name.size() >= 19 && sp.name.compare(sp.name.size() - 19, 19, "embed_tokens.weight") == 0;
+      if (!embedding || sp.shape.size() != 2) continue;
+      for (const auto& [key, dim] : {std::pair<const char*, int64_t>{"vocab_size", sp.shape[0]}, {"hidden_size", sp.shape[1]}})
+        if (j.contains(key) && (!j.at(key).is_number_integer() || j.at(key).get<int64_t>() != dim))
+          return head + key + " is " + j.at(key).dump() + ", but the checkpoint's " + sp.name + " has shape [" +
+                 std::to_string(sp.shape[0]) + ", " + std::to_string(sp.shape[1]) + "]: the config of another model?";
+    }
+  return "";
+}
+
 int export_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("export", args, {"--tag", "--dtype", "--max-shard-size", "--config", "--hf"}, p)) return 2;
@@ -235,7 +253,7 @@ int export_command(const std::vector<std::string>& args) {
               << kCheckpointUsage;
     return 2;
   }
-  const auto dtype = parse_dtype("consolidate", p.dtype);
+  const auto dtype = parse_dtype("export", p.dtype);
   if (!dtype) return 2;
   const auto shard = parse_byte_size(p.max_shard);
   if (!shard) {
@@ -243,21 +261,40 @@ int export_command(const std::vector<std::string>& args) {
               << "\"\n";
     return 2;
   }
-  const std::string config_json = p.config.empty() ? "" : ckpt::read_small_file(p.config);
+  if (!p.config.empty())
+    if (const std::string problem = input_file_problem("--config", p.config); !problem.empty()) {
+      std::cerr << "zero checkpoint export: " << problem << " (the config.json to write beside the weights)\n";
+      return 2;
+    }
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
-  for (const std::string& d : {p.positional[0], tag_dir}) {  // the export may not land inside the checkpoint
-    const std::string root = real_path(d), out = real_path(p.positional[1]);
-    if (!root.empty() && !out.empty() && (out == root || out.rfind(root + "/", 0) == 0)) {
-      std::cerr << "zero checkpoint export: OUT_DIR " << p.positional[1] << " is inside the checkpoint folder " << d
-                << " being read: export elsewhere\n";
+  {
+    // NOTE [outputs and inputs]: not inside the checkpoint, not over --config;
+    // NOTE [export folder]: only an earlier export's files are replaced.
+    CommandFiles files;
+    files.reads_folder("the checkpoint folder DIR", p.positional[0]);
+    files.reads_folder("the checkpoint's tag folder", tag_dir);
+    if (!p.config.empty()) files.reads("--config", p.config);
+    files.writes_folder("OUT_DIR", p.positional[1]);
+    std::string problem = files.problem();
+    if (problem.empty()) problem = ckpt::HfWriter::folder_problem("OUT_DIR", p.positional[1], !p.config.empty());
+    if (!problem.empty()) {
+      std::cerr << "zero checkpoint export: " << problem << "\n";
       return 2;
     }
   }
+  const std::string config_json = p.config.empty() ? "" : ckpt::read_small_file(p.config);
+  if (!p.config.empty())
+    if (const std::string problem = export_config_problem(p.config, config_json, tag_dir); !problem.empty()) {
+      std::cerr << "zero checkpoint export: " << problem << "\n";
+      return 2;
+    }
   std::optional<ProgressLine> progress;
   ckpt::ConsolidateStats st;
+  runs::CatchStopSignals stop;  // Ctrl-C unwinds: the fresh folder goes, OUT_DIR stays as it was
   const double secs = seconds([&] {
     st = ckpt::export_hf(tag_dir, p.positional[1], *dtype, *shard, config_json, offload::AioOptions{},
                          [&](int64_t done, int64_t total) {
+                           runs::check_stop();
                            if (!progress) progress.emplace("export", total, "elements");
                            progress->update(done);
                          });
@@ -279,6 +316,7 @@ int verify_command(const std::vector<std::string>& args) {
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
   const auto meta = ckpt::read_meta(tag_dir);
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, offload::AioOptions{});
+  ckpt::check_saved_states(tag_dir, meta, *reader);
   int64_t total = 0;
   const double secs = seconds([&] {
     for (const auto& [name, f] : meta.at("files").items()) {
@@ -338,6 +376,10 @@ int checkpoint_command(const std::vector<std::string>& args) {
   } catch (const Error& e) {
     std::cerr << "zero checkpoint " << args[0] << ": " << zero::error_text(e) << "\n";
     return 1;
+  } catch (const runs::Interrupted& e) {
+    std::cerr << "\nzero checkpoint " << args[0] << ": " << e.what()
+              << "; nothing was written (what it had begun is removed)\n";
+    return 128 + e.signal();
   }
   const auto near = nearest(args[0], {"consolidate", "export", "verify", "info"});
   std::cerr << "zero checkpoint: unknown command \"" << args[0] << "\""

@@ -20,6 +20,7 @@
 
 #include "bench.h"
 #include "zero/config/config.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
@@ -327,7 +328,11 @@ int estimate(const std::vector<std::string>& args) {
       if (v != "nccl" && v != "gloo") return fail("--backend: expected nccl or gloo; got \"" + v + "\"");
       nccl = v == "nccl";
     } else if (a == "--config") {
-      config_path = v;
+      try {
+        config_path = config_file_argument("--config", v);
+      } catch (const UsageError& e) {
+        return fail(e.what());
+      }
     } else if (a == "--hf-config" || a == "--weights" || a == "--calibrate") {
       (a == "--hf-config" ? hf_config_path : a == "--weights" ? weights_path : calibrate_path) = v;
     } else {  // --json: the options were checked against `known` above
@@ -366,9 +371,26 @@ int estimate(const std::vector<std::string>& args) {
                 std::to_string(per_node * nodes) + " ranks; at most " + std::to_string(kMaxRanks) +
                 " (the per-rank figures stay exact up to there)");
   const int64_t world = per_node * nodes;
-  // The output is checked before the work, not found unwritable after it.
-  if (!json_path.empty())
+  // The output is checked before the work, not found unwritable after it,
+  // and is none of the files the estimate reads (NOTE [outputs and inputs]).
+  if (!json_path.empty()) {
+    CommandFiles files;
+    if (!config_path.empty()) files.reads("--config", config_path);
+    if (!hf_config_path.empty()) files.reads("--hf-config", hf_config_path);
+    if (!calibrate_path.empty()) files.reads("--calibrate", calibrate_path);
+    if (!weights_path.empty()) {
+      try {
+        const auto w = ckpt::WeightFiles::resolve(weights_path);
+        if (!w.index.empty()) files.reads("--weights' index", w.index);
+        for (const auto& f : w.files) files.reads("--weights", f);
+      } catch (const IoError&) {  // the estimate names what is wrong with them
+        files.reads("--weights", weights_path);
+      }
+    }
+    files.writes("--json", json_path);
+    if (const std::string problem = files.problem(); !problem.empty()) return fail(problem);
     if (const std::string problem = ckpt::output_file_problem("--json", json_path); !problem.empty()) return fail(problem);
+  }
 
   try {
     // The configurations, as DeepSpeed's estimator tables them, or the one asked for.

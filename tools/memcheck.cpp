@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/process.h"
 #include "zero/core/text.h"
@@ -43,6 +44,10 @@ tolerance (naming rank, tier and kind), 0 when none did.
   --tolerance T        check: how much a figure may grow, 5% or 0.05 (default 5%)
   --slack B            check: growth of at most B bytes is let pass (default 0)
   --run-timeout S      a run still going after S seconds is stopped (default 1800; 0: no limit)
+  --force              record: write over an existing baseline (without it, record refuses one)
+
+No output may be a file the run reads: record refuses a --baseline that is
+the program, or a file named among its arguments (its --config, say).
 )";
 
 std::optional<double> parse_tolerance(std::string v) {
@@ -79,11 +84,11 @@ int memcheck(const std::vector<std::string>& args) {
   std::string baseline_path;
   int64_t ranks = 1, steps = 3, slack = 0;
   double tolerance = 0.05, run_timeout = 1800;
-  bool oversubscribe = false;
+  bool oversubscribe = false, force = false, replacing = false;
   std::vector<std::string> program;
   std::set<std::string> seen;
   const std::vector<std::string> known = {"--baseline", "--ranks", "--steps", "--tolerance", "--slack", "--run-timeout",
-                                          "--oversubscribe"};
+                                          "--oversubscribe", "--force"};
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -95,8 +100,9 @@ int memcheck(const std::vector<std::string>& args) {
       return 0;
     }
     if (const std::string problem = option_problem(a, known, seen); !problem.empty()) return fail(problem);
-    if (a == "--oversubscribe") {
-      oversubscribe = true;
+    if (a == "--oversubscribe" || a == "--force") {
+      if (a == "--force" && mode != "record") return fail("--force goes with record");
+      (a == "--force" ? force : oversubscribe) = true;
       continue;
     }
     if (i + 1 >= args.size() || args[i + 1] == "--") return fail(a + ": expected a value");
@@ -117,8 +123,9 @@ int memcheck(const std::vector<std::string>& args) {
       tolerance = *t;
     } else if (a == "--slack") {
       if (mode != "check") return fail("--slack goes with check");
-      const auto b = parse_byte_size(v);
-      if (!b || *b < 0) return fail("--slack: expected a byte count such as 64KiB; got \"" + v + "\"");
+      // 0 (the default) is a count too, though not a size parse_byte_size takes.
+      const auto b = v == "0" || v == "0B" ? std::optional<int64_t>(0) : parse_byte_size(v);
+      if (!b || *b < 0) return fail("--slack: expected a byte count such as 0, 4096 or 64KiB; got \"" + v + "\"");
       slack = *b;
     } else {  // --run-timeout
       const auto x = parse_run_timeout(v);
@@ -130,11 +137,21 @@ int memcheck(const std::vector<std::string>& args) {
   if (program.empty()) return fail("-- PROGRAM ARGS (the program to run) is required");
   if (const std::string problem = runs::too_many_ranks("--ranks", ranks, oversubscribe); !problem.empty())
     return fail(problem);
-  if (mode == "record")
-    if (const std::string problem = runs::output_path_problem("--baseline", baseline_path); !problem.empty())
-      return fail(problem);
   const std::string found = find_program(program[0]);
   if (found.empty()) return fail(program[0] + ": no such program (not a file, nor in PATH)");
+  if (mode == "record") {
+    // NOTE [outputs and inputs]: not over the program or a file it reads.
+    CommandFiles files;
+    files.reads_program_arguments(program);
+    files.writes("--baseline", baseline_path);
+    if (const std::string problem = files.problem(); !problem.empty()) return fail(problem);
+    if (const std::string problem = runs::output_path_problem("--baseline", baseline_path); !problem.empty())
+      return fail(problem);
+    replacing = ckpt::path_exists(baseline_path);
+    if (replacing && !force)
+      return fail("--baseline " + baseline_path + ": a file is there already (an earlier baseline?); record writes "
+                  "over it only with --force");
+  }
   std::vector<std::string> argv = program;
   argv[0] = found;
 
@@ -183,11 +200,22 @@ int memcheck(const std::vector<std::string>& args) {
       int64_t figures = 0;
       for (const auto& f : now)
         for (const auto& [k, v] : f) figures += v != 0;
-      std::printf("zero memcheck: %lld non-zero figure(s) of %lld rank(s) written to %s (peak device %s, host %s)\n",
+      std::printf("zero memcheck: %lld non-zero figure(s) of %lld rank(s) written to %s%s (peak device %s, host %s)\n",
                   static_cast<long long>(figures), static_cast<long long>(ranks), baseline_path.c_str(),
-                  format_bytes(r.peak_device).c_str(), format_bytes(r.peak_host).c_str());
+                  replacing ? ", replacing the earlier baseline (--force)" : "", format_bytes(r.peak_device).c_str(),
+                  format_bytes(r.peak_host).c_str());
       return 0;
     }
+    // A check compares two runs; when the baseline came from another command
+    // (the point, after a config change), both are named above the table.
+    const auto joined = [](const std::vector<std::string>& argv) {
+      std::string out;
+      for (const auto& a : argv) out += (out.empty() ? "" : " ") + a;
+      return out;
+    };
+    if (!baseline->command.empty() && baseline->command != program)
+      std::printf("the baseline was recorded from: %s\nthis check ran:                %s\n",
+                  joined(baseline->command).c_str(), joined(program).c_str());
     const auto c = testing::compare(*baseline, now, tolerance, slack);
     std::printf("%s", c.message.c_str());
     if (!c.ok) {

@@ -88,6 +88,18 @@ int nvme_tune(const std::vector<std::string>& args) {
     std::cerr << "zero nvme-tune: --path DIR is required (a folder on the disk that nvme_path will name)\n";
     return 2;
   }
+  if (!ckpt::is_folder(path)) {
+    std::cerr << "zero nvme-tune: --path " << path << ": " << (ckpt::path_exists(path) ? "is a file" : "no such folder")
+              << "; expected a folder on the disk to measure (its test files are made and removed there)\n";
+    return 2;
+  }
+  // A folder that takes no files (/proc, a read-only mount) is named here,
+  // not by the first write's errno.
+  if (const std::string problem = ckpt::save_folder_problem("--path", path); !problem.empty()) {
+    std::cerr << "zero nvme-tune: " << problem << "; expected a folder on the disk to measure, where files can be "
+              << "made (its test files are made and removed there)\n";
+    return 2;
+  }
   size = std::max<int64_t>(offload::kAioAlignment, size / offload::kAioAlignment * offload::kAioAlignment);
   std::vector<Setting> settings;
   for (int64_t block : {256 << 10, 1 << 20, 4 << 20, 16 << 20})

@@ -63,6 +63,7 @@
 #include "bench.h"
 #include "zero/runtime/runs.h"
 #include "zero/config/config.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/process.h"
 #include "zero/core/text.h"
@@ -132,6 +133,8 @@ swap files are removed however it ends.
   --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
+  --force                    replace an --out or --json file that an earlier
+                             tune did not write (it replaces its own always)
 )";
 
 // 3.6M, 1.2B, 950K: a count for people.
@@ -282,9 +285,23 @@ struct Plan {
 };
 
 // The base config with the candidate's keys; `nvme_path` for its swap files.
+// The key a tune's files carry (a '_' key: a comment to DeepSpeed and zero).
+constexpr const char* kTuneMark = "_written_by";
+constexpr const char* kTuneMarkValue = "zero tune";
+
+bool written_by_tune(const std::string& path) {
+  try {
+    const auto j = nlohmann::json::parse(ckpt::read_small_file(path));
+    return j.is_object() && j.value(kTuneMark, "") == kTuneMarkValue;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path) {
   const Family& f = kFamilies[c.family];
   nlohmann::json j = plan.base;
+  j[kTuneMark] = kTuneMarkValue;
   j.erase("train_batch_size");
   j["train_micro_batch_size_per_gpu"] = c.micro_batch;
   j["gradient_accumulation_steps"] = plan.gas;
@@ -377,12 +394,12 @@ int tune(const std::vector<std::string>& args) {
   std::optional<std::set<int>> offload;
   int64_t trials = 8;
   double run_timeout = 600;
-  bool exhaustive = false, oversubscribe = false;
+  bool exhaustive = false, oversubscribe = false, force = false;
   const std::vector<std::string> known = {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
-      "--oversubscribe", "--allow-low-precision-states"};
+      "--oversubscribe", "--allow-low-precision-states", "--force"};
   std::set<std::string> seen;
   std::vector<std::string> program;
   bool checkpointing_given = false;
@@ -401,8 +418,8 @@ int tune(const std::vector<std::string>& args) {
       return 0;
     }
     if (const std::string problem = option_problem(a, known, seen); !problem.empty()) return fail(problem);
-    if (a == "--exhaustive" || a == "--oversubscribe") {
-      (a == "--exhaustive" ? exhaustive : oversubscribe) = true;
+    if (a == "--exhaustive" || a == "--oversubscribe" || a == "--force") {
+      (a == "--exhaustive" ? exhaustive : a == "--force" ? force : oversubscribe) = true;
       continue;
     }
     if (a == "--allow-low-precision-states") {
@@ -433,7 +450,11 @@ int tune(const std::vector<std::string>& args) {
       if (!x) return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
       run_timeout = *x;
     } else if (a == "--config") {
-      config_path = v;
+      try {
+        config_path = config_file_argument("--config", v);
+      } catch (const UsageError& e) {
+        return fail(e.what());
+      }
     } else if (a == "--precision") {
       if (v != "fp32" && v != "fp16" && v != "bf16") return fail("--precision: expected fp32, fp16 or bf16; got \"" + v + "\"");
       precision = v;
@@ -497,10 +518,31 @@ int tune(const std::vector<std::string>& args) {
   }
   if (const std::string problem = zero::runs::too_many_ranks("--ranks", plan.ranks, oversubscribe); !problem.empty())
     return fail(problem);
-  // The outputs come at the end of a long search: checked now.
-  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--out", out_path}, {"--json", json_path}})
-    if (!path.empty())
-      if (const std::string problem = zero::runs::output_path_problem(flag, path); !problem.empty()) return fail(problem);
+  // The outputs come at the end of a long search: checked now. None may be
+  // what the search reads (NOTE [outputs and inputs]); the default --out
+  // never replaces the base --config.
+  if (!seen.count("--out") && !config_path.empty() && resolved_path(config_path) == resolved_path(out_path))
+    return fail("--config " + config_path + ": the tuned config goes to " + out_path + " when --out is not given, and " +
+                "that is this base config; a tune never writes over its own --config: give --out FILE");
+  {
+    CommandFiles files;
+    if (!config_path.empty()) files.reads("--config", config_path);
+    if (!program.empty()) files.reads_program_arguments(program);
+    if (!trainer.empty()) files.reads("--trainer", trainer);
+    files.writes(seen.count("--out") ? "--out" : "--out (default)", out_path);
+    if (!json_path.empty()) files.writes("--json", json_path);
+    if (const std::string problem = files.problem(); !problem.empty()) return fail(problem);
+  }
+  for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--out", out_path}, {"--json", json_path}}) {
+    if (path.empty()) continue;
+    if (const std::string problem = zero::runs::output_path_problem(flag, path); !problem.empty()) return fail(problem);
+    // A tune replaces what a tune wrote (it marks its files); any other
+    // file of that name only with --force.
+    if (!force && ckpt::is_regular_file(path) && !written_by_tune(path))
+      return fail(flag + (seen.count(flag) ? " " : " (default) ") + path +
+                  ": exists and was not written by zero tune; give --force to replace it, or " +
+                  (seen.count(flag) ? "another path" : flag + " FILE"));
+  }
   if (!device_budget || !host_budget) return fail("--device-memory and --host-memory are required (per rank)");
   if (nvme_budget && plan.nvme_path.empty()) return fail("--nvme-bytes goes with --nvme-path DIR");
   if (offload && offload->count(2) && plan.nvme_path.empty()) return fail("--offload nvme needs --nvme-path DIR");
@@ -525,6 +567,9 @@ int tune(const std::vector<std::string>& args) {
   try {
     if (!plan.nvme_path.empty()) {
       if (!ckpt::path_exists(plan.nvme_path)) return fail("--nvme-path " + plan.nvme_path + ": no such folder");
+      if (!ckpt::is_folder(plan.nvme_path))
+        return fail("--nvme-path " + plan.nvme_path + ": is a file; expected a folder on the NVMe drive (the runs' swap "
+                    "files go in a scratch folder made there)");
       plan.nvme_budget = nvme_budget.value_or(free_bytes(plan.nvme_path) / plan.ranks);
     }
     // The base config, checked as `zero config check` does.
@@ -533,8 +578,18 @@ int tune(const std::vector<std::string>& args) {
       config::LoadOptions lo;
       lo.world_size = plan.ranks;
       lo.auto_stand_ins = true;
-      const auto checked = config::load_string(text, lo, config_path);
-      plan.base = nlohmann::json::parse(text);
+      // The batch is the tuner's to set (each candidate's micro-batch): a
+      // base config without one is checked with the first it tries.
+      std::string checked_text = text;
+      {
+        nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+        if (j.is_object() && !j.contains("train_batch_size") && !j.contains("train_micro_batch_size_per_gpu")) {
+          j["train_micro_batch_size_per_gpu"] = micro_batches.front();
+          checked_text = j.dump();
+        }
+      }
+      const auto checked = config::load_string(checked_text, lo, config_path);
+      plan.base = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
       if (!precision) precision = checked.bf16.enabled ? "bf16" : checked.fp16.enabled ? "fp16" : std::optional<std::string>();
       plan.gas = checked.batch.gradient_accumulation_steps;
     } else {
@@ -922,6 +977,7 @@ int tune(const std::vector<std::string>& args) {
         rows.push_back(row);
       }
       nlohmann::json report = {
+          {kTuneMark, kTuneMarkValue},
           {"model", plan.program.empty()
                         ? nlohmann::json{{"n_layer", plan.n_layer}, {"n_embd", plan.n_embd}, {"n_head", plan.n_head},
                                          {"vocab_size", plan.vocab}, {"block_size", plan.block},

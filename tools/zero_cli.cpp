@@ -148,6 +148,9 @@ int config_check(const std::vector<std::string>& args) {
   zero::config::LoadOptions options;
   options.auto_stand_ins = true;
   options.for_training = true;  // the rules zero::initialize applies
+  options.auto_hint = [](const std::string& name) {
+    return name == "betas" ? std::string("a value written in the config (--auto has no betas)") : "--auto " + name + "=VALUE";
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i], v;
     const auto eq = a.find('=');

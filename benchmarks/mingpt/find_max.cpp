@@ -39,6 +39,7 @@
 #include "zero/core/text.h"
 #include "zero/runtime/estimate.h"
 
+#include "zero/runtime/checkpoint_format.h"
 #include "zero/runtime/runs.h"
 
 namespace mingpt {
@@ -359,20 +360,7 @@ int find_max_params(const FindMaxOptions& o) {
                                                                    {"num_parameters", predicted}}},
         {"probes", probes},
         {"seconds", secs}};
-    const std::string tmp = o.json_path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << report.dump(2) << "\n";
-      if (!out.flush()) {
-        std::remove(tmp.c_str());
-        throw zero::IoError("write " + tmp + ": " + std::strerror(errno));
-      }
-    }
-    if (std::rename(tmp.c_str(), o.json_path.c_str()) != 0) {
-      const int err = errno;
-      std::remove(tmp.c_str());
-      throw zero::IoError("rename " + tmp + " -> " + o.json_path + ": " + std::strerror(err));
-    }
+    zero::ckpt::write_file_atomically(o.json_path, report.dump(2) + "\n");
   }
   return 0;
 }

@@ -29,9 +29,12 @@
 #include "find_max.h"
 #include "model.h"
 #include "zero/runtime/runs.h"
+#include "zero/core/command_files.h"
+#include "zero/core/crash_report.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/checkpoint_io.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/estimate.h"
 #include "zero/runtime/run_summary.h"
@@ -54,7 +57,12 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --limit_train_batches N  micro-batches per epoch at most (default: the whole training set)
   --max_epochs N           epochs (default 1)
   --precision 32|16|bf16   compute precision; fills "auto" fp16/bf16 (default: as the config says)
-  --lr X                   fills "auto" optimizer lr (default 5e-4)
+  --lr X                   fills "auto" optimizer lr, and is the lr of --optimizer (default 5e-4)
+  --optimizer NAME         adamw, adam or adagrad: the program's own torch::optim optimizer,
+                           passed to zero::initialize as a DeepSpeed client optimizer; used
+                           when the config has no optimizer section (default adamw then; a
+                           config's own section wins, with a warning)
+  --weight_decay X         --optimizer's weight decay (default 0.1)
   --data FILE              character-level text task instead of addition
   --vocab_size V           random tokens of a vocabulary of V (2 to 1048576), 65536 samples
                            an epoch, instead of addition (what zero tune's runs train)
@@ -114,6 +122,8 @@ struct Args {
   int64_t max_epochs = 1;
   std::optional<std::string> precision;
   double lr = 5e-4;
+  std::optional<std::string> optimizer;
+  double weight_decay = 0.1;
   std::string data;
   std::optional<int64_t> vocab_size;
   int64_t ndigit = 2;
@@ -196,10 +206,12 @@ Args parse_args(int argc, char** argv) {
       "--limit_train_batches", "--max_epochs", "--precision", "--lr", "--data", "--vocab_size", "--ndigit",
       "--seed", "--summary-json", "--dropout", "--checkpoint", "--tie_weights", "--device", "--cpu_copy_mode",
       "--save_dir", "--save_every", "--resume", "--resume_tag", "--load_weights", "--stop_after_steps", "--test_kill_save",
-      "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--probe_timeout", "--head_dim"};
+      "--device-memory", "--host-memory", "--nvme-bytes", "--find-max-params", "--nproc", "--probe_steps", "--probe_timeout", "--head_dim",
+      "--optimizer", "--weight_decay"};
   // What a --find-max-params probe is given as the user gave it.
   const std::vector<std::string> forwarded = {"--batch_size", "--precision", "--lr", "--data", "--vocab_size", "--ndigit", "--seed",
-                                              "--dropout", "--device", "--cpu_copy_mode", "--block_size"};
+                                              "--dropout", "--device", "--cpu_copy_mode", "--block_size", "--optimizer",
+                                              "--weight_decay"};
   std::map<std::string, std::string> seen;  // flag -> the value given first
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i], value;
@@ -234,7 +246,13 @@ Args parse_args(int argc, char** argv) {
         usage_error(flag + " given twice (\"" + it->second + "\" and \"" + value + "\"): give it once");
     }
     if (std::find(forwarded.begin(), forwarded.end(), flag) != forwarded.end()) a.forward.insert(a.forward.end(), {flag, value});
-    if (flag == "--config") a.config = value;
+    if (flag == "--config") {
+      try {
+        a.config = zero::config_file_argument(flag, value);
+      } catch (const zero::UsageError& e) {
+        usage_error(e.what());
+      }
+    }
     else if (flag == "--n_layer") a.n_layer = parse_int(flag, value, 1, kMaxLayers), a.n_layer_given = true;
     else if (flag == "--n_head") a.n_head = parse_int(flag, value, 1, kMaxWidth), a.n_head_given = true;
     else if (flag == "--n_embd") a.n_embd = parse_int(flag, value, 1, kMaxWidth), a.n_embd_given = true;
@@ -255,6 +273,12 @@ Args parse_args(int argc, char** argv) {
         usage_error("--precision: expected one of 32, 16, bf16; got \"" + value + "\"");
       a.precision = value;
     } else if (flag == "--lr") a.lr = parse_double(flag, value, 0, 1e3);
+    else if (flag == "--weight_decay") a.weight_decay = parse_double(flag, value, 0, 10);
+    else if (flag == "--optimizer") {
+      if (value != "adamw" && value != "adam" && value != "adagrad")
+        usage_error("--optimizer: expected adamw, adam or adagrad; got \"" + value + "\"");
+      a.optimizer = value;
+    }
     else if (flag == "--data") a.data = value;
     else if (flag == "--vocab_size") a.vocab_size = parse_int(flag, value, 2, kMaxWidth);
     else if (flag == "--ndigit") a.ndigit = parse_int(flag, value, 1, kMaxDigits);
@@ -358,10 +382,37 @@ int find_max(const Args& args, const mingpt::GPTConfig& gcfg, const zero::InitOp
   return mingpt::find_max_params(f);
 }
 
+// NOTE [outputs and inputs]: no output over what the run reads, before any work.
+void check_outputs(const Args& a) {
+  zero::CommandFiles files;
+  files.reads("--config", a.config);
+  if (!a.data.empty()) files.reads("--data", a.data);
+  if (!a.load_weights.empty()) {
+    try {
+      const auto w = zero::ckpt::WeightFiles::resolve(a.load_weights);
+      // Read whole before the first step: a save may replace them later.
+      if (!w.index.empty()) files.reads_checkpoint("--load_weights' index", w.index, /*whole_folder=*/false);
+      for (const auto& f : w.files) files.reads_checkpoint("--load_weights", f, /*whole_folder=*/false);
+    } catch (const zero::IoError&) {  // the load names what is wrong
+      files.reads("--load_weights", a.load_weights);
+    }
+  }
+  if (!a.resume.empty()) {
+    if (!a.resume_tag.empty())
+      files.reads_checkpoint("--resume_tag", a.resume + "/" + a.resume_tag, /*whole_folder=*/true);
+    else zero::ckpt::add_resume_inputs(files, "--resume", a.resume);
+  }
+  if (!a.summary_json.empty()) files.writes("--summary-json", a.summary_json);
+  if (!a.save_dir.empty()) files.adds_to_folder("--save_dir", a.save_dir);
+  if (const std::string problem = files.problem(); !problem.empty()) usage_error(problem);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  zero::install_crash_reporter("mingpt");  // NOTE [crash report]
   const Args args = parse_args(argc, argv);
+  check_outputs(args);
   try {
     std::unique_ptr<mingpt::Task> task =
         args.vocab_size ? mingpt::make_random_task(*args.vocab_size, args.block_size.value_or(128), 65536)
@@ -380,6 +431,7 @@ int main(int argc, char** argv) {
     opts.auto_values.train_micro_batch_size_per_gpu = args.batch_size;
     opts.auto_values.gradient_accumulation_steps = 1;
     opts.auto_values.lr = args.lr;
+    opts.auto_values.weight_decay = args.weight_decay;
     opts.auto_values.hidden_size = args.n_embd;
     opts.auto_values.gradient_clipping = 1.0;
     const std::string precision = args.precision.value_or("32");
@@ -387,6 +439,7 @@ int main(int argc, char** argv) {
     opts.tokens_per_sample = task->block_size();
     if (args.device) opts.device = torch::Device(*args.device);
     opts.cpu_copy_mode = args.cpu_copy_mode;
+    opts.program_ends_at_stop = true;  // the loop asks engine.stop_requested()
     opts.device_memory_limit_bytes = args.device_memory;
     opts.host_memory_limit_bytes = args.host_memory;
     opts.nvme_limit_bytes = args.nvme_bytes;
@@ -400,6 +453,7 @@ int main(int argc, char** argv) {
       return n / b.gradient_accumulation_steps * b.gradient_accumulation_steps;
     };
     int zero_stage = 0;
+    bool config_has_optimizer = true;
     {
       zero::config::LoadOptions probe;
       opts.dist = zero::DistEnv::from_environment();
@@ -408,15 +462,17 @@ int main(int argc, char** argv) {
       if (!args.summary_json.empty() && opts.dist->rank == 0) check_writable("--summary-json", args.summary_json);
       // So is the checkpoint folder (the engine then takes its writer lock).
       if (!args.save_dir.empty() && opts.dist->rank == 0)
-        if (const auto problem = zero::ckpt::save_folder_problem("--save_dir", args.save_dir); !problem.empty())
+        if (const auto problem = zero::ckpt::checkpoint_folder_problem("--save_dir", args.save_dir); !problem.empty())
           usage_error(problem);
       probe.world_size = opts.dist->world_size;
       probe.auto_values = opts.auto_values;
+      probe.auto_hint = zero::detail::program_auto_hint("mingpt");
       probe.auto_values.total_num_steps = 1;
       probe.auto_values.warmup_num_steps = 1;
       const auto probed = zero::config::load_file(args.config, probe);
       const auto& b = probed.batch;
       zero_stage = probed.zero.stage;
+      config_has_optimizer = probed.optimizer.has_value();
       const int64_t steps = micro_batches_per_epoch(b) / b.gradient_accumulation_steps * args.max_epochs;
       opts.auto_values.total_num_steps = std::max<int64_t>(1, steps);
       opts.auto_values.warmup_num_steps = std::max<int64_t>(1, steps / 20);
@@ -431,7 +487,14 @@ int main(int argc, char** argv) {
     torch::manual_seed(args.seed);
     mingpt::GPT model(gcfg, init.get());
     if (!init) opts.layers = model->stage3_layers();
-    auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
+    // The program's own optimizer where the config has none (or --optimizer
+    // asks; the config's then wins, with a warning): NOTE [client optimizer].
+    std::unique_ptr<torch::optim::Optimizer> client;
+    if (!config_has_optimizer || args.optimizer)
+      client = zero::detail::program_optimizer("--optimizer", args.optimizer.value_or("adamw"),
+                                               {{model->parameters(), args.weight_decay}}, args.lr);
+    opts.optimizer = client.get();
+    auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers(), client.get())
                        : zero::initialize(model.ptr(), args.config, opts);
 
     if (args.checkpoint) model->set_checkpointer(&engine.checkpointer());
@@ -516,6 +579,12 @@ int main(int argc, char** argv) {
       if (!client.contains("epoch") || !client.contains("step_in_epoch") || !client.contains("seed") ||
           !client.contains("train_batch_size"))
         usage_error("--resume " + args.resume + ": " + where + " holds no mingpt data position (not saved by mingpt)");
+      for (const char* key : {"epoch", "step_in_epoch", "seed", "train_batch_size"})
+        if (!client[key].is_number_unsigned() || client[key].get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()} ||
+            client[key].get<uint64_t>() < (std::string(key) == "train_batch_size" ? 1u : 0u))
+          usage_error("--resume " + args.resume + ": " + where + "/meta.json: client_state." + key +
+                      ": expected a whole number, " + (std::string(key) == "train_batch_size" ? "1" : "0") +
+                      " or more; got " + client[key].dump() + " (a damaged checkpoint)");
       if (client["seed"].get<uint64_t>() != args.seed)
         usage_error("--resume: " + where + " was trained with --seed " + client["seed"].dump() + " (its data order); got --seed " +
                     std::to_string(args.seed));
@@ -559,7 +628,13 @@ int main(int argc, char** argv) {
     std::vector<double> loss_curve;  // this rank's mean loss per optimizer step
     std::vector<double> step_times;  // seconds per optimizer step (the loss read at each one waits for the device)
     auto step_start = std::chrono::steady_clock::now();
-    bool stopped = args.stop_after_steps && engine.global_steps() >= *args.stop_after_steps;
+    // --stop_after_steps, or ZERO_STOP_AFTER_STEPS (a tool's run, NOTE [run
+    // report]): the run ends there and then does its own end (summary, save).
+    bool stopped = (args.stop_after_steps && engine.global_steps() >= *args.stop_after_steps) || engine.stop_requested();
+    if (stopped && rank == 0)  // said, not silent: nothing trains
+      std::fprintf(stderr, "mingpt: stopped after step %lld, before training (%s)\n",
+                   static_cast<long long>(engine.global_steps()),
+                   engine.stop_requested() ? "ZERO_STOP_AFTER_STEPS" : "--stop_after_steps");
     int64_t end_epoch = start_epoch, end_step = start_step;  // the data position after the last step run
     for (int64_t epoch = start_epoch; epoch < args.max_epochs && !stopped; ++epoch) {
       const auto order = mingpt::epoch_order(task->train_size(), args.seed, epoch);
@@ -589,7 +664,7 @@ int main(int argc, char** argv) {
           step_times.push_back(std::chrono::duration<double>(now - step_start).count());
           end_epoch = epoch, end_step = (mb + 1) / gas;
           const int64_t done = engine.global_steps();
-          stopped = args.stop_after_steps && done >= *args.stop_after_steps;
+          stopped = (args.stop_after_steps && done >= *args.stop_after_steps) || engine.stop_requested();
           if (!args.save_dir.empty() && args.save_every > 0 && done % args.save_every == 0) save(epoch, end_step);
           step_start = std::chrono::steady_clock::now();  // a save is not a step
         }
@@ -718,22 +793,7 @@ int main(int argc, char** argv) {
           {"resumed", !args.resume.empty()},
       };
       summary.update(zero::detail::engine_figures(engine));
-      const std::string tmp = args.summary_json + ".tmp";
-      {
-        std::ofstream out(tmp);
-        out << summary.dump(2) << "\n";
-        out.flush();
-        if (!out) {
-          const int err = errno;
-          std::remove(tmp.c_str());
-          throw zero::IoError("write " + tmp + ": failed (" + std::string(std::strerror(err)) + ")");
-        }
-      }
-      if (std::rename(tmp.c_str(), args.summary_json.c_str()) != 0) {
-        const int err = errno;
-        std::remove(tmp.c_str());
-        throw zero::IoError("rename " + tmp + " -> " + args.summary_json + ": " + std::strerror(err));
-      }
+      zero::ckpt::write_file_atomically(args.summary_json, summary.dump(2) + "\n");
       std::fprintf(stderr, "mingpt: summary written to %s\n", args.summary_json.c_str());
     }
     return 0;

@@ -12,6 +12,7 @@
 
 #include "json_text.h"
 #include "sections.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 
 namespace zero::config {
@@ -242,6 +243,19 @@ Config load_string(const std::string& json_text, const LoadOptions& given, const
   const LoadOptions options = given.auto_stand_ins ? with_stand_ins(given, stand_ins) : given;
   Context ctx(name, options);
   ctx.set_stand_ins(std::move(stand_ins));
+  // Text in another encoding, or a binary file, is named as such rather than
+  // reported as the JSON error at its first odd byte.
+  if (const auto nul = json_text.find('\0'); nul != std::string::npos || json_text.rfind("\xff\xfe", 0) == 0 ||
+                                               json_text.rfind("\xfe\xff", 0) == 0) {
+    const bool wide = json_text.rfind("\xff\xfe", 0) == 0 || json_text.rfind("\xfe\xff", 0) == 0 ||
+                      (json_text.size() >= 2 && (json_text[0] == '\0' || json_text[1] == '\0'));
+    ctx.problem("", wide ? "is UTF-16 or UTF-32 text (a byte-order mark or NUL bytes between the characters, as some "
+                           "Windows editors save): DeepSpeed and zero read UTF-8; save it as UTF-8 (iconv -f UTF-16 -t "
+                           "UTF-8)"
+                         : "holds a NUL byte at byte " + std::to_string(nul) + " (line " +
+                               std::to_string(detail::line_of(json_text, nul)) + "): not a text file, or a damaged one");
+    throw ConfigError(ctx.problems());
+  }
   detail::RelaxedSyntax relaxed;
   const Json root = detail::parse_relaxed(json_text, name, ctx.problems(), &relaxed);
   // Read as DeepSpeed reads a file (hjson: comments and trailing commas are
@@ -274,8 +288,9 @@ Config load_string(const std::string& json_text, const LoadOptions& given, const
   read_scalars(top, config);
   detail::read_optimizer(top, config);
   if (options.for_training && !config.optimizer)
-    ctx.problem("optimizer", "expected an optimizer section, e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; "
-                             "zero builds the optimizer from the config (client optimizers are not supported)");
+    ctx.warn("optimizer", "no optimizer section: the program must pass its own optimizer to zero::initialize "
+                             "(InitOptions::optimizer, a torch::optim Adam, AdamW or Adagrad; mingpt and llama: "
+                             "--optimizer), as a DeepSpeed client optimizer; without one, initialize refuses");
   if (config.optimizer && config.bf16.enabled && config.bf16.bf16_optimizer_states &&
       config.bf16.bf16_master_weights_and_grads && config.zero.stage > 0) {
     if (config.optimizer->optim_bits == 8)
@@ -304,7 +319,10 @@ Config load_file(const std::string& path, const LoadOptions& options) {
   // O_NONBLOCK: opening a FIFO with no writer must not wait; fstat refuses it next.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    throw IoError("cannot open DeepSpeed config " + path + ": " + std::strerror(errno));
+    const int err = errno;
+    // A dangling link or a loop says so (open's ENOENT would call the link missing).
+    if (const std::string problem = input_file_problem("DeepSpeed config", path); !problem.empty()) throw IoError(problem);
+    throw IoError("cannot open DeepSpeed config " + path + ": " + std::strerror(err));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -255,7 +255,9 @@ void read_optimizer(Section& top, Config& config) {
       oc.optim_bits = static_cast<int>(bits);
     }
     // bitsandbytes' name too: smaller tensors keep fp32 moments.
-    p.read_int("min_8bit_size", oc.min_8bit_size, Range::at_least(0));
+    if (p.read_int("min_8bit_size", oc.min_8bit_size, Range::at_least(0)) == Got::kGiven && oc.optim_bits != 8)
+      ctx.warn("optimizer.params.min_8bit_size", "ignored: it chooses which blocks of 8-bit moments stay fp32, and "
+                                                 "optim_bits is " + std::to_string(oc.optim_bits) + " (fp32 moments)");
     accepted.insert(accepted.end(),
                     {"adam_w_mode", "bias_correction", "amsgrad", "torch_adam", "optim_bits", "min_8bit_size"});
   }

@@ -225,9 +225,8 @@ Got Section::read_value(const Key& key, const std::string& what, const AutoFill&
   if (value->is_string() && value->get_ref<const std::string&>() == "auto") {
     if (fill.value) {
       if (!accept(*fill.value)) {
-        ctx_.problem(path, "expected " + what + "; got " + show(*fill.value) +
-                               " (filled in for \"auto\" from AutoValues::" +
-                               (fill.needs != nullptr ? fill.needs : "?") + ")");
+        ctx_.problem(path, "expected " + what + "; got " + show(*fill.value) + " (filled in for \"auto\" from " +
+                               (fill.needs != nullptr ? ctx_.auto_hint(fill.needs) : std::string("?")) + ")");
         return Got::kBad;
       }
       if (record) ctx_.record(rpath, current(), ctx_.is_stand_in(fill.needs) ? Origin::kAuto : Origin::kDerived);
@@ -236,13 +235,13 @@ Got Section::read_value(const Key& key, const std::string& what, const AutoFill&
     if (kind_ == Kind::kStrict) {
       std::string text = "\"auto\" is not resolved, so it is dropped as DeepSpeed does; using the default " +
                          current().dump();
-      if (fill.needs != nullptr) text += std::string(" (supply AutoValues::") + fill.needs + " to fill it)";
+      if (fill.needs != nullptr) text += " (" + ctx_.auto_hint(fill.needs) + " would fill it)";
       ctx_.warn(path, text);
       return keep_default(Got::kDropped);
     }
     if (fill.needs != nullptr) {
-      ctx_.problem(path, "expected " + what + "; got \"auto\" (the Hugging Face placeholder: the program must supply AutoValues::" +
-                             fill.needs + ")");
+      ctx_.problem(path, "expected " + what + "; got \"auto\" (the Hugging Face placeholder, which " +
+                             ctx_.auto_hint(fill.needs) + " fills)");
     } else {
       ctx_.problem(path, "expected " + what +
                              "; got \"auto\" (neither DeepSpeed nor the Hugging Face integration fills \"auto\" here)");

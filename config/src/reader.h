@@ -37,6 +37,10 @@ class Context {
   const AutoValues& auto_values() const { return options_.auto_values; }
   /// Whether AutoValues::`needs` holds a stand-in (LoadOptions::auto_stand_ins).
   bool is_stand_in(const char* needs) const { return needs != nullptr && stand_ins_.count(needs) != 0; }
+  /// How the caller fills AutoValues::`needs` (LoadOptions::auto_hint).
+  std::string auto_hint(const char* needs) const {
+    return options_.auto_hint ? options_.auto_hint(needs) : std::string("AutoValues::") + needs;
+  }
   void set_stand_ins(std::set<std::string> names) { stand_ins_ = std::move(names); }
 
   /// "<file>: <path>: <text>"; path may be empty.

@@ -302,7 +302,7 @@ void read_precision(Section& top, Config& config) {
   fs.read_int("hysteresis", f.hysteresis);
   fs.read_bool("consecutive_hysteresis", f.consecutive_hysteresis);
   fs.read_bool("fp16_master_weights_and_grads", f.fp16_master_weights_and_grads);
-  fs.read_bool("stochastic_rounding", f.stochastic_rounding);
+  const Got fp16_rounding = fs.read_bool("stochastic_rounding", f.stochastic_rounding);
   fs.finish();
   // Rules 4.3: positive only matters for dynamic scaling.
   if (f.enabled && f.loss_scale == 0) {
@@ -337,8 +337,17 @@ void read_precision(Section& top, Config& config) {
   bs.read_bool("check_grad_overflow", b.check_grad_overflow);
   bs.read_bool("bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
   bs.read_bool("bf16_optimizer_states", b.bf16_optimizer_states);
-  bs.read_bool("stochastic_rounding", b.stochastic_rounding);
+  const Got bf16_rounding = bs.read_bool("stochastic_rounding", b.stochastic_rounding);
   bs.finish();
+  // Rounding of a 16-bit master (NOTE [16-bit master]): nothing to round
+  // without one, so a key given then would be ignored without a word.
+  if (fp16_rounding == Got::kGiven && !(f.enabled && f.fp16_master_weights_and_grads))
+    ctx.warn("fp16.stochastic_rounding", "ignored: it rounds a 16-bit master, and fp16.fp16_master_weights_and_grads "
+                                         "is not on (with fp16.enabled)");
+  if (bf16_rounding == Got::kGiven && !(b.enabled && b.bf16_master_weights_and_grads))
+    ctx.warn(bs.path_of("stochastic_rounding"), "ignored: it rounds a 16-bit master, and " +
+                                                    bs.path_of("bf16_master_weights_and_grads") +
+                                                    " is not on (with " + bs.path_of("enabled") + ")");
 
   if (f.enabled && b.enabled) {
     ctx.problem(bs.path_of("enabled"),

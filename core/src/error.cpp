@@ -7,9 +7,9 @@
 
 namespace zero {
 namespace {
-std::string join_problems(const std::vector<std::string>& problems) {
+std::string join_problems(const std::vector<std::string>& problems, const std::string& subject) {
   std::ostringstream out;
-  if (problems.size() > 1) out << problems.size() << " problems in the DeepSpeed config:\n";
+  if (problems.size() > 1) out << problems.size() << " problems in " << subject << ":\n";
   for (size_t i = 0; i < problems.size(); ++i) {
     if (i) out << '\n';
     out << (problems.size() > 1 ? "  " : "") << problems[i];
@@ -18,8 +18,8 @@ std::string join_problems(const std::vector<std::string>& problems) {
 }
 }  // namespace
 
-ConfigError::ConfigError(std::vector<std::string> problems)
-    : Error(ErrorKind::kConfig, join_problems(problems)), problems_(std::move(problems)) {}
+ConfigError::ConfigError(std::vector<std::string> problems, const std::string& subject)
+    : Error(ErrorKind::kConfig, join_problems(problems, subject)), problems_(std::move(problems)) {}
 
 namespace {
 std::mutex g_oom_mutex;

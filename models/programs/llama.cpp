@@ -19,10 +19,14 @@
 #include <torch/nn/functional/loss.h>
 
 #include "token_data.h"
+#include "zero/core/command_files.h"
+#include "zero/core/crash_report.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
 #include "zero/models/llama.h"
 #include "zero/runtime/checkpoint_format.h"
+#include "zero/runtime/checkpoint_io.h"
+#include "zero/runtime/hf_export.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/run_summary.h"
 #include "zero/zero.h"
@@ -47,8 +51,12 @@ const char* kUsage = R"(usage: llama COMMAND [options]
         --dtype uint16|uint32   the token ids' width (default uint16)
         --block_size T          tokens per sample (default 256)
         --batch_size B          micro-batch per rank; fills "auto" (default 8)
-        --lr X                  fills "auto" lr (default 3e-4)
-        --weight_decay X        fills "auto" weight_decay (default 0.1)
+        --lr X                  fills "auto" lr, and is --optimizer's (default 3e-4)
+        --weight_decay X        fills "auto" weight_decay, and is --optimizer's (default 0.1)
+        --optimizer NAME        adamw, adam or adagrad: the program's own torch::optim optimizer,
+                                passed as a DeepSpeed client optimizer; used when the config has no
+                                optimizer section (default adamw then; a config's section wins,
+                                with a warning)
         --precision 32|16|bf16  fills "auto" fp16/bf16 (default: as the config says)
         --seed N                initialisation without weights (default 42)
         --checkpoint            activation checkpointing of every decoder layer
@@ -146,14 +154,24 @@ void load_reporting(zero::Engine& engine, const std::string& model) {
                reset ? "" : " above the process's earlier peak (the kernel did not reset the peak)");
 }
 
-// config.json for --save_hf: the input's, every key kept (bos/eos/pad token
-// ids, generation settings, keys this program does not read), with its
-// dtype key ("dtype" in transformers 5, "torch_dtype" before) set to what
-// the weights were saved in.
-std::string saved_config(const std::string& model, at::ScalarType saved) {
-  struct stat st {};
-  const std::string path = ::stat(model.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? model + "/config.json" : model;
-  Json j = Json::parse(zero::ckpt::read_small_file(path), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+// --model names a Hugging Face folder, or a config.json in one: the folder
+// holds the weights either way.
+std::string model_folder(const std::string& model) {
+  if (zero::ckpt::is_folder(model)) return model;
+  const auto slash = model.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : model.substr(0, slash);
+}
+
+std::string model_config_path(const std::string& model) {
+  return zero::ckpt::is_folder(model) ? model + "/config.json" : model;
+}
+
+// config.json for --save_hf: the input's (read when the run starts), every
+// key kept (bos/eos/pad token ids, generation settings, keys this program
+// does not read), with its dtype key ("dtype" in transformers 5,
+// "torch_dtype" before) set to what the weights were saved in.
+std::string saved_config(const std::string& input_text, at::ScalarType saved) {
+  Json j = Json::parse(input_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   const char* name = saved == at::kBFloat16 ? "bfloat16" : saved == at::kHalf ? "float16" : "float32";
   bool set = false;
   for (const char* key : {"dtype", "torch_dtype"})
@@ -165,7 +183,8 @@ std::string saved_config(const std::string& model, at::ScalarType saved) {
 // Whether DIR has safetensors weights; weights only in torch's pickle
 // format (pytorch_model.bin, its shards, *.pt) are refused rather than
 // passed over for a fresh initialisation.
-bool has_weights(const std::string& dir) {
+bool has_weights(const std::string& model) {
+  const std::string dir = model_folder(model);
   if (zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
       zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0)
     return true;
@@ -180,6 +199,20 @@ bool has_weights(const std::string& dir) {
                   ".save_pretrained(OUT, safe_serialization=True))");
   }
   return false;
+}
+
+// What --model reads (NOTE [outputs and inputs]): its config.json and the
+// weights load_weights takes (the index and the shards it names).
+void add_model_inputs(zero::CommandFiles& files, const std::string& model) {
+  files.reads("--model's config.json", model_config_path(model));
+  if (!has_weights(model)) return;
+  try {
+    const auto w = zero::ckpt::WeightFiles::resolve(model_folder(model));
+    if (!w.index.empty()) files.reads("--model's weight index", w.index);
+    for (const auto& file : w.files) files.reads("--model's weights", file);
+  } catch (const zero::IoError&) {  // the load says what is wrong with them
+    files.reads_folder("--model", model_folder(model));
+  }
 }
 
 std::string precision_config(const std::string& precision) {
@@ -202,6 +235,15 @@ int logits_command(int argc, char** argv) {
   for (std::string item; std::getline(ss, item, ',');) ids.push_back(to_int("--tokens", item, 0, int64_t{1} << 40));
   if (ids.empty()) usage_error("--tokens: expected token ids such as 1,2,3");
   if (const auto problem = zero::ckpt::output_file_problem("--out", f["--out"]); !problem.empty()) usage_error(problem);
+  std::string config_path;
+  if (f.count("--config")) config_path = zero::config_file_argument("--config", f["--config"]);
+  {
+    zero::CommandFiles files;  // NOTE [outputs and inputs]
+    if (!config_path.empty()) files.reads("--config", config_path);
+    add_model_inputs(files, f["--model"]);
+    files.writes("--out", f["--out"]);
+    if (const auto problem = files.problem(); !problem.empty()) usage_error(problem);
+  }
 
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
   for (int64_t id : ids)
@@ -210,25 +252,43 @@ int logits_command(int argc, char** argv) {
   if (static_cast<int64_t>(ids.size()) > cfg.max_position_embeddings)
     usage_error("--tokens: " + std::to_string(ids.size()) + " tokens, more than max_position_embeddings " +
                 std::to_string(cfg.max_position_embeddings));
-  const std::string ds = f.count("--config") ? f["--config"]
-                                             : R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW",
+  const std::string ds = !config_path.empty() ? config_path
+                                              : R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW",
                                                   "params": {"lr": 0.0}})" + precision_config(precision) + "}";
   zero::InitOptions opts;
   opts.print_progress = false;
   apply_budgets(f, opts);
   opts.auto_values.train_micro_batch_size_per_gpu = 1;
   opts.auto_values.precision = precision == "bf16" ? "bf16" : "fp32";
+  // A training config's other "auto" values: logits take no step, so any
+  // value is right; these are the ones that change nothing.
+  opts.auto_values.gradient_accumulation_steps = 1;
+  opts.auto_values.lr = 0.0;
+  opts.auto_values.weight_decay = 0.0;
+  opts.auto_values.gradient_clipping = 1.0;
+  opts.auto_values.total_num_steps = 1;
+  opts.auto_values.warmup_num_steps = 1;
+  opts.auto_values.hidden_size = cfg.hidden_size;
   std::unique_ptr<zero::Init> init;
   zero::config::LoadOptions lo;
   lo.world_size = zero::DistEnv::from_environment().world_size;
   lo.auto_values = opts.auto_values;
-  if (zero::config::load_string(ds.find('{') == 0 ? ds : zero::ckpt::read_small_file(ds), lo, ds).zero.stage == 3)
-    init = std::make_unique<zero::Init>(ds, opts);
+  const auto resolved =
+      config_path.empty() ? zero::config::load_string(ds, lo, "the default config") : zero::config::load_file(ds, lo);
+  if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(ds, opts);
   zero::models::LlamaForCausalLM model(cfg, init.get());
   opts.layers = model->stage3_layers();
-  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers()) : zero::initialize(model.ptr(), ds, opts);
-  if (!has_weights(f["--model"])) usage_error("--model " + f["--model"] + ": no weights there (model.safetensors or its index)");
-  load_reporting(engine, f["--model"]);
+  // A config without an optimizer section (a trainer's): an optimizer that
+  // never steps, so that the engine can be built (NOTE [client optimizer]).
+  std::unique_ptr<torch::optim::Optimizer> client;
+  if (!resolved.optimizer) client = zero::detail::program_optimizer("--config", "adamw", {{model->parameters(), 0.0}}, 0.0);
+  opts.optimizer = client.get();
+  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers(), client.get())
+                     : zero::initialize(model.ptr(), ds, opts);
+  if (!has_weights(f["--model"]))
+    usage_error("--model " + f["--model"] + ": no weights in " + model_folder(f["--model"]) +
+                " (model.safetensors or its index)");
+  load_reporting(engine, model_folder(f["--model"]));
   model->eval();
   torch::NoGradGuard no_grad;
   const auto x = torch::tensor(ids, torch::kLong).unsqueeze(0).to(engine.device());
@@ -252,10 +312,12 @@ int train_command(int argc, char** argv) {
                        {"--model", "--config", "--data", "--dtype", "--block_size", "--batch_size", "--steps", "--lr",
                         "--weight_decay", "--precision", "--seed", "--checkpoint", "--save_dir", "--save_every",
                         "--resume", "--save_hf", "--summary-json", "--decay_all", "--device-memory", "--host-memory",
-                        "--nvme-bytes"},
+                        "--nvme-bytes", "--optimizer"},
                        {"--checkpoint", "--decay_all"});
   for (const char* need : {"--model", "--config", "--data", "--steps"})
     if (!f.count(need)) usage_error(std::string("train: ") + need + " is required");
+  if (f.count("--optimizer") && f["--optimizer"] != "adamw" && f["--optimizer"] != "adam" && f["--optimizer"] != "adagrad")
+    usage_error("--optimizer: expected adamw, adam or adagrad; got \"" + f["--optimizer"] + "\"");
   const std::string dtype = f.count("--dtype") ? f["--dtype"] : "uint16";
   if (dtype != "uint16" && dtype != "uint32") usage_error("--dtype: expected uint16 or uint32; got \"" + dtype + "\"");
   const int64_t T = f.count("--block_size") ? to_int("--block_size", f["--block_size"], 1, 1 << 20) : 256;
@@ -276,20 +338,44 @@ int train_command(int argc, char** argv) {
   zero::InitOptions opts;
   apply_budgets(f, opts);
   opts.dist = zero::DistEnv::from_environment();
+  opts.program_ends_at_stop = true;  // the loop asks engine.stop_requested()
   const int rank0 = opts.dist->rank == 0;
-  // Outputs are checked before any step.
-  // Rank 0 writes the summary and --save_hf; every rank writes its part of
-  // a checkpoint, so each node's first rank checks --save_dir.
+  const std::string config_path = zero::config_file_argument("--config", f["--config"]);
+  // Outputs are checked before any step: none over an input (NOTE [outputs
+  // and inputs]), each writable. Rank 0 writes the summary and --save_hf;
+  // every rank writes its part of a checkpoint, so each node's first rank
+  // checks --save_dir.
+  {
+    zero::CommandFiles files;
+    files.reads("--config", config_path);
+    files.reads("--data", f["--data"]);
+    add_model_inputs(files, f["--model"]);
+    if (f.count("--resume")) zero::ckpt::add_resume_inputs(files, "--resume", f["--resume"]);
+    if (f.count("--summary-json")) files.writes("--summary-json", f["--summary-json"]);
+    if (f.count("--save_hf")) files.writes_folder("--save_hf", f["--save_hf"]);
+    if (f.count("--save_dir")) files.adds_to_folder("--save_dir", f["--save_dir"]);
+    if (const auto p = files.problem(); !p.empty()) usage_error(p);
+  }
   if (rank0) {
     if (f.count("--summary-json"))
       if (const auto p = zero::ckpt::output_file_problem("--summary-json", f["--summary-json"]); !p.empty()) usage_error(p);
     if (f.count("--save_hf"))
-      if (const auto p = zero::ckpt::save_folder_problem("--save_hf", f["--save_hf"]); !p.empty()) usage_error(p);
+      if (const auto p = zero::ckpt::HfWriter::folder_problem("--save_hf", f["--save_hf"], /*with_config=*/true);
+          !p.empty())
+        usage_error(p);
   }
   if (f.count("--save_dir") && opts.dist->local_rank == 0)
-    if (const auto p = zero::ckpt::save_folder_problem("--save_dir", f["--save_dir"]); !p.empty())
+    if (const auto p = zero::ckpt::checkpoint_folder_problem("--save_dir", f["--save_dir"]); !p.empty())
       usage_error(rank0 ? p : "rank " + std::to_string(opts.dist->rank) + ": " + p);
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
+  // Read now, not after training: the export's config.json is the input's.
+  const std::string input_config_text =
+      f.count("--save_hf") ? zero::ckpt::read_small_file(model_config_path(f["--model"])) : std::string();
+  if (T > cfg.max_position_embeddings)
+    usage_error("--block_size " + std::to_string(T) + ": more than the model's max_position_embeddings " +
+                std::to_string(cfg.max_position_embeddings) + " (" + model_config_path(f["--model"]) +
+                "): its positions past that were never trained; give --block_size " +
+                std::to_string(cfg.max_position_embeddings) + " or less");
   const llama::TokenData data(f["--data"], dtype == "uint16" ? 2 : 4, T);
   opts.auto_values.train_micro_batch_size_per_gpu = B;
   opts.auto_values.gradient_accumulation_steps = 1;
@@ -301,27 +387,44 @@ int train_command(int argc, char** argv) {
   opts.auto_values.hidden_size = cfg.hidden_size;
   opts.auto_values.precision = !precision || *precision == "32" ? "fp32" : *precision == "16" ? "fp16" : "bf16";
   opts.tokens_per_sample = T;
-  // The usual recipe: no weight decay on the norms and the embedding.
+  zero::config::LoadOptions lo;
+  lo.world_size = opts.dist->world_size;
+  lo.auto_values = opts.auto_values;
+  lo.auto_hint = zero::detail::program_auto_hint("llama");
+  const auto resolved = zero::config::load_file(config_path, lo);
+  // The program's own optimizer where the config has none (NOTE [client
+  // optimizer]); with --optimizer and a config section, the config's wins.
+  const bool client_only = !resolved.optimizer.has_value();
+  // The usual recipe: no weight decay on the norms and the embedding (the
+  // client optimizer's groups when it is the one used).
   std::shared_ptr<zero::models::LlamaForCausalLMImpl> groups_of;  // the model, once built
-  if (!f.count("--decay_all")) {
+  if (!f.count("--decay_all") && !client_only) {
     zero::ParamGroup no_decay;
     no_decay.name = "no_decay";
     no_decay.weight_decay = 0.0;
     no_decay.match = [&groups_of](const std::string& name, const torch::Tensor&) { return groups_of->no_decay(name); };
     opts.param_groups.push_back(no_decay);
   }
-  zero::config::LoadOptions lo;
-  lo.world_size = opts.dist->world_size;
-  lo.auto_values = opts.auto_values;
-  const auto resolved = zero::config::load_file(f["--config"], lo);
   std::unique_ptr<zero::Init> init;
-  if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(f["--config"], opts);
+  if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(config_path, opts);
   torch::manual_seed(seed);
   zero::models::LlamaForCausalLM model(cfg, init.get());
   groups_of = model.ptr();
   opts.layers = model->stage3_layers();
-  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers())
-                     : zero::initialize(model.ptr(), f["--config"], opts);
+  std::unique_ptr<torch::optim::Optimizer> client;
+  if (client_only || f.count("--optimizer")) {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& item : model->named_parameters(true))
+      (!f.count("--decay_all") && model->no_decay(item.key()) ? no_decay : decay).push_back(item.value());
+    client = zero::detail::program_optimizer("--optimizer", f.count("--optimizer") ? f["--optimizer"] : "adamw",
+                                             {{decay, wd}, {no_decay, 0.0}}, lr);
+  }
+  opts.optimizer = client.get();
+  auto engine = init ? zero::initialize(model.ptr(), *init, model->stage3_layers(), client.get())
+                     : zero::initialize(model.ptr(), config_path, opts);
+  if (f.count("--save_hf"))  // the config's part (stage 3's gather key): before training, not after
+    if (const auto p = engine.save_hf_problem("--save_hf", f["--save_hf"], /*with_config=*/true); !p.empty())
+      usage_error(p);
   const auto& batch = engine.config().batch;
   if (batch.train_micro_batch_size_per_gpu != B && f.count("--batch_size"))
     usage_error("--batch_size " + std::to_string(B) + " conflicts with " + f["--config"] + " (train_micro_batch_size_per_gpu " +
@@ -331,10 +434,10 @@ int train_command(int argc, char** argv) {
   if (f.count("--checkpoint")) model->set_checkpointer(&engine.checkpointer());
   if (f.count("--save_dir")) engine.open_checkpoint_dir(f["--save_dir"]);
   if (has_weights(f["--model"])) {
-    load_reporting(engine, f["--model"]);
+    load_reporting(engine, model_folder(f["--model"]));
   } else if (rank0) {
     std::fprintf(stderr, "llama: %s has no weights: the model starts from a fresh initialisation (--seed %llu)\n",
-                 f["--model"].c_str(), static_cast<unsigned long long>(seed));
+                 model_folder(f["--model"]).c_str(), static_cast<unsigned long long>(seed));
   }
   int64_t start = 0;
   if (f.count("--resume")) {
@@ -374,7 +477,13 @@ int train_command(int argc, char** argv) {
   if (rank0) progress.emplace("train", steps - start, "steps");
   model->train();
   int64_t last_saved = f.count("--resume") ? start : -1;
+  int64_t last_step = steps;  // where the run ends (ZERO_STOP_AFTER_STEPS may end it sooner)
   for (int64_t step = start; step < steps; ++step) {
+    if (engine.stop_requested()) {  // a tool's run (NOTE [run report]): the end below still runs
+      last_step = step;
+      if (rank0) std::fprintf(stderr, "\nllama: stopped after step %lld (ZERO_STOP_AFTER_STEPS)\n", static_cast<long long>(step));
+      break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor step_loss = torch::zeros({}, torch::kFloat);
     for (int64_t a = 0; a < gas; ++a) {
@@ -399,10 +508,10 @@ int train_command(int argc, char** argv) {
     if (save_every > 0 && (step + 1) % save_every == 0) save(step + 1), last_saved = step + 1;
   }
   if (progress) progress->finish();
-  if (f.count("--save_dir") && last_saved != steps) save(steps);
+  if (f.count("--save_dir") && last_saved != last_step) save(last_step);
   if (f.count("--save_hf")) {
     zero::SaveHfOptions o;
-    o.config_json = saved_config(f["--model"], engine.compute_dtype());
+    o.config_json = saved_config(input_config_text, engine.compute_dtype());
     engine.save_hf(f["--save_hf"], o);
     if (rank0) std::fprintf(stderr, "llama: weights and config.json written to %s\n", f["--save_hf"].c_str());
   }
@@ -438,6 +547,7 @@ int train_command(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zero::install_crash_reporter("llama");  // NOTE [crash report]
   if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
     std::cout << kUsage;
     return argc < 2 ? 2 : 0;

@@ -1,7 +1,10 @@
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -9,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/models/llama.h"
 
@@ -67,8 +71,10 @@ class Reader {
 LlamaConfig LlamaConfig::from_file(const std::string& path_in) {
   struct stat st {};
   const std::string path = ::stat(path_in.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? path_in + "/config.json" : path_in;
+  if (const std::string problem = input_file_problem("Hugging Face config", path); !problem.empty())
+    throw IoError(problem);
   std::ifstream in(path);
-  if (!in) throw IoError(path + ": cannot read it (a Hugging Face config.json)");
+  if (!in) throw IoError(path + ": cannot read it (a Hugging Face config.json): " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
   return from_json_text(text.str(), path);
@@ -79,15 +85,39 @@ LlamaConfig LlamaConfig::from_json_text(const std::string& text, const std::stri
   try {
     j = Json::parse(text);
   } catch (const std::exception& e) {
-    throw ConfigError({where + ": not valid JSON (" + std::string(e.what()) + ")"});
+    throw ConfigError({where + ": not valid JSON (" + std::string(e.what()) + ")"}, "the Hugging Face config " + where);
   }
-  if (!j.is_object()) throw ConfigError({where + ": expected a JSON object (a Hugging Face config.json)"});
+  if (!j.is_object())
+    throw ConfigError({where + ": expected a JSON object (a Hugging Face config.json)"}, "the Hugging Face config " + where);
   LlamaConfig c;
   Reader r(j, where);
+  // What zero::models builds is LlamaForCausalLM: another family's config
+  // (Mistral's, Gemma's), with or without its model_type, is refused by the
+  // keys that would change the arithmetic, not read as a Llama.
   if (j.contains("model_type") && j.at("model_type") != "llama")
-    r.problem("model_type", "expected \"llama\" (LlamaForCausalLM); got " + j.at("model_type").dump());
+    r.problem("model_type", "expected \"llama\" (zero::models builds LlamaForCausalLM only); got " +
+                                j.at("model_type").dump());
+  if (j.contains("architectures") && !j.at("architectures").is_null()) {
+    const Json& a = j.at("architectures");
+    bool llama = a.is_array() && !a.empty();
+    for (const auto& name : a.is_array() ? a : Json::array()) llama = llama && name == "LlamaForCausalLM";
+    if (!llama)
+      r.problem("architectures", "expected [\"LlamaForCausalLM\"] (zero::models builds LlamaForCausalLM only); got " +
+                                     a.dump());
+  }
   if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
     r.problem("hidden_act", "expected \"silu\" (Llama's SwiGLU); got " + j.at("hidden_act").dump());
+  if (j.contains("hidden_activation") && !j.at("hidden_activation").is_null() && j.at("hidden_activation") != "silu")
+    r.problem("hidden_activation", "expected \"silu\" (Llama's SwiGLU; Gemma's GELU is not built); got " +
+                                       j.at("hidden_activation").dump());
+  const bool window_off = j.contains("use_sliding_window") && j.at("use_sliding_window") == false;
+  if (j.contains("sliding_window") && !j.at("sliding_window").is_null() && !window_off)
+    r.problem("sliding_window", "Llama attends to every earlier token; zero::models has no sliding-window attention "
+                                "(Mistral's, Gemma's); got " + j.at("sliding_window").dump());
+  for (const char* key : {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
+    if (j.contains(key) && !j.at(key).is_null())
+      r.problem(key, std::string("a key of Gemma's attention, which zero::models does not build (it builds "
+                                 "LlamaForCausalLM); got ") + j.at(key).dump());
   constexpr int64_t kBig = int64_t{1} << 30;
   r.integer("vocab_size", c.vocab_size, 1, kBig, true);
   if (j.contains("pad_token_id") && !j.at("pad_token_id").is_null()) {
@@ -140,8 +170,29 @@ LlamaConfig LlamaConfig::from_json_text(const std::string& text, const std::stri
                                            std::to_string(c.num_attention_heads));
     if (c.head_dim % 2 != 0) r.problem("head_dim", "expected an even size (rotary embeddings pair its halves); got " +
                                                        std::to_string(c.head_dim));
+    // Each key is in range, their product need not be: counted in long
+    // double, a model past 1e15 parameters (whose states' bytes would not
+    // fit an int64) is refused, naming the values, rather than wrapped.
+    using LD = long double;
+    const LD C = static_cast<LD>(c.hidden_size), q = static_cast<LD>(c.num_attention_heads) * static_cast<LD>(c.head_dim),
+             kv = static_cast<LD>(c.num_key_value_heads) * static_cast<LD>(c.head_dim);
+    const LD n = static_cast<LD>(c.vocab_size) * C * (c.tie_word_embeddings ? 1 : 2) +
+                 static_cast<LD>(c.num_hidden_layers) *
+                     (2 * C * q + 2 * C * kv + 3 * C * static_cast<LD>(c.intermediate_size) + 2 * C) +
+                 C;
+    if (n > 1e15L) {
+      char count[32];
+      std::snprintf(count, sizeof count, "%.3Lg", n);
+      r.problem("(the model's size)", std::string(count) + " parameters from hidden_size " + std::to_string(c.hidden_size) +
+                                          ", num_attention_heads " + std::to_string(c.num_attention_heads) + " x head_dim " +
+                                          std::to_string(c.head_dim) + ", num_key_value_heads " +
+                                          std::to_string(c.num_key_value_heads) + ", intermediate_size " +
+                                          std::to_string(c.intermediate_size) + ", num_hidden_layers " +
+                                          std::to_string(c.num_hidden_layers) + ", vocab_size " +
+                                          std::to_string(c.vocab_size) + ": expected at most 1e15");
+    }
   }
-  if (!r.problems().empty()) throw ConfigError(r.problems());
+  if (!r.problems().empty()) throw ConfigError(r.problems(), "the Hugging Face config " + where);
   return c;
 }
 

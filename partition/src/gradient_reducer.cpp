@@ -170,8 +170,7 @@ class ReduceScatterReducer final : public GradientReducer {
     // The bucket is scratch: where a reduce-scatter would copy it whole
     // (Gloo), it is all-reduced in place (Comm::reduce_scatter_copies_input).
     if (options_.reduce_scatter && !comm_->reduce_scatter_copies_input()) {
-      s.out = LedgerAlloc::empty(ledger_, group.chunk_numel, dtype, options_.device, Tier::kDevice,
-                                 Kind::kCommBuffers, "stage-2 reduced chunk");
+      s.out = chunks_.take(group.chunk_numel, dtype);
       s.work = comm_->reduce_scatter_sum(s.out, send);
     } else {  // reduce_scatter false: all-reduce the bucket, keep this rank's chunk
       s.whole = send.is_same(st) ? st : send;
@@ -190,12 +189,14 @@ class ReduceScatterReducer final : public GradientReducer {
       if (!options_.to_host) {
         store_.grad(s.group).add_(s.out);
         release(s.group);
+        if (!s.whole.defined()) chunks_.give(s.out);
       } else if (s.whole.defined() && s.whole.is_same(staging_[s.group])) {
         // All-reduced in place: the bucket is what goes to the host.
         to_host(s.group, s.out, /*recycle=*/staging_[s.group]);
         staging_[s.group].reset();
       } else {
-        to_host(s.group, s.out, /*recycle=*/at::Tensor());
+        // The reduced chunk goes to the host: back to its pool once copied.
+        to_host(s.group, s.out, /*recycle=*/s.whole.defined() ? at::Tensor() : s.out, /*chunk=*/!s.whole.defined());
         release(s.group);
       }
       scatters_.pop_front();
@@ -210,7 +211,7 @@ class ReduceScatterReducer final : public GradientReducer {
   // into the host's partition later (add_host). `recycle` (if defined): the
   // bucket `reduced` lives in, reused once the copy of its last piece has
   // ended (the copies run in stream order).
-  void to_host(size_t g, const at::Tensor& reduced, at::Tensor recycle) {
+  void to_host(size_t g, const at::Tensor& reduced, at::Tensor recycle, bool chunk = false) {
     const int64_t piece = std::max<int64_t>(1, options_.host_staging_numel);
     if (!ring_.defined()) {
       int64_t largest = 0;
@@ -226,7 +227,7 @@ class ReduceScatterReducer final : public GradientReducer {
       at::Tensor host = ring_.next(len, copy_wait_s_);
       StreamEvent done = copies_.copy(host, reduced.narrow(0, offset, len));
       ring_.used_by(done);
-      to_host_.push_back({g, offset, host, done, offset + len >= n ? std::move(recycle) : at::Tensor()});
+      to_host_.push_back({g, offset, host, done, offset + len >= n ? std::move(recycle) : at::Tensor(), chunk});
     }
   }
 
@@ -237,30 +238,67 @@ class ReduceScatterReducer final : public GradientReducer {
     h.done.synchronize();
     copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     store_.grad(h.group).narrow(0, h.offset, h.host.numel()).add_(h.host);
-    if (h.recycle.defined() && options_.reuse_buckets && spare_.size() < 2) spare_.push_back(h.recycle);
+    if (h.recycle.defined()) (h.chunk ? chunks_ : buckets_).give(h.recycle);
   }
 
-  // The bucket buffers: reused rather than allocated every micro-step
-  // (contiguous_gradients); at most two spares, the bound of buckets in flight.
-  at::Tensor take_bucket(size_t g) {
-    const int64_t numel = params_.groups()[g].padded_numel;
-    for (size_t i = 0; i < spare_.size(); ++i) {
-      if (spare_[i].numel() >= numel) {
-        at::Tensor t = spare_[i].narrow(0, 0, numel);
-        spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
-        return t.zero_();
-      }
-    }
-    return LedgerAlloc::empty(ledger_, numel, options_.accum_dtype, options_.device, Tier::kDevice,
-                              Kind::kCommBuffers, "stage-2 gradient bucket")
-        .zero_();
-  }
+  // A bucket, zeroed (NOTE [buffer pools]).
+  at::Tensor take_bucket(size_t g) { return buckets_.take(params_.groups()[g].padded_numel, options_.accum_dtype).zero_(); }
 
   void release(size_t g) {
     at::Tensor& st = staging_[g];
-    if (st.defined() && options_.reuse_buckets && spare_.size() < 2) spare_.push_back(st);
+    if (st.defined()) buckets_.give(st);
     st.reset();
   }
+
+  // NOTE [buffer pools]
+  // Buckets and reduced chunks come from pools that keep every buffer they
+  // made for the next micro-step (contiguous_gradients, as DeepSpeed keeps
+  // its buffers), so the memory they hold is set by how many this process's
+  // bookkeeping had in use at once, a count fixed by the layout and the
+  // bucket bounds, never by when a collective library lets go of a tensor:
+  // a freed bucket that c10d's Gloo worker still referenced a moment longer
+  // stayed allocated while the next one was made, and the comm_buffers peak
+  // of an unchanged run grew 9% on a loaded machine (zero memcheck). A
+  // buffer goes back to its pool once its collective has been waited for,
+  // so reusing it is safe whoever else still holds a reference.
+  // contiguous_gradients false gives buffers back to the allocator instead.
+  class Pool {
+   public:
+    Pool(ReduceScatterReducer& r, const char* what) : r_(r), what_(what) {}
+    /// A buffer of at least `numel` elements (its first `numel`).
+    at::Tensor take(int64_t numel, at::ScalarType dtype) {
+      for (auto& e : all_) {
+        if (e.free && e.whole.numel() >= numel && e.whole.scalar_type() == dtype) {
+          e.free = false;
+          return e.whole.narrow(0, 0, numel);
+        }
+      }
+      all_.push_back({LedgerAlloc::empty(r_.ledger_, numel, dtype, r_.options_.device, Tier::kDevice,
+                                         Kind::kCommBuffers, what_),
+                      false});
+      return all_.back().whole;
+    }
+    /// `t` (from take()) is free for the next take(); without
+    /// contiguous_gradients its memory goes back to the allocator.
+    void give(const at::Tensor& t) {
+      for (size_t i = 0; i < all_.size(); ++i) {
+        if (!all_[i].whole.storage().is_alias_of(t.storage())) continue;
+        if (r_.options_.reuse_buckets) all_[i].free = true;
+        else all_.erase(all_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+    }
+
+   private:
+    struct Entry {
+      at::Tensor whole;
+      bool free;
+    };
+    ReduceScatterReducer& r_;
+    const char* what_;
+    std::vector<Entry> all_;
+  };
+
 
   struct Scatter {
     size_t group;
@@ -274,10 +312,12 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor host;
     StreamEvent done;
     at::Tensor recycle;
+    bool chunk = false;  // `recycle` is a reduced chunk (else a bucket)
   };
   StateStore& store_;
   std::vector<at::Tensor> staging_;  // per group, while in use
-  std::vector<at::Tensor> spare_;    // released buckets kept for reuse
+  Pool buckets_{*this, "stage-2 gradient bucket"};
+  Pool chunks_{*this, "stage-2 reduced chunk"};
   std::deque<Scatter> scatters_;     // collectives in flight
   HostRing ring_;
   std::deque<HostGrad> to_host_;

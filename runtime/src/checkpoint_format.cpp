@@ -21,6 +21,7 @@
 #include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 
 namespace zero::ckpt {
@@ -182,7 +183,28 @@ Layout read_header(offload::AioEngine& aio, const std::shared_ptr<offload::AioFi
       TensorEntry t;
       t.name = key;
       t.dtype = dtype_from_name(v.at("dtype").get<std::string>(), path + ": tensor " + key);
+      // Whole numbers only: the JSON reader would truncate 2.5 to 2.
+      for (const char* field : {"shape", "data_offsets"}) {
+        const auto& list = v.at(field);
+        if (!list.is_array() || !std::all_of(list.begin(), list.end(), [](const nlohmann::json& x) {
+              return x.is_number_integer();
+            }))
+          throw IoError(path + ": tensor " + key + "'s " + field + " " + list.dump() +
+                        " is not a list of whole numbers (a damaged or hand-made header)");
+      }
+      if (v.at("data_offsets").size() != 2)
+        throw IoError(path + ": tensor " + key + "'s data_offsets " + v.at("data_offsets").dump() +
+                      " is not [begin, end] (a damaged or hand-made header)");
       t.shape = v.at("shape").get<std::vector<int64_t>>();
+      // Each dimension at least 0, and their product (in bytes) no larger
+      // than the file: a shape that is nonsense or overflows is refused
+      // here, not counted as a negative or wrapped element count later.
+      int64_t bytes = static_cast<int64_t>(c10::elementSize(t.dtype));
+      for (const int64_t d : t.shape)
+        if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes) || bytes > size)
+          throw IoError(path + ": tensor " + key + " has shape " + v.at("shape").dump() + ", which " +
+                        (d < 0 ? "has a negative dimension" : "holds more bytes than the file's " + std::to_string(size)) +
+                        " (a damaged or hand-made header)");
       t.begin = v.at("data_offsets").at(0).get<int64_t>();
       t.end = v.at("data_offsets").at(1).get<int64_t>();
       layout.tensors.push_back(std::move(t));
@@ -194,7 +216,7 @@ Layout read_header(offload::AioEngine& aio, const std::shared_ptr<offload::AioFi
   }
   std::sort(layout.tensors.begin(), layout.tensors.end(),
             [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
-  int64_t sums = 0;
+  int64_t sums = 0, next = 0;
   for (auto& t : layout.tensors) {
     if (t.end - t.begin != t.numel() * static_cast<int64_t>(c10::elementSize(t.dtype)) || t.begin < 0 ||
         layout.data_start + t.end > size) {
@@ -202,9 +224,19 @@ Layout read_header(offload::AioEngine& aio, const std::shared_ptr<offload::AioFi
                     std::to_string(t.end) + ") of data, which does not fit its shape or the file's " +
                     std::to_string(size) + " bytes (truncated?)");
     }
+    // As the safetensors library reads a file: the tensors tile the data,
+    // in order, with no gap, no overlap, nothing after them.
+    if (t.begin != next)
+      throw IoError(path + ": tensor " + t.name + " starts at data byte " + std::to_string(t.begin) + "; expected " +
+                    std::to_string(next) + " (" + (t.begin < next ? "it overlaps the tensor before it" : "a gap before it") +
+                    ": a damaged or hand-made header)");
+    next = t.end;
     t.first_sum = sums;
     sums += t.num_sums();
   }
+  if (layout.data_start + next != size)
+    throw IoError(path + ": " + std::to_string(size - layout.data_start - next) + " bytes after its last tensor (the " +
+                  "safetensors library refuses such a file; appended to, or a damaged header)");
   return layout;
 }
 
@@ -402,6 +434,8 @@ void write_file_atomically(const std::string& path, const std::string& data) {
 }
 
 std::string read_small_file(const std::string& path) {
+  // A folder, a dangling link or a loop is named as such, not "cannot open".
+  if (const std::string problem = input_file_problem(path, path); !problem.empty()) throw IoError(problem);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError("open " + path + " for reading: " + errno_text(errno));
   std::ostringstream s;
@@ -473,6 +507,11 @@ std::vector<std::string> list_folder(const std::string& path) {
   return out;
 }
 
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 bool is_folder(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -500,19 +539,80 @@ std::string save_folder_problem(const std::string& flag, const std::string& dir)
   if (dir.empty()) return flag + ": expected a folder; got \"\"";
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) return head + "is a file, not a folder";
-  try {
-    make_folders(dir);
-  } catch (const std::exception& e) {
-    return head + "cannot make the folder: " + e.what();
+  // Nothing is made here (a run that fails later leaves no empty folders):
+  // the folder, or else its deepest existing ancestor, must take files.
+  std::string at = dir;
+  while (::stat(at.c_str(), &st) != 0) {
+    // ENOTDIR: a part of the path is a file; the walk up finds which.
+    if (errno != ENOENT && errno != ENOTDIR) return head + "cannot reach " + at + ": " + errno_text(errno);
+    const auto slash = at.find_last_of('/');
+    at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
   }
+  if (!S_ISDIR(st.st_mode)) return head + "cannot make the folder: " + at + " is a file";
   // A file made and removed: access() passes root on a read-only mount's
   // folder modes, and says nothing of a full or read-only file system.
-  std::string probe = dir + "/.zero-write-test.XXXXXX";
+  std::string probe = at + "/.zero-write-test.XXXXXX";
   const int fd = ::mkstemp(probe.data());
-  if (fd < 0) return head + "cannot write in the folder: " + errno_text(errno);
+  if (fd < 0)
+    return head + (at == dir ? "cannot write in the folder: " : "cannot make the folder in " + at + ": ") +
+           errno_text(errno);
   ::close(fd);
   ::unlink(probe.c_str());
   return "";
+}
+
+std::string checkpoint_folder_problem(const std::string& flag, const std::string& dir) {
+  if (std::string p = save_folder_problem(flag, dir); !p.empty()) return p;
+  if (!is_folder(dir)) return "";
+  const std::string head = flag + " " + dir + ": ";
+  for (const std::string& name : list_folder(dir)) {
+    struct stat st {};
+    const std::string path = dir + "/" + name;
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (name == "latest" && !S_ISREG(st.st_mode))
+      return head + "holds " + path + ", which is not a file; a save writes `latest` there (the tag a resume reads): "
+                    "move it, or save to another folder";
+    const bool numbered = name.size() > 11 && name.rfind("global_step", 0) == 0 &&
+                          name.find_first_not_of("0123456789", 11) == std::string::npos;
+    if (numbered && !holds_only_a_saves_files(path))
+      return head + "holds " + path + ", which is not a checkpoint (it holds files no save writes); a save of that "
+                    "step would replace it: move it, or save to another folder";
+  }
+  return "";
+}
+
+std::string make_folders_reporting(const std::string& dir_in) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  std::string at = dir;
+  std::vector<std::string> missing;
+  struct stat st {};
+  while (!at.empty() && at != "/" && at != "." && ::stat(at.c_str(), &st) != 0 && errno == ENOENT) {
+    missing.push_back(at);
+    const auto slash = at.find_last_of('/');
+    at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
+  }
+  make_folders(dir);
+  return missing.empty() ? "" : missing.back();
+}
+
+void add_resume_inputs(CommandFiles& files, const std::string& flag, const std::string& dir) {
+  const std::string latest = dir + "/latest";
+  std::string tag;
+  if (file_size(latest) >= 0 && !is_folder(latest)) {
+    try {
+      tag = read_small_file(latest);
+    } catch (const IoError&) {
+    }
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ' || tag.back() == '\r')) tag.pop_back();
+  }
+  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.') {
+    // No usable latest (the resume will say why): what it would read first.
+    files.reads_checkpoint(flag + "'s latest", latest, /*whole_folder=*/false);
+    return;
+  }
+  files.reads_checkpoint(flag + "'s latest", latest, /*whole_folder=*/false);
+  files.reads_checkpoint(flag + "'s checkpoint " + tag, dir + "/" + tag, /*whole_folder=*/true);
 }
 
 namespace {
@@ -579,23 +679,63 @@ FolderLock::~FolderLock() {
   if (fd_ < 0) return;
   ::unlink((dir_ + "/" + kLockName).c_str());  // while still held (only a holder removes it): see try_acquire
   ::close(fd_);
+  // Folders the job made and left empty (a run that saved nothing) go too:
+  // from dir() up to the outermost one it made, no further.
+  if (made_.empty()) return;
+  std::string at = dir_;
+  while (at.size() > 1 && at.back() == '/') at.pop_back();
+  if (at != made_ && at.compare(0, made_.size() + 1, made_ + "/") != 0) return;  // not under it: touch nothing
+  while (::rmdir(at.c_str()) == 0 && at != made_) {
+    const auto slash = at.find_last_of('/');
+    if (slash == std::string::npos || slash == 0) break;
+    at = at.substr(0, slash);
+  }
 }
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+// A folder of a save's name holding anything but a save's files is not a
+// save's, whatever its name says, and is left alone.
+bool holds_only_a_saves_files(const std::string& path) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  for (const std::string& name : list_folder(path)) {
+    if (::lstat((path + "/" + name).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    const std::string base = name.substr(0, name.find(".tmp."));
+    if (base != "meta.json" && !ends_with(base, ".safetensors") && !ends_with(base, ".sums")) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// A temporary file a save writes, by its name, and a plain file.
+bool a_saves_temporary_file(const std::string& dir, const std::string& name) {
+  struct stat st{};
+  if (name.rfind("latest.tmp.", 0) != 0 && name.rfind(".zero-write-test.", 0) != 0) return false;
+  return ::lstat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
 
 std::vector<std::string> remove_interrupted_saves(const std::string& dir) {
   std::vector<std::string> removed;
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
   for (const std::string& name : list_folder(dir)) {
     bool stale = false;
     if (name[0] == '.' && ends_with(name, ".incoming")) {
-      stale = true;
+      stale = holds_only_a_saves_files(dir + "/" + name);
     } else if (name[0] == '.' && ends_with(name, ".old")) {
       // Moved aside by a save of the same tag: stale once DIR/TAG is whole.
       const std::string tag = name.substr(1, name.size() - 5);
-      stale = file_size(dir + "/" + tag + "/meta.json") >= 0;
-    } else if (name.rfind("latest.tmp.", 0) == 0 || name.rfind(".zero-write-test.", 0) == 0) {
-      stale = true;
+      stale = holds_only_a_saves_files(dir + "/" + name) && file_size(dir + "/" + tag + "/meta.json") >= 0;
+    } else {
+      stale = a_saves_temporary_file(dir, name);
     }
     if (!stale) continue;
     remove_tree(dir + "/" + name);

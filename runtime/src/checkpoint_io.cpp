@@ -2,6 +2,7 @@
 #include "zero/runtime/checkpoint_io.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/runtime/hf_export.h"
 
@@ -421,7 +423,6 @@ SavedLayout SavedLayout::from_json(const nlohmann::json& j, const std::string& w
         sp.name = p.at("name").get<std::string>();
         sp.shape = p.at("shape").get<std::vector<int64_t>>();
         sp.offset = p.at("offset").get<int64_t>();
-        sp.numel = c10::multiply_integers(sp.shape);
         sg.params.push_back(std::move(sp));
       }
       l.groups.push_back(std::move(sg));
@@ -430,6 +431,38 @@ SavedLayout SavedLayout::from_json(const nlohmann::json& j, const std::string& w
   } catch (const std::exception& e) {
     throw IoError(where + ": malformed layout in meta.json (" + e.what() + ")");
   }
+  // A damaged meta.json must not divide by zero or loop (a chunk of 0 or
+  // fewer elements), nor send a read past its group.
+  const auto bad = [&](const std::string& what) {
+    throw IoError(where + ": meta.json's layout is damaged: " + what);
+  };
+  constexpr int64_t kMaxPartitions = int64_t{1} << 24, kMaxNumel = int64_t{1} << 50;
+  if (l.partitions < 1 || l.partitions > kMaxPartitions)
+    bad("partitions " + std::to_string(l.partitions) + "; expected 1 to " + std::to_string(kMaxPartitions));
+  std::set<std::string> names;
+  for (auto& g : l.groups) {
+    const std::string group = "group " + g.name;
+    if (g.chunk_numel < 1 || g.chunk_numel > kMaxNumel)
+      bad(group + " has chunk_numel " + std::to_string(g.chunk_numel) + "; expected 1 or more");
+    if (g.padded_numel < g.chunk_numel || g.padded_numel > kMaxNumel)
+      bad(group + " has padded_numel " + std::to_string(g.padded_numel) + "; expected at least its chunk_numel " +
+          std::to_string(g.chunk_numel));
+    for (auto& p : g.params) {
+      int64_t numel = 1;
+      for (const int64_t d : p.shape) {
+        if (d < 0 || d > kMaxNumel || (d > 0 && numel > kMaxNumel / d))
+          bad("parameter " + p.name + " has shape " + nlohmann::json(p.shape).dump() + ", which is not a tensor's shape");
+        numel *= d;
+      }
+      if (p.offset < 0 || p.offset > g.padded_numel - numel)
+        bad("parameter " + p.name + " at offset " + std::to_string(p.offset) + " with " + std::to_string(numel) +
+            " elements lies outside its group's " + std::to_string(g.padded_numel));
+      if (!names.insert(p.name).second) bad("parameter " + p.name + " is laid out twice");
+      p.numel = numel;
+    }
+  }
+  for (const auto& [alias, name] : l.aliases)
+    if (names.count(name) == 0) bad("alias " + alias + " names " + name + ", which is not laid out");
   return l;
 }
 
@@ -523,19 +556,26 @@ WeightFiles WeightFiles::resolve(const std::string& path) {
   WeightFiles w;
   w.source = path;
   std::string index;
+  auto regular = [](const std::string& p) { return input_file_problem(p, p).empty(); };
   if (is_folder(path)) {
-    if (file_size(path + "/model.safetensors.index.json") >= 0) index = path + "/model.safetensors.index.json";
-    else if (file_size(path + "/model.safetensors") >= 0) w.files = {path + "/model.safetensors"};
+    // transformers' order (from_pretrained of a folder, os.path.isfile):
+    // model.safetensors when it is a file there, its sharded index only
+    // when it is not.
+    if (regular(path + "/model.safetensors")) w.files = {path + "/model.safetensors"};
+    else if (regular(path + "/model.safetensors.index.json")) index = path + "/model.safetensors.index.json";
+    else if (path_exists(path + "/model.safetensors"))
+      throw IoError(input_file_problem(path + "/model.safetensors", path + "/model.safetensors") + " (the weights to load)");
     else
       throw IoError(path + ": a folder with neither model.safetensors nor model.safetensors.index.json (the weights "
                            "to load, as save_pretrained writes them)");
-  } else if (file_size(path) < 0) {
-    throw IoError(path + ": no such file or folder (the weights to load)");
+  } else if (!regular(path)) {
+    throw IoError(input_file_problem(path, path) + " (the weights to load: a safetensors file, its index, or their folder)");
   } else if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
     index = path;
   } else {
     w.files = {path};
   }
+  w.index = index;
   if (!index.empty()) {
     nlohmann::json j;
     try {
@@ -556,8 +596,9 @@ WeightFiles WeightFiles::resolve(const std::string& path) {
       if (shard.empty() || shard.find('/') != std::string::npos || shard[0] == '.')
         throw IoError(index + ": weight_map." + name + ": \"" + shard + "\" is not a file of the index's folder");
       if (!seen.insert(shard).second) continue;
-      if (file_size(folder + "/" + shard) < 0)
-        throw IoError(folder + "/" + shard + ": missing (" + index + " names it for " + name + ")");
+      if (!regular(folder + "/" + shard))
+        throw IoError(input_file_problem(folder + "/" + shard, folder + "/" + shard) + " (" + index + " names it for " +
+                      name + ")");
       w.files.push_back(folder + "/" + shard);
     }
     std::sort(w.files.begin(), w.files.end());
@@ -584,6 +625,31 @@ std::unique_ptr<PieceReader> PieceReader::weights(const WeightFiles& files,
   }
   if (tensors != nullptr) *tensors = r->tensors();
   return r;
+}
+
+void check_saved_states(const std::string& tag_dir, const nlohmann::json& meta, PieceReader& reader) {
+  std::set<std::string> listed;
+  for (const auto& st : meta.at("states")) listed.insert(st.get<std::string>());
+  const int64_t partitions = meta.at("layout").value("partitions", int64_t{1});
+  for (const auto& [file, info] : meta.at("files").items()) {
+    if (file.rfind("rank", 0) != 0) continue;
+    std::set<std::string> held;
+    for (const auto& t : reader.file_layout(file).tensors) {
+      if (t.name.rfind("rng.", 0) == 0) continue;
+      const auto dot = t.name.rfind('.');
+      held.insert(dot == std::string::npos ? t.name : t.name.substr(0, dot));
+    }
+    const int64_t rank = std::atoll(file.substr(4).c_str());
+    if (held.empty() && rank >= partitions) continue;  // a rank that held no partition: its RNG states only
+    for (const auto& h : held)
+      if (listed.count(h) == 0)
+        throw IoError(tag_dir + "/" + file + ": holds the state " + h + ", which meta.json's \"states\" does not list: "
+                      "meta.json does not describe the files it came with (edited or damaged)");
+    for (const auto& l : listed)
+      if (held.count(l) == 0)
+        throw IoError(tag_dir + "/" + file + ": holds no state " + l + ", which meta.json's \"states\" lists: "
+                      "meta.json does not describe the files it came with (edited or damaged)");
+  }
 }
 
 void check_tag(const std::string& tag) {
@@ -630,6 +696,30 @@ nlohmann::json read_meta(const std::string& tag_dir) {
                   "; this build reads version " + std::to_string(kVersion));
   for (const char* key : {"world_size", "states", "layout", "files", "global_steps", "client_state"})
     if (!meta.contains(key)) throw IoError(path + ": has no \"" + key + "\": a damaged checkpoint");
+  // Every value a load trusts, checked here once, so that a damaged or
+  // hand-edited meta.json is refused by name instead of read as a count.
+  const auto bad = [&](const std::string& key, const std::string& expected) {
+    throw IoError(path + ": " + key + ": expected " + expected + "; got " + meta.at(key).dump(-1).substr(0, 80) +
+                  ": a damaged checkpoint");
+  };
+  const auto count = [&](const char* key, int64_t lo, int64_t hi) {
+    if (!meta.contains(key)) return;
+    const auto& v = meta.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      bad(key, "an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
+  };
+  constexpr int64_t kMany = int64_t{1} << 62;
+  count("world_size", 1, int64_t{1} << 24);
+  count("stage", 0, 3);
+  for (const char* key : {"global_steps", "micro_steps", "skipped_steps", "applied_steps"}) count(key, 0, kMany);
+  const auto& states = meta.at("states");
+  if (!states.is_array() || states.empty() ||
+      !std::all_of(states.begin(), states.end(), [](const nlohmann::json& v) { return v.is_string(); }))
+    bad("states", "a list of state names");
+  if (!meta.at("files").is_object()) bad("files", "an object of file -> its size and checksums");
+  if (!meta.at("client_state").is_object()) bad("client_state", "an object");
+  if (!meta.at("layout").is_object()) bad("layout", "an object");
+  SavedLayout::from_json(meta.at("layout"), path);  // throws naming what is damaged
   return meta;
 }
 

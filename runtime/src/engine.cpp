@@ -179,9 +179,10 @@ void begin_user_backward(Engine::Impl& s) {
 
 void check_trainable(const config::Config& c) {
   if (!c.optimizer) {
-    throw ConfigError({c.source + ": optimizer: expected an optimizer section, e.g. "
-                       "{\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}; zero builds the "
-                       "optimizer from the config (client optimizers are not supported)"});
+    throw ConfigError({c.source + ": optimizer: the config has no optimizer section and the program passed no "
+                       "optimizer of its own: give the config one, e.g. {\"type\": \"AdamW\", \"params\": {\"lr\": "
+                       "0.001}}, or pass a torch::optim Adam, AdamW or Adagrad as InitOptions::optimizer (NOTE [client "
+                       "optimizer]; mingpt and llama: --optimizer)"});
   }
 }
 
@@ -238,6 +239,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   ZERO_CHECK(model != nullptr, "initialize needs a model");
+  detail::apply_client_optimizer(config, options, *model);
   check_trainable(config);
   (void)RunReportSettings::from_environment();  // a bad ZERO_STOP_AFTER_STEPS is refused before anything is made
   InitState* init = init_state.get();
@@ -381,6 +383,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     throw;
   }
 }
+
+bool Engine::stop_requested() const { return impl_->reporter && impl_->reporter->stop_due(); }  // (a tool's run ended already)
 
 Engine::~Engine() {
   if (impl_ && impl_->reporter) {
@@ -629,7 +633,7 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config confi
   const DistEnv dist = options.dist ? *options.dist : DistEnv::from_environment();
   options.dist = dist;
   if (dist.rank == 0)
-    for (const auto& w : config.warnings) log::warning(config.source + ": " + w);
+    for (const auto& w : config.warnings) log::warning(w);  // each names the file already
   return Engine(std::move(model), std::move(config), std::move(options));
 }
 

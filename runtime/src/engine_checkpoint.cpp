@@ -271,9 +271,11 @@ void Engine::open_checkpoint_dir(const std::string& dir) {
   std::unique_ptr<ckpt::FolderLock> lock;
   if (s.dist.rank == 0) {
     try {
-      if (const std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
+      if (const std::string problem = ckpt::checkpoint_folder_problem("checkpoint folder", dir); !problem.empty())
         throw IoError(problem);
+      const std::string made = ckpt::make_folders_reporting(dir);
       auto attempt = ckpt::FolderLock::try_acquire(dir);
+      if (attempt.lock) attempt.lock->remove_when_empty(made);
       using State = ckpt::FolderLock::State;
       if (attempt.state == State::kHeld)
         throw IoError(what + ": another job is saving checkpoints there (" + attempt.holder + ", holding " + dir +
@@ -299,8 +301,13 @@ void Engine::open_checkpoint_dir(const std::string& dir) {
   // checks the folder too (another node may not see it, or not write in it),
   // once rank 0's tidying is over.
   if (s.dist.rank != 0 && s.dist.local_rank == 0) {
-    if (std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
-      failed = std::make_exception_ptr(IoError("rank " + std::to_string(s.dist.rank) + ": " + problem));
+    try {
+      if (std::string problem = ckpt::save_folder_problem("checkpoint folder", dir); !problem.empty())
+        throw IoError(problem);
+      ckpt::make_folders(dir);
+    } catch (const std::exception& e) {
+      failed = std::make_exception_ptr(IoError("rank " + std::to_string(s.dist.rank) + ": " + e.what()));
+    }
   }
   agree(s.comm.get(), failed, what);  // the lock, if any, goes with it
   s.save_folders.emplace(dir, std::move(lock));
@@ -370,6 +377,14 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   try {
     if (rank == 0) {
       ckpt::make_folders(dir);
+      // A save replaces or removes only what saves wrote under its names.
+      for (const std::string& path : {final_dir, incoming, aside})
+        if (ckpt::path_exists(path) && !ckpt::holds_only_a_saves_files(path))
+          throw IoError(path + " exists and is not a checkpoint's folder (it holds files no save writes); a save "
+                        "replaces only an earlier checkpoint of its tag: move it, or save with another tag or folder");
+      if (const std::string latest = dir + "/latest"; ckpt::path_exists(latest) && !ckpt::is_regular_file(latest))
+        throw IoError(latest + " is not a file; a save writes the tag a resume reads there: move it, or save to "
+                      "another folder");
       ckpt::remove_tree(incoming);
       ckpt::make_folders(incoming);
     }
@@ -606,6 +621,7 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
           throw IoError(meta_path + ": has parameter " + p.name + ", which the model lacks: a checkpoint of another model");
   }
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
+  ckpt::check_saved_states(tag_dir, meta, *reader);
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
   const auto& groups = store.sub_groups();
   // fp32 states by element ranges, at any world size; block-wise ones
@@ -920,7 +936,7 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
   for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
   auto index = saved.index();
   std::unordered_set<std::string> used;
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, tied_unused;
   for (const auto& slot : flat.slots()) {
     std::string found = index.count(slot.name) ? slot.name : "";
     for (const auto& alias : names_of[slot.param.unsafeGetTensorImpl()])
@@ -930,13 +946,27 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
       continue;
     }
     if (found != slot.name) saved.aliases[slot.name] = found;
-    for (const auto& n : names_of[slot.param.unsafeGetTensorImpl()]) used.insert(n);
     used.insert(found);
+    // A tied parameter (tie_word_embeddings: lm_head.weight is
+    // model.embed_tokens.weight) takes its first name's tensor, as
+    // transformers' tie_weights does; a tensor of the file under another of
+    // its names is not used, and is named.
+    for (const auto& n : names_of[slot.param.unsafeGetTensorImpl()])
+      if (n != found && index.count(n) && used.insert(n).second) tied_unused.push_back(n + " (tied to " + found + ")");
   }
-  if (!missing.empty())
+  if (!missing.empty()) {
+    // A tensor of the name that is not floating point (an int32 table where
+    // the model has a weight) is there, but not weights.
+    for (const auto& want : missing)
+      for (const auto& t : tensors)
+        if (t.name == want && !at::isFloatingType(t.dtype))
+          throw IoError(files.source + ": " + (t.file_name == t.name ? t.name : t.file_name + " (the model's " + t.name + ")") +
+                        " in " + t.file + " is " + ckpt::dtype_name(t.dtype) + "; expected a floating-point tensor " +
+                        "(F32, F16, BF16 or F64) for the model's parameter");
     throw IoError(files.source + ": has no tensor for " + std::to_string(missing.size()) + " of the model's " +
                   std::to_string(flat.slots().size()) + " parameters: " + names_list(missing) +
                   prefix_hint(missing, tensors) + " (names after LoadWeightsOptions' mapping)");
+  }
   index = saved.index();
   const auto extra = extra_state(*s.model);
   for (const auto& [name, t] : extra) used.insert(name);
@@ -964,6 +994,11 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
     if (!unused.empty())
       log::warning("load_weights " + files.source + ": " + std::to_string(unused.size()) +
                    " tensor(s) the model has no parameter or buffer for, not loaded: " + names_list(unused, 8));
+    if (!tied_unused.empty())
+      log::warning("load_weights " + files.source + ": " + std::to_string(tied_unused.size()) +
+                   " tensor(s) of tied parameters not used: " + names_list(tied_unused, 8) +
+                   ": the model shares one tensor between the names (tie_word_embeddings), loaded from the first, "
+                   "as transformers does; the file's other copy is left out");
   }
 
   const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;

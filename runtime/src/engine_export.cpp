@@ -63,14 +63,24 @@ void detail::for_each_model_tensor(Engine& engine, const ModelTensorVisit& write
     if (item.value().defined()) write(item.key(), item.value().detach(), item.value().unsafeGetTensorImpl());
 }
 
+namespace {
+// Gathering is what save_hf does; DeepSpeed asks for the key, and so does zero.
+std::string gather_problem(const Engine::Impl& s) {
+  if (s.optimizer->stage3() == nullptr || s.config.zero.gather_16bit_weights_on_model_save) return "";
+  return s.config.source + ": zero_optimization.stage3_gather_16bit_weights_on_model_save: expected true to save "
+                           "whole weights at stage 3 (each rank holds only its shards); got false";
+}
+}  // namespace
+
+std::string Engine::save_hf_problem(const std::string& flag, const std::string& dir, bool with_config) const {
+  if (std::string p = gather_problem(*impl_); !p.empty()) return flag + " " + dir + ": " + p;
+  return ckpt::HfWriter::folder_problem(flag, dir, with_config);
+}
+
 void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {
   auto& s = *impl_;
   const std::string what = "save_hf " + dir;
-  if (s.optimizer->stage3() != nullptr && !s.config.zero.gather_16bit_weights_on_model_save) {
-    // Gathering is what this does; DeepSpeed asks for the key, and so does zero.
-    throw ConfigError({s.config.source + ": zero_optimization.stage3_gather_16bit_weights_on_model_save: expected "
-                       "true to save whole weights at stage 3 (each rank holds only its shards); got false"});
-  }
+  if (std::string p = gather_problem(s); !p.empty()) throw ConfigError({p});
   const at::ScalarType dtype = options.dtype.value_or(s.dtype);
   if (c10::elementSize(dtype) > c10::elementSize(s.dtype) || !at::isFloatingType(dtype))
     throw UsageError(what + ": dtype " + std::string(ckpt::dtype_name(dtype)) + " from a model that computes in " +

@@ -57,4 +57,10 @@ inline config::Config load_config(const std::string& config, const InitOptions& 
   return is_json ? config::load_string(config, lo) : config::load_file(config, lo);
 }
 
+/// NOTE [client optimizer]: the program's torch::optim optimizer
+/// (options.optimizer, then cleared) as the config's optimizer section and
+/// options' parameter groups; a config with its own section keeps it, with
+/// a warning. Throws UsageError naming what zero cannot take.
+void apply_client_optimizer(config::Config& config, InitOptions& options, const torch::nn::Module& model);
+
 }  // namespace zero::detail

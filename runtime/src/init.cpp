@@ -151,10 +151,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
-                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers) {
+                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers, torch::optim::Optimizer* optimizer) {
   if (init.state_->adopted) throw UsageError("zero::initialize: this zero::Init was already given to an engine");
   InitOptions options = init.options();
   options.layers.insert(options.layers.end(), layers.begin(), layers.end());
+  if (optimizer != nullptr) options.optimizer = optimizer;
   return Engine(std::move(model), init.config(), std::move(options), init.state_);
 }
 

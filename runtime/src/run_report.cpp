@@ -2,10 +2,12 @@
 // the environment, written by the engine, read back by the tools.
 #include "zero/runtime/run_report.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -16,7 +18,9 @@
 
 #include "engine_impl.h"
 #include "run_reporter.h"
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
+#include "zero/core/log.h"
 #include "zero/core/text.h"
 #include "zero/runtime/checkpoint_format.h"
 
@@ -57,6 +61,9 @@ RunReport read_run_report(const std::string& file) {
     r.json = nlohmann::json::parse(ckpt::read_small_file(file));
     if (r.json.value("format", "") != "zero-run-report")
       throw IoError(file + ": not a zero run report (its \"format\" is not \"zero-run-report\")");
+    if (const int64_t v = r.json.value("version", int64_t{1}); v != 1)
+      throw IoError(file + ": a run report of version " + std::to_string(v) + "; this zero reads version 1 (" +
+                    (v > 1 ? "written by a newer zero: run it again with this one" : "a damaged report") + ")");
     r.outcome = r.json.at("outcome").get<std::string>();
     if (r.json.contains("error")) {
       r.error_tier = r.json.at("error").value("tier", "");
@@ -71,6 +78,30 @@ RunReport read_run_report(const std::string& file) {
     r.tokens_per_step = r.json.at("tokens_per_step").get<int64_t>();
     r.samples_per_s = r.json.at("samples_per_s").get<double>();
     r.tokens_per_s = r.json.at("tokens_per_s").get<double>();
+    // Nonsense is refused, naming the key and value, not clamped or used.
+    auto bad = [&](const std::string& key, const nlohmann::json& v, const std::string& expected) {
+      throw IoError(file + ": " + key + ": expected " + expected + "; got " + v.dump() + " (a damaged or hand-made run report)");
+    };
+    if (r.world_size < 1) bad("world_size", r.json.at("world_size"), "1 or more");
+    if (r.rank < 0 || r.rank >= r.world_size) bad("rank", r.json.at("rank"), "0.." + std::to_string(r.world_size - 1));
+    if (r.steps < 0) bad("steps", r.json.at("steps"), "0 or more");
+    if (r.skipped_steps < 0 || r.skipped_steps > r.steps) bad("skipped_steps", r.json.at("skipped_steps"), "0..steps");
+    if (r.samples_per_step < 0) bad("samples_per_step", r.json.at("samples_per_step"), "0 or more");
+    if (r.tokens_per_step < 0) bad("tokens_per_step", r.json.at("tokens_per_step"), "0 or more");
+    for (double t : r.step_time_s)
+      if (!std::isfinite(t) || t < 0) bad("step_time_s", r.json.at("step_time_s"), "times of 0 s or more");
+    for (const auto& [tier, v] : r.json.at("peak_bytes").items())
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) bad("peak_bytes." + tier, v, "a byte count, 0 or more");
+    if (r.json.contains("config") && r.json.at("config").contains("train_micro_batch_size_per_gpu")) {
+      const auto& mb = r.json.at("config").at("train_micro_batch_size_per_gpu");
+      if (!mb.is_number_integer() || mb.get<int64_t>() < 1) bad("config.train_micro_batch_size_per_gpu", mb, "1 or more");
+    }
+    int64_t total = 0;
+    for (const auto& p : r.json.value("parameters", nlohmann::json::array())) {
+      const auto& n = p.at("numel");
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || __builtin_add_overflow(total, n.get<int64_t>(), &total))
+        bad("parameters[" + p.value("name", std::string("?")) + "].numel", n, "an element count, 0 or more");
+    }
   } catch (const nlohmann::json::exception& e) {
     throw IoError(file + ": a damaged run report: " + e.what());
   }
@@ -139,11 +170,27 @@ std::vector<ParameterShape> parameter_shapes(const Engine::Impl& s) {
 std::unique_ptr<RunReporter> RunReporter::start(Engine::Impl& engine) {
   const auto settings = RunReportSettings::from_environment();
   if (settings.path.empty() && !settings.stop_after_steps) return nullptr;
-  if (!settings.path.empty())
-    if (const std::string problem =
-            ckpt::output_file_problem("ZERO_RUN_REPORT", run_report_path(settings.path, engine.dist.rank));
-        !problem.empty())
+  if (!settings.path.empty()) {
+    // The variable names a prefix: rank R writes PREFIX.rankR beside it. A
+    // folder or a device there is a mistake, not a place beside which to write.
+    struct stat st {};
+    if (::stat(settings.path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      throw UsageError("ZERO_RUN_REPORT=" + settings.path + ": " +
+                       (S_ISDIR(st.st_mode) ? "is a folder" : "is not a regular file (a device, pipe or socket)") +
+                       "; expected a file name prefix: rank R writes PREFIX.rankR (such as " +
+                       (S_ISDIR(st.st_mode) ? settings.path + "/report" : std::string("/tmp/report")) + ")");
+    const std::string mine = run_report_path(settings.path, engine.dist.rank);
+    if (const std::string problem = ckpt::output_file_problem("ZERO_RUN_REPORT", mine); !problem.empty())
       throw UsageError(problem);
+    // NOTE [outputs and inputs]: the report is written over at the end of
+    // the run; the config the engine read may not be it.
+    if (engine.config.source != "<string>" && !engine.config.source.empty()) {
+      CommandFiles files;
+      files.reads("the config", engine.config.source);
+      files.writes("ZERO_RUN_REPORT's file for rank " + std::to_string(engine.dist.rank), mine);
+      if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
+    }
+  }
   std::lock_guard<std::mutex> lock(g_reporter_mutex);
   if (g_reported) return nullptr;  // the process's first engine reports
   g_reported = true;
@@ -169,18 +216,43 @@ void RunReporter::after_step() {
   const auto now = Clock::now();
   step_times_.push_back(std::chrono::duration<double>(now - last_boundary_).count());
   last_boundary_ = now;
-  if (settings_.stop_after_steps && static_cast<int64_t>(step_times_.size()) >= *settings_.stop_after_steps) stop();
+  if (!stop_due()) return;
+  if (program_ends()) stopped_ = true;
+  else stop();
 }
 
+bool RunReporter::stop_due() const {
+  return settings_.stop_after_steps && static_cast<int64_t>(step_times_.size()) >= *settings_.stop_after_steps;
+}
+
+// A tool's run (ZERO_RUN_REPORT set: zero tune, memcheck, --find-max-params)
+// ends at the stop whatever the program: its report is all the tool reads,
+// and the program's own end would write the user's outputs (a checkpoint
+// into the real --save_dir, an export, a summary) from a probe of another
+// config. ZERO_STOP_AFTER_STEPS alone is a person's: a program that ends
+// itself then does its whole end.
+bool RunReporter::program_ends() const { return settings_.path.empty() && engine_.options.program_ends_at_stop; }
+
 void RunReporter::after_initialize() {
-  if (settings_.stop_after_steps && *settings_.stop_after_steps == 0) stop();
+  if (!stop_due()) return;
+  if (program_ends()) stopped_ = true;
+  else stop();
 }
 
 void RunReporter::stop() {
+  if (engine_.dist.rank == 0)
+    log::info("ZERO_STOP_AFTER_STEPS=" + std::to_string(*settings_.stop_after_steps) + ": the run stops after " +
+              std::to_string(step_times_.size()) + " optimizer step(s) (a variable of zero's tools, NOTE [run "
+              "report]); the process ends now, without the program's own end (no summary, final checkpoint or "
+              "export it would write)" +
+              (settings_.path.empty() ? "" : "; the run report goes to " + settings_.path + ".rank<R>"));
   write("stopped", "");
   // Every rank stops at the same step: the others are done with the last
   // collective before this process goes.
   if (engine_.comm) engine_.comm->barrier();
+  // The checkpoint folders' writer locks go (and folders the run made and
+  // left empty): nothing of this run's stays behind.
+  engine_.save_folders.clear();
   std::fflush(nullptr);
   // Destructors of the program's objects are not run: threads of the
   // optimizer or of I/O may still be parked, and the run is over.
@@ -192,7 +264,7 @@ void RunReporter::at_engine_end() {
   // An out-of-memory error made while this engine lived, caught or not.
   if (out_of_memory_count() > ooms_at_start_) write("out_of_memory", last_out_of_memory());
   else if (std::uncaught_exceptions() > 0) write("failed", "the engine was destroyed while an exception was in flight");
-  else write("completed", "");
+  else write(stopped_ ? "stopped" : "completed", "");
 }
 
 void RunReporter::write(const std::string& outcome, const std::string& error) {

@@ -21,10 +21,13 @@ class RunReporter {
   RunReporter(const RunReporter&) = delete;
   RunReporter& operator=(const RunReporter&) = delete;
 
-  /// At the end of initialize: ZERO_STOP_AFTER_STEPS=0 writes and exits.
+  /// At the end of initialize: ZERO_STOP_AFTER_STEPS=0 writes and exits
+  /// (a program that ends itself at the stop is left to do so).
   void after_initialize();
   /// After each optimizer step: its time; the stop when it is the N-th.
   void after_step();
+  /// ZERO_STOP_AFTER_STEPS' steps are taken (Engine::stop_requested).
+  bool stop_due() const;
   /// From the engine's destructor: completed, out_of_memory or failed.
   void at_engine_end();
   /// Writes this rank's report with `outcome` and `error` (may be "").
@@ -33,12 +36,14 @@ class RunReporter {
  private:
   RunReporter(Engine::Impl& engine, RunReportSettings settings);
   [[noreturn]] void stop();
+  bool program_ends() const;
 
   Engine::Impl& engine_;
   RunReportSettings settings_;
   std::chrono::steady_clock::time_point last_boundary_;
   std::vector<double> step_times_;
   bool written_ = false;
+  bool stopped_ = false;  // the stop came, and the program ends itself
   int64_t ooms_at_start_ = 0;  // out_of_memory_count() when the engine was made
 };
 

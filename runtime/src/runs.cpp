@@ -174,6 +174,13 @@ ScratchDir::~ScratchDir() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  const char* what = ::sigdescr_np(sig);
+  return (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + " (signal " +
+         std::to_string(sig) + (what != nullptr ? ", " + std::string(what) : std::string()) + ")";
+}
+
 std::string output_path_problem(const std::string& flag, const std::string& path) {
   return ckpt::output_file_problem(flag, path);
 }
@@ -199,8 +206,9 @@ std::string last_lines(const std::string& text, size_t max_lines) {
 }
 
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, double grace_s,
-               bool* timed_out, const std::vector<std::string>* env) {
+               bool* timed_out, const std::vector<std::string>* env, int* killed_by) {
   if (timed_out != nullptr) *timed_out = false;
+  if (killed_by != nullptr) *killed_by = 0;
   CatchStopSignals stop;
   check_stop();  // one that came before this run
   const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -217,10 +225,12 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   so.stdin_fd = in;
   so.stdout_fd = so.stderr_fd = out;
   // Its own group: a terminal's Ctrl-C reaches us only, and we pass it on
-  // once. Its parent-death signal ends it (and zero launch its ranks) if
-  // this process is killed outright.
+  // once. Supervised (NOTE [supervised runs]): the signals we send reach the
+  // program's whole process group, what the program leaves running when it
+  // ends is ended, and all of it ends if this process is killed outright.
   so.own_group = true;
-  so.death_signal = SIGTERM;
+  so.supervised = true;
+  so.grace_ms = static_cast<int>(std::min(grace_s, kStopGraceS) * 1000);
   pid_t pid = 0;
   try {
     pid = spawn_process(so);
@@ -234,13 +244,13 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   g_child = pid;
   if (g_signal != 0) ::kill(pid, g_signal == SIGHUP ? SIGTERM : g_signal);  // arrived while it was being started
   // A poll every 20 ms: past the limit SIGTERM, past the grace SIGKILL to
-  // the run's group. A stop signal (passed on by the handler) gets the same
-  // grace, counted from its arrival, so a search ends within it whatever
-  // its run does; a launcher killed so ends its ranks by their
-  // parent-death signal.
+  // the run's group (through its supervisor). A stop signal (passed on by
+  // the handler) gets the same grace, counted from its arrival, so a search
+  // ends within it whatever its run does; a launcher killed so ends its
+  // ranks by their parent-death signal.
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  std::optional<Clock::time_point> stop_seen;
+  std::optional<Clock::time_point> stop_seen, kill_sent;
   enum { kRunning, kTermSent, kKillSent } stage = kRunning;
   int status = 0;
   for (;;) {
@@ -257,17 +267,21 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
         stop_seen && std::chrono::duration<double>(now - *stop_seen).count() >= std::min(grace_s, kStopGraceS);
     if (stage == kRunning && timeout_s > 0 && waited >= timeout_s) {
       if (timed_out != nullptr) *timed_out = true;
-      ::kill(pid, SIGTERM);
+      ::kill(pid, SIGTERM);  // the supervisor passes it to the whole group
       stage = kTermSent;
     } else if (stage != kKillSent && (stop_overdue || (stage == kTermSent && waited >= timeout_s + grace_s))) {
-      ::kill(-pid, SIGKILL);
+      ::kill(pid, kSupervisorKill);  // SIGKILL to the program's group
       stage = kKillSent;
+      kill_sent = now;
+    } else if (stage == kKillSent && std::chrono::duration<double>(now - *kill_sent).count() > 5) {
+      ::kill(-pid, SIGKILL);  // a supervisor that did not end: the last resort
     }
     const struct timespec tick = {0, 20 * 1000 * 1000};
     ::nanosleep(&tick, nullptr);
   }
   g_child = 0;
   if (g_signal != 0) throw Interrupted(g_signal);
+  if (WIFSIGNALED(status) && killed_by != nullptr) *killed_by = WTERMSIG(status);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -301,7 +315,8 @@ ProbeResult run_probe(const ProbeRun& run) {
   for (int64_t rank = 0; rank < run.nproc; ++rank) std::remove(run_report_path(run.report_path, rank).c_str());
   const auto t0 = std::chrono::steady_clock::now();
   bool timed_out = false;
-  r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out, &env);
+  int killed_by = 0;
+  r.status = run_logged(argv, run.log_path, run.timeout_s, run.grace_s, &timed_out, &env, &killed_by);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = read_text(run.log_path);
   if (timed_out) {
@@ -343,7 +358,9 @@ ProbeResult run_probe(const ProbeRun& run) {
     return r;
   }
   if (r.status != 0) {
-    r.message = last_lines(text, 15);
+    // A program killed by a signal says so (its log may end mid-line).
+    if (killed_by != 0) r.message = "it was killed by " + signal_name(killed_by) + "\n";
+    r.message += last_lines(text, 15);
     return r;
   }
   if (!report_problem.empty()) {

@@ -81,12 +81,23 @@ Baseline read_baseline(const std::string& path) {
     if (j.value("format", "") != "zero-memcheck-baseline")
       throw IoError(path + ": not a memory baseline (its \"format\" is not \"zero-memcheck-baseline\"; "
                            "zero memcheck record writes one)");
+    if (const int64_t v = j.value("version", int64_t{1}); v != 1)
+      throw IoError(path + ": a memory baseline of version " + std::to_string(v) + "; this zero reads version 1 (" +
+                    (v > 1 ? "record it again with this zero" : "a damaged file") + ")");
     b.world_size = j.at("world_size").get<int64_t>();
     b.command = j.value("command", std::vector<std::string>{});
     for (const auto& r : j.at("ranks")) b.ranks.push_back(r.at("figures").get<MemoryFigures>());
   } catch (const nlohmann::json::exception& e) {
     throw IoError(path + ": a damaged memory baseline: " + e.what());
   }
+  if (b.world_size < 1 || b.world_size > (int64_t{1} << 20))
+    throw IoError(path + ": a damaged memory baseline: world_size " + std::to_string(b.world_size) +
+                  "; expected 1 or more");
+  for (size_t r = 0; r < b.ranks.size(); ++r)
+    for (const auto& [name, bytes] : b.ranks[r])
+      if (bytes < 0 || bytes > (int64_t{1} << 56))
+        throw IoError(path + ": a damaged memory baseline: rank " + std::to_string(r) + "'s " + name + " is " +
+                      std::to_string(bytes) + " bytes; expected 0 to 2^56");
   if (static_cast<int64_t>(b.ranks.size()) != b.world_size)
     throw IoError(path + ": a damaged memory baseline: " + std::to_string(b.ranks.size()) + " ranks' figures for world size " +
                   std::to_string(b.world_size));

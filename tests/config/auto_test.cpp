@@ -40,7 +40,7 @@ TEST(Auto, UnresolvedTopLevelBatchKeysNameTheKeyAndTheValueToSupply) {
   const auto problems = problems_of(kAllAutoBatch);
   const std::string all = joined(problems);
   EXPECT_NE(all.find("ds.json: train_micro_batch_size_per_gpu: expected an integer; got \"auto\" (the Hugging Face "
-                     "placeholder: the program must supply AutoValues::train_micro_batch_size_per_gpu)"),
+                     "placeholder, which AutoValues::train_micro_batch_size_per_gpu fills)"),
             std::string::npos)
       << all;
   EXPECT_NE(all.find("ds.json: gradient_accumulation_steps: expected an integer; got \"auto\""), std::string::npos);
@@ -98,8 +98,8 @@ constexpr const char* kHfOptimizer = R"({"train_batch_size": 8,
 
 TEST(Auto, OptimizerAndSchedulerParamsNameWhatToSupply) {
   const std::string all = joined(problems_of(kHfOptimizer));
-  for (const char* text : {"optimizer.params.lr: expected a number >= 0; got \"auto\" (the Hugging Face placeholder: "
-                           "the program must supply AutoValues::lr)",
+  for (const char* text : {"optimizer.params.lr: expected a number >= 0; got \"auto\" (the Hugging Face placeholder, "
+                           "which AutoValues::lr fills)",
                            "optimizer.params.betas: expected a list of two numbers in [0, 1); got \"auto\"",
                            "AutoValues::betas", "optimizer.params.eps:", "AutoValues::weight_decay",
                            "scheduler.params.warmup_max_lr: expected a number >= 0; got \"auto\"",
@@ -170,7 +170,7 @@ TEST(Auto, UnresolvedInPydanticSectionsIsDroppedWithAWarning) {
   EXPECT_EQ(find(c, "zero_optimization.reduce_bucket_size")->origin, Origin::kDefault);
   ASSERT_EQ(c.warnings.size(), 3u) << joined(c.warnings);
   EXPECT_EQ(c.warnings[0], "<string>: zero_optimization.reduce_bucket_size: \"auto\" is not resolved, so it is dropped "
-                           "as DeepSpeed does; using the default 500000000 (supply AutoValues::hidden_size to fill it)");
+                           "as DeepSpeed does; using the default 500000000 (AutoValues::hidden_size would fill it)");
 }
 
 TEST(Auto, NonHfKeyInPydanticSectionIsDropped) {

@@ -375,7 +375,7 @@ TEST(Precision, AutoWithoutPrecisionIsDroppedWithAWarning) {
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_TRUE(has_warning(c, "fp16.enabled: \"auto\" is not resolved, so it is dropped as DeepSpeed does; using the "
-                             "default false (supply AutoValues::precision to fill it)"))
+                             "default false (AutoValues::precision would fill it)"))
       << joined(c.warnings);
   for (const ResolvedValue& r : c.resolved) {
     if (r.path == "fp16.enabled") {
@@ -566,6 +566,22 @@ TEST(Offload, StageWarnings) {
   const Config c = load_string(with(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}})"));
   EXPECT_TRUE(has_warning(c, "zero_optimization.offload_param: has no effect below stage 3"));
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
+}
+
+// A config saved as UTF-16 (some Windows editors), or a binary file, is
+// named as such, not reported as a JSON error at its first odd byte.
+TEST(Encoding, Utf16AndNulBytesAreNamed) {
+  const std::string text = R"({"train_batch_size": 8})";
+  std::string utf16 = "\xff\xfe";
+  for (char c : text) utf16 += std::string(1, c) + '\0';
+  std::string joined_problems = joined(problems_of(utf16));
+  EXPECT_NE(joined_problems.find("is UTF-16 or UTF-32 text"), std::string::npos) << joined_problems;
+  std::string no_mark;
+  for (char c : text) no_mark += std::string(1, c) + '\0';
+  joined_problems = joined(problems_of(no_mark));
+  EXPECT_NE(joined_problems.find("is UTF-16 or UTF-32 text"), std::string::npos) << joined_problems;
+  joined_problems = joined(problems_of(std::string("{\"train_batch_size\":\n 8}") + '\0'));
+  EXPECT_NE(joined_problems.find("holds a NUL byte at byte 24 (line 2)"), std::string::npos) << joined_problems;
 }
 
 }  // namespace

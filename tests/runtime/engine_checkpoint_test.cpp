@@ -312,6 +312,23 @@ TEST_F(Checkpoints, DamagedMetadataIsNamed) {
   EXPECT_NE(e.find(file("meta.json") + ": not valid JSON"), std::string::npos) << e;
 }
 
+// A consolidate or export stopped part-way (Ctrl-C: `zero checkpoint`
+// checks for a stop signal in its progress callback and throws) leaves
+// neither its output nor a temporary file.
+TEST_F(Checkpoints, AStoppedConsolidateOrExportLeavesNothing) {
+  const std::string out = dir_ + "/out";
+  ck::make_folders(out);
+  const auto stop = [](int64_t, int64_t) { throw std::runtime_error("stopped"); };
+  EXPECT_THROW(zero::ckpt::consolidate(dir_ + "/first", out + "/w.safetensors", torch::kFloat, "fp32_master", {}, stop),
+               std::runtime_error);
+  EXPECT_TRUE(ck::list_folder(out).empty());
+  EXPECT_THROW(zero::ckpt::export_hf(dir_ + "/first", out + "/hf", torch::kFloat, int64_t{1} << 30, "", {}, stop),
+               std::runtime_error);
+  EXPECT_TRUE(ck::list_folder(out).empty());
+  EXPECT_TRUE(ck::list_folder(dir_).size() > 0);
+  for (const auto& name : ck::list_folder(dir_)) EXPECT_EQ(name.find("zero-export"), std::string::npos) << name;
+}
+
 TEST_F(Checkpoints, AnotherModelIsRefusedNamingTheParameter) {
   std::string e = load_error<zero::IoError>(config(R"(, "zero_optimization": {"stage": 1})"), gpt(48));
   EXPECT_NE(e.find("parameter pos_emb has shape [1, 6, 32] there and [1, 6, 48] in the model: a checkpoint of another model"),
@@ -572,20 +589,34 @@ TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
   const std::string hf = dir + "/hf";
   ck::make_folders(hf);
   std::ofstream(hf + "/tokenizer.json") << "{}\n";
-  std::ofstream(hf + "/model-00009-of-00009.safetensors") << "an earlier export's shard\n";
+  std::ofstream(hf + "/model-best-of-3.safetensors") << "the user's own\n";
   zero::SaveHfOptions o;
-  o.max_shard_bytes = 16 << 10;
+  o.max_shard_bytes = 4 << 10;  // an earlier export of many shards
   o.config_json = "{\"model_type\": \"test\"}\n";
+  source.engine->save_hf(hf, o);
+  int earlier = 0;
+  for (const auto& n : ck::list_folder(hf)) earlier += n.rfind("model-0", 0) == 0;
+  o.max_shard_bytes = 16 << 10;
   source.engine->save_hf(hf, o);
   const auto names = ck::list_folder(hf);
   int shards = 0;
   for (const auto& n : names) {
-    shards += n.rfind("model-", 0) == 0;
-    EXPECT_NE(n[0], '.') << "left behind: " << n;
+    shards += n.rfind("model-0", 0) == 0;
+    if (n != ".zero-export.json") EXPECT_NE(n[0], '.') << "left behind: " << n;
   }
   EXPECT_GE(shards, 3) << "a small shard size makes several";
-  EXPECT_EQ(std::count(names.begin(), names.end(), "model-00009-of-00009.safetensors"), 0) << "the earlier export's shard stayed";
+  EXPECT_GT(earlier, shards) << "the earlier export had more shards";
+  for (const auto& n : names)  // its shard names say of how many: none of the earlier export's stayed
+    if (n.rfind("model-0", 0) == 0) EXPECT_NE(n.find("-of-" + std::string(5 - std::to_string(shards).size(), '0') +
+                                                     std::to_string(shards)), std::string::npos) << n;
   EXPECT_EQ(std::count(names.begin(), names.end(), "tokenizer.json"), 1) << "another file was removed";
+  EXPECT_EQ(ck::read_small_file(hf + "/model-best-of-3.safetensors"), "the user's own\n");
+  // A folder holding a weight file no export recorded: refused, nothing changed.
+  const std::string theirs = dir + "/theirs";
+  ck::make_folders(theirs);
+  std::ofstream(theirs + "/model.safetensors") << "their weights\n";
+  EXPECT_THROW(source.engine->save_hf(theirs, o), zero::IoError);
+  EXPECT_EQ(ck::read_small_file(theirs + "/model.safetensors"), "their weights\n");
   EXPECT_EQ(ck::read_small_file(hf + "/config.json"), o.config_json);
   const auto index = nlohmann::json::parse(ck::read_small_file(hf + "/model.safetensors.index.json"));
   EXPECT_EQ(index["weight_map"].size(), source.model->named_parameters(true).size());
@@ -598,7 +629,7 @@ TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
   const std::string py =
       "python3 -c \"import glob, math, sys; from safetensors.torch import load_file; "
       "print(repr(math.sqrt(sum(float(t.double().pow(2).sum()) for f in sorted(glob.glob(sys.argv[1] + "
-      "'/model-*.safetensors')) for t in load_file(f).values()))))\" " + hf + " 2>/dev/null";
+      "'/model-0*.safetensors')) for t in load_file(f).values()))))\" " + hf + " 2>/dev/null";
   FILE* p = ::popen(py.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[128] = {0};
@@ -609,7 +640,9 @@ TEST(SaveHf, ShardsThatLoadBackAndPythonReads) {
   // Again into the same folder in one file: the shards and their index go.
   source.engine->save_hf(hf, zero::SaveHfOptions{});
   for (const auto& n : ck::list_folder(hf))
-    EXPECT_TRUE(n == "model.safetensors" || n == "config.json" || n == "tokenizer.json") << "left behind: " << n;
+    EXPECT_TRUE(n == "model.safetensors" || n == "config.json" || n == "tokenizer.json" || n == ".zero-export.json" ||
+                n == "model-best-of-3.safetensors")
+        << "left behind: " << n;
   Trainer again(6, cfg);
   again.engine->load_weights(hf);
   EXPECT_EQ(again.engine->parameter_l2(), source.engine->parameter_l2());

@@ -17,9 +17,10 @@
 #include <torch/utils.h>
 
 #include "data.h"
-#include "model.h"
+#include "tiny_gpt.h"
 #include "zero/offload/aio.h"
 #include "zero/core/error.h"
+#include "zero/runtime/checkpoint_io.h"
 #include "zero/runtime/run_report.h"
 #include "zero/testing/memory.h"
 #include "zero/zero.h"
@@ -27,14 +28,7 @@
 namespace {
 
 mingpt::GPTConfig tiny_gpt() {
-  mingpt::GPTConfig c;
-  c.vocab_size = 10;
-  c.block_size = 6;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0;  // deterministic comparison
-  return c;
+  return zero::test::tiny_gpt_config();
 }
 
 mingpt::GPT make_model(uint64_t seed) {
@@ -1199,7 +1193,9 @@ TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
   ASSERT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
   const std::string z = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
   const Run8 whole = run_8bit(config_8bit(z, 16, 0), 5, 0, save_at3(dir, "at3"));
-  {  // meta.json as it was written then
+  {  // the checkpoint as it was written then: no fp32-block states in the
+     // rank files, nor in meta.json (an edited meta.json alone is refused:
+     // its files hold a state it does not list)
     nlohmann::json meta;
     {
       std::ifstream in(dir + "/at3/meta.json");
@@ -1210,7 +1206,29 @@ TEST(EightBitStates, CheckpointFromBeforeMin8bitSizeLoads) {
     states.resize(5);
     meta["states"] = states;
     meta["state_blocks"].erase("min_8bit_size");
-    std::ofstream(dir + "/at3/meta.json") << meta.dump(1);
+    const std::string tag_dir = dir + "/at3";
+    auto reader = zero::ckpt::PieceReader::checkpoint(tag_dir, meta, {});
+    zero::offload::AioEngine aio(zero::offload::AioOptions{});
+    for (const auto& [file, entry] : meta.at("files").items()) {
+      if (file.rfind("rank", 0) != 0) continue;
+      zero::ckpt::Layout kept;
+      std::vector<at::Tensor> values;
+      for (const auto& t : reader->file_layout(file).tensors) {
+        if (t.name.find("fp32_blocks") != std::string::npos) continue;
+        kept.tensors.push_back({t.name, t.dtype, t.shape});
+        values.push_back(reader->read_tensor(file, t.name));
+      }
+      kept.metadata = reader->file_layout(file).metadata;
+      const std::string stem = tag_dir + "/" + file.substr(0, file.size() - 12);  // less ".safetensors"
+      zero::ckpt::TensorFileWriter w(stem + ".old.safetensors", kept, aio);
+      for (size_t i = 0; i < values.size(); ++i) w.append(i, values[i]);
+      const auto c = w.commit(stem + ".old.sums");
+      zero::ckpt::rename_path(stem + ".old.safetensors", stem + ".safetensors");
+      zero::ckpt::rename_path(stem + ".old.sums", stem + ".sums");
+      meta["files"][file] = {{"bytes", c.bytes}, {"header_crc", c.header_crc}, {"sums_crc", c.sums_crc}};
+    }
+    reader.reset();
+    std::ofstream(tag_dir + "/meta.json") << meta.dump(1);
   }
   const Run8 as_saved = run_8bit(config_8bit(z, 16, 0), 5, 3, load_at3(dir, "at3"));
   expect_same_bits(whole, as_saved, "min_8bit_size 0");

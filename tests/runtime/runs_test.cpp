@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -192,6 +193,53 @@ TEST(Probe, AStopSignalEndsARunThatIgnoresIt) {
     if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(gone) << "the run's child " << child << " outlived the stopped search";
+}
+
+// NOTE [supervised runs]: a run's own processes end with it. On a time
+// limit the whole group gets SIGTERM (only the program's pid did, and a
+// shell script's child kept running); a program that exits leaving a
+// process behind has it ended, and the log says so.
+TEST(Probe, TheProgramsOwnProcessesEndWithIt) {
+  zero::runs::ScratchDir dir(zero::runs::temp_parent(), "probe-test");
+  auto wait_gone = [](pid_t pid) {
+    for (int i = 0; i < 6000; ++i) {  // returns as soon as it has ended
+      if (ended(pid)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  const std::string pid_file = dir.path() + "/child.pid";
+  auto timed = script_run(dir, "sleep 600 &\necho $! > " + pid_file + "\nwait");
+  timed.timeout_s = 5;
+  auto r = zero::runs::run_probe(timed);
+  EXPECT_EQ(r.outcome, zero::runs::ProbeResult::Outcome::kTimedOut);
+  pid_t child = 0;
+  std::ifstream(pid_file) >> child;
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(wait_gone(child)) << "the run's child " << child << " outlived its time limit";
+  if (!ended(child)) ::kill(child, SIGKILL);
+
+  auto left = script_run(dir, "sleep 600 &\necho $! > " + pid_file + "\nexit 0");
+  r = zero::runs::run_probe(left);
+  child = 0;
+  std::ifstream(pid_file) >> child;
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(wait_gone(child)) << "the process the program left (" << child << ") is still running";
+  if (!ended(child)) ::kill(child, SIGKILL);
+  std::ifstream log(left.log_path);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find(") has ended and left processes of its own running: ending them"), std::string::npos) << text;
+}
+
+// A program killed by a signal is said to have been, not only shown by the
+// last lines of its log.
+TEST(Probe, ARunKilledByASignalSaysSo) {
+  zero::runs::ScratchDir dir(zero::runs::temp_parent(), "probe-test");
+  auto run = script_run(dir, "echo 'step 1'; kill -SEGV $$");
+  const auto r = zero::runs::run_probe(run);
+  EXPECT_EQ(r.outcome, zero::runs::ProbeResult::Outcome::kFailed);
+  EXPECT_EQ(r.status, 128 + SIGSEGV);
+  EXPECT_EQ(r.message.rfind("it was killed by SIGSEGV (signal 11", 0), 0u) << r.message;
 }
 
 }  // namespace

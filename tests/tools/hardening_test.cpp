@@ -209,7 +209,7 @@ TEST(Hardening, ShippedConfigsPassTheCheck) {
   EXPECT_TRUE(has(r.out, "OK (world size 2)")) << r.out;
   r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --no-auto");
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(has(r.out, "the program must supply AutoValues::lr")) << r.out;
+  EXPECT_TRUE(has(r.out, "the Hugging Face placeholder, which --auto lr=VALUE fills")) << r.out;
   r = run(kBin + "zero config check " + kConfigs + "mingpt_zero2.json --auto lrr=1");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r.out, "did you mean lr?")) << r.out;

@@ -49,11 +49,15 @@ TEST(RunReport, TheEnvironmentStopsARunAndSetsItsBudgets) {
     EXPECT_GT(r["peak_bytes"]["device"].get<int64_t>(), 0);
   }
   EXPECT_EQ(read_text(dir.file("log")).find("Held-out accuracy"), std::string::npos) << "the run went past its stop";
-  // The stop alone, without a report.
+  // The stop alone, without a report (a person's, not a tool's): mingpt,
+  // which ends itself at the stop (InitOptions::program_ends_at_stop),
+  // stops there and then does its own end.
   std::string stop_only = run;
   stop_only.replace(stop_only.find("ZERO_RUN_REPORT="), 16 + dir.file("r").size(), "");
   ASSERT_EQ(sh(stop_only + " > " + dir.file("stop.log") + " 2>&1"), 0) << read_text(dir.file("stop.log"));
-  EXPECT_EQ(read_text(dir.file("stop.log")).find("Held-out accuracy"), std::string::npos) << read_text(dir.file("stop.log"));
+  EXPECT_NE(read_text(dir.file("stop.log")).find("stopped after step 2"), std::string::npos) << read_text(dir.file("stop.log"));
+  EXPECT_NE(read_text(dir.file("stop.log")).find("not evaluated (no epoch finished)"), std::string::npos)
+      << read_text(dir.file("stop.log"));
 
   const int status = sh("ZERO_DEVICE_MEMORY=64KiB " + run + " > " + dir.file("oom.log") + " 2>&1");
   EXPECT_NE(status, 0);
@@ -106,6 +110,8 @@ TEST(Memcheck, HoldsAProgramToItsBaseline) {
   EXPECT_NE(grew.find("model_states/gradients"), std::string::npos) << grew;
   EXPECT_NE(grew.find("GREW"), std::string::npos) << grew;
   EXPECT_NE(grew.find("memory grew against"), std::string::npos) << grew;
+  EXPECT_NE(grew.find("the baseline was recorded from: "), std::string::npos) << "another config: both named\n" << grew;
+  EXPECT_EQ(read_text(dir.file("same.log")).find("the baseline was recorded from"), std::string::npos);
   EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
 
   // Usage: each mistake named.
@@ -125,6 +131,16 @@ TEST(Memcheck, HoldsAProgramToItsBaseline) {
             2);
   EXPECT_NE(read_text(dir.file("u5.log")).find("was recorded on 2 rank(s)"), std::string::npos)
       << read_text(dir.file("u5.log"));
+  // A baseline with a negative figure is damaged, not a baseline to pass.
+  write(dir, "neg.json", read_text(baseline).replace(read_text(baseline).find("\"model_states/gradients\": "),
+                                                      std::string("\"model_states/gradients\": ").size(),
+                                                      "\"model_states/gradients\": -"));
+  EXPECT_EQ(sh(kBin + "zero memcheck check --baseline " + dir.file("neg.json") + " --ranks 2 -- true > " +
+               dir.file("u6.log") + " 2>&1"),
+            1);
+  EXPECT_NE(read_text(dir.file("u6.log")).find("a damaged memory baseline: rank 0's model_states/gradients is -"),
+            std::string::npos)
+      << read_text(dir.file("u6.log"));
   EXPECT_EQ(sh(kBin + "zero memcheck record --baseline " + baseline + " > " + dir.file("u3.log") + " 2>&1"), 2);
   EXPECT_NE(read_text(dir.file("u3.log")).find("-- PROGRAM ARGS"), std::string::npos);
 }

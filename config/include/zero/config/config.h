@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -264,10 +265,14 @@ struct LoadOptions {
   /// stand-in gives way to a train_batch_size the file gives.
   bool auto_stand_ins = false;
   /// Checked as training reads it (zero::initialize, `zero config check`):
-  /// a config with no optimizer section is a problem too, since zero builds
-  /// the optimizer from it (client optimizers are not supported). Off for
-  /// tools that read a config for other keys (the estimator's layouts).
+  /// a config with no optimizer section gets a warning that the program
+  /// must pass its own (InitOptions::optimizer, NOTE [client optimizer]).
+  /// Off for tools that read a config for other keys (the estimator's layouts).
   bool for_training = false;
+  /// How the caller fills AutoValues member `name` ("lr"), for the message
+  /// of an "auto" left unfilled: a program's flag ("--lr"), `zero config
+  /// check`'s "--auto lr=VALUE". Null: "AutoValues::lr" (C++ callers).
+  std::function<std::string(const std::string& name)> auto_hint;
 };
 
 /// Parses, validates and resolves a DeepSpeed config file. Throws

@@ -25,12 +25,14 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-/// A DeepSpeed config that cannot be used. Holds every problem found in the
-/// file (one line each, "file: json.path: expected ...; got ..."), so a user
-/// fixes them all in one pass; what() joins them.
+/// A DeepSpeed config (or another config file: `subject` names what it is,
+/// "a Hugging Face config.json") that cannot be used. Holds every problem
+/// found in the file (one line each, "file: json.path: expected ...; got
+/// ..."), so a user fixes them all in one pass; what() joins them under
+/// "N problems in SUBJECT:".
 class ConfigError : public Error {
  public:
-  explicit ConfigError(std::vector<std::string> problems);
+  explicit ConfigError(std::vector<std::string> problems, const std::string& subject = "the DeepSpeed config");
   const std::vector<std::string>& problems() const noexcept { return problems_; }
 
  private:

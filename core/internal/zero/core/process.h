@@ -36,7 +36,22 @@ struct SpawnOptions {
   /// killed outright, which can pass nothing on, still ends its children.
   /// SIGTERM by default (they end as they do on a stop); 0 for none.
   int death_signal = SIGTERM;
+  /// NOTE [supervised runs]: the child is a small supervisor that runs the
+  /// program and answers for all of it (its own children included). The pid
+  /// returned is the supervisor's; its exit status is the program's (a
+  /// signal the same signal). SIGTERM, SIGINT and SIGHUP sent to it go to
+  /// the program's whole process group; SIGUSR1 kills that group
+  /// (SIGKILL). When the program ends, whatever it left running is ended
+  /// (SIGTERM, then SIGKILL `grace_ms` later), and so is everything when
+  /// this thread dies (death_signal's moment; death_signal itself is not
+  /// used). The pid's own process group holds only the supervisor.
+  bool supervised = false;
+  int grace_ms = 5000;
 };
+
+/// The signal that makes a supervised child (SpawnOptions::supervised) kill
+/// its program's whole process group at once.
+constexpr int kSupervisorKill = SIGUSR1;
 
 /// Starts a child (fork + execve: posix_spawn cannot set a parent-death
 /// signal) with every signal unblocked and SIGINT, SIGTERM, SIGHUP, SIGPIPE,

@@ -38,6 +38,10 @@
 #include "zero/core/dist_env.h"
 #include "zero/core/memory_ledger.h"
 
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace zero {
 
 class Init;
@@ -71,6 +75,14 @@ struct InitOptions {
   std::optional<torch::Device> device;
   /// Print progress lines every steps_per_print steps (rank 0 only).
   bool print_progress = true;
+  /// The program asks Engine::stop_requested() and ends itself when it is
+  /// true (NOTE [run report]): then ZERO_STOP_AFTER_STEPS set by a person
+  /// (without ZERO_RUN_REPORT) does not end the process, and the program's
+  /// own end (a summary, checkpoint, export) runs. Without it, and always in
+  /// a tool's run (ZERO_RUN_REPORT set: its report is what the tool reads,
+  /// and a probe must not write the user's outputs), the engine ends the
+  /// process at the stop, saying so.
+  bool program_ends_at_stop = false;
   /// Where this process sits in the job; default: DistEnv::from_environment().
   std::optional<DistEnv> dist;
   /// Cap on page-locked host memory for offloaded states; past it, buffers
@@ -94,6 +106,17 @@ struct InitOptions {
   /// with its weight decay and lr; checkpoints save each group's values and
   /// a load restores them. Empty: one group, the config's.
   std::vector<ParamGroup> param_groups;
+  /// The program's own optimizer, as DeepSpeed takes a client optimizer
+  /// (NOTE [client optimizer]): a torch::optim::Adam, AdamW or Adagrad built
+  /// on the model's trainable parameters. Its type, options and parameter
+  /// groups become zero's flat optimizer (the program then steps through
+  /// the engine, never the optimizer itself; its state is not carried
+  /// over). For a config with no `optimizer` section; when the config has
+  /// one, the config's wins, with a warning. Not owned; read at initialize
+  /// only. Other types, and options zero's optimizers lack (amsgrad,
+  /// Adagrad's lr_decay, betas or eps that differ between groups), are
+  /// refused, naming them.
+  torch::optim::Optimizer* optimizer = nullptr;
   /// Test seam, for a machine without a GPU: CopyMode::kDeferred holds every
   /// device-host transfer (offload, stage-3 gathers, cpu_checkpointing)
   /// back until it is waited for, and throws zero::InternalError when a host
@@ -297,6 +320,13 @@ class Engine {
   /// the compute dtype: the master (fp32 unless 16-bit) is exported from a checkpoint by
   /// `zero checkpoint export --hf`), IoError, CommunicationError.
   void save_hf(const std::string& dir, const SaveHfOptions& options = {});
+  /// Why save_hf(dir) would fail for this engine's config or for `dir`
+  /// (named by option `flag` in the message), or "": at stage 3 without
+  /// stage3_gather_16bit_weights_on_model_save; `dir` a file, not writable,
+  /// or holding a file of a name an export writes that no earlier export
+  /// recorded (NOTE [export folder]; config.json too when `with_config`).
+  /// For a program to check before it trains, not after. Makes nothing.
+  std::string save_hf_problem(const std::string& flag, const std::string& dir, bool with_config) const;
 
   /// Saves the training state as `dir`/`tag`/ (docs/checkpoints.md): every
   /// rank writes its partition of the master (fp32, or 16-bit: NOTE [16-bit
@@ -368,6 +398,10 @@ class Engine {
   void reset_stage3_peak();
   /// The end-of-run table of memory per tier and kind.
   std::string memory_summary() const;
+  /// Whether ZERO_STOP_AFTER_STEPS=N asks this run to end now: N optimizer
+  /// steps taken (at once for N = 0). For programs that set
+  /// InitOptions::program_ends_at_stop; always false without the variable.
+  bool stop_requested() const;
 
   /// The engine's state: an incomplete type outside zero's own code.
   struct Impl;
@@ -375,7 +409,8 @@ class Engine {
 
  private:
   friend Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
-                           const std::vector<std::shared_ptr<torch::nn::Module>>& layers);
+                           const std::vector<std::shared_ptr<torch::nn::Module>>& layers,
+                           torch::optim::Optimizer* optimizer);
   // A model built under zero::Init: its shards and ledger are taken over.
   Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options,
          std::shared_ptr<InitState> init);
@@ -395,9 +430,12 @@ Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config confi
 /// stage-3 layers outside ModuleList and Sequential containers, as
 /// InitOptions::layers. Throws as the constructor, and UsageError when the
 /// Init was already given to an engine or a module it partitioned is not a
-/// layer of `model`.
+/// layer of `model`. `optimizer`: the program's own, built on the model's
+/// parameters once it is built (InitOptions::optimizer; the Init's options
+/// were set before the model existed).
 Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
-                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers = {});
+                  const std::vector<std::shared_ptr<torch::nn::Module>>& layers = {},
+                  torch::optim::Optimizer* optimizer = nullptr);
 
 /// For modules declared with TORCH_MODULE (a ModuleHolder).
 template <typename M>

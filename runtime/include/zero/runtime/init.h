@@ -64,7 +64,8 @@ class Init {
 
  private:
   friend Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,
-                           const std::vector<std::shared_ptr<torch::nn::Module>>& layers);
+                           const std::vector<std::shared_ptr<torch::nn::Module>>& layers,
+                           torch::optim::Optimizer* optimizer);
   std::shared_ptr<InitState> state_;
 };
 

@@ -14,6 +14,10 @@
 
 #include "zero/offload/aio.h"
 
+namespace zero {
+class CommandFiles;
+}  // namespace zero
+
 namespace zero::ckpt {
 
 inline constexpr const char* kFormat = "zero-checkpoint";
@@ -149,6 +153,8 @@ int64_t file_size(const std::string& path);
 // may bind our calls to, and which crash when it does.
 /// Whether `path` exists (a file or a folder).
 bool path_exists(const std::string& path);
+/// Whether `path` itself (not a link's target) is a regular file.
+bool is_regular_file(const std::string& path);
 /// mkdir -p. Throws IoError naming the folder and errno.
 void make_folders(const std::string& path);
 /// rm -rf (nothing when it does not exist). Throws IoError naming what could
@@ -167,9 +173,26 @@ bool is_folder(const std::string& path);
 /// but a regular file (a device such as /dev/full, a pipe). Checked before a
 /// long run, not found out after it.
 std::string output_file_problem(const std::string& flag, const std::string& path);
-/// Why checkpoints cannot be saved in `dir` (option `flag`): a file, a folder
-/// that cannot be made or written; "" when they can (the folder then exists).
+/// Why files cannot be saved in `dir` (option `flag`): a file, a folder
+/// that cannot be made or written; "" when they can. Makes nothing: a run
+/// that fails after the check leaves no empty folder behind.
 std::string save_folder_problem(const std::string& flag, const std::string& dir);
+/// save_folder_problem, and what a save into checkpoint folder `dir` would
+/// replace that is not a save's: a `latest` that is not a plain file, a
+/// global_stepN that is not a checkpoint's folder (holding other files).
+std::string checkpoint_folder_problem(const std::string& flag, const std::string& dir);
+/// Whether `path` is a real folder holding only what a save writes (rank
+/// files, model.safetensors, their .sums, meta.json and temporary files): what a
+/// save may replace or remove under a tag's names.
+bool holds_only_a_saves_files(const std::string& path);
+/// make_folders(dir), returning the outermost folder it made ("" when `dir`
+/// was there), so that a job can remove what it made and left empty.
+std::string make_folders_reporting(const std::string& dir);
+
+/// What a resume from checkpoint folder `dir` (option `flag`) reads, for
+/// NOTE [outputs and inputs]: its `latest` and the tag folder it names, or
+/// the whole folder when that cannot be told yet (the resume then says why).
+void add_resume_inputs(CommandFiles& files, const std::string& flag, const std::string& dir);
 
 /// The writer lock of a checkpoint folder (NOTE [checkpoint commit]): an
 /// exclusive flock(2) on DIR/.zero-lock, whose text names the holder (pid,
@@ -200,11 +223,15 @@ class FolderLock {
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
   const std::string& dir() const { return dir_; }
+  /// `made` (from make_folders_reporting) is removed with the folders under
+  /// it down to dir() when the lock goes and they are empty.
+  void remove_when_empty(std::string made) { made_ = std::move(made); }
 
  private:
   FolderLock(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
   std::string dir_;
   int fd_ = -1;
+  std::string made_;
 };
 
 /// Removes what interrupted saves left in `dir` (NOTE [checkpoint commit]):

@@ -93,6 +93,7 @@ std::vector<Piece> map_range(const partition::FlatParameters& flat, int64_t rank
 /// it), or a folder holding either.
 struct WeightFiles {
   std::string source;              // as given, for messages
+  std::string index;               // the sharded index read, or ""
   std::vector<std::string> files;  // the safetensors files, in the index's order
   /// Throws IoError naming the path: missing, a folder with neither file, an
   /// index that is not JSON or names a shard that is not there.
@@ -107,6 +108,13 @@ struct WeightTensor {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> shape;
 };
+
+/// Every rank file of the checkpoint in `tag_dir` holds exactly the states
+/// meta.json lists ("states"), each tensor named STATE.GROUP (besides its
+/// RNG states): a meta.json that lost or gained a state (an 8-bit
+/// checkpoint's fp32_blocks, say) would otherwise load into the wrong
+/// arithmetic. Throws IoError naming the file and the state.
+void check_saved_states(const std::string& tag_dir, const nlohmann::json& meta, class PieceReader& reader);
 
 /// Reads pieces into fp32 host memory: from a checkpoint's rank files (the
 /// tensor "<state>.<group>" of rank<part>.safetensors, verified against its

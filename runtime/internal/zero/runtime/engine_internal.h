@@ -3,7 +3,10 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zero/core/comm.h"
 #include "zero/runtime/engine.h"
@@ -27,5 +30,18 @@ void set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks);
 /// Whether a stop signal is held by a save in progress (NOTE [checkpoint
 /// commit]): a test hook that stands still inside a save waits for it.
 bool save_stop_requested();
+
+/// mingpt's and llama's --optimizer (adamw, adam or adagrad): the
+/// torch::optim optimizer a program passes as InitOptions::optimizer (NOTE
+/// [client optimizer]) over `groups`, each with its own weight decay and
+/// the given lr. Throws UsageError naming `flag` and the names it takes.
+std::unique_ptr<torch::optim::Optimizer> program_optimizer(const std::string& flag, const std::string& name,
+                                                           const std::vector<std::pair<std::vector<torch::Tensor>, double>>& groups,
+                                                           double lr);
+
+/// LoadOptions::auto_hint for mingpt and llama (`program` names it): the flag
+/// that fills an AutoValues member ("--lr"), or a word that the program
+/// fills none and a value must be written in the config.
+std::function<std::string(const std::string&)> program_auto_hint(const std::string& program);
 
 }  // namespace zero::detail

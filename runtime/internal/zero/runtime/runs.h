@@ -88,8 +88,15 @@ std::string temp_parent();
 /// (its parent-death signal), and zero launch's ranks get it if the launcher
 /// dies: a search killed outright leaves no run going.
 /// `env` (may be null): the run's environment, NAME=VALUE entries.
+/// The program runs supervised (NOTE [supervised runs]): signals reach its
+/// whole process group, and what it leaves running when it ends is ended.
+/// `*killed_by` (may be null): the signal that ended the run, or 0.
 int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s = 0,
-               double grace_s = 20, bool* timed_out = nullptr, const std::vector<std::string>* env = nullptr);
+               double grace_s = 20, bool* timed_out = nullptr, const std::vector<std::string>* env = nullptr,
+               int* killed_by = nullptr);
+
+/// "SIGSEGV (signal 11, Segmentation fault)".
+std::string signal_name(int sig);
 
 /// What to run: `argv` (a program and its arguments), on `nproc` ranks
 /// through `launcher launch --nproc_per_node N --` when nproc > 1, with
