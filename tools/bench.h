@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 
 namespace zero::tools {
 

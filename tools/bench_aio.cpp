@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/runs.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/runs/runs.h"
 #include "zero/offload/aio.h"
 #include "zero/offload/swap_folder.h"
 #include "zero/core/error.h"

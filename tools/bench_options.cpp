@@ -14,10 +14,10 @@
 #include <sstream>
 
 #include "bench.h"
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 
 namespace zero::tools {
 

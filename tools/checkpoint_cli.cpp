@@ -20,10 +20,10 @@
 #include "zero/core/error.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/checkpoint_io.h"
-#include "zero/runtime/hf_export.h"
-#include "zero/runtime/runs.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_io.h"
+#include "zero/snapshots/hf_export.h"
+#include "zero/runs/runs.h"
 
 namespace zero::tools {
 namespace {

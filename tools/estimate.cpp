@@ -23,11 +23,11 @@
 #include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/models/llama.h"
-#include "zero/runtime/checkpoint_io.h"
+#include "zero/snapshots/checkpoint_io.h"
 #include "zero/runtime/estimate.h"
-#include "zero/runtime/run_report.h"
+#include "zero/runs/run_report.h"
 
 namespace zero::tools {
 namespace {

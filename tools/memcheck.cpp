@@ -17,8 +17,8 @@
 #include "zero/core/error.h"
 #include "zero/core/process.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/runs.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/runs/runs.h"
 #include "zero/testing/memory.h"
 
 namespace zero::tools {

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/offload/aio.h"
 #include "zero/core/error.h"
 #include "zero/core/progress.h"

@@ -22,7 +22,7 @@
 //      program, or mingpt on random tokens of the model's vocabulary and
 //      context, through zero launch, with the budgets and the stop step in
 //      its environment and its figures from the engine's run report: NOTE
-//      [run report], zero/runtime/runs.h); up to --trials runs. A run
+//      [run report], zero/runs/runs.h); up to --trials runs. A run
 //      out of memory (the estimate was short) is reported and skipped, and
 //      the candidates it dominated come back into the frontier; one that
 //      failed, or ran past --run-timeout (stopped: a hung run), ends its
@@ -61,13 +61,14 @@
 #include <torch/cuda.h>
 
 #include "bench.h"
-#include "zero/runtime/runs.h"
+#include "tune_plan.h"
+#include "zero/runs/runs.h"
 #include "zero/config/config.h"
 #include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/core/process.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/runtime/estimate.h"
 
 namespace zero::tools {
@@ -136,244 +137,6 @@ swap files are removed however it ends.
   --force                    replace an --out or --json file that an earlier
                              tune did not write (it replaces its own always)
 )";
-
-// 3.6M, 1.2B, 950K: a count for people.
-std::string human_count(double n) {
-  char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3gB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.3gM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.3gK", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
-  return buf;
-}
-
-constexpr const char* kLevelName[] = {"none", "cpu", "nvme"};
-constexpr const char* kCheckpointName[] = {"none", "blocks", "cpu"};
-
-struct Family {
-  int stage = 0, opt = 0, param = 0;  // offload levels: 0 none, 1 cpu, 2 nvme
-};
-// DeepSpeed's estimator tables (zero estimate's list).
-const std::vector<Family> kFamilies = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {2, 1, 0}, {2, 2, 0},
-                                       {3, 0, 0}, {3, 1, 0}, {3, 1, 1}, {3, 2, 2}};
-
-std::string family_name(const Family& f) {
-  std::string s = "stage " + std::to_string(f.stage);
-  if (f.opt) s += std::string(" + optimizer ") + kLevelName[f.opt];
-  if (f.param) s += std::string(" + params ") + kLevelName[f.param];
-  return s;
-}
-
-enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed, kTimedOut };
-const char* status_name(Status s) {
-  switch (s) {
-    case Status::kNotRun: return "not run";
-    case Status::kDoesNotFit: return "does not fit (estimate)";
-    case Status::kDominated: return "dominated";
-    case Status::kTrained: return "trained";
-    case Status::kOutOfMemory: return "out of memory";
-    case Status::kFailed: return "failed";
-    case Status::kTimedOut: return "timed out";
-  }
-  return "?";
-}
-
-struct Candidate {
-  int family = 0;  // index into kFamilies
-  int checkpointing = 0;
-  int optim_bits = 32;  // 8: Adam's moments in 8 bits; 16: a bf16 master and states (--allow-low-precision-states)
-  int64_t micro_batch = 1, bucket = 0;
-  PeakEstimate estimate;
-  bool fits = false;
-  Status status = Status::kNotRun;
-  zero::runs::ProbeResult run;
-  int order = 0;  // 1-based position among the runs (0: not run)
-  double tokens_per_s() const { return run.tokens_per_s(); }
-  // What the runs are ranked by: tokens per second where the program says
-  // its tokens per sample (InitOptions::tokens_per_sample), else samples.
-  double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
-  // The work that costs time besides the model's own, per component; 8-bit
-  // or bf16 states count as one (their numerics differ from the base config's), so
-  // they are proposed only where they fit what fp32 states do not, or take a
-  // larger micro-batch.
-  std::array<int, 5> work() const {
-    const Family& f = kFamilies[family];
-    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0};
-  }
-  int work_sum() const {
-    const auto w = work();
-    return w[0] + w[1] + w[2] + w[3] + w[4];
-  }
-};
-
-// a beats b on every count: no more work in any component, a micro-batch at
-// least as large, and better in one of them (equal work and micro-batch at
-// stages 0, 1 and 2 are measured, not guessed).
-bool dominates(const Candidate& a, const Candidate& b) {
-  const auto wa = a.work(), wb = b.work();
-  bool less = false;
-  for (size_t i = 0; i < wa.size(); ++i) {
-    if (wa[i] > wb[i]) return false;
-    less = less || wa[i] < wb[i];
-  }
-  if (a.micro_batch < b.micro_batch) return false;
-  return less || a.micro_batch > b.micro_batch;
-}
-
-std::string describe(const Candidate& c) {
-  std::string s = family_name(kFamilies[c.family]);
-  if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
-  if (c.optim_bits == 8) s += ", 8-bit Adam states";
-  if (c.optim_bits == 16) s += ", bf16 master and states";
-  s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
-  return s;
-}
-
-std::optional<std::vector<std::string>> split_list(const std::string& v) {
-  std::vector<std::string> out;
-  std::stringstream ss(v);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) return std::nullopt;
-    out.push_back(item);
-  }
-  if (out.empty()) return std::nullopt;
-  return out;
-}
-
-std::optional<int64_t> parse_positive(const std::string& v, int64_t max_value) {
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    if (used == v.size() && x >= 1 && x <= max_value) return x;
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
-// 2e6, 2000000, 1.5e7: a positive element count.
-std::optional<int64_t> parse_elements(const std::string& v) {
-  try {
-    size_t used = 0;
-    const double x = std::stod(v, &used);
-    if (used == v.size() && std::isfinite(x) && x >= 1 && x <= 1e13 && x == std::floor(x)) return static_cast<int64_t>(x);
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
-// Two significant digits: configs read 1200000, not 1193046.
-int64_t round2(double x) {
-  if (x < 100) return std::max<int64_t>(1, static_cast<int64_t>(std::llround(x)));
-  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 1);
-  return static_cast<int64_t>(std::llround(x / scale) * scale);
-}
-
-struct Plan {
-  int64_t n_layer = 0, n_embd = 0, vocab = 0, block = 0, n_head = 1;
-  int64_t ranks = 1;
-  int64_t device_budget = 0, host_budget = 0, nvme_budget = 0;
-  std::string nvme_path;  // the user's (written into the winner); empty: no NVMe
-  std::string precision;  // fp32 | fp16 | bf16
-  std::optional<std::string> device;
-  bool on_cuda = false;
-  int64_t steps = 4, gas = 1;
-  nlohmann::json base;
-  int64_t largest_layer = 0;  // elements of the largest stage-3 layer
-  std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
-  bool set_precision = true;         // a program keeps its base config's precision unless --precision says
-  bool low_precision_states = false;  // --allow-low-precision-states
-};
-
-// The base config with the candidate's keys; `nvme_path` for its swap files.
-// The key a tune's files carry (a '_' key: a comment to DeepSpeed and zero).
-constexpr const char* kTuneMark = "_written_by";
-constexpr const char* kTuneMarkValue = "zero tune";
-
-bool written_by_tune(const std::string& path) {
-  try {
-    const auto j = nlohmann::json::parse(ckpt::read_small_file(path));
-    return j.is_object() && j.value(kTuneMark, "") == kTuneMarkValue;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
-nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path) {
-  const Family& f = kFamilies[c.family];
-  nlohmann::json j = plan.base;
-  j[kTuneMark] = kTuneMarkValue;
-  j.erase("train_batch_size");
-  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
-  j["gradient_accumulation_steps"] = plan.gas;
-  if (plan.set_precision) {
-    j["fp16"] = {{"enabled", plan.precision == "fp16"}};
-    j["bf16"] = {{"enabled", plan.precision == "bf16"}};
-  }
-  nlohmann::json z = j.contains("zero_optimization") ? j["zero_optimization"] : nlohmann::json::object();
-  for (const char* k : {"offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
-                        "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                        "prefetch_bucket_size", "max_live_parameters", "max_reuse_distance"})
-    z.erase(k);
-  z["stage"] = f.stage;
-  z["reduce_bucket_size"] = c.bucket;
-  z["allgather_bucket_size"] = c.bucket;
-  if (f.stage == 3) {
-    z["stage3_prefetch_bucket_size"] = c.bucket;
-    z["stage3_max_live_parameters"] = 2 * c.bucket;
-    z["stage3_max_reuse_distance"] = 2 * c.bucket;
-  }
-  if (f.opt) {
-    z["offload_optimizer"] = {{"device", kLevelName[f.opt]}, {"pin_memory", true}};
-    if (f.opt == 2) z["offload_optimizer"]["nvme_path"] = nvme_path;
-  }
-  if (f.param) {
-    z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};
-    if (f.param == 2) {
-      // The swap buffers hold this rank's shard of the largest layer.
-      const int64_t shard = (plan.largest_layer + plan.ranks - 1) / plan.ranks;
-      const int64_t buffer = round2(static_cast<double>(shard) * 1.05 + 4096);
-      z["offload_param"].update({{"nvme_path", nvme_path}, {"buffer_count", 5}, {"buffer_size", buffer},
-                                 {"max_in_cpu", buffer}});
-    }
-  }
-  j["zero_optimization"] = z;
-  if (c.optim_bits == 8) j["optimizer"]["params"]["optim_bits"] = 8;
-  if (c.optim_bits == 16)  // NOTE [16-bit master]: DeepSpeed's keys, stages 1-3
-    j["bf16"].update({{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}});
-  if (f.opt == 2 || f.param == 2) {
-    if (!j.contains("aio"))
-      j["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}, {"single_submit", false}, {"overlap_events", true}};
-  } else {
-    j.erase("aio");
-  }
-  if (c.checkpointing == 0 && !plan.program.empty()) {
-    // A program checkpoints where its code says: its base section stays.
-  } else if (c.checkpointing == 0) j.erase("activation_checkpointing");
-  else
-    j["activation_checkpointing"] = {{"partition_activations", c.checkpointing == 2},
-                                     {"cpu_checkpointing", c.checkpointing == 2},
-                                     {"contiguous_memory_optimization", false}};
-  return j;
-}
-
-// "" when the run trained at `stage` with `micro_batch` as its config said;
-// else what it did instead (a program that does not read {config} whole).
-std::string config_mismatch(const RunReport& r, int stage, int64_t micro_batch) {
-  const auto& c = r.json.at("config");
-  const int got_stage = c.at("stage").get<int>();
-  const int64_t got_mb = c.at("train_micro_batch_size_per_gpu").get<int64_t>();
-  if (got_stage == stage && got_mb == micro_batch) return "";
-  return "the program trained at stage " + std::to_string(got_stage) + " with micro-batch " + std::to_string(got_mb) +
-         " where its config said stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro_batch) +
-         " (" + c.value("source", std::string("?")) + "): does it take its DeepSpeed config from {config}, whole, "
-         "without --batch_size or the like overriding it?";
-}
-
-int64_t free_bytes(const std::string& path) {
-  struct statvfs st {};
-  if (::statvfs(path.c_str(), &st) != 0) throw IoError("statvfs " + path + ": " + std::strerror(errno));
-  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
-}
 
 std::string mib(int64_t b) { return format_bytes(b); }
 

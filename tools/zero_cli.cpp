@@ -13,7 +13,7 @@
 
 #include "bench.h"
 #include "launch.h"
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 #include "zero/config/config.h"
 #include "zero/core/crash_report.h"
 #include "zero/core/error.h"

@@ -39,8 +39,8 @@
 #include "zero/core/text.h"
 #include "zero/runtime/estimate.h"
 
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/runs.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/runs/runs.h"
 
 namespace mingpt {
 

@@ -28,13 +28,13 @@
 #include "data.h"
 #include "find_max.h"
 #include "model.h"
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 #include "zero/core/command_files.h"
 #include "zero/core/crash_report.h"
 #include "zero/core/progress.h"
 #include "zero/core/text.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/checkpoint_io.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_io.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/runtime/estimate.h"
 #include "zero/runtime/run_summary.h"
@@ -190,7 +190,7 @@ double parse_double(const std::string& flag, const std::string& v, double min_va
 constexpr int64_t kMaxLayers = 100000, kMaxWidth = 1 << 20, kMaxBatch = 1 << 24, kMaxBlock = 1 << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 40;  // epochs, batches, steps
 constexpr int64_t kMaxDigits = 4;  // the addition task enumerates (10^n)^2 pairs
-// zero/runtime/runs.h's kOutOfMemoryStatus: the searches tell "does not fit" from other failures by it.
+// zero/runs/runs.h's kOutOfMemoryStatus: the searches tell "does not fit" from other failures by it.
 using zero::runs::kOutOfMemoryStatus;
 
 // An output file is checked before the run, not found unwritable after it:

@@ -35,7 +35,7 @@
 #include "engine_util.h"
 #include "run_reporter.h"
 #include "zero/runtime/engine_internal.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "context.h"
 #include "engine_impl.h"
 #include "init_state.h"

@@ -10,9 +10,9 @@
 
 #include "engine_impl.h"
 #include "zero/core/error.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/partition/stage3_plan.h"
-#include "zero/runtime/hf_export.h"
+#include "zero/snapshots/hf_export.h"
 
 namespace zero {
 namespace {

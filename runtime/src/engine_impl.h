@@ -1,5 +1,5 @@
 // The Engine's state, for the files that implement it (engine.cpp,
-// engine_checkpoint.cpp).
+// engine_save.cpp, engine_load.cpp, engine_export.cpp, run_reporter.cpp).
 #pragma once
 
 #include <torch/cuda.h>
@@ -22,7 +22,7 @@
 #include "zero/optim/lr_scheduler.h"
 #include "zero/partition/zero_optimizer.h"
 #include "zero/runtime/engine.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/runtime/engine_internal.h"
 #include "run_reporter.h"
 

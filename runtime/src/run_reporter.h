@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "zero/runtime/engine.h"
-#include "zero/runtime/run_report.h"
+#include "zero/runs/run_report.h"
 
 namespace zero::detail {
 

@@ -40,7 +40,7 @@
 #include "zero/core/memory_ledger.h"
 #include "zero/core/streams.h"
 #include "zero/partition/flat_parameters.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/zero.h"
 
 #define REQUIRE_CUDA()                                                                                 \

@@ -19,8 +19,8 @@
 
 #include "zero/core/error.h"
 #include "zero/models/llama.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/checkpoint_io.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_io.h"
 #include "zero/runtime/estimate.h"
 
 namespace {

@@ -19,7 +19,7 @@
 #include "data.h"
 #include "tiny_gpt.h"
 #include "zero/core/error.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/zero.h"
 
 namespace {

@@ -20,8 +20,8 @@
 
 #include "data.h"
 #include "model.h"
-#include "zero/runtime/checkpoint_format.h"
-#include "zero/runtime/checkpoint_io.h"
+#include "zero/snapshots/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_io.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/zero.h"
 

@@ -20,8 +20,8 @@
 #include "tiny_gpt.h"
 #include "zero/offload/aio.h"
 #include "zero/core/error.h"
-#include "zero/runtime/checkpoint_io.h"
-#include "zero/runtime/run_report.h"
+#include "zero/snapshots/checkpoint_io.h"
+#include "zero/runs/run_report.h"
 #include "zero/testing/memory.h"
 #include "zero/zero.h"
 

@@ -15,57 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "zero/runs/memory_baseline.h"
 #include "zero/runtime/engine.h"
 #include "zero/runtime/estimate.h"
 
 namespace zero::testing {
 
-/// One rank's figures, by name: "peak/<tier>" (device measured; pinned_host,
-/// host, nvme from the ledger), "ledger/<tier>/<kind>" (the ledger's peak of
-/// that kind: parameters, gradients, optimizer_states, activations,
-/// comm_buffers) and "model_states/<kind>" (bytes now).
-using MemoryFigures = std::map<std::string, int64_t>;
+// MemoryFigures, Baseline, MemoryComparison and compare():
+// zero/runs/memory_baseline.h.
 
 /// This rank's figures now (a run report's, zero memcheck's, are the same).
 MemoryFigures figures_of(Engine& engine);
-
-/// A baseline file: every rank's figures and how they were made.
-struct Baseline {
-  int64_t world_size = 1;
-  std::vector<MemoryFigures> ranks;  // by rank
-  std::vector<std::string> command;  // what ran (zero memcheck record), or empty
-};
-/// Writes `path` atomically. Throws IoError.
-void write_baseline(const std::string& path, const Baseline& baseline);
-/// Throws IoError naming the file (missing, damaged, not a baseline).
-Baseline read_baseline(const std::string& path);
-
-/// One figure of one rank, compared.
-struct MemoryRow {
-  int64_t rank = 0;
-  std::string figure;  // as in MemoryFigures
-  int64_t baseline = 0, now = 0;
-  bool grew = false;   // past the tolerance
-  double change() const;  // now / baseline - 1 (inf when the baseline is 0)
-};
-
-/// What a comparison found; true when nothing grew past the tolerance.
-struct MemoryComparison {
-  bool ok = true;
-  std::vector<MemoryRow> rows;  // every figure non-zero in either
-  std::string message;          // the table, or why nothing was compared
-  explicit operator bool() const { return ok; }
-  /// A table of every row: rank, figure, baseline, now, change, and GREW
-  /// against those that grew.
-  std::string table() const;
-};
-
-/// `now` (by rank) against `baseline`: a figure grew when it is above the
-/// baseline by more than `tolerance` (0.05: 5%) of it and by more than
-/// `slack_bytes`; a figure absent from the baseline grew when it is not 0.
-/// Another world size is not compared (ok false, said in message).
-MemoryComparison compare(const Baseline& baseline, const std::vector<MemoryFigures>& now, double tolerance,
-                         int64_t slack_bytes = 0);
 
 /// This rank's figures now against rank `engine.rank()` of the baseline file.
 /// Throws IoError for an unreadable baseline.

@@ -1,5 +1,5 @@
 // The pieces of an engine checkpoint's files (checkpoint_format.h).
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 
 #include <dirent.h>
 #include <fcntl.h>

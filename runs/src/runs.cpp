@@ -1,4 +1,4 @@
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -25,7 +25,7 @@
 
 #include "zero/core/error.h"
 #include "zero/core/process.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 
 
 namespace zero::runs {

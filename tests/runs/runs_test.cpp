@@ -1,4 +1,4 @@
-// zero/runtime/runs.h: how a short run of a search ends (trained, out of
+// zero/runs/runs.h: how a short run of a search ends (trained, out of
 // memory, failed, timed out), told apart from a script standing in for a
 // training program and its run reports; a run past its time limit is
 // stopped, and one that ignores SIGTERM is killed with its whole process
@@ -16,7 +16,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zero/runtime/runs.h"
+#include "zero/runs/runs.h"
 
 namespace {
 

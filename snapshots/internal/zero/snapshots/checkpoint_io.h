@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 #include "zero/offload/aio.h"
 #include "zero/partition/flat_parameters.h"
 

@@ -13,7 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "zero/offload/aio.h"
-#include "zero/runtime/checkpoint_format.h"
+#include "zero/snapshots/checkpoint_format.h"
 
 namespace zero::ckpt {
 

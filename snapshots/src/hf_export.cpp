@@ -1,4 +1,4 @@
-#include "zero/runtime/hf_export.h"
+#include "zero/snapshots/hf_export.h"
 
 #include <fcntl.h>
 #include <limits.h>

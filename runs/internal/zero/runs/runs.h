@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/runtime/run_report.h"
+#include "zero/runs/run_report.h"
 
 namespace zero::runs {
 

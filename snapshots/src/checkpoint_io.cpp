@@ -1,5 +1,5 @@
 // NOTE [checkpoint mapping] in checkpoint_io.h.
-#include "zero/runtime/checkpoint_io.h"
+#include "zero/snapshots/checkpoint_io.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,7 +13,7 @@
 
 #include "zero/core/command_files.h"
 #include "zero/core/error.h"
-#include "zero/runtime/hf_export.h"
+#include "zero/snapshots/hf_export.h"
 
 namespace zero::ckpt {
 namespace {

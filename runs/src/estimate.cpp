@@ -37,7 +37,7 @@
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
 //   of every state.
-#include "zero/runtime/estimate.h"
+#include "zero/runs/estimate.h"
 
 #include <algorithm>
 #include <map>

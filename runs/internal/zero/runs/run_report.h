@@ -58,8 +58,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zero/runtime/estimate.h"
-#include "zero/testing/memory.h"
+#include "zero/runs/estimate.h"
+#include "zero/runs/memory_baseline.h"
 
 namespace zero {
 

@@ -1,0 +1,110 @@
+// zero tune's candidates (tune_plan.cpp): the families of ZeRO stage and
+// offload it searches (DeepSpeed's estimator tables), a candidate and its
+// outcome, the plan of a search, and the config each candidate is run with.
+// tune.cpp is the command: its options, the search and its report.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zero/runs/runs.h"
+#include "zero/runtime/estimate.h"
+
+namespace zero::tools {
+
+/// 3.6M, 1.2B, 950K: a count for people.
+std::string human_count(double n);
+
+/// Offload levels (0 none, 1 cpu, 2 nvme) and activation checkpointing (0 none, 1 blocks, 2 cpu), by name.
+extern const char* const kLevelName[3];
+extern const char* const kCheckpointName[3];
+
+struct Family {
+  int stage = 0, opt = 0, param = 0;  // offload levels: 0 none, 1 cpu, 2 nvme
+};
+/// DeepSpeed's estimator tables (zero estimate's list).
+extern const std::vector<Family> kFamilies;
+
+std::string family_name(const Family& f);
+
+enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed, kTimedOut };
+const char* status_name(Status s);
+
+struct Candidate {
+  int family = 0;  // index into kFamilies
+  int checkpointing = 0;
+  int optim_bits = 32;  // 8: Adam's moments in 8 bits; 16: a bf16 master and states (--allow-low-precision-states)
+  int64_t micro_batch = 1, bucket = 0;
+  PeakEstimate estimate;
+  bool fits = false;
+  Status status = Status::kNotRun;
+  zero::runs::ProbeResult run;
+  int order = 0;  // 1-based position among the runs (0: not run)
+  double tokens_per_s() const { return run.tokens_per_s(); }
+  // What the runs are ranked by: tokens per second where the program says
+  // its tokens per sample (InitOptions::tokens_per_sample), else samples.
+  double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
+  // The work that costs time besides the model's own, per component; 8-bit
+  // or bf16 states count as one (their numerics differ from the base config's), so
+  // they are proposed only where they fit what fp32 states do not, or take a
+  // larger micro-batch.
+  std::array<int, 5> work() const {
+    const Family& f = kFamilies[family];
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0};
+  }
+  int work_sum() const {
+    const auto w = work();
+    return w[0] + w[1] + w[2] + w[3] + w[4];
+  }
+};
+
+/// a beats b on every count: no more work in any component, a micro-batch at
+/// least as large, and better in one of them.
+bool dominates(const Candidate& a, const Candidate& b);
+std::string describe(const Candidate& c);
+
+/// "1,2,4" -> its items (nullopt for an empty item or list).
+std::optional<std::vector<std::string>> split_list(const std::string& v);
+/// A whole number from 1 to max_value.
+std::optional<int64_t> parse_positive(const std::string& v, int64_t max_value);
+/// 2e6, 2000000, 1.5e7: a positive element count.
+std::optional<int64_t> parse_elements(const std::string& v);
+/// Two significant digits: configs read 1200000, not 1193046.
+int64_t round2(double x);
+
+struct Plan {
+  int64_t n_layer = 0, n_embd = 0, vocab = 0, block = 0, n_head = 1;
+  int64_t ranks = 1;
+  int64_t device_budget = 0, host_budget = 0, nvme_budget = 0;
+  std::string nvme_path;  // the user's (written into the winner); empty: no NVMe
+  std::string precision;  // fp32 | fp16 | bf16
+  std::optional<std::string> device;
+  bool on_cuda = false;
+  int64_t steps = 4, gas = 1;
+  nlohmann::json base;
+  int64_t largest_layer = 0;  // elements of the largest stage-3 layer
+  std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
+  bool set_precision = true;         // a program keeps its base config's precision unless --precision says
+  bool low_precision_states = false;  // --allow-low-precision-states
+};
+
+/// The key a tune's files carry (a '_' key: a comment to DeepSpeed and
+/// zero), so that a later tune replaces them and nothing else without --force.
+inline constexpr const char* kTuneMark = "_written_by";
+inline constexpr const char* kTuneMarkValue = "zero tune";
+bool written_by_tune(const std::string& path);
+
+/// The base config with the candidate's keys; `nvme_path` for its swap files.
+nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path);
+/// "" when the run trained at `stage` with `micro_batch` as its config said;
+/// else what it did instead (a program that does not read {config} whole).
+std::string config_mismatch(const RunReport& r, int stage, int64_t micro_batch);
+/// Bytes free in `path`'s file system. Throws IoError.
+int64_t free_bytes(const std::string& path);
+
+}  // namespace zero::tools
