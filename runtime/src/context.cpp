@@ -16,6 +16,7 @@
 #include "zero/partition/zero_optimizer.h"
 #include "zero/runtime/estimate.h"
 
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -138,6 +139,11 @@ void apply_memory_budgets(const config::Config& cfg, const InitOptions& options,
     ZERO_CHECK(*cap > 0, "InitOptions::device_memory_limit_bytes must be positive");
     const std::string help = "set by " + names[0] + "; " + memory_help(cfg, Tier::kDevice);
     if (device.is_cuda()) {
+      // The caching allocator exists only once CUDA is initialised; a program
+      // whose first CUDA tensor comes after the engine (mingpt under zero::Init,
+      // --find-max-params's probes on the card) got "Allocator not initialized
+      // for device".
+      at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
       const int64_t total = zero::cuda_total_memory(device);
       if (*cap < total)
         c10::cuda::CUDACachingAllocator::setMemoryFraction(static_cast<double>(*cap) / static_cast<double>(total),

@@ -532,6 +532,7 @@ int64_t Engine::peak_bytes(Tier tier) const {
 int64_t detail::device_peak_bytes(const Engine::Impl& s) {
   const int64_t ledger_peak = s.ledger().get(Tier::kDevice).peak_bytes;
   if (s.device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // as apply_memory_budgets
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s.device.index());
     return std::max<int64_t>(ledger_peak, stats.allocated_bytes[0].peak);
   }
@@ -543,8 +544,12 @@ int64_t detail::device_peak_bytes(const Engine::Impl& s) {
 
 void Engine::reset_peak_bytes() {
   impl_->ledger().reset_peaks();
-  if (impl_->device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
-  else reset_cpu_allocator_peak();
+  if (impl_->device.is_cuda()) {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);  // as apply_memory_budgets
+    c10::cuda::CUDACachingAllocator::resetPeakStats(impl_->device.index());
+  } else {
+    reset_cpu_allocator_peak();
+  }
 }
 
 ParamGroup ParamGroup::by_name(std::string group_name, std::vector<std::string> suffixes, std::vector<std::string> names,

@@ -132,6 +132,7 @@ count() {  # ctest log -> "passed failed skipped total"
 run_tests() {
   build || return 1
   local rc=0
+  check_link_order || rc=1
   say "GPU tests ($(elapsed))"
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 --output-junit "$out/ctest-gpu.xml") \
     >"$out/test.log" 2>&1 || rc=1
@@ -169,10 +170,22 @@ run_tests() {
   return $rc
 }
 
+# NOTE [standard library first] on this machine's build, whose compiler is not
+# CI's: each program lists libstdc++ before LibTorch (round 2 of 2026-11-27:
+# /opt/gcc's -lstdc++ was the static library and six gpu tests crashed).
+check_link_order() {
+  local text rc=0
+  text=$(bash "$root/tests/core/needed_order_test.sh" "$build" 2>&1) || rc=1
+  { echo "## Link order"; echo; echo '```'; echo "$text" | head -20; echo '```'; echo; } >>"$summary"
+  say "link order: $(echo "$text" | tail -1)"
+  return $rc
+}
+
 # all: the gpu tests only (CI runs the CPU suite), to the deadline.
 run_gpu_tests() {
   build gpu_tests mingpt zero_cli || return 1
   local rc=0 left
+  check_link_order || rc=1
   left=$(remaining)
   say "GPU tests, $left s left ($(elapsed))"
   (cd "$build" && timeout -k 10 "$(( left > 180 ? left - 120 : 60 ))" \
@@ -217,7 +230,10 @@ rerun_under_debugger() {
     fi
     say "rerunning $t under $(basename "$dbg") ($(elapsed))"
     echo "== $t under $dbg" >>"$out/gdb.log"
-    timeout -s KILL "$(( left - 150 < 120 ? left - 150 : 120 ))" "$dbg" -batch -ex run -ex "thread apply all bt" \
+    # cuda-gdb needs a temporary folder it may execute from; /tmp was not
+    # (CUresult=10 at cuInit, round 2 of 2026-11-27).
+    mkdir -p "$build/gdb-tmp"
+    TMPDIR="$build/gdb-tmp" timeout -s KILL "$(( left - 150 < 120 ? left - 150 : 120 ))" "$dbg" -batch -ex run -ex "thread apply all bt" \
       -ex "info sharedlibrary" -ex quit --args "$build/tests/gpu_tests" --gtest_filter="$t" >>"$out/gdb.log" 2>&1
     echo "== $t: $dbg ended with status $?" >>"$out/gdb.log"
   done
