@@ -38,6 +38,9 @@ int tune(const std::vector<std::string>& args);
 /// zero memcheck record|check: a program's memory held to a baseline (tools/memcheck.cpp).
 int memcheck(const std::vector<std::string>& args);
 
+/// zero trace merge: ZERO_TRACE's per-rank files as one trace (tools/trace_cli.cpp).
+int trace_command(const std::vector<std::string>& args);
+
 /// --model mingpt:L,C[,V,T] (V default 50257, T default 1024); nullopt with
 /// `error` set when malformed.
 std::optional<std::array<int64_t, 4>> parse_mingpt_model(const std::string& text, std::string& error);

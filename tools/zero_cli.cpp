@@ -87,6 +87,9 @@ commands:
       Memory-regression checks: record writes a program's memory peaks per
       tier and kind; check runs it again and exits 1, with the table, when
       one grew past the tolerance. 'zero memcheck --help'.
+  trace merge OUT IN...
+      Joins the per-rank Chrome traces that ZERO_TRACE=FILE wrote
+      (FILE.rankR.json) into one, the ranks on one time axis.
   launch [--nproc_per_node N --master_addr A --master_port P --kill-timeout S] [--] PROGRAM ARGS...
       Starts N local ranks of PROGRAM with torchrun's environment (RANK,
       WORLD_SIZE, MASTER_ADDR, ...), prefixes their output with the rank, and
@@ -249,7 +252,9 @@ int run(const std::vector<std::string>& args) {
   if (args[0] == "tune") return zero::tools::tune({args.begin() + 1, args.end()});
   if (args[0] == "memcheck") return zero::tools::memcheck({args.begin() + 1, args.end()});
   if (args[0] == "checkpoint") return zero::tools::checkpoint_command({args.begin() + 1, args.end()});
-  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate", "tune", "memcheck"});
+  if (args[0] == "trace") return zero::tools::trace_command({args.begin() + 1, args.end()});
+  auto near = zero::nearest(args[0], {"config", "bench", "launch", "nvme-tune", "checkpoint", "estimate", "tune", "memcheck",
+                                      "trace"});
   return usage_error("unknown command \"" + args[0] + "\"" +
                      (near.empty() ? "" : "; did you mean " + near + "?"));
 }

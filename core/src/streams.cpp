@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "zero/core/error.h"
+#include "zero/core/trace.h"
 
 namespace zero {
 namespace {
@@ -106,6 +107,7 @@ struct StreamEvent::State {
 
 void StreamEvent::synchronize() const {
   if (!state_) return;
+  const trace::Span span("wait", "host waits for a copy");
   if (state_->cuda) {
     state_->cuda->synchronize();
     state_->release();
@@ -200,6 +202,9 @@ void CopyStream::record_on_current(const at::Tensor& t) const {
 }
 
 StreamEvent CopyStream::copy(const at::Tensor& dst, const at::Tensor& src, bool host_source) {
+  const trace::Span span(
+      "copy", [&] { return std::string(src.is_cuda() ? "device" : "host") + " to " + (dst.is_cuda() ? "device" : "host"); },
+      src.numel() * static_cast<int64_t>(src.element_size()));
   if (impl_->stream) {
     const c10::DeviceIndex index = device_.index();
     impl_->follow_current(index);
@@ -291,7 +296,8 @@ WaitClock::~WaitClock() = default;
 WaitClock::WaitClock(WaitClock&&) noexcept = default;
 WaitClock& WaitClock::operator=(WaitClock&&) noexcept = default;
 
-void WaitClock::time(const std::function<void()>& wait) {
+void WaitClock::time(const std::function<void()>& wait, const char* what) {
+  const trace::Span span("wait", what);
   auto& s = *impl_;
   std::optional<at::cuda::CUDAEvent> before;
   if (s.cuda) {

@@ -19,6 +19,7 @@
 
 #include "zero/core/error.h"
 #include "zero/core/log.h"
+#include "zero/core/trace.h"
 
 namespace zero::offload {
 namespace {
@@ -93,6 +94,9 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 
 struct AioHandle::State {
   std::mutex mu;
+  int64_t trace_begin_us = -1;  // NOTE [trace]: set when the trace is on
+  int64_t bytes = 0;
+  bool write = false;
   std::condition_variable cv;
   int64_t remaining = 0;  // blocks not finished
   std::string error;      // the first failure
@@ -100,6 +104,7 @@ struct AioHandle::State {
 
 void AioHandle::wait() {
   if (!state_) return;
+  const trace::Span span("wait", "wait for NVMe");
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->remaining == 0; });
   if (!state_->error.empty()) throw IoError(state_->error);
@@ -150,7 +155,10 @@ void finish(Block& b, const std::string& error) {
   const std::shared_ptr<AioHandle::State> state = std::move(b.state);
   std::lock_guard<std::mutex> lock(state->mu);
   if (!error.empty() && state->error.empty()) state->error = error;
-  if (--state->remaining == 0) state->cv.notify_all();
+  if (--state->remaining == 0) {
+    trace::async_done("nvme", state->write ? "NVMe write" : "NVMe read", state->trace_begin_us, state->bytes);
+    state->cv.notify_all();
+  }
 }
 
 std::string describe(const Block& b, const std::string& what) {
@@ -361,6 +369,9 @@ AioHandle AioEngine::submit(const std::shared_ptr<AioFile>& file, void* buf, int
   ZERO_CHECK(len >= 0 && offset >= 0, "aio: negative length or offset");
   ZERO_CHECK(buf != nullptr || len == 0, "aio: no buffer");
   auto state = std::make_shared<AioHandle::State>();
+  if (trace::on()) state->trace_begin_us = trace::detail::now_us();
+  state->bytes = len;
+  state->write = write;
   std::vector<Block> blocks;
   char* base = static_cast<char*>(buf);
   for (int64_t pos = 0; pos < len;) {

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "zero/core/error.h"
+#include "zero/core/trace.h"
 
 namespace zero::partition {
 namespace {
@@ -49,7 +50,7 @@ class AllReduceReducer final : public GradientReducer {
 
   void wait_all() override {
     for (auto& w : works_) {
-      clock_.time([&] { w.work.wait(); });
+      clock_.time([&] { w.work.wait(); }, "wait for a reduction");
       if (w.sent.defined()) w.range.copy_(w.sent);  // back from the communication dtype
     }
     works_.clear();
@@ -65,6 +66,7 @@ class AllReduceReducer final : public GradientReducer {
 
  private:
   void launch(size_t g) override {
+    const trace::Span span("reduce", "reduce gradients", static_cast<int64_t>(g));
     if (!distributed()) {  // nothing to sum; the pre-scale still applies (the step divides it out)
       if (options_.pre_scale != 1.0) params_.group_of(grads_, g).mul_(options_.pre_scale);
       return;
@@ -149,6 +151,7 @@ class ReduceScatterReducer final : public GradientReducer {
   static constexpr size_t kHostBuffers = 2;
 
   void launch(size_t g) override {
+    const trace::Span span("reduce", "reduce gradients", static_cast<int64_t>(g));
     const auto& group = params_.groups()[g];
     at::Tensor& st = staging_[g];
     if (!st.defined()) st = take_bucket(g);  // no gradient of this group here; others may have
@@ -185,7 +188,7 @@ class ReduceScatterReducer final : public GradientReducer {
   void finish(bool all) {
     while (!scatters_.empty()) {
       auto& s = scatters_.front();
-      clock_.time([&] { s.work.wait(); });
+      clock_.time([&] { s.work.wait(); }, "wait for a reduction");
       if (!options_.to_host) {
         store_.grad(s.group).add_(s.out);
         release(s.group);

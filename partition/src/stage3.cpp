@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "zero/core/error.h"
+#include "zero/core/trace.h"
 #include "zero/core/log.h"
 
 namespace zero::partition {
@@ -65,6 +66,8 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
                                      ParamSwapper* swapper)
     : params_(params),
       units_(std::move(units)),
+      forward_span_(units_.size()),
+      backward_span_(units_.size()),
       options_(options),
       device_(device),
       comm_(comm),
@@ -138,6 +141,7 @@ void Stage3Coordinator::launch_queued(std::optional<size_t> until) {
 
 // NOTE [stage-3 gather stream].
 void Stage3Coordinator::launch(size_t g) {
+  const trace::Span span("gather", [&] { return "gather " + describe(static_cast<int64_t>(g)); }, static_cast<int64_t>(g));
   auto& grp = groups_[g];
   const at::Tensor& full = params_.full(g);
   // offload_param: the partition lives in host memory (or on disk, read by
@@ -175,7 +179,7 @@ void Stage3Coordinator::wait(size_t g) {
   auto& grp = groups_[g];
   if (grp.state != State::kInFlight) return;
   if (!grp.launched) launch_queued(g);
-  clock_.time([&] { finish(g); });
+  clock_.time([&] { finish(g); }, "wait for a gather");
   // The device buffer the all-gather sent from goes when the compute stream,
   // which now waits for the all-gather, gets there (NOTE [device streams]).
   if (grp.send.defined() && !grp.send.is_same(params_.part(g))) stream_.record_on_current(grp.send);
@@ -376,9 +380,11 @@ void Stage3Coordinator::pre_forward(size_t unit) {
   const Event e{unit, false};
   if (traced(e)) on_event(e);
   acquire(unit, traced(e));
+  forward_span_[unit].open();
 }
 
 void Stage3Coordinator::post_forward(size_t unit) {
+  forward_span_[unit].close("layer", [&] { return "forward " + units_[unit].name; }, static_cast<int64_t>(unit));
   const bool t = traced({unit, false});
   for (size_t g : units_[unit].groups) {
     --groups_[g].users;
@@ -390,9 +396,11 @@ void Stage3Coordinator::pre_backward(size_t unit) {
   in_backward_ = true;
   on_event({unit, true});
   acquire(unit, true);
+  backward_span_[unit].open();
 }
 
 void Stage3Coordinator::post_backward(size_t unit) {
+  backward_span_[unit].close("layer", [&] { return "backward " + units_[unit].name; }, static_cast<int64_t>(unit));
   for (size_t g : units_[unit].groups) {
     --groups_[g].users;
     maybe_release(g, true);
@@ -401,6 +409,11 @@ void Stage3Coordinator::post_backward(size_t unit) {
 
 void Stage3Coordinator::end_backward() {
   in_backward_ = false;
+  // A layer whose inputs need no gradient (the embedding) has no post-backward
+  // hook: its backward ends with the whole one.
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (backward_span_[u].is_open())
+      backward_span_[u].close("layer", [&] { return "backward " + units_[u].name; }, static_cast<int64_t>(u));
   for (size_t g = 1; g < groups_.size(); ++g) {
     groups_[g].users = 0;
     release(g);

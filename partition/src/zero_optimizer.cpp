@@ -12,6 +12,7 @@
 #include "zero/core/error.h"
 #include "zero/core/ledger_alloc.h"
 #include "zero/core/log.h"
+#include "zero/core/trace.h"
 
 namespace zero::partition {
 namespace {
@@ -431,6 +432,7 @@ void ZeroOptimizer::LowOut::done() {
 // offloaded, NOTE [offload transfers]); `low` is not wanted when the master
 // is the parameters themselves.
 void ZeroOptimizer::write_pass(const WriteBody& body) {
+  const trace::Span span("optimizer", "write the new parameters (step or load)");
   const size_t n_groups = flat_->groups().size();
   std::vector<at::Tensor> outs(n_groups);
   // A shard on disk gets its buffer when its first values are ready.
@@ -488,10 +490,14 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
       low.last_ = &last_to_device;
       low.group_last_ = &to_device[g];
     }
-    body(k, m, s, low);
+    {
+      const trace::Span span("optimizer", store_->offloaded() ? "CPU step of a sub-group" : "step of a sub-group",
+                             static_cast<int64_t>(k));
+      body(k, m, s, low);
+    }
     if (k + 1 == sub_groups.size() || sub_groups[k + 1].group != g) group_done(g);
   });
-  for (auto& w : gathers) gather_clock_.time([&] { w.wait(); });
+  for (auto& w : gathers) gather_clock_.time([&] { w.wait(); }, "wait for new parameters");
   // What the next forward (and stage 3's regathering) reads must have arrived:
   // the compute stream waits for the copies, in stream order the last of them.
   last_to_device.block_current();

@@ -32,6 +32,8 @@
 #include "zero/optim/lr_scheduler.h"
 #include "zero/core/error.h"
 #include "zero/core/log.h"
+#include "zero/core/command_files.h"
+#include "zero/core/trace.h"
 #include "engine_util.h"
 #include "run_reporter.h"
 #include "zero/runtime/engine_internal.h"
@@ -125,6 +127,32 @@ double g_next_factor = 0;  // engine.scale(): the factor of the next pass
 
 // Thrown when a backward the program started ended in an error: its
 // gradients, partly reduced, are discarded.
+// NOTE [trace]: ZERO_TRACE=FILE, checked as every output is (NOTE [outputs
+// and inputs]) before the run starts.
+void start_trace(Engine::Impl& s) {
+  const char* value = std::getenv("ZERO_TRACE");
+  if (value == nullptr || *value == '\0') return;
+  const std::string path = trace::trace_path_for_rank(value, s.dist.rank, s.dist.world_size);
+  if (const std::string problem = ckpt::output_file_problem("ZERO_TRACE", path); !problem.empty())
+    throw UsageError(problem);
+  if (!s.config.source.empty() && s.config.source != "<string>") {
+    CommandFiles files;
+    files.reads("the config", s.config.source);
+    files.writes("ZERO_TRACE's file for rank " + std::to_string(s.dist.rank), path);
+    if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
+  }
+  trace::start(path, s.dist.rank, s.dist.world_size);
+  if (s.dist.rank != 0) return;
+  std::string where = path;
+  if (s.dist.world_size > 1) {  // FILE.rank0.json: say FILE.rankR.json
+    where = trace::trace_path_for_rank(value, 0, s.dist.world_size);
+    where.replace(where.rfind(".rank0"), 6, ".rankR");
+    where += " for rank R (`zero trace merge` joins them)";
+  }
+  log::info("ZERO_TRACE: a Chrome trace of each rank's steps goes to " + where +
+            ", written when the engine ends; open it in https://ui.perfetto.dev or chrome://tracing");
+}
+
 void recover_from_failed_backward(Engine::Impl& s) {
   if (!s.user_backward_open) return;
   s.user_backward_open = false;
@@ -376,6 +404,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
   try {  // NOTE [run report]
+    start_trace(s);
     s.reporter = detail::RunReporter::start(s);
     if (s.reporter) s.reporter->after_initialize();
   } catch (...) {  // no destructor will run: the thread must not keep the checkpointer
@@ -387,6 +416,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
 bool Engine::stop_requested() const { return impl_->reporter && impl_->reporter->stop_due(); }  // (a tool's run ended already)
 
 Engine::~Engine() {
+  if (impl_ && trace::on()) trace::flush();  // NOTE [trace]
   if (impl_ && impl_->reporter) {
     try {
       impl_->reporter->at_engine_end();
@@ -414,6 +444,11 @@ void Engine::backward(const torch::Tensor& loss) {
   s.sync_for_breakdown();
   const auto t0 = Clock::now();
   s.t_forward += std::chrono::duration<double>(t0 - s.phase_start).count();
+  if (trace::on()) {  // the forward ran in the program, from the last phase's end to here
+    const auto forward_us = std::chrono::duration_cast<std::chrono::microseconds>(t0 - s.phase_start).count();
+    trace::detail::record_complete("phase", "forward", trace::detail::now_us() - forward_us, s.micro_steps);
+  }
+  const trace::Span span("phase", "backward", s.micro_steps);
   {
     torch::NoGradGuard no_grad;
     auto l = loss.detach().to(torch::kFloat).reshape({});
@@ -480,6 +515,7 @@ void Engine::step() {
   recover_from_failed_backward(s);
   const auto t0 = Clock::now();
   const bool boundary = is_gradient_accumulation_boundary();
+  const trace::Span span("phase", boundary ? "step" : "step (accumulating)", s.global_steps);
   if (boundary) s.take_model_step();
   ++s.micro_steps;
   s.sync_for_breakdown();

@@ -120,8 +120,8 @@ class WaitClock {
   WaitClock(WaitClock&&) noexcept;
   WaitClock& operator=(WaitClock&&) noexcept;
 
-  /// Runs `wait` and adds its time.
-  void time(const std::function<void()>& wait);
+  /// Runs `wait` and adds its time; `what` names it in the trace (NOTE [trace]).
+  void time(const std::function<void()>& wait, const char* what = "wait");
   /// Seconds so far; waits for the events still pending (they mark points
   /// already queued on the stream).
   double seconds() const;

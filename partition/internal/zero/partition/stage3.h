@@ -75,6 +75,7 @@
 #include "zero/core/comm.h"
 #include "zero/core/ledger_alloc.h"
 #include "zero/core/streams.h"
+#include "zero/core/trace.h"
 #include "zero/partition/flat_parameters.h"
 #include "zero/partition/param_swapper.h"
 #include "zero/partition/ungathered_use.h"
@@ -192,6 +193,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
 
   FlatParameters& params_;
   std::vector<Stage3Unit> units_;
+  std::vector<trace::OpenSpan> forward_span_, backward_span_;  // per unit (NOTE [trace])
   Stage3Options options_;
   at::Device device_;
   Comm* comm_;
