@@ -13,8 +13,10 @@ struct State {
   std::set<std::string> seen;
 };
 State& state() {
-  static State s;
-  return s;
+  // Never destroyed: code that runs at exit (the trace's last flush, NOTE
+  // [trace]) may still log after static destructors have run.
+  static State* s = new State();
+  return *s;
 }
 const char* tag(Level l) {
   switch (l) {

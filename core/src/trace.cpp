@@ -4,12 +4,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <mutex>
 #include <vector>
 
@@ -65,7 +67,11 @@ void add(Event e) {
     ++r.dropped;
     return;
   }
-  r.events.push_back(std::move(e));
+  try {
+    r.events.push_back(std::move(e));
+  } catch (const std::bad_alloc&) {  // from a Span's destructor: counted, never thrown
+    ++r.dropped;
+  }
 }
 
 void append_escaped(std::string& out, const std::string& s) {
@@ -108,7 +114,8 @@ std::string render(const Recorder& r) {
     out += e.cat;
     out += "\", \"pid\": " + pid + ", \"tid\": " + std::to_string(e.tid) + ", \"ts\": " + std::to_string(e.ts_us);
     if (e.phase == 'X') out += ", \"dur\": " + std::to_string(e.dur_us);
-    if (e.phase == 'b' || e.phase == 'e') out += ", \"id\": " + std::to_string(e.id);
+    // Async ids scoped to the process: the ranks' requests stay apart once merged.
+    if (e.phase == 'b' || e.phase == 'e') out += ", \"id2\": {\"local\": " + std::to_string(e.id) + "}";
     out += ", \"name\": \"";
     append_escaped(out, e.name);
     out += "\"";
@@ -123,7 +130,14 @@ std::string render(const Recorder& r) {
 // sees the last complete trace, never half of one.
 bool write_locked(Recorder& r) {
   if (r.path.empty()) return true;
-  const std::string text = render(r);
+  std::string text;
+  try {
+    text = render(r);
+  } catch (const std::bad_alloc&) {
+    log::warning("ZERO_TRACE: no memory to render the " + std::to_string(r.events.size()) + " events of rank " +
+                 std::to_string(r.rank) + "; " + r.path + " was not written");
+    return false;
+  }
   const std::string tmp = r.path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   auto fail = [&](const char* what, int64_t offset) {
@@ -166,9 +180,16 @@ bool write_locked(Recorder& r) {
 
 }  // namespace
 
+// The steady clock, so a span's duration never goes negative when the system
+// clock is set, shifted once to the system clock's epoch, so the ranks' files
+// share a time axis.
 int64_t detail::now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  using std::chrono::duration_cast;
+  using std::chrono::microseconds;
+  static const int64_t offset =
+      duration_cast<microseconds>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      duration_cast<microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return offset + duration_cast<microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void detail::record_complete(const char* cat, std::string name, int64_t begin_us, int64_t arg) {
@@ -186,8 +207,14 @@ void detail::record_async(const char* cat, const char* name, int64_t begin_us, i
     r.dropped += 2;
     return;
   }
-  r.events.push_back({'b', cat, name, begin_us, 0, arg, tid, id});
-  r.events.push_back({'e', cat, name, now_us(), 0, -1, tid, id});
+  try {
+    if (r.events.capacity() < r.events.size() + 2)  // both or neither, growing as push_back would
+      r.events.reserve(std::max(r.events.size() + 2, 2 * r.events.capacity()));
+    r.events.push_back({'b', cat, name, begin_us, 0, arg, tid, id});
+    r.events.push_back({'e', cat, name, now_us(), 0, -1, tid, id});
+  } catch (const std::bad_alloc&) {
+    r.dropped += 2;
+  }
 }
 
 void detail::record_complete_on(int tid, const char* cat, std::string name, int64_t begin_us, int64_t arg) {

@@ -264,7 +264,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     }
   }
   if (host_sumsq.defined()) sumsq.add_(host_sumsq.to(options_.device));
-  if (partitioned()) comm_->all_reduce_sum(sumsq).wait();
+  if (partitioned()) {
+    const trace::Span span("wait", "wait for the gradient norm (all-reduce)");
+    comm_->all_reduce_sum(sumsq).wait();
+  }
   const double total_sumsq = sumsq.item<double>();
   // Reductions summed over ranks after the pre-scale: the rest of the
   // average (NOTE [gradient path]) joins the unscale.
@@ -536,7 +539,10 @@ double ZeroOptimizer::parameter_l2() const {
     if (flat_->stage3()) shard_done(g);
   }
   // Stage 3: each rank has its shards; padding is zero.
-  if (flat_->stage3() && comm_ != nullptr && world_size_ > 1) comm_->all_reduce_sum(sumsq).wait();
+  if (flat_->stage3() && comm_ != nullptr && world_size_ > 1) {
+    const trace::Span span("wait", "wait for the parameter norm (all-reduce)");
+    comm_->all_reduce_sum(sumsq).wait();
+  }
   return std::sqrt(sumsq.item<double>());
 }
 

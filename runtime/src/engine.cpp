@@ -125,8 +125,6 @@ std::mutex g_factor_mutex;
 double g_pass_factor = 0;  // the factor of the backward pass in progress (0: none set)
 double g_next_factor = 0;  // engine.scale(): the factor of the next pass
 
-// Thrown when a backward the program started ended in an error: its
-// gradients, partly reduced, are discarded.
 // NOTE [trace]: ZERO_TRACE=FILE, checked as every output is (NOTE [outputs
 // and inputs]) before the run starts.
 void start_trace(Engine::Impl& s) {
@@ -153,6 +151,8 @@ void start_trace(Engine::Impl& s) {
             ", written when the engine ends; open it in https://ui.perfetto.dev or chrome://tracing");
 }
 
+// Thrown when a backward the program started ended in an error: its
+// gradients, partly reduced, are discarded.
 void recover_from_failed_backward(Engine::Impl& s) {
   if (!s.user_backward_open) return;
   s.user_backward_open = false;
@@ -416,7 +416,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
 bool Engine::stop_requested() const { return impl_->reporter && impl_->reporter->stop_due(); }  // (a tool's run ended already)
 
 Engine::~Engine() {
-  if (impl_ && trace::on()) trace::flush();  // NOTE [trace]
+  if (impl_ && trace::on()) trace::flush();  // NOTE [trace]; says, not throws, what it could not write
   if (impl_ && impl_->reporter) {
     try {
       impl_->reporter->at_engine_end();

@@ -107,7 +107,7 @@ TEST(Trace, SpansOfEachThreadOnTheirOwnTrackInAWholeFile) {
   for (const auto& e : t["traceEvents"])
     if (e["ph"] == "b" || e["ph"] == "e") pair[e["ph"].get<std::string>()] = &e;
   ASSERT_EQ(pair.size(), 2u);
-  EXPECT_EQ((*pair["b"])["id"], (*pair["e"])["id"]);
+  EXPECT_EQ((*pair["b"])["id2"]["local"], (*pair["e"])["id2"]["local"]);
   EXPECT_LE((*pair["b"])["ts"].get<int64_t>(), (*pair["e"])["ts"].get<int64_t>());
 }
 

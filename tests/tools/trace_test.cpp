@@ -93,7 +93,7 @@ TEST(Trace, EachRankWritesItsStepsAsAChromeTrace) {
     std::set<std::string> io;
     for (const auto& e : t["traceEvents"]) {
       if (e["ph"] != "b" && e["ph"] != "e") continue;
-      pairs[e["id"].get<int64_t>()].insert(e["ph"].get<std::string>());
+      pairs[e["id2"]["local"].get<int64_t>()].insert(e["ph"].get<std::string>());
       io.insert(e["name"].get<std::string>());
     }
     EXPECT_EQ(io, (std::set<std::string>{"NVMe read", "NVMe write"}));
