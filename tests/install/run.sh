@@ -37,5 +37,11 @@ cmake --build "$work/consumer" >"$work/build.log" 2>&1 || { cat "$work/build.log
 if grep -q -e ' -Wall' -e ' -Wextra' "$work/consumer/compile_commands.json"; then
   fail "the consumer is compiled with zero's warning flags: $(grep -o -e ' -W[a-z-]*' "$work/consumer/compile_commands.json" | sort -u | tr '\n' ' ')"
 fi
+# NOTE [standard library first]: the user's program lists libstdc++ before LibTorch too.
+first=$(readelf -d "$work/consumer/consumer" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | grep -E '^(libstdc\+\+\.so|libtorch)' | head -1)
+case "$first" in
+  libstdc++.so*) ;;
+  *) fail "the consumer lists ${first:-no libstdc++} before libstdc++.so.6 (NOTE [standard library first])" ;;
+esac
 "$work/consumer/consumer"
 rm -rf "$work"
