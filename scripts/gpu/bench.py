@@ -75,12 +75,13 @@ def write_text(path, root):
         fh.write(text)
 
 
-def run(cmd, log, timeout):
-    log.write("\n$ " + " ".join(cmd) + "\n")
+def run(cmd, log, timeout, env=None):
+    log.write("\n$ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(cmd) + "\n")
     log.flush()
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+                           env=dict(os.environ, **env) if env else None)
         out, rc = p.stdout, p.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), 124
@@ -204,7 +205,9 @@ def main():
                "--batch_size", str(sc["batch"]), "--limit_train_batches", str(steps), "--max_epochs", "1",
                "--precision", "bf16", "--dropout", "0", "--summary-json", summary_path]
         print(f"bench: minGPT {name} ...", file=sys.stderr, flush=True)
-        rc, out = run(cmd, log, limit)
+        # The offload step's timeline (NOTE [trace]), for issue 36: where its time goes.
+        env = {"ZERO_TRACE": os.path.join(a.out, "trace-stage3-cpu-offload.json")} if name == "stage 3 + CPU offload" else None
+        rc, out = run(cmd, log, limit, env)
         entry = {"config": name, "zero_optimization": zero, "rc": rc}
         if rc == 0 and os.path.exists(summary_path):
             with open(summary_path) as fh:

@@ -23,9 +23,10 @@
 # ZERO_NVME_DIR (the NVMe benchmarks' folder; default /tmp/zero-nvme),
 # ZERO_BENCH_SCALE (full, or smoke: tiny models, to check the script itself).
 # Results, at most 8 files (what the device tool brings back): env.txt,
-# build.log, test.log, ctest-gpu.xml, bench.log, bench.json, summary.md, and
-# gdb.log (all) or ctest-cpu.xml (test). Exits non-zero when the build, a
-# test or a benchmark fails.
+# build.log, test.log, bench.log, bench.json, summary.md, and for all gdb.log
+# and trace-stage3-cpu-offload.json (the offload benchmark's ZERO_TRACE), for
+# test ctest-gpu.xml and ctest-cpu.xml. Exits non-zero when the build, a test
+# or a benchmark fails.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -189,7 +190,7 @@ run_gpu_tests() {
   left=$(remaining)
   say "GPU tests, $left s left ($(elapsed))"
   (cd "$build" && timeout -k 10 "$(( left > 180 ? left - 120 : 60 ))" \
-     ctest -L gpu --output-on-failure --timeout 300 --output-junit "$out/ctest-gpu.xml") >"$out/test.log" 2>&1 || rc=1
+     ctest -L gpu --output-on-failure --timeout 300) >"$out/test.log" 2>&1 || rc=1
   read -r gp gf gs gt <<<"$(count "$out/test.log")"
   {
     echo "## GPU tests ($(elapsed))"
