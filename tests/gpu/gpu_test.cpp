@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -541,6 +542,31 @@ TEST(GpuReport, TheRunReportAndABudgetOnTheCard) {
   EXPECT_GT(r["peak_bytes"]["device"].get<int64_t>(), r["model_state_bytes"]["parameters"].get<int64_t>());
   EXPECT_NE(std::system(("ZERO_DEVICE_MEMORY=64KiB " + run + " > " + work + "/oom.log 2>&1").c_str()), 0);
   EXPECT_NE(slurp(work + "/oom.log").find("out of memory"), std::string::npos) << slurp(work + "/oom.log");
+  zero::ckpt::remove_tree(work);
+}
+
+// ZERO_TRACE on the card (NOTE [trace]): stage 3 with the optimizer on the
+// CPU; the layers, the gathers and both directions of the offload's copies.
+TEST(GpuTrace, StageThreeWithCpuOffloadOnTheCard) {
+  REQUIRE_CUDA();
+  const std::string work = nvme_dir("trace");
+  const std::string cfg = work + "/config.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}, )"
+                     << R"("optimizer": {"type": "AdamW", "params": {"lr": 0.001}}, "zero_optimization": )"
+                     << R"({"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}}})";
+  const std::string run = "OMP_NUM_THREADS=1 ZERO_TRACE=" + work + "/t.json " + kBin + "mingpt --config " + cfg +
+                          " --device cuda:0 --n_layer 2 --n_head 2 --n_embd 64 --limit_train_batches 3";
+  ASSERT_EQ(std::system((run + " > " + work + "/log 2>&1").c_str()), 0) << slurp(work + "/log");
+  const auto t = nlohmann::json::parse(slurp(work + "/t.json"));
+  std::map<std::string, int> n;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "X") ++n[e["cat"].get<std::string>() + ": " + e["name"].get<std::string>()];
+  EXPECT_EQ(n["phase: backward"], 3) << t.dump(1);
+  EXPECT_EQ(n["layer: backward blocks.0"], 3);
+  EXPECT_GE(n["gather: gather layer blocks.1"], 3);
+  EXPECT_GT(n["copy: device to host"], 0) << "reduced gradients to the host";
+  EXPECT_GT(n["copy: host to device"], 0) << "new parameters to the device";
+  EXPECT_GE(n["optimizer: CPU step of a sub-group"], 3);
   zero::ckpt::remove_tree(work);
 }
 
