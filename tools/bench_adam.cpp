@@ -110,6 +110,15 @@ int bench_adam(const std::vector<std::string>& args) {
     optim::FlatOptimizer::Run run{0, n, {step, kLr, kBeta1, kBeta2}};
     optim::update_stored(*b16_opt, {run}, b16_p, grad, b16_st, nullptr, optim::Rounding{true, 0, step});
   });
+  // The same as training runs it: bf16_master_weights_and_grads keeps the
+  // gradients in bf16 too (widened a window at a time in the pass).
+  auto b16g_p = param0.to(torch::kBFloat16);
+  std::vector<at::Tensor> b16g_st{torch::zeros({n}, torch::kBFloat16), torch::zeros({n}, torch::kBFloat16)};
+  const at::Tensor grad16 = grad.to(torch::kBFloat16);
+  const size_t v_b16g = add([&](int64_t step) {
+    optim::FlatOptimizer::Run run{0, n, {step, kLr, kBeta1, kBeta2}};
+    optim::update_stored(*b16_opt, {run}, b16g_p, grad16, b16g_st, nullptr, optim::Rounding{true, 0, step});
+  });
 
   // The memory's speed: a pass with Adam's traffic and no arithmetic to speak
   // of (stream_adam_pattern: four arrays read, three written back, 28 bytes
@@ -143,7 +152,7 @@ int bench_adam(const std::vector<std::string>& args) {
   auto t = [&](size_t v) { return median(variants[v].seconds); };
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
   const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
-  const double t_q8 = t(v_q8), t_b16 = t(v_b16);
+  const double t_q8 = t(v_q8), t_b16 = t(v_b16), t_b16g = t(v_b16g);
   const double max_diff = (ours_p - fused_p).abs().max().item<double>();
   // How far 8-bit states moved the parameters from fp32 states, relative to how far fp32 moved them.
   const double q8_rel = ((q8_p - ours_p).norm() / (ours_p - param0).norm()).item<double>();
@@ -186,6 +195,8 @@ int bench_adam(const std::vector<std::string>& args) {
               t_q8 / t_ours_w);
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "zero CPU AdamW, bf16 master+states (16 B)", n / t_b16, b16_bw / 1e9,
               t_b16 / t_ours_w);
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  the same with bf16 gradients (14 B)", n / t_b16g,
+              (b16_bytes_per_param - 2) * n / t_b16g / 1e9, t_b16g / t_ours_w);
   std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
   std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
@@ -224,6 +235,7 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"adamw_8bit_bandwidth_fraction", q8_bw / pattern_bw},
                         {"adamw_8bit_rel_change_vs_fp32", q8_rel},
                         {"adamw_bf16_params_per_s", n / t_b16},
+                        {"adamw_bf16_grads_params_per_s", n / t_b16g},
                         {"ratio_bf16_vs_fp32_states", t_ours_w / t_b16},
                         {"adamw_bf16_bytes_per_param", b16_bytes_per_param},
                         {"adamw_bf16_bandwidth_fraction", b16_bw / pattern_bw},

@@ -117,7 +117,11 @@ zero::config::OptimizerConfig adamw(bool bf16_states, double lr = 1e-3) {
 TEST(SixteenBitMaster, CpuWindowsEqualTheAtenPathBitForBit) {
   const int64_t n = 100000;  // several windows and a tail
   torch::manual_seed(1);
+  // fp32 gradients, and bf16 ones as bf16_master_weights_and_grads keeps them
+  // (the CPU widens them a window at a time).
+  for (const auto grad_dtype : {torch::kFloat, torch::kBFloat16})
   for (bool bf16_states : {true, false}) {
+    SCOPED_TRACE(std::string("gradients ") + c10::toString(grad_dtype) + (bf16_states ? ", bf16 states" : ", fp32 states"));
     auto opt = zero::optim::FlatOptimizer::create(adamw(bf16_states));
     const auto st = bf16_states ? torch::kBFloat16 : torch::kFloat;
     auto p0 = torch::randn({n}).to(torch::kBFloat16);
@@ -133,7 +137,7 @@ TEST(SixteenBitMaster, CpuWindowsEqualTheAtenPathBitForBit) {
     auto low = torch::empty({n}, torch::kBFloat16);
     const Rounding r{true, 1000, 3};
     for (int step = 0; step < 3; ++step) {
-      auto g = torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat).requires_grad(false));
+      auto g = torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat).requires_grad(false)).to(grad_dtype);
       // ATen: every tensor a strided view.
       auto pb = torch::empty({2 * n}, torch::kBFloat16);
       auto pa = pb.slice(0, 0, 2 * n, 2);
