@@ -88,8 +88,6 @@ constexpr FeatureRule kFeatures[] = {
     {"data_types.buffer_dtype", When::kPresent, 0, Severity::kWarning, "a separate buffer dtype is not implemented by zero", nullptr},
     {"zero_optimization.legacy_stage1", When::kTrue, 0, Severity::kWarning, "the legacy stage 1 implementation is not in zero (its stage 1 computes the same)",
      nullptr},
-    {"zero_optimization.offload_optimizer.super_offload", When::kTrue, 0, Severity::kWarning, "SuperOffload is not implemented by zero",
-     nullptr},
     {"zero_optimization.leaf_module", When::kPresent, 0, Severity::kWarning, "ZeRO-3 leaf modules are not implemented by zero", nullptr},
     {"zero_optimization.zeropp_loco_param", When::kPresent, 0, Severity::kWarning, "LoCo-ZeRO++ is not implemented by zero", nullptr},
     {"zero_optimization.stage3_partition_stream_chunk_size", When::kAbove, 0, Severity::kWarning,

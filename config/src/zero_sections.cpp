@@ -98,11 +98,9 @@ void read_offload_optimizer(Section& zs, OffloadOptimizerConfig& o) {
   s.read_bool("pipeline_write", o.pipeline_write);
   s.read_bool("fast_init", o.fast_init);
   s.read_double("ratio", o.ratio, Range::between(0.0, 1.0));
-  // Valid DeepSpeed keys that only tune DeepSpeed's own CPU Adam; features.cpp
-  // warns about super_offload.
-  bool unused_bool = false;
-  s.read_bool("super_offload", unused_bool, {}, /*record=*/false);
-  unused_bool = true;
+  s.read_bool("super_offload", o.super_offload);
+  // Valid DeepSpeed keys that only tune DeepSpeed's own CPU Adam.
+  bool unused_bool = true;
   s.read_bool("convert_grad_on_cpu", unused_bool, {}, /*record=*/false);
   double unused_double = 0.8;
   s.read_double("cpuadam_cores_perc", unused_double, Range::between(0.0, 1.0), {}, /*record=*/false);
@@ -246,6 +244,21 @@ void read_zero_fields(Section& zs, Config& config) {
     ctx.problem(zs.path_of("offload_optimizer.ratio"),
                 "expected 1.0 unless stage is 3 (DeepSpeed: Partial offloading only supported for ZeRO Stage 3.); got " +
                     Json(z.offload_optimizer.ratio).dump());
+  }
+  // SuperOffload is DeepSpeed's stage-3 optimizer; elsewhere DeepSpeed
+  // ignores the key, and so does zero, saying so.
+  if (z.offload_optimizer.super_offload) {
+    const std::string path = zs.path_of("offload_optimizer.super_offload");
+    if (!stage3)
+      ctx.warn(path, "has no effect below stage 3 (stage is " + std::to_string(z.stage) +
+                         "): the CPU step runs after backward");
+    else if (z.offload_optimizer.device != OffloadDevice::kCpu)
+      ctx.warn(path, std::string("has no effect without offload_optimizer.device \"cpu\" (it is \"") +
+                         (z.offload_optimizer.device == OffloadDevice::kNvme ? "nvme" : "none") +
+                         "\"): the CPU step runs after backward");
+    else if (z.offload_param.device != OffloadDevice::kNone)
+      ctx.warn(path, "has no effect with offload_param: zero speculates only while the parameter shards stay on "
+                     "the device (NOTE [speculative step]); the CPU step runs after backward");
   }
   if (z.offload_param.device != OffloadDevice::kNone && !stage3) {
     ctx.warn(zs.path_of("offload_param"), "has no effect below stage 3 (stage is " + std::to_string(z.stage) + ")");

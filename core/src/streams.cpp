@@ -2,6 +2,7 @@
 #include "zero/core/streams.h"
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -55,10 +56,17 @@ struct DeferredQueue {
       performed = p.seq;
     }
   }
+  // Bit for bit: a source of NaNs (a speculative step's values from
+  // gradients that overflowed, NOTE [speculative step]) is unchanged when its
+  // bytes are, though NaN != NaN.
+  static bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+    if (!a.is_contiguous() || !b.is_contiguous() || a.scalar_type() != b.scalar_type()) return at::equal(a, b);
+    return a.numel() == b.numel() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+  }
   // A host source that changed before the host waited for its copy.
   void verify_locked() {
     for (const auto& u : unconfirmed) {
-      if (!at::equal(u.src, u.snapshot)) {
+      if (!same_bytes(u.src, u.snapshot)) {
         const uint64_t seq = u.seq;
         unconfirmed.clear();
         throw InternalError("copy #" + std::to_string(seq) + " (CopyMode::kDeferred): its host source of " +

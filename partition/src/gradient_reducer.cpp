@@ -242,6 +242,7 @@ class ReduceScatterReducer final : public GradientReducer {
     copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     store_.grad(h.group).narrow(0, h.offset, h.host.numel()).add_(h.host);
     if (h.recycle.defined()) (h.chunk ? chunks_ : buckets_).give(h.recycle);
+    if (on_host_final_ && h.offset + h.host.numel() == params_.groups()[h.group].chunk_numel) on_host_final_(h.group);
   }
 
   // A bucket, zeroed (NOTE [buffer pools]).

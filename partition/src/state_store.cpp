@@ -156,6 +156,13 @@ std::vector<at::Tensor> StateStore::sub_group_states(size_t k) const {
   return s;
 }
 
+std::vector<at::Tensor> StateStore::views(size_t k) const {
+  const auto [g, start, len] = sub_groups_.at(k);
+  std::vector<at::Tensor> v{master(g).narrow(0, start, len)};
+  for (auto& st : sub_group_states(k)) v.push_back(std::move(st));
+  return v;
+}
+
 void StateStore::prefetch() {
   if (swapper_) swapper_->prefetch();
 }

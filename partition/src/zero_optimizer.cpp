@@ -171,6 +171,7 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   ro.to_host = options_.offload_optimizer;
   ro.pin_memory = options_.pin_memory;
   reducer_ = GradientReducer::create(options_.stage, *flat_, *store_, comm_, ledger_, copies_, ro);
+  if (options_.super_offload) spec_init(layout);
 
   const auto& slots = flat_->slots();
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -179,13 +180,37 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  if (spec_) {
+    {
+      std::lock_guard<std::mutex> lock(spec_->mu);
+      spec_->stop = true;
+    }
+    spec_->cv.notify_all();
+    if (spec_->worker.joinable()) spec_->worker.join();
+  }
   for (const auto& slot : flat_->slots())
     torch::autograd::impl::set_post_acc_grad_hooks(slot.param, nullptr);
 }
 
-void ZeroOptimizer::begin_backward(bool boundary) {
+void ZeroOptimizer::begin_backward(bool boundary, const std::optional<PlannedStep>& planned) {
+  if (spec_ && spec_->armed) spec_cancel();  // a boundary backward that never reached step()
   in_backward_ = true;
   if (boundary) store_->prefetch();  // NVMe: the step's first states arrive behind backward
+  if (boundary && planned && spec_) {
+    std::lock_guard<std::mutex> lock(spec_->mu);
+    spec_->plan = *planned;
+    spec_->combined = planned->loss_scale *
+                      (options_.average_gradients ? static_cast<double>(world_size_) : 1.0) *
+                      options_.reduction.pre_scale;
+    spec_->ready.clear();
+    spec_->notified = 0;
+    spec_->groups_done = 0;
+    spec_->skip = false;
+    spec_->error = nullptr;
+    std::fill(spec_->stepped.begin(), spec_->stepped.end(), 0);
+    spec_->armed = true;
+    ++spec_counts_.planned;
+  }
   reducer_->begin_backward(boundary);
 }
 
@@ -211,10 +236,13 @@ void ZeroOptimizer::abandon_backward() {
   }
   in_backward_ = false;
   if (stage3_) stage3_->end_backward();
+  if (spec_ && spec_->armed) spec_cancel();
   zero_grad();
 }
 
 void ZeroOptimizer::zero_grad() {
+  // Gradients discarded after a speculative step used them: it is undone.
+  if (spec_ && spec_->armed && !in_backward_) spec_cancel();
   reducer_->zero();
   for (const auto& slot : flat_->slots()) slot.param.mutable_grad().reset();
 }
@@ -243,6 +271,8 @@ at::Tensor sum_of_squares(const at::Tensor& g) {
 
 }  // namespace
 
+at::Tensor ZeroOptimizer::group_sum_of_squares(size_t g) const { return sum_of_squares(reducer_->owned(g)); }
+
 StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_scale, double clip) {
   at::NoGradGuard no_grad;
   reducer_->wait_all();
@@ -252,10 +282,14 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   // Gradients owned on the host (offloaded, on a GPU run) are summed there
   // and moved once: a scalar per group from pageable memory would make the
   // stream wait once per group.
+  // NOTE [speculative step]: with a planned step, the worker has stepped
+  // every sub-group and summed each group's squares as it went.
+  const bool speculated = spec_ && spec_->armed;
+  if (speculated) spec_wait();
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   at::Tensor host_sumsq;
   for (size_t g = 0; g < n_groups; ++g) {
-    at::Tensor n = sum_of_squares(reducer_->owned(g));
+    at::Tensor n = speculated ? spec_->sumsq[g] : group_sum_of_squares(g);
     if (n.device() == sumsq.device()) {
       sumsq.add_(n);
     } else {
@@ -275,6 +309,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
                              options_.reduction.pre_scale;
   out.grad_norm = std::sqrt(total_sumsq) / scale_total;
   if (!std::isfinite(total_sumsq) && options_.check_overflow) {
+    if (speculated) {
+      spec_restore(/*rewrite_values=*/true);
+      ++spec_counts_.undone;
+    }
     zero_grad();
     return out;
   }
@@ -282,6 +320,29 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   if (clip > 0) {
     const double ratio = (out.grad_norm + 1e-6) / clip;
     if (ratio > 1) combined *= ratio;
+  }
+  if (speculated) {
+    const PlannedStep& plan = spec_->plan;
+    const bool as_planned = combined == spec_->combined && plan.params.step == params.step &&
+                            plan.params.lr == params.lr && plan.params.beta1 == params.beta1 &&
+                            plan.params.beta2 == params.beta2 && plan.params.weight_decay == params.weight_decay;
+    if (as_planned) {
+      {
+        const trace::Span span("optimizer", "speculative step validated");
+        // As write_pass ends: what the next forward reads has arrived.
+        spec_->last.block_current();
+        spec_->last = StreamEvent();
+        spec_->armed = false;
+        if (stage3_) stage3_->after_step();
+      }
+      ++spec_counts_.validated;
+      zero_grad();
+      out.applied = true;
+      return out;
+    }
+    // Clipped (or a step other than planned): from the states as they were.
+    spec_restore(/*rewrite_values=*/false);
+    ++spec_counts_.redone;
   }
   // NOTE [offload transfers]: stage 1's gradients come to the host a
   // sub-group ahead of the optimizer.
@@ -301,12 +362,9 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     grad_ring_.used_by(done);
     grads_ahead.emplace_back(host, done);
   };
-  const auto& specs = store_->state_specs();
-  const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
-  const int64_t piece_cap = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
-    at::Tensor grad;  // the sub-group's gradient, in its dtype; fp32 and unscaled a piece at a time below
+    at::Tensor grad;  // the sub-group's gradient, in its dtype
     if (grads_from_device) {
       while (next_grad < sub_groups.size() && next_grad <= k + 1) fetch_grad();
       auto [host, done] = std::move(grads_ahead.front());
@@ -318,55 +376,76 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     } else {
       grad = reducer_->owned(g).narrow(0, start, len);
     }
-    std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
-    if (runs_.empty()) {
-      runs.push_back({0, len, params});
-    } else {
-      for (const Run& r : runs_[k]) {
-        optim::StepParams p = params;
-        const GroupHyper& h = groups_[r.group];
-        if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
-        p.weight_decay = h.weight_decay;
-        runs.push_back({r.start, r.numel, p});
-      }
-    }
-    // A piece at a time: where the new values go through the host ring
-    // (write_pass), and at most host_staging_numel elements anyway, so a
-    // 16-bit gradient's fp32 copy is one piece, not the sub-group (a whole
-    // partition at the default sub_group_size). Each piece's runs and states
-    // are its own slices (a block-wise state's blocks: pieces start on block
-    // boundaries).
-    const int64_t step = std::min(low.wanted() ? low.max_piece() : len, piece_cap);
-    for (const auto& spec : specs)
-      ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
-                 "a write pass's pieces must start on the optimizer states' block boundaries");
-    for (int64_t a = 0; a < len; a += step) {
-      const int64_t n = std::min(step, len - a);
-      const std::vector<optim::FlatOptimizer::Run> piece_runs = optim::runs_within(runs, a, n);
-      // fp32 gradients on the step's device are unscaled in place; others
-      // through this piece's fp32 copy.
-      at::Tensor g32 = (n == len ? grad : grad.narrow(0, a, n)).to(m.device(), at::kFloat);
-      if (combined != 1.0) g32.mul_(1.0 / combined);
-      at::Tensor pm = n == len ? m : m.narrow(0, a, n);
-      std::vector<at::Tensor> ps;
-      // (8-bit Adam's side states only where the sub-group has fp32 blocks:
-      // without them the step never reads its scales back from a device.)
-      for (size_t i = 0; i < s.size(); ++i)
-        if (!specs[i].side || !store_->fp32_blocks(k).empty())
-          ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
-      at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
-      // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
-      const auto& grp = flat_->groups()[g];
-      const optim::Rounding rounding{options_.stochastic_rounding,
-                                     static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
-                                     params.step};
-      optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, low.wanted() ? &pl : nullptr, rounding);
-      if (low.wanted()) low.done();
-    }
+    step_sub_group(k, grad, m, s, low, params, combined);
   });
   zero_grad();
   out.applied = true;
   return out;
+}
+
+void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s,
+                                   LowOut& low, const optim::StepParams& params, double combined,
+                                   at::Tensor* scratch) {
+  const auto [g, start, len] = store_->sub_groups()[k];
+  const auto& specs = store_->state_specs();
+  const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
+  const int64_t piece_cap = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
+  if (runs_.empty()) {
+    runs.push_back({0, len, params});
+  } else {
+    for (const Run& r : runs_[k]) {
+      optim::StepParams p = params;
+      const GroupHyper& h = groups_[r.group];
+      if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
+      p.weight_decay = h.weight_decay;
+      runs.push_back({r.start, r.numel, p});
+    }
+  }
+  // A piece at a time: where the new values go through the host ring
+  // (write_pass), and at most host_staging_numel elements anyway, so a
+  // 16-bit gradient's fp32 copy is one piece, not the sub-group (a whole
+  // partition at the default sub_group_size). Each piece's runs and states
+  // are its own slices (a block-wise state's blocks: pieces start on block
+  // boundaries).
+  const int64_t step = std::min(low.wanted() ? low.max_piece() : len, piece_cap);
+  for (const auto& spec : specs)
+    ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
+               "a write pass's pieces must start on the optimizer states' block boundaries");
+  for (int64_t a = 0; a < len; a += step) {
+    const int64_t n = std::min(step, len - a);
+    const std::vector<optim::FlatOptimizer::Run> piece_runs = optim::runs_within(runs, a, n);
+    // fp32 gradients on the step's device are unscaled in place (or, to
+    // keep them, into `scratch`: the same multiplication); others through
+    // this piece's fp32 copy.
+    const at::Tensor gp = n == len ? grad : grad.narrow(0, a, n);
+    at::Tensor g32 = gp.to(m.device(), at::kFloat);
+    if (combined != 1.0) {
+      if (scratch != nullptr && g32.is_same(gp)) {
+        ZERO_CHECK(scratch->numel() >= n, "the gradient scratch is smaller than a piece");
+        at::Tensor out = scratch->narrow(0, 0, n);
+        at::mul_out(out, gp, at::Scalar(1.0 / combined));  // mul_'s Scalar overload, out of place
+        g32 = out;
+      } else {
+        g32.mul_(1.0 / combined);
+      }
+    }
+    at::Tensor pm = n == len ? m : m.narrow(0, a, n);
+    std::vector<at::Tensor> ps;
+    // (8-bit Adam's side states only where the sub-group has fp32 blocks:
+    // without them the step never reads its scales back from a device.)
+    for (size_t i = 0; i < s.size(); ++i)
+      if (!specs[i].side || !store_->fp32_blocks(k).empty())
+        ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
+    at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
+    // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
+    const auto& grp = flat_->groups()[g];
+    const optim::Rounding rounding{options_.stochastic_rounding,
+                                   static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
+                                   params.step};
+    optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, low.wanted() ? &pl : nullptr, rounding);
+    if (low.wanted()) low.done();
+  }
 }
 
 void ZeroOptimizer::set_param_groups(std::vector<GroupHyper> groups, const std::vector<size_t>& group_of) {
@@ -415,14 +494,14 @@ at::Tensor ZeroOptimizer::LowOut::piece(int64_t start, int64_t len) {
   start_ = start;
   len_ = len;
   if (mode_ == Mode::kInPlace) return out_.narrow(0, start, len);
-  host_ = owner_->param_ring_.next(len, owner_->copy_wait_s_);
+  host_ = ring_->next(len, *wait_s_);
   return host_;
 }
 
 void ZeroOptimizer::LowOut::done() {
   if (mode_ != Mode::kToDevice) return;
-  *group_last_ = *last_ = owner_->copies_.copy(out_.narrow(0, start_, len_), host_, /*host_source=*/true);
-  owner_->param_ring_.used_by(*group_last_);
+  *group_last_ = *last_ = copies_->copy(out_.narrow(0, start_, len_), host_, /*host_source=*/true);
+  ring_->used_by(*group_last_);
   host_ = at::Tensor();
 }
 
@@ -485,7 +564,9 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
     const auto [g, start, len] = sub_groups[k];
     if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
     LowOut low;
-    low.owner_ = this;
+    low.ring_ = &param_ring_;
+    low.copies_ = &copies_;
+    low.wait_s_ = &copy_wait_s_;
     if (outs[g].defined()) {
       low.out_ = outs[g].narrow(0, start, len);
       low.mode_ = values_to_device ? LowOut::Mode::kToDevice : LowOut::Mode::kInPlace;

@@ -337,6 +337,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   zo.copy_mode = s.options.cpu_copy_mode;
+  // NOTE [speculative step]: where it runs (the config warns elsewhere).
+  zo.super_offload = oo.super_offload && s.config.zero.stage == 3 && oo.device == config::OffloadDevice::kCpu &&
+                     s.config.zero.offload_param.device == config::OffloadDevice::kNone;
   if (s.config.zero.stage == 3) {
     auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
                                     "rank" + std::to_string(s.dist.rank) + "-params");
@@ -458,7 +461,12 @@ void Engine::backward(const torch::Tensor& loss) {
   double factor = 1.0 / static_cast<double>(s.gas());
   if (s.config.fp16.enabled) factor *= s.scaler.scale();
   auto scaled = factor == 1.0 ? loss : loss * factor;
-  s.optimizer->begin_backward(is_gradient_accumulation_boundary());
+  // NOTE [speculative step]: the step this boundary's backward may begin,
+  // with the factor take_model_step will pass (engine.backward's: the loss scale).
+  std::optional<partition::PlannedStep> planned;
+  if (is_gradient_accumulation_boundary() && s.optimizer->speculates())
+    planned = partition::PlannedStep{s.next_step_params(), s.scaler.scale(), s.config.gradient_clipping};
+  s.optimizer->begin_backward(is_gradient_accumulation_boundary(), planned);
   {
     // NOTE [user backward]: other engines this loss reaches read its factor.
     std::lock_guard<std::mutex> lock(g_factor_mutex);
@@ -538,6 +546,18 @@ const config::Config& Engine::config() const { return impl_->config; }
 int Engine::rank() const { return impl_->dist.rank; }
 int Engine::world_size() const { return impl_->dist.world_size; }
 Comm* detail::comm_of(Engine& engine) { return engine.impl().comm.get(); }
+std::vector<torch::Tensor> detail::optimizer_states_of(Engine& engine) {
+  std::vector<torch::Tensor> out;
+  engine.impl().optimizer->read_states([&](size_t, at::Tensor m, std::vector<at::Tensor> st) {
+    out.push_back(m.to(torch::kCPU).clone());
+    for (auto& t : st) out.push_back(t.to(torch::kCPU).clone());
+  });
+  return out;
+}
+detail::SpeculationCounts detail::speculation_counts(Engine& engine) {
+  const auto c = engine.impl().optimizer->speculation_counts();
+  return {c.planned, c.validated, c.redone, c.undone};
+}
 double Engine::grad_comm_wait_seconds() const { return impl_->optimizer->grad_comm_wait_seconds(); }
 double Engine::param_gather_wait_seconds() const { return impl_->optimizer->param_gather_wait_seconds(); }
 double Engine::transfer_wait_seconds() const { return impl_->optimizer->transfer_wait_seconds(); }

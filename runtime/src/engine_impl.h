@@ -141,7 +141,9 @@ struct Engine::Impl : detail::RunContext {
     return scheduler ? scheduler->lr() : config.optimizer->lr;
   }
 
-  void take_model_step() {
+  // The next optimizer step's values (also what a speculative step assumes:
+  // NOTE [speculative step]).
+  optim::StepParams next_step_params() const {
     optim::StepParams p;
     p.step = applied_steps + 1;
     p.lr = current_lr();
@@ -154,6 +156,11 @@ struct Engine::Impl : detail::RunContext {
       p.beta1 = *scheduler->beta1();
       p.beta2 = 0.99;
     }
+    return p;
+  }
+
+  void take_model_step() {
+    const optim::StepParams p = next_step_params();
     // The factor the accumulated gradients carry (NOTE [user backward]):
     // engine.backward scaled the loss by the loss scale / gas; a backward
     // the program started carries the loss scale only if engine.scale did,

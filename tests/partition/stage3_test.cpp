@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <unistd.h>
@@ -219,6 +220,57 @@ TEST(UserBackward, LossBackwardGivesTheBitsOfEngineBackward) {
       EXPECT_EQ(got.out["param_l2"].get<double>(), ref.out["param_l2"].get<double>()) << name;
       EXPECT_NE(got.out["param_l2"].get<double>(), got.out["param_l2_initial"].get<double>()) << name;
     }
+  }
+}
+
+// NOTE [speculative step]: offload_optimizer.super_offload on 2 ranks equals
+// the same run without it, bit for bit (each rank's master and states, every
+// loss, the parameters' norm): unclipped steps accepted as speculated, clipped
+// ones redone, fp16 overflows undone, with gradient accumulation.
+TEST(SuperOffload, TwoRanksGiveTheBitsOfThePlainOffloadStep) {
+  struct Case {
+    const char* name;
+    nlohmann::json top;  // keys beside zero_optimization
+    int gas;
+  };
+  const Case cases[] = {
+      {"fp32_unclipped", nlohmann::json::object(), 1},
+      {"bf16_clipped_gas2", {{"bf16", {{"enabled", true}}}, {"gradient_clipping", 0.05}}, 2},
+      {"fp16_overflows", {{"fp16", {{"enabled", true}, {"initial_scale_power", 20}, {"hysteresis", 1}}},
+                          {"gradient_clipping", 1.0}}, 1},
+  };
+  for (const auto& c : cases) {
+    std::map<bool, struct Run> runs;
+    for (const bool super : {false, true}) {
+      std::system(("mkdir -p " + kWork).c_str());
+      const std::string name = std::string("super_offload_") + c.name + (super ? "_on" : "_off");
+      const std::string cfg = kWork + std::to_string(getpid()) + "_" + name + ".json";
+      nlohmann::json j = {{"train_batch_size", 16},
+                          {"gradient_accumulation_steps", c.gas},
+                          {"optimizer", {{"type", "Adam"}, {"params", {{"lr", 0.01}}}}},
+                          {"zero_optimization",
+                           stage3({{"sub_group_size", 700},
+                                   {"offload_optimizer", {{"device", "cpu"}, {"super_offload", super}}}})}};
+      for (auto& [k, v] : c.top.items()) j[k] = v;
+      std::ofstream(cfg) << j.dump(2);
+      runs[super] = run_worker(name, 2, cfg, "--mode plain --layers 3 --dim 32 --steps 6");
+      ASSERT_EQ(runs[super].rc, 0) << runs[super].log;
+    }
+    const auto& off = runs[false].out;
+    const auto& on = runs[true].out;
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(on["losses"], off["losses"]);
+    EXPECT_EQ(on["param_l2"].get<double>(), off["param_l2"].get<double>());
+    EXPECT_EQ(on["states_digest"], off["states_digest"]);
+    EXPECT_EQ(on["skipped_steps"], off["skipped_steps"]);
+    EXPECT_EQ(off["speculation"]["planned"].get<int64_t>(), 0);
+    const auto& s = on["speculation"];
+    const int64_t steps = 6 / c.gas, skipped = on["skipped_steps"].get<int64_t>();
+    EXPECT_EQ(s["planned"].get<int64_t>(), steps);
+    EXPECT_EQ(s["undone"].get<int64_t>(), skipped);
+    EXPECT_EQ(s["validated"].get<int64_t>() + s["redone"].get<int64_t>(), steps - skipped);
+    if (std::string(c.name) == "fp32_unclipped") EXPECT_EQ(s["validated"].get<int64_t>(), steps);
+    if (std::string(c.name) == "fp16_overflows") EXPECT_GE(skipped, 1);
   }
 }
 

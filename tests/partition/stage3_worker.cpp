@@ -144,6 +144,25 @@ int main(int argc, char** argv) {
       out["gathers"] = st->gathers;
       out["prefetched_gathers"] = st->prefetched_gathers;
     }
+    // Each rank's master and optimizer states, as a 32-bit FNV-1a digest of
+    // their bytes (exact in a double), gathered: runs compared bit for bit.
+    {
+      uint32_t h = 2166136261u;
+      for (const auto& t : zero::detail::optimizer_states_of(engine)) {
+        const auto c = t.contiguous();
+        const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+        for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 16777619u;
+      }
+      auto digests = torch::zeros({ws}, torch::kDouble);
+      digests[rank] = static_cast<double>(h);
+      if (auto* c = zero::detail::comm_of(engine)) c->all_reduce_sum(digests).wait();
+      std::vector<double> d(digests.data_ptr<double>(), digests.data_ptr<double>() + ws);
+      out["states_digest"] = d;
+    }
+    const auto spec = zero::detail::speculation_counts(engine);
+    out["speculation"] = {{"planned", spec.planned}, {"validated", spec.validated}, {"redone", spec.redone},
+                          {"undone", spec.undone}};
+    out["skipped_steps"] = engine.skipped_steps();
     out["host_peak_bytes"] = engine.ledger().get(zero::Tier::kHost).peak_bytes;
     out["model_state_bytes"] = engine.model_state_bytes().total();
     if (a.mode == "save16") {

@@ -103,6 +103,10 @@ INSTANTIATE_TEST_SUITE_P(
              R"("fp16": {"enabled": true, "initial_scale_power": 8},)"},
         Case{"stage3_optimizer_cpu",
              R"("stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"})", ""},
+        Case{"stage3_super_offload_bf16",
+             R"("stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 2000, )"
+             R"("offload_optimizer": {"device": "cpu", "super_offload": true})",
+             R"("bf16": {"enabled": true},)"},
         Case{"stage3_params_cpu_bf16",
              R"("stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}, )"
              R"("offload_param": {"device": "cpu"})",

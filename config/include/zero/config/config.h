@@ -155,6 +155,10 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   double ratio = 1.0;
+  /// SuperOffload: the CPU step of each sub-group starts during the boundary
+  /// backward, validated afterwards (stage 3 with device cpu and no
+  /// offload_param; NOTE [speculative step]).
+  bool super_offload = false;
 };
 
 /// `zero_optimization`; the stage3_* keys under their unprefixed field names.

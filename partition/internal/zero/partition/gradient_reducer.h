@@ -36,6 +36,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -104,6 +105,12 @@ class GradientReducer {
   /// Discards accumulated gradients (waits for what is in flight first).
   virtual void zero() = 0;
 
+  /// Called (on the thread that adds it: autograd's, or end_backward's
+  /// caller) when the last piece of group g's reduced chunk has been added
+  /// into the host partition (stages 2-3 offloaded, every micro-step; NOTE
+  /// [speculative step]). It must not call back into the reducer.
+  void set_on_host_final(std::function<void(size_t g)> fn) { on_host_final_ = std::move(fn); }
+
   /// Seconds waited for collectives (NOTE [device streams]: on a GPU, measured on the stream).
   double comm_wait_seconds() const { return clock_.seconds(); }
   /// Seconds the host waited for device-to-host copies of reduced chunks.
@@ -128,6 +135,7 @@ class GradientReducer {
   size_t next_launch_ = 0;     // groups launched, from the last
   WaitClock clock_;
   double copy_wait_s_ = 0;
+  std::function<void(size_t g)> on_host_final_;
 };
 
 }  // namespace zero::partition

@@ -118,6 +118,10 @@ class StateStore {
   /// next visit (behind backward). Never throws.
   void prefetch();
 
+  /// Sub-group k's master, then its states, as visit() gives them (in
+  /// memory; not on NVMe): any thread may step a sub-group no other touches.
+  std::vector<at::Tensor> views(size_t k) const;
+
   /// The master of group g (in memory; not on NVMe).
   at::Tensor master(size_t g) const;
   /// The state `i` (0-based among the optimizer's states) of group g (in

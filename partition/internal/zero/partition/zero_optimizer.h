@@ -21,11 +21,15 @@
 // does not call anything else meanwhile.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -85,6 +89,10 @@ struct ZeroOptimizerOptions {
   /// On the CPU: CopyMode::kDeferred makes every device-host transfer wait
   /// for its event (tests, NOTE [device streams]).
   CopyMode copy_mode = CopyMode::kImmediate;
+  /// offload_optimizer.super_offload (stage 3 with CPU optimizer offload,
+  /// no parameter offload): each sub-group's CPU step starts during the
+  /// boundary backward, validated at step() (NOTE [speculative step]).
+  bool super_offload = false;
 };
 
 // NOTE [optimizer offload]
@@ -135,6 +143,14 @@ struct Stage3Layout {
   std::optional<ParamSwapOptions> nvme_param;
 };
 
+/// The step a boundary backward's speculation assumes (NOTE [speculative
+/// step]): what step() will then be called with.
+struct PlannedStep {
+  optim::StepParams params;
+  double loss_scale = 1.0;
+  double clip = 0.0;
+};
+
 /// What one boundary step did.
 struct StepOutcome {
   bool applied = false;   // false: skipped for non-finite gradients
@@ -156,8 +172,18 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  /// Before a micro-step's backward; `boundary`: the last micro-step before step().
-  void begin_backward(bool boundary);
+  /// Before a micro-step's backward; `boundary`: the last micro-step before
+  /// step(). `planned` (a boundary's, with super_offload): the step() that
+  /// follows, which the CPU steps assume while backward runs (NOTE
+  /// [speculative step]); without it the step waits for step().
+  void begin_backward(bool boundary, const std::optional<PlannedStep>& planned = std::nullopt);
+  /// Whether begin_backward takes a planned step (super_offload in effect).
+  bool speculates() const { return options_.super_offload; }
+  /// What the speculation did since construction (NOTE [speculative step]).
+  struct SpeculationCounts {
+    int64_t planned = 0, validated = 0, redone = 0, undone = 0;
+  };
+  SpeculationCounts speculation_counts() const { return spec_counts_; }
   /// After backward returns: starts the collectives of groups that did not
   /// complete (parameters without gradients) and waits for them.
   void end_backward();
@@ -259,7 +285,9 @@ class ZeroOptimizer {
     friend class ZeroOptimizer;
     enum class Mode { kNone, kInPlace, kToDevice };
     Mode mode_ = Mode::kNone;
-    ZeroOptimizer* owner_ = nullptr;
+    HostRing* ring_ = nullptr;        // kToDevice: the pinned buffers, the stream and
+    CopyStream* copies_ = nullptr;    // the wait counter it goes through
+    double* wait_s_ = nullptr;
     at::Tensor out_;  // the sub-group's destination (its range of the group's output)
     int64_t max_piece_ = 0, start_ = 0, len_ = 0;
     at::Tensor host_;  // kToDevice: the ring buffer of the piece being written
@@ -268,6 +296,47 @@ class ZeroOptimizer {
   };
   using WriteBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low)>;
   void write_pass(const WriteBody& body);
+  /// The optimizer's update of sub-group k from its gradient `grad` (in its
+  /// dtype), unscaled and clipped by dividing by `combined`, new values
+  /// through `low`. `scratch` (fp32, at least a piece): `grad` is left as it
+  /// was (else an fp32 gradient on the step's device is unscaled in place).
+  void step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low,
+                      const optim::StepParams& params, double combined, at::Tensor* scratch = nullptr);
+  /// Σ x² of group g's owned gradient, in fp64 (NOTE [gradient norm]).
+  at::Tensor group_sum_of_squares(size_t g) const;
+
+  // NOTE [speculative step] (super_offload.cpp).
+  void spec_init(const Stage3Layout* layout);  // checks the setup, starts the worker
+  void spec_group_final(size_t g);   // the reducer: group g's host gradient is final
+  void spec_worker();
+  void spec_wait();                  // until the worker has stepped every group; rethrows its error
+  void spec_restore(bool rewrite_values);  // undoes the sub-groups stepped
+  void spec_cancel();                // an abandoned backward: undo, values too
+  struct Speculation {
+    std::thread worker;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool armed = false, stop = false;
+    std::deque<size_t> ready;        // groups whose gradients are final, in order
+    size_t notified = 0;             // groups made final this backward
+    size_t groups_done = 0;          // of them, stepped by the worker (or skipped)
+    bool skip = false;               // after an error or a cancel: the rest are not stepped
+    std::exception_ptr error;
+    PlannedStep plan;
+    double combined = 1.0;           // the factor assumed: no clipping
+    std::vector<at::Tensor> sumsq;   // per group
+    std::vector<char> stepped;       // per sub-group
+    CopyStream copies;               // the worker's transfers (a stream is one thread's)
+    HostRing ring;
+    at::Tensor grad_scratch;         // a piece of unscaled gradient: the gradient stays for a redo
+    double wait_s = 0;
+    StreamEvent last;                // the worker's last copy of new values
+    at::Tensor undo;                 // master and states as they were, per sub-group:
+    std::vector<std::vector<at::Tensor>> undo_views;  // views of `undo`
+    explicit Speculation(at::Device device, CopyMode mode) : copies(device, mode) {}
+  };
+  std::unique_ptr<Speculation> spec_;
+  SpeculationCounts spec_counts_;
   /// Stage 3: group g's shard, read from the parameter swap file when it is
   /// there, until shard_done(g).
   const at::Tensor& shard(size_t g) const;

@@ -17,6 +17,20 @@ namespace zero::detail {
 /// program that gathers its own figures across ranks. Owned by the engine.
 Comm* comm_of(Engine& engine);
 
+/// This rank's master and optimizer states, sub-group by sub-group (the
+/// master, then each state), copied: a test compares runs bit for bit.
+std::vector<torch::Tensor> optimizer_states_of(Engine& engine);
+
+/// What offload_optimizer.super_offload's speculation did (NOTE
+/// [speculative step]), since initialize.
+struct SpeculationCounts {
+  int64_t planned = 0;    // boundary backwards that stepped ahead
+  int64_t validated = 0;  // steps the speculation was right for
+  int64_t redone = 0;     // undone and stepped again (clipped, or not as planned)
+  int64_t undone = 0;     // undone, the step skipped or abandoned (overflow, a failed backward, zero_grad)
+};
+SpeculationCounts speculation_counts(Engine& engine);
+
 /// Test seams of engine checkpoints (save_checkpoint).
 struct CheckpointHooks {
   /// Free bytes on the filesystem of a folder; default: statvfs.

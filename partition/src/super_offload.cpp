@@ -1,0 +1,242 @@
+// The speculative CPU step (offload_optimizer.super_offload) of the ZeRO
+// optimizer (zero_optimizer.h).
+//
+// NOTE [speculative step]
+// With offload_optimizer.super_offload (DeepSpeed's SuperOffload:
+// speculation, then validation), the boundary backward's CPU step does not
+// wait for step():
+//   - the engine gives begin_backward the step it will ask for (the step
+//     number, lr and betas, the loss scale and the clip);
+//   - the reducer says when a group's reduced gradient is complete in host
+//     memory (its last piece added; the last layers' groups first). A worker
+//     thread then sums the group's squares (its share of the global norm,
+//     the call step() makes), copies each of its sub-groups' master and
+//     states into the undo buffer, and steps them with the factor that holds
+//     when nothing is clipped (loss scale x world size x pre-scale); their
+//     new 16-bit values go up on the worker's own copy stream while backward
+//     goes on;
+//   - step() waits for the worker, adds the groups' squares in group order
+//     (the additions the plain step makes), all-reduces and decides. The
+//     factor equals the one assumed: done, once the compute stream waits for
+//     the worker's last copy. Clipped (or a step other than planned): every
+//     stepped sub-group's master and states are copied back from the undo
+//     buffer and the whole step runs again as without speculation. Not
+//     finite (the fp16 overflow check): copied back, the restored values
+//     written to the device again, the step skipped.
+// So every case equals the plain step bit for bit: the same kernel on the
+// same inputs, the same sums in the same order.
+//
+// The undo buffer is a copy of the master and states (12 bytes a parameter
+// with fp32 Adam; 8-bit states copy their bytes), in pageable host memory,
+// counted in the ledger as optimizer states. It is kept even where nothing
+// can be clipped or overflow: a backward abandoned after some groups stepped
+// (an exception in a later hook), or gradients zeroed before step(), is
+// undone with it.
+//
+// Where: stage 3 with offload_optimizer cpu and no offload_param. The new
+// values go to the device's shards, which no later part of that backward
+// reads (a group is final when all its parameters' gradients are in);
+// shards in host memory are still being copied from, the parameter swapper
+// is one thread's, and NVMe states stream in one pass. The worker issues no
+// collective (the ranks' collectives stay in one order, on the training
+// thread) and touches nothing the training thread does meanwhile: a final
+// group's master, states and gradient are its alone until step(). A
+// backward the program starts itself (loss.backward()) has no planned
+// step: its step runs after backward, as without super_offload.
+#include "zero/partition/zero_optimizer.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "zero/core/error.h"
+#include "zero/core/ledger_alloc.h"
+#include "zero/core/trace.h"
+
+namespace zero::partition {
+
+void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
+  ZERO_CHECK(options_.stage == 3 && layout != nullptr, "super_offload runs at stage 3");
+  ZERO_CHECK(store_->offloaded() && !options_.nvme && reducer_->owned_in_store(),
+             "super_offload needs the optimizer offloaded to host memory");
+  ZERO_CHECK(!layout->offload_param && !layout->nvme_param, "super_offload keeps the parameter shards on the device");
+  spec_ = std::make_unique<Speculation>(options_.device, options_.copy_mode);
+  Speculation& sp = *spec_;
+  const auto& sub_groups = store_->sub_groups();
+  sp.stepped.assign(sub_groups.size(), 0);
+  sp.sumsq.resize(flat_->groups().size());
+
+  // The undo buffer: sub-group by sub-group, its master then its states,
+  // each 64-byte aligned, in one allocation.
+  const auto& specs = store_->state_specs();
+  auto aligned = [](int64_t b) { return (b + 63) / 64 * 64; };
+  int64_t bytes = 0;
+  for (size_t k = 0; k < sub_groups.size(); ++k) {
+    bytes += aligned(sub_groups[k].numel * static_cast<int64_t>(c10::elementSize(store_->master_dtype())));
+    for (size_t i = 0; i < specs.size(); ++i)
+      bytes += aligned(store_->state_numel(i, k) * static_cast<int64_t>(c10::elementSize(specs[i].dtype)));
+  }
+  sp.undo = LedgerAlloc::host_empty(ledger_, std::max<int64_t>(bytes, 1), at::kByte, /*pin=*/false,
+                                    Kind::kOptimizerStates, "undo copy of the speculative step (super_offload)");
+  int64_t at = 0;
+  auto view = [&](int64_t numel, at::ScalarType dtype) {
+    const int64_t b = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    at::Tensor v = sp.undo.narrow(0, at, b).view(dtype);
+    at += aligned(b);
+    return v;
+  };
+  sp.undo_views.resize(sub_groups.size());
+  for (size_t k = 0; k < sub_groups.size(); ++k) {
+    sp.undo_views[k].push_back(view(sub_groups[k].numel, store_->master_dtype()));
+    for (size_t i = 0; i < specs.size(); ++i) sp.undo_views[k].push_back(view(store_->state_numel(i, k), specs[i].dtype));
+  }
+
+  // The worker's pinned buffers for new values on their way to the device,
+  // as write_pass's (NOTE [offload transfers]).
+  int64_t largest = 0;
+  for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
+  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  sp.ring = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, std::max<int64_t>(largest, 1)),
+                     options_.compute_dtype, "parameters for the device (super_offload)");
+
+  sp.grad_scratch = LedgerAlloc::host_empty(ledger_, std::min(piece, std::max<int64_t>(largest, 1)), at::kFloat,
+                                            /*pin=*/false, Kind::kCommBuffers,
+                                            "unscaled gradient piece of the speculative step (super_offload)");
+  reducer_->set_on_host_final([this](size_t g) { spec_group_final(g); });
+  sp.worker = std::thread([this] { spec_worker(); });
+}
+
+void ZeroOptimizer::spec_group_final(size_t g) {
+  Speculation& sp = *spec_;
+  {
+    std::lock_guard<std::mutex> lock(sp.mu);
+    if (!sp.armed) return;  // not a planned boundary: the step runs at step()
+    sp.ready.push_back(g);
+    ++sp.notified;
+  }
+  sp.cv.notify_all();
+}
+
+void ZeroOptimizer::spec_worker() {
+  Speculation& sp = *spec_;
+  trace::name_thread("super_offload CPU steps");
+  at::NoGradGuard no_grad;
+  const c10::DeviceGuard device(options_.device);  // the copies' device is current here too
+  const auto& sub_groups = store_->sub_groups();
+  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  for (;;) {
+    size_t g = 0;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(sp.mu);
+      sp.cv.wait(lock, [&] { return sp.stop || !sp.ready.empty(); });
+      if (sp.stop) return;
+      g = sp.ready.front();
+      sp.ready.pop_front();
+      skip = sp.skip;
+    }
+    try {
+      if (!skip) {
+        sp.sumsq[g] = group_sum_of_squares(g);
+        StreamEvent group_last;
+        for (size_t k = 0; k < sub_groups.size(); ++k) {
+          if (sub_groups[k].group != g) continue;
+          const auto [grp, start, len] = sub_groups[k];
+          std::vector<at::Tensor> v = store_->views(k);
+          {
+            const trace::Span span("optimizer", "save a sub-group for undo", static_cast<int64_t>(k));
+            for (size_t i = 0; i < v.size(); ++i) sp.undo_views[k][i].copy_(v[i]);
+          }
+          sp.stepped[k] = 1;
+          at::Tensor m = v[0];
+          std::vector<at::Tensor> s(v.begin() + 1, v.end());
+          LowOut low;
+          low.ring_ = &sp.ring;
+          low.copies_ = &sp.copies;
+          low.wait_s_ = &sp.wait_s;
+          low.out_ = flat_->part(grp).narrow(0, start, len);
+          low.mode_ = LowOut::Mode::kToDevice;
+          low.max_piece_ = piece;
+          low.last_ = &sp.last;
+          low.group_last_ = &group_last;
+          const trace::Span span("optimizer", "speculative CPU step of a sub-group", static_cast<int64_t>(k));
+          step_sub_group(k, reducer_->owned(grp).narrow(0, start, len), m, s, low, sp.plan.params, sp.combined,
+                         &sp.grad_scratch);
+        }
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(sp.mu);
+      if (!sp.error) sp.error = std::current_exception();
+      sp.skip = true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(sp.mu);
+      ++sp.groups_done;
+    }
+    sp.cv.notify_all();
+  }
+}
+
+void ZeroOptimizer::spec_wait() {
+  Speculation& sp = *spec_;
+  std::exception_ptr error;
+  {
+    const trace::Span span("wait", "wait for the speculative CPU steps");
+    std::unique_lock<std::mutex> lock(sp.mu);
+    // Every group went to the host before step() (reducer_->wait_all()).
+    ZERO_CHECK(sp.notified == flat_->groups().size(), "super_offload: a group's gradient never became final");
+    sp.cv.wait(lock, [&] { return sp.groups_done == sp.notified; });
+    error = sp.error;
+  }
+  if (!error) return;
+  try {
+    spec_restore(/*rewrite_values=*/true);
+  } catch (const std::exception&) {  // the worker's error says more
+  }
+  std::rethrow_exception(error);
+}
+
+void ZeroOptimizer::spec_restore(bool rewrite_values) {
+  Speculation& sp = *spec_;
+  // The worker's copies of new values end before anything else writes there.
+  sp.last.block_current();
+  sp.last = StreamEvent();
+  const bool any = std::any_of(sp.stepped.begin(), sp.stepped.end(), [](char c) { return c != 0; });
+  if (any) {
+    const trace::Span span("optimizer", "undo the speculative step");
+    for (size_t k = 0; k < sp.stepped.size(); ++k) {
+      if (!sp.stepped[k]) continue;
+      std::vector<at::Tensor> v = store_->views(k);
+      for (size_t i = 0; i < v.size(); ++i) v[i].copy_(sp.undo_views[k][i]);
+    }
+  }
+  sp.armed = false;
+  if (any && rewrite_values) {
+    // The values as they were: written from the restored master as a load does.
+    write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>&, LowOut& low) {
+      if (!sp.stepped[k] || !low.wanted()) return;
+      for (int64_t a = 0; a < m.numel(); a += low.max_piece()) {
+        const int64_t n = std::min(low.max_piece(), m.numel() - a);
+        low.piece(a, n).copy_(m.narrow(0, a, n));
+        low.done();
+      }
+    });
+  }
+  std::fill(sp.stepped.begin(), sp.stepped.end(), 0);
+}
+
+void ZeroOptimizer::spec_cancel() {
+  Speculation& sp = *spec_;
+  {
+    std::unique_lock<std::mutex> lock(sp.mu);
+    sp.skip = true;  // what is still queued is not stepped
+    sp.cv.wait(lock, [&] { return sp.groups_done == sp.notified; });
+    sp.ready.clear();
+    sp.error = nullptr;
+  }
+  spec_restore(/*rewrite_values=*/true);
+  ++spec_counts_.undone;
+}
+
+}  // namespace zero::partition
