@@ -112,6 +112,7 @@ class ReduceScatterReducer final : public GradientReducer {
   }
 
   void add(size_t index, const at::Tensor& grad) override {
+    poll_host();
     const auto& slot = params_.slots()[index];
     const auto& group = params_.groups()[slot.group];
     at::Tensor& st = staging_[slot.group];
@@ -232,6 +233,14 @@ class ReduceScatterReducer final : public GradientReducer {
       ring_.used_by(done);
       to_host_.push_back({g, offset, host, done, offset + len >= n ? std::move(recycle) : at::Tensor(), chunk});
     }
+    poll_host();
+  }
+
+  // Pieces whose copies have ended are added in now, without waiting: a
+  // group's host gradient is then complete as soon as its copies are (NOTE
+  // [speculative step] steps it from there), not when its buffer is needed.
+  void poll_host() {
+    while (!to_host_.empty() && to_host_.front().done.query()) add_host();
   }
 
   void add_host() {

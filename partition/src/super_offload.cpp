@@ -8,11 +8,14 @@
 //   - the engine gives begin_backward the step it will ask for (the step
 //     number, lr and betas, the loss scale and the clip);
 //   - the reducer says when a group's reduced gradient is complete in host
-//     memory (its last piece added; the last layers' groups first). A worker
-//     thread then sums the group's squares (its share of the global norm,
-//     the call step() makes), copies each of its sub-groups' master and
-//     states into the undo buffer, and steps them with the factor that holds
-//     when nothing is clipped (loss scale x world size x pre-scale); their
+//     memory (its last piece added, which it does as soon as the piece's copy
+//     has ended; the last layers' groups first). A worker thread then sums
+//     the group's squares (its share of the global norm, the call step()
+//     makes) and steps each of its sub-groups with the factor that holds
+//     when nothing is clipped (loss scale x world size x pre-scale), writing
+//     each window of 64K elements of master and states into the undo buffer
+//     just before its update, while it is in cache, and unscaling the
+//     gradient into a scratch piece, so the gradient stays as it was; their
 //     new 16-bit values go up on the worker's own copy stream while backward
 //     goes on;
 //   - step() waits for the worker, adds the groups' squares in group order
@@ -28,7 +31,8 @@
 //
 // The undo buffer is a copy of the master and states (12 bytes a parameter
 // with fp32 Adam; 8-bit states copy their bytes), in pageable host memory,
-// counted in the ledger as optimizer states. It is kept even where nothing
+// counted in the ledger as optimizer states (and by zero estimate); writing
+// it adds one write of those bytes to the CPU pass. It is kept even where nothing
 // can be clipped or overflow: a backward abandoned after some groups stepped
 // (an exception in a later hook), or gradients zeroed before step(), is
 // undone with it.
@@ -107,6 +111,10 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   sp.worker = std::thread([this] { spec_worker(); });
 }
 
+int64_t ZeroOptimizer::speculation_undo_bytes() const {
+  return spec_ ? static_cast<int64_t>(spec_->undo.nbytes()) : 0;
+}
+
 void ZeroOptimizer::spec_group_final(size_t g) {
   Speculation& sp = *spec_;
   {
@@ -136,6 +144,7 @@ void ZeroOptimizer::spec_worker() {
       sp.ready.pop_front();
       skip = sp.skip;
     }
+    int64_t current = -1;  // the sub-group being stepped
     try {
       if (!skip) {
         sp.sumsq[g] = group_sum_of_squares(g);
@@ -144,11 +153,8 @@ void ZeroOptimizer::spec_worker() {
           if (sub_groups[k].group != g) continue;
           const auto [grp, start, len] = sub_groups[k];
           std::vector<at::Tensor> v = store_->views(k);
-          {
-            const trace::Span span("optimizer", "save a sub-group for undo", static_cast<int64_t>(k));
-            for (size_t i = 0; i < v.size(); ++i) sp.undo_views[k][i].copy_(v[i]);
-          }
-          sp.stepped[k] = 1;
+          sp.stepped[k] = 1;  // its undo copy is written as it is stepped
+          current = static_cast<int64_t>(k);
           at::Tensor m = v[0];
           std::vector<at::Tensor> s(v.begin() + 1, v.end());
           LowOut low;
@@ -162,10 +168,15 @@ void ZeroOptimizer::spec_worker() {
           low.group_last_ = &group_last;
           const trace::Span span("optimizer", "speculative CPU step of a sub-group", static_cast<int64_t>(k));
           step_sub_group(k, reducer_->owned(grp).narrow(0, start, len), m, s, low, sp.plan.params, sp.combined,
-                         &sp.grad_scratch);
+                         &sp.grad_scratch, &sp.undo_views[k]);
+          ++spec_sub_groups_;
+          current = -1;
         }
       }
     } catch (...) {
+      // A sub-group left half stepped has a half-written undo copy: it is
+      // not restored (as a plain step that fails half way, it stays as it is).
+      if (current >= 0) sp.stepped[static_cast<size_t>(current)] = 0;
       std::lock_guard<std::mutex> lock(sp.mu);
       if (!sp.error) sp.error = std::current_exception();
       sp.skip = true;

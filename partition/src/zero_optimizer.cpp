@@ -385,7 +385,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 
 void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s,
                                    LowOut& low, const optim::StepParams& params, double combined,
-                                   at::Tensor* scratch) {
+                                   at::Tensor* scratch, const std::vector<at::Tensor>* undo) {
   const auto [g, start, len] = store_->sub_groups()[k];
   const auto& specs = store_->state_specs();
   const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
@@ -412,8 +412,8 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
   for (const auto& spec : specs)
     ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
                "a write pass's pieces must start on the optimizer states' block boundaries");
-  for (int64_t a = 0; a < len; a += step) {
-    const int64_t n = std::min(step, len - a);
+  // The update of elements [a, a + n) of the sub-group, its new values into `pl` (or none).
+  auto update = [&](int64_t a, int64_t n, at::Tensor* pl) {
     const std::vector<optim::FlatOptimizer::Run> piece_runs = optim::runs_within(runs, a, n);
     // fp32 gradients on the step's device are unscaled in place (or, to
     // keep them, into `scratch`: the same multiplication); others through
@@ -437,13 +437,37 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
     for (size_t i = 0; i < s.size(); ++i)
       if (!specs[i].side || !store_->fp32_blocks(k).empty())
         ps.push_back(n == len ? s[i] : optim::state_window(specs[i], s[i], a, n));
-    at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
     // A 16-bit master's random words follow the flat index (NOTE [16-bit master]).
     const auto& grp = flat_->groups()[g];
     const optim::Rounding rounding{options_.stochastic_rounding,
                                    static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
                                    params.step};
-    optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, low.wanted() ? &pl : nullptr, rounding);
+    optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, pl, rounding);
+  };
+  // NOTE [speculative step]: with `undo`, each window of kUndoWindow
+  // elements is copied there just before its update, while it is in cache
+  // (a block-wise side state, which every window reads whole, first);
+  // windows start on the 8-bit blocks' boundaries, and the update of
+  // separate windows is that of the whole, element by element.
+  constexpr int64_t kUndoWindow = int64_t{1} << 16;
+  if (undo != nullptr)
+    for (size_t i = 0; i < s.size(); ++i)
+      if (specs[i].side) (*undo)[i + 1].copy_(s[i]);
+  for (int64_t a = 0; a < len; a += step) {
+    const int64_t n = std::min(step, len - a);
+    at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
+    if (undo == nullptr) {
+      update(a, n, low.wanted() ? &pl : nullptr);
+    } else {
+      for (int64_t w = a; w < a + n; w += kUndoWindow) {
+        const int64_t c = std::min(kUndoWindow, a + n - w);
+        (*undo)[0].narrow(0, w, c).copy_(m.narrow(0, w, c));
+        for (size_t i = 0; i < s.size(); ++i)
+          if (!specs[i].side) optim::state_window(specs[i], (*undo)[i + 1], w, c).copy_(optim::state_window(specs[i], s[i], w, c));
+        at::Tensor plw = low.wanted() ? pl.narrow(0, w - a, c) : at::Tensor();
+        update(w, c, low.wanted() ? &plw : nullptr);
+      }
+    }
     if (low.wanted()) low.done();
   }
 }

@@ -33,7 +33,9 @@
 //   (2 x P with a 16-bit master), except where the parameters are the master:
 //   fp32 on the device in one partition (stage 0, or one rank), and stage
 //   3's fp32 shards on the device.
-//   Offloaded to the CPU: all on the host. To NVMe: the swap files (each
+//   Offloaded to the CPU: all on the host, twice with super_offload at stage
+//   3 without offload_param (the speculative step's undo copy, NOTE
+//   [speculative step]). To NVMe: the swap files (each
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
 //   of every state.
@@ -293,7 +295,8 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   if (!off_opt) {
     e.device.optimizer_states = in_memory;
   } else if (!nvme_opt) {
-    e.host.optimizer_states = in_memory;
+    const bool speculates = z.offload_optimizer.super_offload && z.stage == 3 && !off_param;
+    e.host.optimizer_states = (speculates ? 2 : 1) * in_memory;
   } else {
     e.nvme.optimizer_states = file;
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));

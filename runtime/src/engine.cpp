@@ -375,6 +375,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
   }
+  if (s.optimizer->speculates() && s.dist.rank == 0)
+    log::info("offload_optimizer.super_offload: each sub-group's CPU step begins during the boundary backward, as "
+              "its gradients are complete, and is checked at step() (clipped or overflowed: undone and redone, the "
+              "same bits); it keeps an undo copy of the master and optimizer states in host memory, " +
+              format_bytes(s.optimizer->speculation_undo_bytes()) + " a rank");
   if (!s.options.param_groups.empty()) apply_param_groups(s);
   s.optimizer->set_on_user_backward([&s] { begin_user_backward(s); });
   if (const auto* sw = s.optimizer->swapper(); sw != nullptr && s.dist.rank == 0) {
@@ -554,9 +559,9 @@ std::vector<torch::Tensor> detail::optimizer_states_of(Engine& engine) {
   });
   return out;
 }
-detail::SpeculationCounts detail::speculation_counts(Engine& engine) {
+detail::SpeculationCounts detail::speculation_counts(const Engine& engine) {
   const auto c = engine.impl().optimizer->speculation_counts();
-  return {c.planned, c.validated, c.redone, c.undone};
+  return {c.planned, c.validated, c.redone, c.undone, c.sub_groups};
 }
 double Engine::grad_comm_wait_seconds() const { return impl_->optimizer->grad_comm_wait_seconds(); }
 double Engine::param_gather_wait_seconds() const { return impl_->optimizer->param_gather_wait_seconds(); }

@@ -259,6 +259,11 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
         {"resolved", nlohmann::json::parse(s.config.canonical_json)}}},
       {"parameters", params},
   };
+  if (s.optimizer->speculates()) {  // NOTE [speculative step]: how often the step taken ahead stood
+    const auto c = s.optimizer->speculation_counts();
+    j["speculation"] = {{"planned", c.planned},     {"validated", c.validated}, {"redone", c.redone},
+                        {"undone", c.undone},       {"sub_group_steps", c.sub_groups}};
+  }
   if (!error.empty()) j["error"] = {{"tier", out_of_memory_tier(error)}, {"message", error}};
   const std::string path = run_report_path(settings_.path, s.dist.rank);
   ckpt::write_file_atomically(path, j.dump(1) + "\n");

@@ -1,4 +1,5 @@
 #include "zero/runtime/run_summary.h"
+#include "zero/runtime/engine_internal.h"
 
 #include <algorithm>
 
@@ -60,6 +61,11 @@ nlohmann::json engine_figures(const Engine& engine) {
                    {"prefetched_gathers", st->prefetched_gathers},
                    {"gather_wait_s", st->gather_wait_s},
                    {"trace_valid", st->trace_valid}};
+  if (engine.config().zero.offload_optimizer.super_offload) {  // NOTE [speculative step]
+    const auto c = speculation_counts(engine);
+    j["speculation"] = {{"planned", c.planned}, {"validated", c.validated}, {"redone", c.redone},
+                        {"undone", c.undone},   {"sub_group_steps", c.sub_groups}};
+  }
   if (auto nv = engine.nvme_stats())
     j["nvme"] = {{"file_bytes", nv->file_bytes},
                  {"buffer_bytes", nv->buffer_bytes},

@@ -43,6 +43,14 @@ def configs(nvme_dir, layer_numel):
         ("stage 0", {"stage": 0}),
         ("stage 3", dict(base3)),
         ("stage 3 + CPU offload", dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True})),
+        # NOTE [speculative step]: the CPU step during backward ("_clip", "_gas": the top-level keys).
+        ("stage 3 + CPU offload, super_offload",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True})),
+        ("stage 3 + CPU offload, super_offload, no clipping",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True}, _clip=0.0)),
+        ("stage 0, accumulation 4", {"stage": 0, "_gas": 4}),
+        ("stage 3 + CPU offload, super_offload, accumulation 4",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True}, _gas=4)),
         # 8-bit Adam states (optimizer.params.optim_bits 8): "_optim_bits" goes to the optimizer section.
         ("stage 3 + CPU offload, 8-bit states",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _optim_bits=8)),
@@ -91,6 +99,29 @@ def run(cmd, log, timeout, env=None):
     return rc, out
 
 
+def join_traces(parts, out):
+    """One Chrome trace of several one-rank runs: each run a process of its own, named, from time 0."""
+    events = []
+    for pid, (path, label) in enumerate(parts):
+        if not os.path.exists(path):
+            continue
+        with open(path) as fh:
+            t = json.load(fh)
+        evs = t.get("traceEvents", [])
+        t0 = min((e["ts"] for e in evs if "ts" in e), default=0)
+        for e in evs:
+            if e.get("ph") == "M" and e.get("name") == "process_name":
+                continue
+            e = dict(e, pid=pid)
+            if "ts" in e:
+                e["ts"] -= t0
+            events.append(e)
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": label}})
+    if events:
+        with open(out, "w") as fh:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh)
+
+
 def mingpt_figures(s):
     """Step time, throughput and waits from a mingpt summary."""
     steps = s["step_time_s"][WARMUP:] or s["step_time_s"]
@@ -117,6 +148,7 @@ def mingpt_figures(s):
         "waits": waits,
         "wait_share": sum(waits.values()) / total,
         "final_loss": s["final_loss"],
+        "speculation": s.get("speculation"),
     }
 
 
@@ -187,11 +219,13 @@ def main():
         steps = sc["nvme_steps"] if "NVMe" in name else sc["steps"]
         zero = dict(zero)
         optim_bits = zero.pop("_optim_bits", 32)
+        clip = zero.pop("_clip", 1.0)
+        gas = zero.pop("_gas", 1)
         bf16 = {"enabled": True}
         if zero.pop("_bf16_master", False):
             bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
-        cfg = {"train_micro_batch_size_per_gpu": sc["batch"], "gradient_accumulation_steps": 1,
-               "gradient_clipping": 1.0, "bf16": bf16,
+        cfg = {"train_micro_batch_size_per_gpu": sc["batch"], "gradient_accumulation_steps": gas,
+               "gradient_clipping": clip, "bf16": bf16,
                "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
                                                          "optim_bits": optim_bits}},
                "zero_optimization": dict(zero, sub_group_size=100_000_000), "steps_per_print": 1000000}
@@ -205,8 +239,10 @@ def main():
                "--batch_size", str(sc["batch"]), "--limit_train_batches", str(steps), "--max_epochs", "1",
                "--precision", "bf16", "--dropout", "0", "--summary-json", summary_path]
         print(f"bench: minGPT {name} ...", file=sys.stderr, flush=True)
-        # The offload step's timeline (NOTE [trace]), for issue 36: where its time goes.
-        env = {"ZERO_TRACE": os.path.join(a.out, "trace-stage3-cpu-offload.json")} if name == "stage 3 + CPU offload" else None
+        # The offload step's timeline (NOTE [trace]), for issue 36: where its time goes, without and with
+        # super_offload; joined into one file below (the device tool brings back 8 files).
+        traced = {"stage 3 + CPU offload": "plain", "stage 3 + CPU offload, super_offload, no clipping": "super"}
+        env = {"ZERO_TRACE": os.path.join(work, f"trace-{traced[name]}.json")} if name in traced else None
         rc, out = run(cmd, log, limit, env)
         entry = {"config": name, "zero_optimization": zero, "rc": rc}
         if rc == 0 and os.path.exists(summary_path):
@@ -224,6 +260,10 @@ def main():
         os.makedirs(a.nvme, exist_ok=True)
         print(f"bench: minGPT {name}: rc {rc}", file=sys.stderr, flush=True)
         save()
+
+    join_traces([(os.path.join(work, "trace-plain.json"), "stage 3 + CPU offload"),
+                 (os.path.join(work, "trace-super.json"), "stage 3 + CPU offload, super_offload, no clipping")],
+                os.path.join(a.out, "trace-stage3-cpu-offload.json"))
 
     adam_json = os.path.join(work, "adam.json")
     if time_for(300):
@@ -258,9 +298,11 @@ def main():
         if "step_time_s" in e:
             n = e["num_parameters"]
             size = f"{n / 1e9:.3f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+            sp = e.get("speculation")
+            spec = f"; speculation validated/redone {sp['validated']}/{sp['redone']}" if sp else ""
             md.append(f"| {e['config']} | {size} | {e['step_time_s']:.3f} | "
                       f"{e['tokens_per_s']:,.0f} | {e['model_tflops']:.1f} | {e['peak_device_bytes'] / gib:.1f} | "
-                      f"{e['peak_pinned_host_bytes'] / gib:.1f} | {100 * e['wait_share']:.0f}% |")
+                      f"{e['peak_pinned_host_bytes'] / gib:.1f} | {100 * e['wait_share']:.0f}%{spec} |")
         elif e.get("did_not_fit"):
             md.append(f"| {e['config']} | | out of memory | | | | | |")
         elif e.get("skipped"):

@@ -24,7 +24,8 @@
 # ZERO_BENCH_SCALE (full, or smoke: tiny models, to check the script itself).
 # Results, at most 8 files (what the device tool brings back): env.txt,
 # build.log, test.log, bench.log, bench.json, summary.md, and for all gdb.log
-# and trace-stage3-cpu-offload.json (the offload benchmark's ZERO_TRACE), for
+# and trace-stage3-cpu-offload.json (the CPU-offload benchmarks' ZERO_TRACE, without and with
+# super_offload, each a process of its own), for
 # test ctest-gpu.xml and ctest-cpu.xml. Exits non-zero when the build, a test
 # or a benchmark fails.
 set -uo pipefail

@@ -568,6 +568,32 @@ TEST(Offload, StageWarnings) {
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kCpu);
 }
 
+// offload_optimizer.super_offload (NOTE [speculative step]): read at stage 3
+// with the optimizer in host memory; where it cannot run, as DeepSpeed, a
+// warning says the step waits for backward.
+TEST(Offload, SuperOffloadWhereItRunsAndWhereItDoesNot) {
+  const Config on = load_string(with(
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": true}})"));
+  EXPECT_TRUE(on.zero.offload_optimizer.super_offload);
+  EXPECT_FALSE(has_warning(on, "super_offload")) << joined(on.warnings);
+  EXPECT_FALSE(load_string(with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})"))
+                   .zero.offload_optimizer.super_offload);
+  const Config stage2 = load_string(with(
+      R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "super_offload": true}})"));
+  EXPECT_TRUE(has_warning(stage2, "zero_optimization.offload_optimizer.super_offload: has no effect below stage 3"))
+      << joined(stage2.warnings);
+  const Config nvme = load_string(with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/tmp", "super_offload": true}})"));
+  EXPECT_TRUE(has_warning(nvme, "super_offload: has no effect without offload_optimizer.device \"cpu\" (it is \"nvme\")"))
+      << joined(nvme.warnings);
+  const Config params = load_string(with(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+      "offload_optimizer": {"device": "cpu", "super_offload": true}})"));
+  EXPECT_TRUE(has_warning(params, "super_offload: has no effect with offload_param")) << joined(params.warnings);
+  EXPECT_FALSE(problems_of(with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"super_offload": 1}})"))
+                   .empty())
+      << "a boolean";
+}
+
 // A config saved as UTF-16 (some Windows editors), or a binary file, is
 // named as such, not reported as a JSON error at its first odd byte.
 TEST(Encoding, Utf16AndNulBytesAreNamed) {

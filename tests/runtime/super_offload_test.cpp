@@ -8,15 +8,25 @@
 // a missing wait computes wrong values here.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
 
 #include "data.h"
 #include "model.h"
+#include "zero/core/trace.h"
 #include "zero/runtime/engine_internal.h"
 #include "zero/zero.h"
 
@@ -39,6 +49,8 @@ struct Options {
   int throw_at = -1;         // this micro-step's first backward throws from the embedding's gradient hook
   int zero_grad_at = -1;     // this boundary micro-step's gradients are zeroed and its backward runs again
   bool user_backward = false;  // loss.backward() in place of engine.backward(loss)
+  int64_t n_embd = 32;
+  int64_t sub_group_size = 1500;
 };
 
 Trained train(bool super_offload, const Options& o) {
@@ -47,7 +59,7 @@ Trained train(bool super_offload, const Options& o) {
   g.block_size = 6;
   g.n_layer = 3;
   g.n_head = 2;
-  g.n_embd = 32;
+  g.n_embd = o.n_embd;
   torch::manual_seed(11);
   mingpt::GPT model(g);
   zero::InitOptions io;
@@ -58,8 +70,9 @@ Trained train(bool super_offload, const Options& o) {
       R"({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": )" + std::to_string(o.gas) +
       R"(, "gradient_clipping": )" + std::to_string(o.clip) + R"(, "optimizer": {"type": "AdamW", "params": {)" +
       o.optimizer_params + "}}, " + o.precision +
-      R"( "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 1500,)"
-      R"( "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "super_offload": )" +
+      R"( "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
+      std::to_string(o.sub_group_size) +
+      R"(, "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "super_offload": )" +
       (super_offload ? "true" : "false") + "}}}";
   auto engine = zero::initialize(model.ptr(), config, io);
   bool throw_now = false;
@@ -184,6 +197,29 @@ TEST(SuperOffload, Bf16MasterAndEightBitStatesAreRestoredExactly) {
   }
 }
 
+// Sub-groups of about 200K elements: the undo copy is written 64K elements
+// at a time as they are stepped (8-bit blocks, their fp32 side blocks, a bf16
+// master), and restored whole.
+TEST(SuperOffload, LargeSubGroupsAreSavedWindowByWindow) {
+  for (const std::string& params : {std::string(R"("lr": 0.003, "optim_bits": 8, "min_8bit_size": 4096)"),
+                                    std::string(R"("lr": 0.003)")}) {
+    SCOPED_TRACE(params);
+    Options o;
+    o.optimizer_params = params;
+    o.precision = R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)";
+    o.n_embd = 128;
+    o.sub_group_size = 1000000000;
+    o.clip = 0.5;
+    o.steps = 3;
+    const Trained plain = train(false, o), spec = train(true, o);
+    expect_same_bits(plain, spec);
+    int64_t largest = 0;
+    for (const auto& t : spec.states) largest = std::max<int64_t>(largest, t.numel());
+    EXPECT_GT(largest, 2 * 65536) << "a sub-group of several windows";
+    EXPECT_EQ(spec.counts.validated + spec.counts.redone, 3);
+  }
+}
+
 TEST(SuperOffload, AFailedBackwardAfterSpeculatedGroupsIsUndone) {
   Options o;
   o.throw_at = 2;  // the embedding's gradient, backward's last, throws: later layers already stepped
@@ -210,6 +246,87 @@ TEST(SuperOffload, ABackwardTheProgramStartsStepsAfterIt) {
   const Trained plain = train(false, o), spec = train(true, o);
   expect_same_bits(plain, spec);
   EXPECT_EQ(spec.counts.planned, 0);  // no planned step: nothing speculated
+}
+
+// NOTE [speculative step] in a trace (NOTE [trace]): the sub-groups' CPU
+// steps begin inside the backward phase. The embedding's gradient, backward's
+// last, waits until a speculative step has been taken in this backward (the
+// later layers' groups are final by then), so the order does not depend on
+// how the threads are scheduled; the trace must show it.
+TEST(SuperOffload, TheTraceShowsSubGroupStepsBeforeBackwardEnds) {
+  const std::string file = std::string(ZERO_BINARY_DIR) + "/tests/super_offload_trace_" + std::to_string(getpid()) + ".json";
+  ::setenv("ZERO_TRACE", file.c_str(), 1);
+  {
+    mingpt::GPTConfig g;
+    g.vocab_size = 10;
+    g.block_size = 6;
+    g.n_layer = 4;
+    g.n_head = 2;
+    g.n_embd = 32;
+    torch::manual_seed(11);
+    mingpt::GPT model(g);
+    zero::InitOptions io;
+    io.print_progress = false;
+    io.device = torch::Device(torch::kCPU);
+    auto engine = zero::initialize(
+        model.ptr(),
+        R"({"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0, "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 4000,
+              "offload_optimizer": {"device": "cpu", "super_offload": true}}})",
+        io);
+    ::unsetenv("ZERO_TRACE");
+    int64_t before = 0;
+    bool waited_out = false;
+    model->named_parameters()["tok_emb.weight"].register_hook([&](torch::Tensor grad) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (zero::detail::speculation_counts(engine).sub_groups == before) {
+        if (std::chrono::steady_clock::now() > until) {
+          waited_out = true;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return grad;
+    });
+    auto task = mingpt::make_addition_task(2);
+    for (int s = 0; s < 3; ++s) {
+      auto b = task->train_batch({8 * s, 8 * s + 1, 8 * s + 2, 8 * s + 3, 8 * s + 4, 8 * s + 5, 8 * s + 6, 8 * s + 7});
+      auto logits = model->forward(b.x);
+      auto loss = torch::nn::functional::cross_entropy(
+          logits.view({-1, logits.size(-1)}), b.y.view({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+      before = zero::detail::speculation_counts(engine).sub_groups;
+      engine.backward(loss);
+      engine.step();
+    }
+    EXPECT_FALSE(waited_out) << "no speculative step within 120 s of the embedding's gradient";
+    EXPECT_EQ(zero::detail::speculation_counts(engine).validated, 3);
+  }  // the engine writes the trace as it ends
+  zero::trace::stop();
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  const auto t = nlohmann::json::parse(in);
+  struct Span {
+    std::string cat, name;
+    int64_t ts, end;
+  };
+  std::vector<Span> backward, steps;
+  int validated = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const Span x{e["cat"], e["name"], e["ts"].get<int64_t>(), e["ts"].get<int64_t>() + e["dur"].get<int64_t>()};
+    if (x.cat == "phase" && x.name == "backward") backward.push_back(x);
+    if (x.cat == "optimizer" && x.name == "speculative CPU step of a sub-group") steps.push_back(x);
+    validated += x.cat == "optimizer" && x.name == "speculative step validated";
+  }
+  ASSERT_EQ(backward.size(), 3u);
+  EXPECT_EQ(validated, 3);
+  for (const auto& b : backward) {
+    int began_inside = 0;
+    for (const auto& x : steps) began_inside += b.ts <= x.ts && x.ts < b.end;
+    EXPECT_GE(began_inside, 1) << "a backward phase from " << b.ts << " to " << b.end;
+  }
+  std::filesystem::remove(file);
 }
 
 }  // namespace

@@ -106,6 +106,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "offload_param": {"device": "cpu"}})"},
         Case{"stage3_bf16_cpu", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
+        // super_offload's undo copy of the master and states (NOTE [speculative step]).
+        Case{"stage3_bf16_cpu_super_offload", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                 "offload_optimizer": {"device": "cpu", "super_offload": true}})"},
         // 8-bit Adam states on each tier: codes and block scales per sub-group.
         Case{"stage1_fp32_8bit", "fp32", R"({"stage": 1})", 2, 8},
         Case{"stage2_bf16_cpu_8bit", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2, 8},

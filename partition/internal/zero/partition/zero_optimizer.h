@@ -21,6 +21,7 @@
 // does not call anything else meanwhile.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -182,8 +183,15 @@ class ZeroOptimizer {
   /// What the speculation did since construction (NOTE [speculative step]).
   struct SpeculationCounts {
     int64_t planned = 0, validated = 0, redone = 0, undone = 0;
+    int64_t sub_groups = 0;  // sub-group steps taken ahead (any thread may read it, during backward too)
   };
-  SpeculationCounts speculation_counts() const { return spec_counts_; }
+  /// Bytes of the speculative step's undo copy (host memory; 0 without super_offload).
+  int64_t speculation_undo_bytes() const;
+  SpeculationCounts speculation_counts() const {
+    SpeculationCounts c = spec_counts_;
+    c.sub_groups = spec_sub_groups_.load();
+    return c;
+  }
   /// After backward returns: starts the collectives of groups that did not
   /// complete (parameters without gradients) and waits for them.
   void end_backward();
@@ -300,8 +308,11 @@ class ZeroOptimizer {
   /// dtype), unscaled and clipped by dividing by `combined`, new values
   /// through `low`. `scratch` (fp32, at least a piece): `grad` is left as it
   /// was (else an fp32 gradient on the step's device is unscaled in place).
+  /// `undo` (the master, then the states, shaped as m and s): receives them
+  /// as they were, a window at a time just before its update.
   void step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low,
-                      const optim::StepParams& params, double combined, at::Tensor* scratch = nullptr);
+                      const optim::StepParams& params, double combined, at::Tensor* scratch = nullptr,
+                      const std::vector<at::Tensor>* undo = nullptr);
   /// Σ x² of group g's owned gradient, in fp64 (NOTE [gradient norm]).
   at::Tensor group_sum_of_squares(size_t g) const;
 
@@ -337,6 +348,7 @@ class ZeroOptimizer {
   };
   std::unique_ptr<Speculation> spec_;
   SpeculationCounts spec_counts_;
+  std::atomic<int64_t> spec_sub_groups_{0};
   /// Stage 3: group g's shard, read from the parameter swap file when it is
   /// there, until shard_done(g).
   const at::Tensor& shard(size_t g) const;

@@ -406,6 +406,7 @@ class Engine {
   /// The engine's state: an incomplete type outside zero's own code.
   struct Impl;
   Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
 
  private:
   friend Engine initialize(std::shared_ptr<torch::nn::Module> model, Init& init,

@@ -28,8 +28,9 @@ struct SpeculationCounts {
   int64_t validated = 0;  // steps the speculation was right for
   int64_t redone = 0;     // undone and stepped again (clipped, or not as planned)
   int64_t undone = 0;     // undone, the step skipped or abandoned (overflow, a failed backward, zero_grad)
+  int64_t sub_groups = 0; // sub-group steps taken ahead; may be read during backward (a hook)
 };
-SpeculationCounts speculation_counts(Engine& engine);
+SpeculationCounts speculation_counts(const Engine& engine);
 
 /// Test seams of engine checkpoints (save_checkpoint).
 struct CheckpointHooks {
