@@ -221,6 +221,7 @@ def main():
         optim_bits = zero.pop("_optim_bits", 32)
         clip = zero.pop("_clip", 1.0)
         gas = zero.pop("_gas", 1)
+        steps *= gas  # --limit_train_batches counts micro-batches: as many optimizer steps at every gas
         bf16 = {"enabled": True}
         if zero.pop("_bf16_master", False):
             bf16.update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
