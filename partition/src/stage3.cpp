@@ -141,6 +141,7 @@ void Stage3Coordinator::launch_queued(std::optional<size_t> until) {
 
 // NOTE [stage-3 gather stream].
 void Stage3Coordinator::launch(size_t g) {
+  if (before_gather_) before_gather_();
   const trace::Span span("gather", [&] { return "gather " + describe(static_cast<int64_t>(g)); }, static_cast<int64_t>(g));
   auto& grp = groups_[g];
   const at::Tensor& full = params_.full(g);

@@ -39,14 +39,26 @@
 //
 // Where: stage 3 with offload_optimizer cpu and no offload_param. The new
 // values go to the device's shards, which no later part of that backward
-// reads (a group is final when all its parameters' gradients are in);
-// shards in host memory are still being copied from, the parameter swapper
-// is one thread's, and NVMe states stream in one pass. The worker issues no
-// collective (the ranks' collectives stay in one order, on the training
-// thread) and touches nothing the training thread does meanwhile: a final
-// group's master, states and gradient are its alone until step(). A
-// backward the program starts itself (loss.backward()) has no planned
-// step: its step runs after backward, as without super_offload.
+// reads (a group is final when all its parameters' gradients are in); the
+// worker's copies wait for the work queued on the device's default stream,
+// which is safe because nothing reads a final group's shard later in that
+// backward. Shards in host memory are still being copied from, the
+// parameter swapper is one thread's, and NVMe states stream in one pass.
+// The worker issues no collective, and neither does an undo (the values are
+// rewritten from the restored masters; group 0's gathered copy never held
+// the speculative ones), so the ranks' collectives stay in one order
+// whatever each rank's worker reached. During backward a final group's
+// master, states and gradient are the worker's alone. Between that
+// backward and step(), whatever reads the shards or states settles the
+// speculation first, undoing it (a gather for a forward, read_states for a
+// checkpoint, parameter_l2, gathers to export): step() then steps as
+// without super_offload. A backward the program starts itself
+// (loss.backward()) has no planned step: its step runs after backward, as
+// without super_offload.
+//
+// A worker that fails leaves its sub-group restorable as far as its undo
+// copy reached, which covers every window whose update began; step()
+// undoes everything and rethrows, a cancel undoes it and warns.
 #include "zero/partition/zero_optimizer.h"
 
 #include <algorithm>
@@ -56,6 +68,7 @@
 
 #include "zero/core/error.h"
 #include "zero/core/ledger_alloc.h"
+#include "zero/core/log.h"
 #include "zero/core/trace.h"
 
 namespace zero::partition {
@@ -69,6 +82,7 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   Speculation& sp = *spec_;
   const auto& sub_groups = store_->sub_groups();
   sp.stepped.assign(sub_groups.size(), 0);
+  sp.saved.assign(sub_groups.size(), -1);
   sp.sumsq.resize(flat_->groups().size());
 
   // The undo buffer: sub-group by sub-group, its master then its states,
@@ -144,7 +158,6 @@ void ZeroOptimizer::spec_worker() {
       sp.ready.pop_front();
       skip = sp.skip;
     }
-    int64_t current = -1;  // the sub-group being stepped
     try {
       if (!skip) {
         sp.sumsq[g] = group_sum_of_squares(g);
@@ -153,8 +166,8 @@ void ZeroOptimizer::spec_worker() {
           if (sub_groups[k].group != g) continue;
           const auto [grp, start, len] = sub_groups[k];
           std::vector<at::Tensor> v = store_->views(k);
-          sp.stepped[k] = 1;  // its undo copy is written as it is stepped
-          current = static_cast<int64_t>(k);
+          sp.saved[k] = -1;   // its undo copy is written as it is stepped, this far
+          sp.stepped[k] = 1;
           at::Tensor m = v[0];
           std::vector<at::Tensor> s(v.begin() + 1, v.end());
           LowOut low;
@@ -168,15 +181,13 @@ void ZeroOptimizer::spec_worker() {
           low.group_last_ = &group_last;
           const trace::Span span("optimizer", "speculative CPU step of a sub-group", static_cast<int64_t>(k));
           step_sub_group(k, reducer_->owned(grp).narrow(0, start, len), m, s, low, sp.plan.params, sp.combined,
-                         &sp.grad_scratch, &sp.undo_views[k]);
+                         &sp.grad_scratch, &sp.undo_views[k], &sp.saved[k]);
           ++spec_sub_groups_;
-          current = -1;
         }
       }
     } catch (...) {
-      // A sub-group left half stepped has a half-written undo copy: it is
-      // not restored (as a plain step that fails half way, it stays as it is).
-      if (current >= 0) sp.stepped[static_cast<size_t>(current)] = 0;
+      // A sub-group left half stepped is restored as far as its undo copy
+      // reached, which covers every window its update began (spec_restore).
       std::lock_guard<std::mutex> lock(sp.mu);
       if (!sp.error) sp.error = std::current_exception();
       sp.skip = true;
@@ -195,10 +206,14 @@ void ZeroOptimizer::spec_wait() {
   {
     const trace::Span span("wait", "wait for the speculative CPU steps");
     std::unique_lock<std::mutex> lock(sp.mu);
-    // Every group went to the host before step() (reducer_->wait_all()).
-    ZERO_CHECK(sp.notified == flat_->groups().size(), "super_offload: a group's gradient never became final");
     sp.cv.wait(lock, [&] { return sp.groups_done == sp.notified; });
     error = sp.error;
+    // Every group went to the host before step() (reducer_->wait_all()).
+    if (!error && sp.notified != flat_->groups().size()) sp.skip = true;
+  }
+  if (!error && sp.skip) {
+    spec_restore(/*rewrite_values=*/true);
+    ZERO_CHECK(false, "super_offload: a group's gradient never became final before the step");
   }
   if (!error) return;
   try {
@@ -216,38 +231,94 @@ void ZeroOptimizer::spec_restore(bool rewrite_values) {
   const bool any = std::any_of(sp.stepped.begin(), sp.stepped.end(), [](char c) { return c != 0; });
   if (any) {
     const trace::Span span("optimizer", "undo the speculative step");
+    const auto& specs = store_->state_specs();
     for (size_t k = 0; k < sp.stepped.size(); ++k) {
-      if (!sp.stepped[k]) continue;
+      if (!sp.stepped[k] || sp.saved[k] < 0) continue;
+      // As far as the undo copy reached: the whole sub-group once stepped,
+      // less after a failure (a window is copied before its update begins).
+      const int64_t n = sp.saved[k];
       std::vector<at::Tensor> v = store_->views(k);
-      for (size_t i = 0; i < v.size(); ++i) v[i].copy_(sp.undo_views[k][i]);
-    }
-  }
-  sp.armed = false;
-  if (any && rewrite_values) {
-    // The values as they were: written from the restored master as a load does.
-    write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>&, LowOut& low) {
-      if (!sp.stepped[k] || !low.wanted()) return;
-      for (int64_t a = 0; a < m.numel(); a += low.max_piece()) {
-        const int64_t n = std::min(low.max_piece(), m.numel() - a);
-        low.piece(a, n).copy_(m.narrow(0, a, n));
-        low.done();
+      v[0].narrow(0, 0, n).copy_(sp.undo_views[k][0].narrow(0, 0, n));
+      for (size_t i = 0; i < specs.size(); ++i) {
+        if (specs[i].side) v[i + 1].copy_(sp.undo_views[k][i + 1]);
+        else if (n > 0) optim::state_window(specs[i], v[i + 1], 0, n).copy_(optim::state_window(specs[i], sp.undo_views[k][i + 1], 0, n));
       }
-    });
+    }
+    if (rewrite_values) spec_rewrite_values();
+  }
+  {
+    std::lock_guard<std::mutex> lock(sp.mu);
+    sp.armed = false;
   }
   std::fill(sp.stepped.begin(), sp.stepped.end(), 0);
+  std::fill(sp.saved.begin(), sp.saved.end(), -1);
+}
+
+// The values as they were, written from the restored masters into the
+// stepped sub-groups' shards as a load does (a shard is its master in the
+// compute dtype: NOTE [16-bit master]), through the training thread's
+// pinned buffers and stream. No collective: group 0's gathered copy never
+// held the speculative values, so nothing is gathered again.
+void ZeroOptimizer::spec_rewrite_values() {
+  Speculation& sp = *spec_;
+  const auto& sub_groups = store_->sub_groups();
+  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  if (!param_ring_.defined()) {
+    int64_t largest = 1;
+    for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
+    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.compute_dtype,
+                           "parameters for the device");
+  }
+  StreamEvent last, group_last;
+  for (size_t k = 0; k < sp.stepped.size(); ++k) {
+    if (!sp.stepped[k]) continue;
+    const auto [g, start, len] = sub_groups[k];
+    LowOut low;
+    low.ring_ = &param_ring_;
+    low.copies_ = &copies_;
+    low.wait_s_ = &copy_wait_s_;
+    low.out_ = flat_->part(g).narrow(0, start, len);
+    low.mode_ = LowOut::Mode::kToDevice;
+    low.max_piece_ = piece;
+    low.last_ = &last;
+    low.group_last_ = &group_last;
+    const at::Tensor m = store_->views(k)[0];
+    for (int64_t a = 0; a < len; a += piece) {
+      const int64_t n = std::min(piece, len - a);
+      low.piece(a, n).copy_(m.narrow(0, a, n));
+      low.done();
+    }
+  }
+  last.block_current();  // the next forward's gathers read them after the copies
 }
 
 void ZeroOptimizer::spec_cancel() {
   Speculation& sp = *spec_;
+  std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(sp.mu);
     sp.skip = true;  // what is still queued is not stepped
     sp.cv.wait(lock, [&] { return sp.groups_done == sp.notified; });
     sp.ready.clear();
+    error = sp.error;
     sp.error = nullptr;
   }
   spec_restore(/*rewrite_values=*/true);
   ++spec_counts_.undone;
+  if (error) {  // undone whole: nothing is lost, but the failure is said
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      log::warning(std::string("offload_optimizer.super_offload: a speculative CPU step failed (") + e.what() +
+                   "); it was undone with the rest of the speculation, and the step will run after backward");
+    } catch (...) {
+      log::warning("offload_optimizer.super_offload: a speculative CPU step failed; it was undone");
+    }
+  }
+}
+
+void ZeroOptimizer::spec_settle() {
+  if (spec_ && spec_->armed && !in_backward_) spec_cancel();
 }
 
 }  // namespace zero::partition

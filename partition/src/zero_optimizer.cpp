@@ -127,6 +127,7 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
   stage3_ = Stage3Coordinator::create(*flat_, std::move(layout.units), layout.options, options_.device, comm_, ledger,
                                       param_swapper_.get());
   if (param_swapper_) param_swapper_->finish_a_gather = [this] { return stage3_->finish_a_gather(); };
+  if (spec_) stage3_->set_before_gather([this] { spec_settle(); });
 }
 
 // The state store and the reducer, then the gradient hooks.
@@ -323,7 +324,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   }
   if (speculated) {
     const PlannedStep& plan = spec_->plan;
-    const bool as_planned = combined == spec_->combined && plan.params.step == params.step &&
+    const bool as_planned = combined == spec_->combined && plan.clip == clip && plan.params.step == params.step &&
                             plan.params.lr == params.lr && plan.params.beta1 == params.beta1 &&
                             plan.params.beta2 == params.beta2 && plan.params.weight_decay == params.weight_decay;
     if (as_planned) {
@@ -332,7 +333,10 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
         // As write_pass ends: what the next forward reads has arrived.
         spec_->last.block_current();
         spec_->last = StreamEvent();
-        spec_->armed = false;
+        {
+          std::lock_guard<std::mutex> lock(spec_->mu);
+          spec_->armed = false;
+        }
         if (stage3_) stage3_->after_step();
       }
       ++spec_counts_.validated;
@@ -385,7 +389,8 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 
 void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s,
                                    LowOut& low, const optim::StepParams& params, double combined,
-                                   at::Tensor* scratch, const std::vector<at::Tensor>* undo) {
+                                   at::Tensor* scratch, const std::vector<at::Tensor>* undo,
+                                   int64_t* undo_saved) {
   const auto [g, start, len] = store_->sub_groups()[k];
   const auto& specs = store_->state_specs();
   const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
@@ -450,9 +455,11 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
   // windows start on the 8-bit blocks' boundaries, and the update of
   // separate windows is that of the whole, element by element.
   constexpr int64_t kUndoWindow = int64_t{1} << 16;
-  if (undo != nullptr)
+  if (undo != nullptr) {
     for (size_t i = 0; i < s.size(); ++i)
       if (specs[i].side) (*undo)[i + 1].copy_(s[i]);
+    if (undo_saved != nullptr) *undo_saved = 0;
+  }
   for (int64_t a = 0; a < len; a += step) {
     const int64_t n = std::min(step, len - a);
     at::Tensor pl = low.wanted() ? low.piece(a, n) : at::Tensor();
@@ -464,6 +471,7 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
         (*undo)[0].narrow(0, w, c).copy_(m.narrow(0, w, c));
         for (size_t i = 0; i < s.size(); ++i)
           if (!specs[i].side) optim::state_window(specs[i], (*undo)[i + 1], w, c).copy_(optim::state_window(specs[i], s[i], w, c));
+        if (undo_saved != nullptr) *undo_saved = w + c;
         at::Tensor plw = low.wanted() ? pl.narrow(0, w - a, c) : at::Tensor();
         update(w, c, low.wanted() ? &plw : nullptr);
       }
@@ -614,6 +622,7 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
 
 void ZeroOptimizer::read_states(const StateStore::Visit& fn) {
   at::NoGradGuard no_grad;
+  spec_settle();  // the states as they were before a speculation (NOTE [speculative step])
   reducer_->wait_all();
   store_->visit(/*write_back=*/false, fn);
 }
@@ -635,6 +644,9 @@ void ZeroOptimizer::load_states(const PassBody& fill) {
 // In double, group by group (a group at a time bounds the temporary), so two
 // layouts of the same values give the same norm to about 1e-15.
 double ZeroOptimizer::parameter_l2() const {
+  // The shards as they were before a speculation (NOTE [speculative step]):
+  // undoing one changes no value this object is asked for.
+  const_cast<ZeroOptimizer*>(this)->spec_settle();
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   for (size_t g = 0; g < flat_->groups().size(); ++g) {
     const at::Tensor values = flat_->stage3() ? shard(g) : flat_->group_of(flat_->flat(), g);

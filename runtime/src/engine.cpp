@@ -377,8 +377,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   if (s.optimizer->speculates() && s.dist.rank == 0)
     log::info("offload_optimizer.super_offload: each sub-group's CPU step begins during the boundary backward, as "
-              "its gradients are complete, and is checked at step() (clipped or overflowed: undone and redone, the "
-              "same bits); it keeps an undo copy of the master and optimizer states in host memory, " +
+              "its gradients are complete, and is checked at step() (clipped: undone and redone; an fp16 overflow: "
+              "undone and skipped; the same bits either way); it keeps an undo copy of the master and optimizer states in host memory, " +
               format_bytes(s.optimizer->speculation_undo_bytes()) + " a rank");
   if (!s.options.param_groups.empty()) apply_param_groups(s);
   s.optimizer->set_on_user_backward([&s] { begin_user_backward(s); });

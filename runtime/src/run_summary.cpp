@@ -61,7 +61,7 @@ nlohmann::json engine_figures(const Engine& engine) {
                    {"prefetched_gathers", st->prefetched_gathers},
                    {"gather_wait_s", st->gather_wait_s},
                    {"trace_valid", st->trace_valid}};
-  if (engine.config().zero.offload_optimizer.super_offload) {  // NOTE [speculative step]
+  if (engine.impl().optimizer->speculates()) {  // NOTE [speculative step]
     const auto c = speculation_counts(engine);
     j["speculation"] = {{"planned", c.planned}, {"validated", c.validated}, {"redone", c.redone},
                         {"undone", c.undone},   {"sub_group_steps", c.sub_groups}};

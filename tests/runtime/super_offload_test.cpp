@@ -38,6 +38,8 @@ struct Trained {
   zero::detail::SpeculationCounts counts;
   int64_t skipped = 0;
   int64_t undo_bytes = 0;  // the ledger's pageable host optimizer states: the undo copy
+  std::vector<torch::Tensor> states_mid;  // read between a backward and its step (eval_at)
+  double l2_mid = 0;
 };
 
 struct Options {
@@ -51,6 +53,7 @@ struct Options {
   bool user_backward = false;  // loss.backward() in place of engine.backward(loss)
   int64_t n_embd = 32;
   int64_t sub_group_size = 1500;
+  int eval_at = -1;  // after this micro-step's backward, before its step: a forward without gradients
 };
 
 Trained train(bool super_offload, const Options& o) {
@@ -107,6 +110,12 @@ Trained train(bool super_offload, const Options& o) {
     }
     auto loss = loss_of();
     backward(loss);
+    if (s == o.eval_at) {
+      torch::NoGradGuard no_grad;
+      r.losses.push_back(loss_of().item<double>());
+      r.states_mid = zero::detail::optimizer_states_of(engine);
+      r.l2_mid = engine.parameter_l2();
+    }
     engine.step();
     r.losses.push_back(loss.item<double>());
     if (engine.is_gradient_accumulation_boundary() || o.gas == 1) r.norms.push_back(engine.last_grad_norm());
@@ -124,6 +133,10 @@ void expect_same_bits(const Trained& plain, const Trained& spec) {
   ASSERT_EQ(spec.states.size(), plain.states.size());
   for (size_t i = 0; i < plain.states.size(); ++i)
     EXPECT_TRUE(torch::equal(spec.states[i], plain.states[i])) << "state tensor " << i;
+  ASSERT_EQ(spec.states_mid.size(), plain.states_mid.size());
+  for (size_t i = 0; i < plain.states_mid.size(); ++i)
+    EXPECT_TRUE(torch::equal(spec.states_mid[i], plain.states_mid[i])) << "state tensor " << i << " before the step";
+  EXPECT_EQ(spec.l2_mid, plain.l2_mid);
   EXPECT_EQ(spec.losses, plain.losses);
   // Bit for bit: a skipped step's norm is not finite, and NaN != NaN.
   ASSERT_EQ(spec.norms.size(), plain.norms.size());
@@ -224,6 +237,19 @@ TEST(SuperOffload, GradientsZeroedBeforeTheStepUndoTheSpeculation) {
   expect_same_bits(plain, spec);
   EXPECT_EQ(spec.counts.undone, 1);
   EXPECT_EQ(spec.counts.validated, 4);
+}
+
+// A forward between a boundary backward and its step (an evaluation) reads
+// the shards: the speculation is undone first, so it sees the weights as
+// they were, and so do the states a checkpoint would read and the norm.
+TEST(SuperOffload, AForwardBeforeTheStepSeesTheWeightsAsTheyWere) {
+  Options o;
+  o.eval_at = 1;
+  const Trained plain = train(false, o), spec = train(true, o);
+  expect_same_bits(plain, spec);
+  EXPECT_EQ(spec.counts.undone, 1);
+  EXPECT_EQ(spec.counts.validated, 3);
+  EXPECT_FALSE(spec.states_mid.empty());
 }
 
 TEST(SuperOffload, ABackwardTheProgramStartsStepsAfterIt) {

@@ -105,10 +105,12 @@ class GradientReducer {
   /// Discards accumulated gradients (waits for what is in flight first).
   virtual void zero() = 0;
 
-  /// Called (on the thread that adds it: autograd's, or end_backward's
-  /// caller) when the last piece of group g's reduced chunk has been added
+  /// Called when the last piece of group g's reduced chunk has been added
   /// into the host partition (stages 2-3 offloaded, every micro-step; NOTE
-  /// [speculative step]). It must not call back into the reducer.
+  /// [speculative step]), on the thread that added it: autograd's (a
+  /// gradient's add(), which first adds the pieces whose copies have ended,
+  /// or a copy waiting for a buffer) or the caller of end_backward, wait_all
+  /// or zero. It must not call back into the reducer.
   void set_on_host_final(std::function<void(size_t g)> fn) { on_host_final_ = std::move(fn); }
 
   /// Seconds waited for collectives (NOTE [device streams]: on a GPU, measured on the stream).

@@ -134,6 +134,10 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   /// The host waits until no copy out of group g's shard (in host memory) is
   /// in flight: the optimizer step is about to write it.
   void wait_shard_copies(size_t g);
+  /// Called before a gather reads a group's shard (NOTE [speculative step]:
+  /// a speculation that shards hold is settled first). Runs on the thread
+  /// that gathers; must not gather itself.
+  void set_before_gather(std::function<void()> fn) { before_gather_ = std::move(fn); }
 
   const std::vector<Stage3Unit>& units() const { return units_; }
   /// Elements gathered now in layer groups (group 0 not counted), and the peak.
@@ -206,6 +210,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   size_t cursor_ = 0;
   bool trusted_ = false;
   bool in_backward_ = false;
+  std::function<void()> before_gather_;
   int64_t live_ = 0, peak_live_ = 0;
   CopyStream stream_;      // NOTE [stage-3 gather stream]
   WaitClock clock_;        // the compute stream's waits for gathers

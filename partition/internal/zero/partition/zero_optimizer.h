@@ -309,10 +309,12 @@ class ZeroOptimizer {
   /// through `low`. `scratch` (fp32, at least a piece): `grad` is left as it
   /// was (else an fp32 gradient on the step's device is unscaled in place).
   /// `undo` (the master, then the states, shaped as m and s): receives them
-  /// as they were, a window at a time just before its update.
+  /// as they were, a window at a time just before its update; `undo_saved`
+  /// then says how many elements from the first it holds (0 once the side
+  /// states are in).
   void step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low,
                       const optim::StepParams& params, double combined, at::Tensor* scratch = nullptr,
-                      const std::vector<at::Tensor>* undo = nullptr);
+                      const std::vector<at::Tensor>* undo = nullptr, int64_t* undo_saved = nullptr);
   /// Σ x² of group g's owned gradient, in fp64 (NOTE [gradient norm]).
   at::Tensor group_sum_of_squares(size_t g) const;
 
@@ -323,6 +325,8 @@ class ZeroOptimizer {
   void spec_wait();                  // until the worker has stepped every group; rethrows its error
   void spec_restore(bool rewrite_values);  // undoes the sub-groups stepped
   void spec_cancel();                // an abandoned backward: undo, values too
+  void spec_settle();                // outside backward, before the shards or states are read: cancel
+  void spec_rewrite_values();        // the stepped sub-groups' shards from their masters
   struct Speculation {
     std::thread worker;
     std::mutex mu;
@@ -337,6 +341,7 @@ class ZeroOptimizer {
     double combined = 1.0;           // the factor assumed: no clipping
     std::vector<at::Tensor> sumsq;   // per group
     std::vector<char> stepped;       // per sub-group
+    std::vector<int64_t> saved;      // per sub-group: elements in the undo copy (-1: none)
     CopyStream copies;               // the worker's transfers (a stream is one thread's)
     HostRing ring;
     at::Tensor grad_scratch;         // a piece of unscaled gradient: the gradient stays for a redo
