@@ -112,13 +112,8 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
 
   // The worker's pinned buffers for new values on their way to the device,
   // as write_pass's (NOTE [offload transfers]).
-  int64_t largest = 0;
-  for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
-  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
-  sp.ring = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, std::max<int64_t>(largest, 1)),
-                     options_.compute_dtype, "parameters for the device (super_offload)");
-
-  sp.grad_scratch = LedgerAlloc::host_empty(ledger_, std::min(piece, std::max<int64_t>(largest, 1)), at::kFloat,
+  sp.ring = make_value_ring("parameters for the device (super_offload)");
+  sp.grad_scratch = LedgerAlloc::host_empty(ledger_, sp.ring.numel(), at::kFloat,
                                             /*pin=*/false, Kind::kCommBuffers,
                                             "unscaled gradient piece of the speculative step (super_offload)");
   reducer_->set_on_host_final([this](size_t g) { spec_group_final(g); });
@@ -146,7 +141,7 @@ void ZeroOptimizer::spec_worker() {
   at::NoGradGuard no_grad;
   const c10::DeviceGuard device(options_.device);  // the copies' device is current here too
   const auto& sub_groups = store_->sub_groups();
-  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  const int64_t piece = value_piece();
   for (;;) {
     size_t g = 0;
     bool skip = false;
@@ -170,15 +165,8 @@ void ZeroOptimizer::spec_worker() {
           sp.stepped[k] = 1;
           at::Tensor m = v[0];
           std::vector<at::Tensor> s(v.begin() + 1, v.end());
-          LowOut low;
-          low.ring_ = &sp.ring;
-          low.copies_ = &sp.copies;
-          low.wait_s_ = &sp.wait_s;
-          low.out_ = flat_->part(grp).narrow(0, start, len);
-          low.mode_ = LowOut::Mode::kToDevice;
-          low.max_piece_ = piece;
-          low.last_ = &sp.last;
-          low.group_last_ = &group_last;
+          LowOut low = to_device(flat_->part(grp).narrow(0, start, len), piece, sp.ring, sp.copies, sp.wait_s,
+                                 sp.last, group_last);
           const trace::Span span("optimizer", "speculative CPU step of a sub-group", static_cast<int64_t>(k));
           step_sub_group(k, reducer_->owned(grp).narrow(0, start, len), m, s, low, sp.plan.params, sp.combined,
                          &sp.grad_scratch, &sp.undo_views[k], &sp.saved[k]);
@@ -262,32 +250,14 @@ void ZeroOptimizer::spec_restore(bool rewrite_values) {
 void ZeroOptimizer::spec_rewrite_values() {
   Speculation& sp = *spec_;
   const auto& sub_groups = store_->sub_groups();
-  const int64_t piece = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
-  if (!param_ring_.defined()) {
-    int64_t largest = 1;
-    for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
-    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.compute_dtype,
-                           "parameters for the device");
-  }
+  if (!param_ring_.defined()) param_ring_ = make_value_ring("parameters for the device");
   StreamEvent last, group_last;
   for (size_t k = 0; k < sp.stepped.size(); ++k) {
     if (!sp.stepped[k]) continue;
     const auto [g, start, len] = sub_groups[k];
-    LowOut low;
-    low.ring_ = &param_ring_;
-    low.copies_ = &copies_;
-    low.wait_s_ = &copy_wait_s_;
-    low.out_ = flat_->part(g).narrow(0, start, len);
-    low.mode_ = LowOut::Mode::kToDevice;
-    low.max_piece_ = piece;
-    low.last_ = &last;
-    low.group_last_ = &group_last;
-    const at::Tensor m = store_->views(k)[0];
-    for (int64_t a = 0; a < len; a += piece) {
-      const int64_t n = std::min(piece, len - a);
-      low.piece(a, n).copy_(m.narrow(0, a, n));
-      low.done();
-    }
+    LowOut low = to_device(flat_->part(g).narrow(0, start, len), value_piece(), param_ring_, copies_, copy_wait_s_,
+                           last, group_last);
+    write_values_of(store_->views(k)[0], low);
   }
   last.block_current();  // the next forward's gathers read them after the copies
 }

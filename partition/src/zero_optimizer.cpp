@@ -394,7 +394,7 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
   const auto [g, start, len] = store_->sub_groups()[k];
   const auto& specs = store_->state_specs();
   const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
-  const int64_t piece_cap = std::max<int64_t>(256, options_.reduction.host_staging_numel / 256 * 256);
+  const int64_t piece_cap = value_piece();
   std::vector<optim::FlatOptimizer::Run> runs;  // each run of one parameter group with its values
   if (runs_.empty()) {
     runs.push_back({0, len, params});
@@ -537,6 +537,40 @@ void ZeroOptimizer::LowOut::done() {
   host_ = at::Tensor();
 }
 
+int64_t ZeroOptimizer::value_piece() const {
+  constexpr int64_t kBlock = 256;  // pieces start on 8-bit states' block boundaries (NOTE [8-bit states])
+  return std::max<int64_t>(kBlock, options_.reduction.host_staging_numel / kBlock * kBlock);
+}
+
+HostRing ZeroOptimizer::make_value_ring(const std::string& what) {
+  int64_t largest = 1;
+  for (const auto& sg : store_->sub_groups()) largest = std::max(largest, sg.numel);
+  return HostRing(ledger_, options_.pin_memory, 2, std::min(value_piece(), largest), options_.compute_dtype, what);
+}
+
+ZeroOptimizer::LowOut ZeroOptimizer::to_device(const at::Tensor& out, int64_t piece, HostRing& ring,
+                                               CopyStream& copies, double& wait_s, StreamEvent& last,
+                                               StreamEvent& group_last) {
+  LowOut low;
+  low.ring_ = &ring;
+  low.copies_ = &copies;
+  low.wait_s_ = &wait_s;
+  low.out_ = out;
+  low.mode_ = LowOut::Mode::kToDevice;
+  low.max_piece_ = piece;
+  low.last_ = &last;
+  low.group_last_ = &group_last;
+  return low;
+}
+
+void ZeroOptimizer::write_values_of(const at::Tensor& m, LowOut& low) {
+  for (int64_t a = 0; a < m.numel(); a += low.max_piece()) {
+    const int64_t n = std::min(low.max_piece(), m.numel() - a);
+    low.piece(a, n).copy_(m.narrow(0, a, n));
+    low.done();
+  }
+}
+
 // A pass over the store's sub-groups that changes the masters (the step, a
 // load) and brings the model's parameters up to date: `body` updates sub-group
 // k's master and states and writes the new values, in the compute dtype,
@@ -571,15 +605,9 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
   // ring holds two pieces, not two sub-groups (NOTE [offload transfers]).
   const bool values_to_device = store_->offloaded() && !(stage3_ && stage3_->shards_offloaded());
   const auto& sub_groups = store_->sub_groups();
-  constexpr int64_t kBlock = 256;  // pieces start on 8-bit states' block boundaries (NOTE [8-bit states])
-  const int64_t piece = std::max<int64_t>(kBlock, options_.reduction.host_staging_numel / kBlock * kBlock);
-  if (values_to_device && !param_ring_.defined()) {
-    int64_t largest = 0;
-    for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
-    param_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.compute_dtype,
-                           "parameters for the device");
-  }
-  std::vector<StreamEvent> to_device(n_groups);  // per group: its last copy of new values
+  const int64_t piece = value_piece();
+  if (values_to_device && !param_ring_.defined()) param_ring_ = make_value_ring("parameters for the device");
+  std::vector<StreamEvent> group_copies(n_groups);  // per group: its last copy of new values
   StreamEvent last_to_device;                     // of all groups (one stream: the others end before it)
   std::vector<CommWork> gathers;
   auto group_done = [&](size_t g) {
@@ -588,7 +616,7 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
       outs[g] = at::Tensor();
     }
     if (!partitioned() || stage3_) return;
-    to_device[g].block_current();  // the all-gather sends what the copies brought
+    group_copies[g].block_current();  // the all-gather sends what the copies brought
     at::Tensor range = flat_->group_of(flat_->flat(), g);
     gathers.push_back(comm_->all_gather(range, outs[g]));
   };
@@ -596,15 +624,13 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
     const auto [g, start, len] = sub_groups[k];
     if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
     LowOut low;
-    low.ring_ = &param_ring_;
-    low.copies_ = &copies_;
-    low.wait_s_ = &copy_wait_s_;
     if (outs[g].defined()) {
-      low.out_ = outs[g].narrow(0, start, len);
-      low.mode_ = values_to_device ? LowOut::Mode::kToDevice : LowOut::Mode::kInPlace;
-      low.max_piece_ = values_to_device ? piece : len;
-      low.last_ = &last_to_device;
-      low.group_last_ = &to_device[g];
+      low = to_device(outs[g].narrow(0, start, len), piece, param_ring_, copies_, copy_wait_s_, last_to_device,
+                      group_copies[g]);
+      if (!values_to_device) {  // written in place, the sub-group at once
+        low.mode_ = LowOut::Mode::kInPlace;
+        low.max_piece_ = len;
+      }
     }
     {
       const trace::Span span("optimizer", store_->offloaded() ? "CPU step of a sub-group" : "step of a sub-group",
@@ -632,12 +658,7 @@ void ZeroOptimizer::load_states(const PassBody& fill) {
   zero_grad();
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     fill(k, m, s, nullptr);
-    if (!low.wanted()) return;
-    for (int64_t a = 0; a < m.numel(); a += low.max_piece()) {  // the parameters as the step would have left them
-      const int64_t n = std::min(low.max_piece(), m.numel() - a);
-      low.piece(a, n).copy_(m.narrow(0, a, n));
-      low.done();
-    }
+    if (low.wanted()) write_values_of(m, low);  // the parameters as the step would have left them
   });
 }
 

@@ -304,6 +304,20 @@ class ZeroOptimizer {
   };
   using WriteBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low)>;
   void write_pass(const WriteBody& body);
+  /// Elements of a piece of new values on their way to the device: at most
+  /// host_staging_numel, a multiple of 256 (8-bit blocks; NOTE [offload transfers]).
+  int64_t value_piece() const;
+  /// Two pinned buffers of a piece of new values (at most the largest
+  /// sub-group), in the compute dtype.
+  HostRing make_value_ring(const std::string& what);
+  /// A LowOut sending `out`'s new values to the device through `ring` on
+  /// `copies` (the host's waits added to `wait_s`), each copy's end into
+  /// `last` and `group_last`.
+  static LowOut to_device(const at::Tensor& out, int64_t piece, HostRing& ring, CopyStream& copies, double& wait_s,
+                          StreamEvent& last, StreamEvent& group_last);
+  /// Writes master m's values through `low`, as a load does (a parameter is
+  /// its master in the compute dtype).
+  static void write_values_of(const at::Tensor& m, LowOut& low);
   /// The optimizer's update of sub-group k from its gradient `grad` (in its
   /// dtype), unscaled and clipped by dividing by `combined`, new values
   /// through `low`. `scratch` (fp32, at least a piece): `grad` is left as it
