@@ -2,7 +2,8 @@
 # The minGPT max-parameter benchmark (README.md, "The max-parameter benchmark"):
 # the largest minGPT that trains under each of the post's configurations
 # (plain data parallel, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload, the same with
-# 8-bit Adam states and with a bf16 master and bf16 states (bf16 only),
+# 8-bit Adam states, with a bf16 master and bf16 states and with a bf16
+# master and 8-bit states (zero3_offload_bf16_8bit; the bf16 ones bf16 only),
 # + activation checkpointing to the CPU, + NVMe offload)
 # with per-rank memory budgets, and
 # each configuration's step time at one common size. Writes OUT/max_params.md,
@@ -23,7 +24,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 ranks=2 device=256MiB host=640MiB nvme=1GiB nvme_path="" out="$root/build/max_params"
 precision="" batch=8 bin="$root/build/bin"
-configs="ddp zero2 zero3 zero3_offload zero3_offload_8bit zero3_offload_bf16 zero3_offload_ckpt zero3_nvme"
+configs="ddp zero2 zero3 zero3_offload zero3_offload_8bit zero3_offload_bf16 zero3_offload_bf16_8bit zero3_offload_ckpt zero3_nvme"
 device_given=0
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }

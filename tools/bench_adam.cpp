@@ -120,6 +120,36 @@ int bench_adam(const std::vector<std::string>& args) {
     optim::update_stored(*b16_opt, {run}, b16g_p, grad16, b16g_st, nullptr, optim::Rounding{true, 0, step});
   });
 
+  // The offloaded step's gradient (NOTE [16-bit gradients]): an fp32 master
+  // and fp32 states, the gradient unscaled by the step's factor. fp32 as the
+  // step takes it (unscaled in a pass of its own, then Adam: 8 + 28 bytes an
+  // element) and unscaled inside the pass (28); bf16 widened and unscaled
+  // first, as the 16-bit path did (6 + 8 + 28), and inside the pass (26).
+  constexpr float kUnscale = 1.0f / 3000.0f;
+  config::OptimizerConfig g_cfg = q8_cfg;
+  g_cfg.optim_bits = 32;
+  std::shared_ptr<optim::FlatOptimizer> g_opt = optim::FlatOptimizer::create(g_cfg);
+  auto g32_p = param0.clone(), g32p_p = param0.clone(), g16f_p = param0.clone(), g16p_p = param0.clone();
+  std::vector<at::Tensor> g32_st{torch::zeros({n}), torch::zeros({n})}, g32p_st{torch::zeros({n}), torch::zeros({n})},
+      g16f_st{torch::zeros({n}), torch::zeros({n})}, g16p_st{torch::zeros({n}), torch::zeros({n})};
+  auto unscaled = torch::empty({n});
+  const size_t v_g32 = add([&](int64_t step) {
+    at::mul_out(unscaled, grad, kUnscale);
+    g_opt->update({step, kLr, kBeta1, kBeta2}, g32_p, unscaled, g32_st);
+  });
+  const size_t v_g32_pass = add([&](int64_t step) {
+    optim::FlatOptimizer::Run run{0, n, {step, kLr, kBeta1, kBeta2}};
+    optim::update_stored(*g_opt, {run}, g32p_p, grad, g32p_st, nullptr, optim::Rounding{false, 0, step}, kUnscale);
+  });
+  const size_t v_g16_first = add([&](int64_t step) {
+    const at::Tensor g = grad16.to(torch::kFloat).mul_(kUnscale);
+    g_opt->update({step, kLr, kBeta1, kBeta2}, g16f_p, g, g16f_st);
+  });
+  const size_t v_g16_pass = add([&](int64_t step) {
+    optim::FlatOptimizer::Run run{0, n, {step, kLr, kBeta1, kBeta2}};
+    optim::update_stored(*g_opt, {run}, g16p_p, grad16, g16p_st, nullptr, optim::Rounding{false, 0, step}, kUnscale);
+  });
+
   // The memory's speed: a pass with Adam's traffic and no arithmetic to speak
   // of (stream_adam_pattern: four arrays read, three written back, 28 bytes
   // per element, counted as Adam's are), and for reference the STREAM triad
@@ -137,6 +167,9 @@ int bench_adam(const std::vector<std::string>& args) {
   // sum of squares against ATen's fp32 norm of the same gradient.
   double norm_sink = 0;
   const size_t v_norm = add([&](int64_t) { norm_sink += optim::sum_of_squares_fp64(grad.data_ptr<float>(), n); });
+  const size_t v_norm16 = add([&](int64_t) {
+    norm_sink += optim::sum_of_squares_fp64(static_cast<const uint16_t*>(grad16.data_ptr()), n, /*bf16=*/true);
+  });
   const size_t v_norm_aten = add([&](int64_t) {
     norm_sink += at::linalg_vector_norm(grad, 2, c10::nullopt, false, at::kFloat).item<double>();
   });
@@ -153,6 +186,10 @@ int bench_adam(const std::vector<std::string>& args) {
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
   const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
   const double t_q8 = t(v_q8), t_b16 = t(v_b16), t_b16g = t(v_b16g);
+  const double t_g32 = t(v_g32), t_g32_pass = t(v_g32_pass), t_g16_first = t(v_g16_first), t_g16_pass = t(v_g16_pass), t_norm16 = t(v_norm16);
+  // The same parameters whichever way the bf16 gradient was widened.
+  const bool g16_same = torch::equal(g16f_p, g16p_p) && torch::equal(g16f_st[0], g16p_st[0]) && torch::equal(g16f_st[1], g16p_st[1]);
+  const bool g32_same = torch::equal(g32_p, g32p_p) && torch::equal(g32_st[0], g32p_st[0]) && torch::equal(g32_st[1], g32p_st[1]);
   const double max_diff = (ours_p - fused_p).abs().max().item<double>();
   // How far 8-bit states moved the parameters from fp32 states, relative to how far fp32 moved them.
   const double q8_rel = ((q8_p - ours_p).norm() / (ours_p - param0).norm()).item<double>();
@@ -197,12 +234,25 @@ int bench_adam(const std::vector<std::string>& args) {
               t_b16 / t_ours_w);
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  the same with bf16 gradients (14 B)", n / t_b16g,
               (b16_bytes_per_param - 2) * n / t_b16g / 1e9, t_b16g / t_ours_w);
+  std::printf("  %-40s\n", "the offloaded step's unscale + AdamW, fp32 master and states:");
+  std::printf("  %-40s %14.3e %10.2f %12s\n", "  fp32 gradients, unscaled first (36 B)", n / t_g32, 36.0 * n / t_g32 / 1e9,
+              "1.00x");
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  fp32 gradients, unscaled in the pass (28 B)", n / t_g32_pass,
+              28.0 * n / t_g32_pass / 1e9, t_g32 / t_g32_pass);
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  bf16 gradients, widened first (42 B)", n / t_g16_first,
+              42.0 * n / t_g16_first / 1e9, t_g32 / t_g16_first);
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  bf16 gradients, widened in the pass (26 B)", n / t_g16_pass,
+              26.0 * n / t_g16_pass / 1e9, t_g32 / t_g16_pass);
+  std::printf("  %-40s %14s %10s %12s\n", "  (the fp32 rows' results, the bf16 rows')", "", "",
+              g32_same && g16_same ? "identical" : "DIFFER");
   std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
   std::printf("  %-40s %14s %10.2f\n", "Adam's traffic, no math (28 B/element)", "", pattern_bw / 1e9);
   std::printf("  %-40s %14s %10.2f\n", "stream triad a = b + s*c (16 B/element)", "", triad_bw / 1e9);
   std::printf("  %-40s %14.3e %10.2f %12s\n", "zero gradient norm (fp64 sum of squares)", n / t_norm, 4.0 * n / t_norm / 1e9,
               "");
+  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  the same over bf16 gradients", n / t_norm16,
+              2.0 * n / t_norm16 / 1e9, t_norm / t_norm16);
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "at::linalg_vector_norm (fp32)", n / t_norm_aten,
               4.0 * n / t_norm_aten / 1e9, t_norm_aten / t_norm);
   std::printf("  zero AdamW's bytes/s as a fraction of the same traffic without math: %.2f (8-bit states: %.2f); "
@@ -250,7 +300,17 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"grad_norm_fp64_params_per_s", n / t_norm},
                         {"aten_norm_fp32_params_per_s", n / t_norm_aten},
                         {"ratio_grad_norm_vs_aten", t_norm_aten / t_norm},
-                        {"grad_norm_vs_adamw_time", t_norm / t_ours_w}};
+                        {"grad_norm_vs_adamw_time", t_norm / t_ours_w},
+                        {"step_fp32_grads_params_per_s", n / t_g32},
+                        {"step_fp32_grads_in_pass_params_per_s", n / t_g32_pass},
+                        {"ratio_fp32_grads_in_pass_vs_unscaled_first", t_g32 / t_g32_pass},
+                        {"fp32_grads_in_pass_same_bits", g32_same},
+                        {"step_bf16_grads_widened_first_params_per_s", n / t_g16_first},
+                        {"step_bf16_grads_in_pass_params_per_s", n / t_g16_pass},
+                        {"ratio_bf16_grads_in_pass_vs_fp32_grads", t_g32 / t_g16_pass},
+                        {"ratio_bf16_grads_in_pass_vs_widened_first", t_g16_first / t_g16_pass},
+                        {"bf16_grads_in_pass_same_bits", g16_same},
+                        {"grad_norm_bf16_params_per_s", n / t_norm16}};
     write_json_output(json_path, j);
   }
   return 0;

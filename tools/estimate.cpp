@@ -69,7 +69,12 @@ tables), or for one.
                              --precision bf16, stages 1-3); 8: 8-bit moments
                              (optimizer.params.optim_bits 8: 2 bytes a
                              parameter and a scale per 256); both: 32 and 8;
-                             all: 32, 16 and 8, each configuration every way
+                             all: 32, 16, 8 and a 16-bit master with 8-bit
+                             moments (the compute dtype's: bf16_master_
+                             weights_and_grads or fp16_master_weights_and_
+                             grads, stages 1-3), each configuration every
+                             way (with --precision fp16: 32, 8 and the fp16
+                             master with 8-bit moments)
   --config FILE              only the configuration a DeepSpeed config gives
                              ("auto" checked as zero config check does)
   --device-memory B --host-memory B --nvme-bytes B
@@ -97,7 +102,8 @@ struct Setup {
   std::string name;
   int stage = 0;
   std::string offload_optimizer = "none", offload_param = "none";
-  int optim_bits = 32;  // 16: bf16 master weights and states (NOTE [16-bit master])
+  int optim_bits = 32;  // Adam's moments: 32, 16 (bf16, with a bf16 master: NOTE [16-bit master]) or 8
+  bool master16 = false;  // a master in the 16-bit compute dtype (always with optim_bits 16)
 };
 
 // A parameter count: decimal digits with an optional fraction and exponent
@@ -168,6 +174,10 @@ config::Config config_for(const Setup& s, const std::string& precision, int64_t 
   if (precision == "bf16") j["bf16"] = {{"enabled", true}};
   if (s.optim_bits == 16)
     j["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
+  else if (s.master16 && precision == "bf16")
+    j["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}};
+  else if (s.master16 && precision == "fp16")
+    j["fp16"] = {{"enabled", true}, {"fp16_master_weights_and_grads", true}};
   config::LoadOptions o;
   o.world_size = world;
   return config::load_string(j.dump(), o, "zero estimate (" + s.name + ")");
@@ -357,7 +367,7 @@ int estimate(const std::vector<std::string>& args) {
   if (precision_given && !config_path.empty()) return fail("--precision and --config both set the precision: give one");
   if (optim_bits == "16" && stage && *stage == 0)
     return fail("--optim-bits 16: a bf16 master and states need ZeRO stage 1-3 (DeepSpeed's rule); got --stage 0");
-  if ((optim_bits == "16" || optim_bits == "all") && precision != "bf16")
+  if (optim_bits == "16" && precision != "bf16")
     return fail("--optim-bits " + optim_bits + ": a bf16 master and states go with --precision bf16");
   if (given.count("--optim-bits") && !config_path.empty())
     return fail("--optim-bits and --config both set the optimizer states (optimizer.params.optim_bits): give one");
@@ -402,7 +412,9 @@ int estimate(const std::vector<std::string>& args) {
       auto c = config::load_file(config_path, o);
       setups.push_back({Setup{config_path, c.zero.stage, config::to_string(c.zero.offload_optimizer.device),
                               config::to_string(c.zero.offload_param.device),
-                              c.optimizer && c.optimizer->bf16_states ? 16 : c.optimizer ? c.optimizer->optim_bits : 32},
+                              c.optimizer && c.optimizer->bf16_states ? 16 : c.optimizer ? c.optimizer->optim_bits : 32,
+                              c.zero.stage > 0 && ((c.bf16.enabled && c.bf16.bf16_master_weights_and_grads) ||
+                                                   (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads))},
                         c});
     } else {
       std::vector<Setup> list;
@@ -422,15 +434,21 @@ int estimate(const std::vector<std::string>& args) {
                 {"stage 3 + offload_optimizer cpu + offload_param cpu", 3, "cpu", "cpu"},
                 {"stage 3 + offload_optimizer nvme + offload_param nvme", 3, "nvme", "nvme"}};
       }
+      // Moments' bits, and a 16-bit master: 32, 16 (bf16 master and states),
+      // 8, and 8 under a 16-bit master (--optim-bits all).
+      const std::pair<int, bool> kinds[] = {{32, false}, {16, true}, {8, false}, {8, true}};
       for (const auto& s : list) {
-        for (int bits : {32, 16, 8}) {
-          const bool wanted = optim_bits == "all" || optim_bits == std::to_string(bits) ||
-                              (optim_bits == "both" && bits != 16);
+        for (const auto& [bits, master16] : kinds) {
+          const bool wanted = optim_bits == "all" || (!master16 && optim_bits == std::to_string(bits)) ||
+                              (bits == 16 && optim_bits == "16") || (optim_bits == "both" && !master16);
           if (!wanted) continue;
-          if (bits == 16 && s.stage == 0) continue;  // DeepSpeed's rule: stages 1-3
+          if (master16 && s.stage == 0) continue;  // DeepSpeed's rule: stages 1-3
+          if (master16 && precision == "fp32") continue;
+          if (bits == 16 && precision != "bf16") continue;  // bf16_optimizer_states is bf16's
           Setup b = s;
           b.optim_bits = bits;
-          if (bits == 8) b.name += " + 8-bit states";
+          b.master16 = master16;
+          if (bits == 8) b.name += master16 ? " + " + precision + " master and 8-bit states" : " + 8-bit states";
           if (bits == 16) b.name += " + bf16 master and states";
           setups.push_back({b, config_for(b, precision, world)});
         }
@@ -558,7 +576,10 @@ int estimate(const std::vector<std::string>& args) {
                 static_cast<long long>(per_node), static_cast<long long>(nodes),
                 config_path.empty() ? precision.c_str() : "as the config says");
     std::printf("model states per rank (parameters + gradients + optimizer states):\n");
-    std::printf("  %-68s %-50s %-50s %-10s%s\n", "", "device", "host", "nvme", budgets ? "   fits   largest that fits" : "");
+    int name_width = 68;  // the longest configuration's name, at least
+    for (const auto& [setup, cfg] : setups) name_width = std::max(name_width, static_cast<int>(setup.name.size()));
+    std::printf("  %-*s %-50s %-50s %-10s%s\n", name_width, "", "device", "host", "nvme",
+                budgets ? "   fits   largest that fits" : "");
     nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"model", what},
                           {"configurations", nlohmann::json::array()}};
     if (!calibration.is_null()) out["calibration"] = calibration;
@@ -574,6 +595,7 @@ int estimate(const std::vector<std::string>& args) {
                             {"offload_optimizer", setup.offload_optimizer},
                             {"offload_param", setup.offload_param},
                             {"optim_bits", setup.optim_bits},
+                            {"master", setup.master16 ? std::string(cfg.fp16.enabled ? "fp16" : "bf16") : std::string("fp32")},
                             {"device", to_json(e.device)},
                             {"host", to_json(e.host)},
                             {"nvme", to_json(e.nvme)}};
@@ -615,11 +637,11 @@ int estimate(const std::vector<std::string>& args) {
         else std::snprintf(buf, sizeof buf, "   %-4s   %.3g params", fit ? "yes" : "no", static_cast<double>(largest_params));
         extra = buf;
       }
-      std::printf("  %-68s %-50s %-50s %-10s%s\n", setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
+      std::printf("  %-*s %-50s %-50s %-10s%s\n", name_width, setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
                   e.nvme.total() == 0 ? "0" : format_bytes(e.nvme.total()).c_str(), extra.c_str());
       if (peaks) {
         const auto pk = peak_of(cfg, size);
-        std::printf("  %-68s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n",
+        std::printf("  %-*s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n", name_width,
                     "  peak of a step:", format_bytes(pk.device()).c_str(), format_bytes(pk.activations).c_str(),
                     format_bytes(pk.device_buffers).c_str(), format_bytes(pk.host()).c_str(),
                     format_bytes(pk.host_activations).c_str(), format_bytes(pk.host_buffers).c_str(),

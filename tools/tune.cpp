@@ -128,9 +128,10 @@ swap files are removed however it ends.
                              1.5x the parameters fits with offload) and, in
                              bf16, a bf16 master and bf16 states
                              (bf16_master_weights_and_grads and
-                             bf16_optimizer_states: about 1.75x), which change
-                             the numerics; proposed only where fp32 states do
-                             not fit or run slower
+                             bf16_optimizer_states: about 1.75x), and 8-bit
+                             moments under a bf16 or fp16 master (about 2x),
+                             which change the numerics; proposed only where
+                             fp32 states do not fit or run slower
   --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
@@ -483,15 +484,20 @@ int tune(const std::vector<std::string>& args) {
     for (size_t f = 0; f < kFamilies.size(); ++f) {
       const Family& fam = kFamilies[f];
       if (!stages.count(fam.stage) || !offload->count(fam.opt) || !offload->count(fam.param)) continue;
-      for (int bits : {32, 16, 8})
+      // Moments' bits and a 16-bit master: fp32 states; a bf16 master and
+      // states; 8-bit moments under an fp32 master, and under a 16-bit one.
+      const std::pair<int, bool> kinds[] = {{32, false}, {16, true}, {8, false}, {8, true}};
+      for (const auto& [bits, master16] : kinds)
       for (int ck : checkpointing)
         for (int64_t mb : micro_batches)
           for (int64_t bucket : bucket_sizes) {
             if (bits != 32 && !plan.low_precision_states) continue;
-            if (bits == 16 && (plan.precision != "bf16" || fam.stage == 0)) continue;
+            if (bits == 16 && plan.precision != "bf16") continue;
+            if (master16 && (plan.precision == "fp32" || fam.stage == 0)) continue;  // DeepSpeed's rule: stages 1-3
             Candidate c;
             c.family = static_cast<int>(f);
             c.optim_bits = bits;
+            c.master16 = master16;
             c.checkpointing = ck;
             c.micro_batch = mb;
             c.bucket = bucket;
@@ -618,7 +624,7 @@ int tune(const std::vector<std::string>& args) {
       // otherwise ends the point.
       std::map<std::tuple<int, int, int, int64_t>, std::vector<Candidate*>> points;
       for (auto& c : all)
-        if (c.fits) points[{c.family, c.optim_bits, c.checkpointing, c.micro_batch}].push_back(&c);
+        if (c.fits) points[{c.family, c.states_kind(), c.checkpointing, c.micro_batch}].push_back(&c);
       for (auto& [key, v] : points)
         std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
       auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
@@ -662,7 +668,7 @@ int tune(const std::vector<std::string>& args) {
         const Candidate winner = *best;
         std::vector<Candidate*> others;
         for (auto& c : all)
-          if (c.fits && c.status == Status::kNotRun && c.family == winner.family && c.optim_bits == winner.optim_bits &&
+          if (c.fits && c.status == Status::kNotRun && c.family == winner.family && c.states_kind() == winner.states_kind() &&
               c.checkpointing == winner.checkpointing && c.micro_batch == winner.micro_batch && c.bucket != winner.bucket)
             others.push_back(&c);
         for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));
@@ -719,6 +725,7 @@ int tune(const std::vector<std::string>& args) {
                               {"offload_param", kLevelName[f.param]},
                               {"checkpointing", kCheckpointName[c.checkpointing]},
                               {"optim_bits", c.optim_bits},
+                              {"master", c.master16 ? plan.precision : std::string("fp32")},
                               {"micro_batch", c.micro_batch},
                               {"bucket_size", c.bucket},
                               {"estimate_bytes",

@@ -67,7 +67,7 @@ bool dominates(const Candidate& a, const Candidate& b) {
 std::string describe(const Candidate& c) {
   std::string s = family_name(kFamilies[c.family]);
   if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
-  if (c.optim_bits == 8) s += ", 8-bit Adam states";
+  if (c.optim_bits == 8) s += c.master16 ? ", 16-bit master and 8-bit Adam states" : ", 8-bit Adam states";
   if (c.optim_bits == 16) s += ", bf16 master and states";
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
@@ -164,6 +164,10 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   if (c.optim_bits == 8) j["optimizer"]["params"]["optim_bits"] = 8;
   if (c.optim_bits == 16)  // NOTE [16-bit master]: DeepSpeed's keys, stages 1-3
     j["bf16"].update({{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}});
+  else if (c.master16 && plan.precision == "fp16")
+    j["fp16"].update({{"enabled", true}, {"fp16_master_weights_and_grads", true}});
+  else if (c.master16)
+    j["bf16"].update({{"enabled", true}, {"bf16_master_weights_and_grads", true}});
   if (f.opt == 2 || f.param == 2) {
     if (!j.contains("aio"))
       j["aio"] = {{"block_size", 1048576}, {"queue_depth", 8}, {"single_submit", false}, {"overlap_events", true}};

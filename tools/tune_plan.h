@@ -39,6 +39,9 @@ struct Candidate {
   int family = 0;  // index into kFamilies
   int checkpointing = 0;
   int optim_bits = 32;  // 8: Adam's moments in 8 bits; 16: a bf16 master and states (--allow-low-precision-states)
+  bool master16 = false;  // a master in the 16-bit compute dtype (with 16; with 8: bf16/fp16 master, 8-bit moments)
+  /// The optimizer states' kind as one number (optim_bits and master16).
+  int states_kind() const { return optim_bits * 2 + (master16 ? 1 : 0); }
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;

@@ -422,6 +422,29 @@ double sum_of_squares_fp64(const float* x, int64_t n, int isa_choice) {
   return sum;
 }
 
+double sum_of_squares_fp64(const uint16_t* x, int64_t n, bool bf16) {
+  // sum_of_squares_fp64's blocks, each widened first in the thread's cache:
+  // the bits of the fp32 sum over the widened values, the memory reading 2
+  // bytes an element.
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks));
+  const detail::Isa isa = detail::best_isa();
+  auto f = isa == detail::Isa::kAvx512 ? &squares_avx512 : isa == detail::Isa::kAvx2 ? &squares_avx2 : &squares_scalar;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 4), [&](const tbb::blocked_range<int64_t>& r) {
+    thread_local std::vector<float> wide;
+    wide.resize(static_cast<size_t>(kBlock));
+    for (int64_t b = r.begin(); b < r.end(); ++b) {
+      const int64_t len = std::min(kBlock, n - b * kBlock);
+      detail::widen_16bit(x + b * kBlock, wide.data(), len, bf16);
+      partial[static_cast<size_t>(b)] = f(wide.data(), len);
+    }
+  });
+  double sum = 0;
+  for (double p : partial) sum += p;
+  return sum;
+}
+
 void stream_adam_pattern(float* p, const float* g, float* m, float* v, float scalar, int64_t n) {
   const auto f = pattern_for(detail::best_isa());
   // The four arrays in one loop, as the Adam kernel walks them: the memory

@@ -99,7 +99,8 @@ at::Tensor round_to(const at::Tensor& x, at::ScalarType dtype, const Rounding& r
 }
 
 void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& master,
-                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding) {
+                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding,
+                   float grad_mul) {
   const auto specs = opt.state_specs();
   const size_t sides = static_cast<size_t>(std::count_if(specs.begin(), specs.end(), [](const auto& s) { return s.side; }));
   ZERO_CHECK(states.size() == specs.size() || states.size() + sides == specs.size(),
@@ -111,7 +112,8 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
       narrow.push_back(i);
     }
   const at::ScalarType mt = master.scalar_type();
-  if (mt == at::kFloat && narrow.empty()) {
+  const bool grad16 = is_16bit(grad.scalar_type());
+  if (mt == at::kFloat && narrow.empty() && !grad16 && grad_mul == 1.0f) {
     opt.update_runs(runs, master, grad, states, low);
     return;
   }
@@ -119,10 +121,11 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
   const int64_t n = master.numel();
   // The model's copy is the master's bits when they share a dtype.
   const bool low_is_master = low != nullptr && mt != at::kFloat && low->scalar_type() == mt;
-  // 16-bit gradients (bf16_master_weights_and_grads keeps them so in host
-  // memory) are widened a window at a time, as the master is: the ATen path
-  // below took 4.9x the fp32 offload's step on the H200 (RESULTS, round 2).
-  const bool grad16 = is_16bit(grad.scalar_type());
+  // 16-bit gradients (a 16-bit master's, and stage 3's: NOTE [16-bit
+  // gradients] in partition/) are widened a window at a time, as the master
+  // is, and unscaled there: the ATen path below took 4.9x the fp32
+  // offload's step on the H200 (RESULTS, round 2).
+  const bool scaled = grad_mul != 1.0f;
   bool fused = cpu_contiguous(master) && cpu_contiguous(grad) && (grad.scalar_type() == at::kFloat || grad16) &&
                (low == nullptr || cpu_contiguous(*low));
   for (const auto& s : states) fused = fused && cpu_contiguous(s);
@@ -151,10 +154,14 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
         Rounding r = rounding;
         r.index = rounding.index + static_cast<uint64_t>(a);
         const auto wr = runs_within(runs, a, len);
-        float* g32 = grad16 ? g_scratch : grad.data_ptr<float>() + a;
+        float* g32 = grad16 || scaled ? g_scratch : grad.data_ptr<float>() + a;
         if (grad16)
           detail::widen_16bit(static_cast<const uint16_t*>(grad.data_ptr()) + a, g32, len,
                               grad.scalar_type() == at::kBFloat16);
+        else if (scaled)
+          std::memcpy(g32, grad.data_ptr<float>() + a, static_cast<size_t>(len) * sizeof(float));
+        if (scaled)
+          for (int64_t i = 0; i < len; ++i) g32[i] *= grad_mul;  // ATen's mul by a Scalar: in fp32
         const at::Tensor g_window = at::from_blob(g32, {len}, at::kFloat);
         if (all_bf16) {  // the optimizer's one-pass bf16 kernel, where it has one
           std::vector<uint16_t*> s16;
@@ -226,6 +233,7 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
     // in fp32, not some in the gradient's dtype by ATen's type promotion.
     at::Tensor gw = grad.narrow(0, a, len);
     if (gw.scalar_type() != at::kFloat) gw = gw.to(at::kFloat);
+    if (scaled) gw = gw.mul(grad_mul);  // out of place: `grad` stays as it is
     opt.update_runs(runs_within(runs, a, len), m32, gw, s32, l.defined() ? &l : nullptr);
     if (mt != at::kFloat) {
       mw.copy_(round_aten(m32, mt, r, 0));

@@ -72,11 +72,14 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     return LedgerAlloc::host_empty(ledger_, numel, dtype, options_.pin_memory, kind, what);
   };
   if (options_.grad_partition) {
-    // Offloaded, the partition accumulates on the host in fp32 with an fp32
-    // master, as DeepSpeed's; with a 16-bit master ("master weights and
-    // grads") in the accumulation dtype, the master's unless
-    // data_types.grad_accum_dtype says otherwise.
-    const at::ScalarType host = options_.master_dtype == at::kFloat ? at::kFloat : options_.grad_dtype;
+    // Offloaded below stage 3, the partition accumulates on the host in fp32
+    // with an fp32 master, as DeepSpeed's; with a 16-bit master ("master
+    // weights and grads") in the accumulation dtype, the master's unless
+    // data_types.grad_accum_dtype says otherwise. Stage 3's is in the
+    // accumulation dtype on every tier (NOTE [16-bit gradients]).
+    const at::ScalarType host = options_.host_grad_dtype ? *options_.host_grad_dtype
+                                : options_.master_dtype == at::kFloat ? at::kFloat
+                                                                      : options_.grad_dtype;
     grads_ = buffer(options_.offload ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition");
     grads_.zero_();
   }

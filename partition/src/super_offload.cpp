@@ -14,8 +14,9 @@
 //     makes) and steps each of its sub-groups with the factor that holds
 //     when nothing is clipped (loss scale x world size x pre-scale), writing
 //     each window of 64K elements of master and states into the undo buffer
-//     just before its update, while it is in cache, and unscaling the
-//     gradient into a scratch piece, so the gradient stays as it was; their
+//     just before its update, while it is in cache, the gradient unscaled
+//     inside the CPU pass (NOTE [16-bit gradients]), so it stays as it was
+//     for a redo; their
 //     new 16-bit values go up on the worker's own copy stream while backward
 //     goes on;
 //   - step() waits for the worker, adds the groups' squares in group order
@@ -113,9 +114,6 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   // The worker's pinned buffers for new values on their way to the device,
   // as write_pass's (NOTE [offload transfers]).
   sp.ring = make_value_ring("parameters for the device (super_offload)");
-  sp.grad_scratch = LedgerAlloc::host_empty(ledger_, sp.ring.numel(), at::kFloat,
-                                            /*pin=*/false, Kind::kCommBuffers,
-                                            "unscaled gradient piece of the speculative step (super_offload)");
   reducer_->set_on_host_final([this](size_t g) { spec_group_final(g); });
   sp.worker = std::thread([this] { spec_worker(); });
 }
@@ -169,7 +167,7 @@ void ZeroOptimizer::spec_worker() {
                                  sp.last, group_last);
           const trace::Span span("optimizer", "speculative CPU step of a sub-group", static_cast<int64_t>(k));
           step_sub_group(k, reducer_->owned(grp).narrow(0, start, len), m, s, low, sp.plan.params, sp.combined,
-                         &sp.grad_scratch, &sp.undo_views[k], &sp.saved[k]);
+                         &sp.undo_views[k], &sp.saved[k]);
           ++spec_sub_groups_;
         }
       }

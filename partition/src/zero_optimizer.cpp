@@ -50,6 +50,7 @@ at::ScalarType compute_dtype(const config::Config& c) {
 at::ScalarType grad_accum_dtype(const config::Config& c) {
   if (c.grad_accum_dtype) return dtype_from_name(*c.grad_accum_dtype);
   if (master_dtype(c) == at::kBFloat16) return at::kBFloat16;  // bf16 master weights "and grads"
+  if (c.zero.stage == 3 && c.bf16.enabled) return at::kBFloat16;  // NOTE [16-bit gradients]
   return c.fp16.enabled ? at::kHalf : at::kFloat;
 }
 
@@ -142,6 +143,9 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.sub_group_size = options_.sub_group_size;
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;
+  // NOTE [16-bit gradients]: stage 3's partition is in the accumulation
+  // dtype on the host too.
+  if (options_.stage == 3) so.host_grad_dtype = options_.grad_accum_dtype;
   so.master_dtype = options_.master_dtype;
   so.layout_rank = flat_->world_size() == 1 ? 0 : rank_;
   ZERO_CHECK(options_.master_dtype == at::kFloat || options_.master_dtype == options_.compute_dtype,
@@ -261,8 +265,15 @@ namespace {
 // factor is applied, so every layout clips alike. Σ x² of `g` in fp64, a
 // piece at a time (no fp64 copy of a whole group).
 at::Tensor sum_of_squares(const at::Tensor& g) {
-  if (g.is_cpu() && g.scalar_type() == at::kFloat && g.is_contiguous())  // CPU Adam's kernel family, at memory speed
-    return at::full({1}, optim::sum_of_squares_fp64(g.data_ptr<float>(), g.numel()), at::kDouble);
+  if (g.is_cpu() && g.is_contiguous()) {  // CPU Adam's kernel family, at memory speed
+    if (g.scalar_type() == at::kFloat)
+      return at::full({1}, optim::sum_of_squares_fp64(g.data_ptr<float>(), g.numel()), at::kDouble);
+    if (g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf)
+      return at::full({1},
+                      optim::sum_of_squares_fp64(static_cast<const uint16_t*>(g.data_ptr()), g.numel(),
+                                                 g.scalar_type() == at::kBFloat16),
+                      at::kDouble);
+  }
   constexpr int64_t kPiece = int64_t{1} << 22;
   at::Tensor acc = at::zeros({1}, g.options().dtype(at::kDouble));
   for (int64_t i = 0; i < g.numel(); i += kPiece)
@@ -389,7 +400,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 
 void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s,
                                    LowOut& low, const optim::StepParams& params, double combined,
-                                   at::Tensor* scratch, const std::vector<at::Tensor>* undo,
+                                   const std::vector<at::Tensor>* undo,
                                    int64_t* undo_saved) {
   const auto [g, start, len] = store_->sub_groups()[k];
   const auto& specs = store_->state_specs();
@@ -420,21 +431,18 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
   // The update of elements [a, a + n) of the sub-group, its new values into `pl` (or none).
   auto update = [&](int64_t a, int64_t n, at::Tensor* pl) {
     const std::vector<optim::FlatOptimizer::Run> piece_runs = optim::runs_within(runs, a, n);
-    // fp32 gradients on the step's device are unscaled in place (or, to
-    // keep them, into `scratch`: the same multiplication); others through
-    // this piece's fp32 copy.
+    // Gradients in host memory for the CPU pass (fp32, bf16, fp16) are
+    // unscaled inside it, 16-bit ones widened there too (NOTE [16-bit
+    // gradients]): never a pass of its own over memory (ATen's took 2x the
+    // Adam pass here, benchmarks/RESULTS.md), and the gradient stays as it
+    // was (a speculative step's redo reads it again). On a device: unscaled
+    // in place, or through this piece's fp32 copy.
     const at::Tensor gp = n == len ? grad : grad.narrow(0, a, n);
-    at::Tensor g32 = gp.to(m.device(), at::kFloat);
-    if (combined != 1.0) {
-      if (scratch != nullptr && g32.is_same(gp)) {
-        ZERO_CHECK(scratch->numel() >= n, "the gradient scratch is smaller than a piece");
-        at::Tensor out = scratch->narrow(0, 0, n);
-        at::mul_out(out, gp, at::Scalar(1.0 / combined));  // mul_'s Scalar overload, out of place
-        g32 = out;
-      } else {
-        g32.mul_(1.0 / combined);
-      }
-    }
+    const at::ScalarType gt = gp.scalar_type();
+    const bool in_pass = m.is_cpu() && gp.is_cpu() && gp.is_contiguous() &&
+                         (gt == at::kFloat || gt == at::kBFloat16 || gt == at::kHalf);
+    at::Tensor g32 = in_pass ? gp : gp.to(m.device(), at::kFloat);
+    if (combined != 1.0 && !in_pass) g32.mul_(1.0 / combined);
     at::Tensor pm = n == len ? m : m.narrow(0, a, n);
     std::vector<at::Tensor> ps;
     // (8-bit Adam's side states only where the sub-group has fp32 blocks:
@@ -447,7 +455,9 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
     const optim::Rounding rounding{options_.stochastic_rounding,
                                    static_cast<uint64_t>(grp.begin + layout_rank * grp.chunk_numel + start + a),
                                    params.step};
-    optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, pl, rounding);
+    // ATen's mul_(1.0 / combined) multiplies in fp32 by the factor rounded to fp32.
+    const float grad_mul = in_pass && combined != 1.0 ? static_cast<float>(1.0 / combined) : 1.0f;
+    optim::update_stored(*optimizer_, piece_runs, pm, g32, ps, pl, rounding, grad_mul);
   };
   // NOTE [speculative step]: with `undo`, each window of kUndoWindow
   // elements is copied there just before its update, while it is in cache

@@ -1,8 +1,8 @@
 // NOTE [memory estimate]
 // The engine's model states per rank, written down from where the engine
 // allocates them (N ranks; p the compute dtype's bytes, g the gradient
-// accumulation dtype's: fp16 2, bf16 with a bf16 master 2, else 4, or
-// data_types.grad_accum_dtype):
+// accumulation dtype's: fp16 2, bf16 with a bf16 master or at stage 3 2,
+// else 4, or data_types.grad_accum_dtype):
 //
 // - Flat layout (NOTE [flat layout]): below stage 3 the parameters are packed
 //   in model order into groups of at most min(reduce_bucket_size,
@@ -20,10 +20,11 @@
 //   min(buffer_count, shards on disk) host buffers of the largest of them),
 //   plus group 0 whole (padded) on the device.
 // - Gradients: stages 0-1 a flat buffer of g x padded on the device; stages
-//   2-3 the partition, g x P on the device, or 4 x P on the host when the
-//   optimizer is offloaded (accumulated in fp32 there). With bf16/fp16
-//   master weights and grads (NOTE [16-bit master]) g is 2 unless
-//   grad_accum_dtype says otherwise, and the host's partition g x P.
+//   2-3 the partition, g x P on the device, or on the host when the
+//   optimizer is offloaded: 4 x P at stage 2 (accumulated in fp32 there),
+//   g x P at stage 3 (NOTE [16-bit gradients]). With bf16/fp16 master
+//   weights and grads (NOTE [16-bit master]) g is 2 unless grad_accum_dtype
+//   says otherwise, and the host's partition g x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
 //   two 1-byte codes and a 4-byte scale per 256 elements of each sub-group,
 //   about 2.03 x P (NOTE [8-bit states]), and two fp32 moments for the
@@ -72,7 +73,7 @@ bool sixteen_bit_master(const config::Config& c) {
 // The gradient accumulation dtype's bytes (partition::grad_accum_dtype).
 int64_t grad_bytes(const config::Config& c) {
   if (c.grad_accum_dtype) return bytes_of(*c.grad_accum_dtype);
-  return c.fp16.enabled || (c.bf16.enabled && sixteen_bit_master(c)) ? 2 : 4;
+  return c.fp16.enabled || (c.bf16.enabled && (sixteen_bit_master(c) || c.zero.stage == 3)) ? 2 : 4;
 }
 
 // The flat layout's groups (padded numel) and stage 3's whole group 0.
@@ -212,7 +213,7 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 
   // Gradients.
   if (z.stage < 2) e.device.gradients = g * flat;
-  else if (off_opt) e.host.gradients = (master16 ? g : 4) * part;
+  else if (off_opt) e.host.gradients = (master16 || z.stage == 3 ? g : 4) * part;
   else e.device.gradients = g * part;
 
   // Optimizer states: two moments and, unless the parameters are it, a master.

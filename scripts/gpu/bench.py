@@ -51,6 +51,10 @@ def configs(nvme_dir, layer_numel):
         ("stage 0, accumulation 4", {"stage": 0, "_gas": 4}),
         ("stage 3 + CPU offload, super_offload, accumulation 4",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True}, _gas=4)),
+        # NOTE [16-bit gradients]: stage 3's bf16 gradients against fp32 ones ("_grad_accum": data_types).
+        ("stage 3, fp32 gradients", dict(base3, _grad_accum="fp32")),
+        ("stage 3 + CPU offload, fp32 gradients",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _grad_accum="fp32")),
         # 8-bit Adam states (optimizer.params.optim_bits 8): "_optim_bits" goes to the optimizer section.
         ("stage 3 + CPU offload, 8-bit states",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True}, _optim_bits=8)),
@@ -221,6 +225,7 @@ def main():
         optim_bits = zero.pop("_optim_bits", 32)
         clip = zero.pop("_clip", 1.0)
         gas = zero.pop("_gas", 1)
+        grad_accum = zero.pop("_grad_accum", None)
         steps *= gas  # --limit_train_batches counts micro-batches: as many optimizer steps at every gas
         bf16 = {"enabled": True}
         if zero.pop("_bf16_master", False):
@@ -230,6 +235,8 @@ def main():
                "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
                                                          "optim_bits": optim_bits}},
                "zero_optimization": dict(zero, sub_group_size=100_000_000), "steps_per_print": 1000000}
+        if grad_accum:
+            cfg["data_types"] = {"grad_accum_dtype": grad_accum}
         slug = name.replace(" ", "_").replace("+", "").replace(",", "").replace("__", "_")
         cfg_path = os.path.join(work, slug + ".json")
         summary_path = os.path.join(work, slug + ".summary.json")

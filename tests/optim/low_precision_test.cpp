@@ -161,6 +161,90 @@ TEST(SixteenBitMaster, CpuWindowsEqualTheAtenPathBitForBit) {
   }
 }
 
+// NOTE [16-bit gradients]: a bf16 or fp16 gradient widened and unscaled
+// inside the CPU pass gives the bits of widening and unscaling it first
+// (g.to(fp32).mul_(f), the step's old path) for an fp32 master with fp32
+// states (with and without the model's 16-bit copy in the same pass), and
+// for a bf16 master and states; the gradient is left as it was. An fp32
+// gradient with a factor takes the same windows.
+TEST(SixteenBitGradients, WidenedInThePassEqualWideningFirst) {
+  const int64_t n = 100000;  // several windows and a tail
+  torch::manual_seed(5);
+  const double factor = 1.0 / 3072.0 * 1.37;  // 1 / (loss scale x clip ratio), not a power of two
+  for (const auto grad_dtype : {torch::kBFloat16, torch::kHalf, torch::kFloat})
+  for (const auto master : {torch::kFloat, torch::kBFloat16})
+  for (const bool with_low : {false, true}) {
+    SCOPED_TRACE(std::string("gradients ") + c10::toString(grad_dtype) + ", master " + c10::toString(master) +
+                 (with_low ? ", with the 16-bit copy" : ""));
+    auto opt = zero::optim::FlatOptimizer::create(adamw(master == torch::kBFloat16));
+    const auto st = master == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
+    std::vector<zero::optim::FlatOptimizer::Run> runs{{0, 40000, {}}, {40000, n - 40000, {}}};
+    runs[0].params.step = runs[1].params.step = 2;
+    runs[1].params.lr = 1e-2;
+    auto p = torch::randn({n}).to(master), pr = p.clone();
+    std::vector<torch::Tensor> s{(torch::randn({n}) * 0.01).to(st), (torch::rand({n}) * 1e-4).to(st)};
+    std::vector<torch::Tensor> sr{s[0].clone(), s[1].clone()};
+    auto low = torch::empty({n}, torch::kBFloat16), lowr = torch::empty({n}, torch::kBFloat16);
+    const Rounding r{true, 77, 2};
+    const auto g = (torch::randn({n}) * 3000).to(grad_dtype);
+    const auto g0 = g.clone();
+    zero::optim::update_stored(*opt, runs, p, g, s, with_low ? &low : nullptr, r, static_cast<float>(factor));
+    const auto wide = g.to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).mul_(factor);
+    zero::optim::update_stored(*opt, runs, pr, wide, sr, with_low ? &lowr : nullptr, r);
+    EXPECT_TRUE(torch::equal(p.view(torch::kShort), pr.view(torch::kShort)));
+    EXPECT_TRUE(torch::equal(s[0], sr[0]));
+    EXPECT_TRUE(torch::equal(s[1], sr[1]));
+    if (with_low) EXPECT_TRUE(torch::equal(low.view(torch::kShort), lowr.view(torch::kShort)));
+    EXPECT_TRUE(torch::equal(g.view(torch::kShort), g0.view(torch::kShort))) << "the gradient is left as it was";
+  }
+}
+
+// The same with 8-bit moments (block-wise, NOTE [8-bit states]) under an
+// fp32 master: the window path steps the blocks as the whole-piece pass.
+TEST(SixteenBitGradients, WidenedInThePassEqualWideningFirstWithEightBitStates) {
+  const int64_t n = 100000;
+  const int64_t blocks = (n + 255) / 256;
+  torch::manual_seed(6);
+  const double factor = 1.0 / 777.0;
+  for (const auto grad_dtype : {torch::kBFloat16, torch::kFloat}) {
+    SCOPED_TRACE(std::string("gradients ") + c10::toString(grad_dtype));
+    zero::config::OptimizerConfig c = adamw(false);
+    c.optim_bits = 8;
+    auto opt = zero::optim::FlatOptimizer::create(c);
+    std::vector<zero::optim::FlatOptimizer::Run> runs{{0, n, {}}};
+    runs[0].params.step = 1;
+    auto p = torch::randn({n}), pr = p.clone();
+    std::vector<torch::Tensor> s{torch::zeros({n}, torch::kUInt8), torch::zeros({blocks}), torch::zeros({n}, torch::kUInt8),
+                                 torch::zeros({blocks})};
+    std::vector<torch::Tensor> sr;
+    for (const auto& t : s) sr.push_back(t.clone());
+    for (int step = 1; step <= 3; ++step) {
+      runs[0].params.step = step;
+      const auto g = (torch::randn({n}) * 500).to(grad_dtype);
+      zero::optim::update_stored(*opt, runs, p, g, s, nullptr, Rounding{false, 0, step}, static_cast<float>(factor));
+      zero::optim::update_stored(*opt, runs, pr, g.to(torch::kFloat, false, true).mul_(factor), sr, nullptr,
+                                 Rounding{false, 0, step});
+    }
+    EXPECT_TRUE(torch::equal(p, pr));
+    for (size_t i = 0; i < s.size(); ++i) EXPECT_TRUE(torch::equal(s[i], sr[i])) << "state " << i;
+    EXPECT_FALSE(torch::equal(s[0], torch::zeros({n}, torch::kUInt8))) << "the moments moved";
+  }
+}
+
+// The norm's sum of squares over 16-bit values, widened a block at a time,
+// has the bits of the fp32 sum over their widened copy.
+TEST(SixteenBitGradients, SumOfSquaresEqualsTheWidenedSum) {
+  for (const int64_t n : {int64_t{1}, int64_t{37}, (int64_t{1} << 16) + 9, int64_t{1048576 + 3}})
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    torch::manual_seed(static_cast<uint64_t>(n));
+    const auto x = (torch::randn({n}) * 50).to(dtype);
+    const auto wide = x.to(torch::kFloat);
+    EXPECT_EQ(zero::optim::sum_of_squares_fp64(static_cast<const uint16_t*>(x.data_ptr()), n, dtype == torch::kBFloat16),
+              zero::optim::sum_of_squares_fp64(wide.data_ptr<float>(), n))
+        << "n " << n << " " << c10::toString(dtype);
+  }
+}
+
 // Why stochastic rounding is on: at a learning rate whose updates are a
 // fraction of a bf16 step, a master rounded to nearest never moves, while a
 // stochastically rounded one follows fp32's on average.

@@ -1318,6 +1318,67 @@ TEST(SixteenBitMaster, LedgerHoldsTheFormulasBytes) {
   }
 }
 
+// NOTE [16-bit gradients]: stage 3 in bf16 (an fp32 master) keeps its
+// gradient partition in bf16, on the device and in host memory: 2 bytes a
+// parameter, 16 of model states with Adam, not 18;
+// data_types.grad_accum_dtype "fp32" keeps 4. One rank, one micro-step: a
+// gradient is exact in 16 bits, so both give the same bits on every tier,
+// the unscale and the clip widened inside the CPU pass (fp16: with its loss
+// scale). With accumulation each sum rounds in bf16: the tiers still agree,
+// and fp32's run stays close.
+TEST(SixteenBitGradients, Stage3KeepsTheComputeDtypeOnEveryTier) {
+  const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/engine_grad16_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string base = R"({"stage": 3, "sub_group_size": 3000, "stage3_param_persistence_threshold": 100)";
+  const std::string tiers[] = {"}", R"(, "offload_optimizer": {"device": "cpu"}})",
+                               R"(, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"(", "buffer_count": 2}})"};
+  const std::string fp32_grads = R"(, "data_types": {"grad_accum_dtype": "fp32"})";
+  struct Case {
+    const char* name;
+    std::string precision;  // the precision section
+    int gas;
+  };
+  const Case cases[] = {
+      {"bf16", R"("bf16": {"enabled": true})", 1},
+      {"fp16", R"("fp16": {"enabled": true, "initial_scale_power": 8})", 1},
+      {"bf16_gas2", R"("bf16": {"enabled": true})", 2},
+  };
+  for (const Case& c : cases) {
+    auto config = [&](const std::string& tier, const std::string& top) {
+      return R"({"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": )" + std::to_string(c.gas) +
+             R"(, "gradient_clipping": 0.3, )" + c.precision +
+             R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.01}}, "zero_optimization": )" +
+             base + tier + top + "}";
+    };
+    std::vector<Run8> runs;
+    for (const auto& tier : tiers) {
+      runs.push_back(run_8bit(config(tier, ""), 4 * c.gas));
+      const double psi = static_cast<double>(runs.back().num_parameters);
+      EXPECT_NEAR(static_cast<double>(runs.back().states.gradients) / psi, 2.0, 0.1) << c.name << tier;
+      if (tier == "}")
+        EXPECT_NEAR(static_cast<double>(runs.back().states.total()) / psi, 16.0, 0.5) << c.name;
+    }
+    expect_same_bits(runs[0], runs[1], std::string(c.name) + " cpu");
+    expect_same_bits(runs[0], runs[2], std::string(c.name) + " nvme");
+    EXPECT_LT(runs[0].losses.back(), runs[0].losses.front()) << c.name;
+    const Run8 wide = run_8bit(config("}", fp32_grads), 4 * c.gas);
+    const Run8 wide_cpu = run_8bit(config(tiers[1], fp32_grads), 4 * c.gas);
+    const double psi = static_cast<double>(wide.num_parameters);
+    EXPECT_NEAR(static_cast<double>(wide.states.gradients) / psi, 4.0, 0.2) << c.name;
+    EXPECT_NEAR(static_cast<double>(wide_cpu.states.gradients) / psi, 4.0, 0.2) << c.name;
+    expect_same_bits(wide, wide_cpu, std::string(c.name) + " fp32 gradients, cpu");
+    if (c.gas == 1) {
+      expect_same_bits(runs[0], wide, std::string(c.name) + " against fp32 gradients");
+    } else {
+      for (size_t i = 0; i < wide.params.size(); ++i)
+        EXPECT_TRUE(torch::allclose(runs[0].params[i].to(torch::kFloat), wide.params[i].to(torch::kFloat), 0.05, 0.05))
+            << "parameter " << i;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove(dir);
+}
+
 // Against an fp32 master and states on the same data (bf16 compute both):
 // 30 steps with a bf16 master, stochastically rounded, and bf16 states end
 // at the fp32 run's loss within 5%, as does the mixed case (fp32 states).

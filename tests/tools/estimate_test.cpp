@@ -27,6 +27,8 @@ struct Case {
   int ranks = 2;
   int optim_bits = 32;    // 8: 8-bit Adam states (NOTE [8-bit states]); 16: a 16-bit master
                           // (and bf16 states with bf16), NOTE [16-bit master]
+  const char* grad_accum_dtype = nullptr;  // data_types.grad_accum_dtype, when set
+  bool master16 = false;                  // with optim_bits 8: a bf16 master (bf16_master_weights_and_grads)
 };
 
 int sh(const std::string& cmd) {
@@ -45,10 +47,12 @@ TEST_P(EstimateMatchesLedger, EveryTierAndKindWithin5Percent) {
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"optim_bits", c.optim_bits == 8 ? 8 : 32}}}}},
                         {"zero_optimization", nlohmann::json::parse(zero)}};
   if (std::string(c.precision) != "fp32") cfg[c.precision] = {{"enabled", true}};
+  if (c.grad_accum_dtype != nullptr) cfg["data_types"] = {{"grad_accum_dtype", c.grad_accum_dtype}};
   if (c.optim_bits == 16 && std::string(c.precision) == "bf16")
     cfg["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
   if (c.optim_bits == 16 && std::string(c.precision) == "fp16")
     cfg["fp16"] = {{"enabled", true}, {"fp16_master_weights_and_grads", true}};
+  if (c.master16 && c.optim_bits == 8) cfg["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", true}};
   std::ofstream(dir.file("c.json")) << cfg.dump();
   const std::string run = kBin + "zero launch --nproc_per_node " + std::to_string(c.ranks) + " -- " + kBin +
                           "mingpt --config " + dir.file("c.json") +
@@ -106,6 +110,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "offload_param": {"device": "cpu"}})"},
         Case{"stage3_bf16_cpu", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
+        // NOTE [16-bit gradients]: fp32 gradient partitions at stage 3 when asked.
+        Case{"stage3_bf16_fp32_grads", "bf16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})", 2, 32,
+             "fp32"},
+        Case{"stage3_bf16_cpu_fp32_grads", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})", 2, 32,
+             "fp32"},
         // super_offload's undo copy of the master and states (NOTE [speculative step]).
         Case{"stage3_bf16_cpu_super_offload", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
@@ -129,6 +139,10 @@ INSTANTIATE_TEST_SUITE_P(
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
                  "offload_param": {"device": "cpu"}})", 2, 16},
         Case{"stage1_fp16_cpu_16bit", "fp16", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})", 2, 16},
+        // A bf16 master with 8-bit moments (zero estimate --optim-bits all's fourth kind).
+        Case{"stage3_bf16_cpu_bf16_master_8bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})", 2, 8,
+             nullptr, true},
         Case{"stage3_bf16_nvme_nvme", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 30000,
                  "offload_optimizer": {"device": "nvme", "nvme_path": "NVME"},
@@ -282,10 +296,11 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   auto largest = [&](size_t i) { return t["configurations"][i]["largest"]["num_parameters"].get<double>(); };
   // bf16 with Adam: stage 0 holds 18 bytes a parameter on the device (2 for
   // the parameter, 4 for its gradient, accumulated in fp32, 12 for master and
-  // moments); stage 3 on 8 ranks 18 / 8; with offload the device holds less
-  // and less, and the host's 200 GB or the disk bound it.
+  // moments); stage 3 on 8 ranks 16 / 8 (its gradients in bf16, NOTE [16-bit
+  // gradients]); with offload the device holds less and less, and the
+  // host's 200 GB or the disk bound it.
   EXPECT_NEAR(largest(0), 16e9 / 18, 0.01 * 16e9 / 18);
-  EXPECT_NEAR(largest(5), 16e9 / 2.25, 0.01 * 16e9 / 2.25);
+  EXPECT_NEAR(largest(5), 16e9 / 2, 0.01 * 16e9 / 2);
   EXPECT_GT(largest(7), largest(5));
   EXPECT_GT(largest(8), largest(7));
   EXPECT_EQ(t["configurations"][0]["fits"], false);  // 1.3B x 18 bytes > 16 GB
@@ -295,9 +310,9 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   EXPECT_NE(read_text(dir.file("small.log")).find("18.00 KiB (2.00 KiB + 4.00 KiB + 12.00 KiB)"), std::string::npos)
       << read_text(dir.file("small.log"));
   // --optim-bits both: each configuration with fp32 and with 8-bit moments;
-  // at stage 3 + CPU offload (host: 4 master + 8 moments + 4 gradients + 2
-  // parameters a parameter against 4 + 2.03 + 4 + 2) the host-bound largest
-  // model grows by about 18 / 12.
+  // at stage 3 + CPU offload (host: 4 master + 8 moments + 2 gradients + 2
+  // parameters a parameter against 4 + 2.03 + 2 + 2) the host-bound largest
+  // model grows by about 16 / 10.
   ASSERT_EQ(sh(e + "--params 1.3B --ranks-per-node 8 --device-memory 16GB --host-memory 200GB --optim-bits both --json " +
                dir.file("b.json") + " > " + dir.file("b.log") + " 2>&1"),
             0)
@@ -308,22 +323,31 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   EXPECT_NE(b["configurations"][15]["name"].get<std::string>().find("offload_param cpu + 8-bit states"), std::string::npos);
   const double grown = b["configurations"][15]["largest"]["num_parameters"].get<double>() /
                        b["configurations"][14]["largest"]["num_parameters"].get<double>();
-  EXPECT_NEAR(grown, 18.0 / (12.0 + 8.0 / 256), 0.02) << b["configurations"][15].dump();
+  EXPECT_NEAR(grown, 16.0 / (10.0 + 8.0 / 256), 0.02) << b["configurations"][15].dump();
   // --optim-bits all adds a bf16 master and states at stages 1-3 (host: 2
-  // master + 4 moments + 2 gradients + 2 parameters): 18 / 10.
+  // master + 4 moments + 2 gradients + 2 parameters): 16 / 10; and a bf16
+  // master with 8-bit moments (2 + 2.03 + 2 + 2): 16 / 8.03.
   ASSERT_EQ(sh(e + "--params 1.3B --ranks-per-node 8 --device-memory 16GB --host-memory 200GB --optim-bits all --json " +
                dir.file("a.json") + " > " + dir.file("a.log") + " 2>&1"),
             0)
       << read_text(dir.file("a.log"));
   const auto a = nlohmann::json::parse(read_text(dir.file("a.json")));
-  ASSERT_EQ(a["configurations"].size(), 26u);
-  EXPECT_EQ(a["configurations"][21]["optim_bits"], 16);
-  EXPECT_NE(a["configurations"][21]["name"].get<std::string>().find("offload_param cpu + bf16 master and states"),
+  ASSERT_EQ(a["configurations"].size(), 34u);  // stage 0: 32 and 8; stages 1-3: 32, 16, 8, bf16 master + 8
+  EXPECT_EQ(a["configurations"][27]["optim_bits"], 16);
+  EXPECT_NE(a["configurations"][27]["name"].get<std::string>().find("offload_param cpu + bf16 master and states"),
             std::string::npos);
-  EXPECT_NEAR(a["configurations"][21]["largest"]["num_parameters"].get<double>() /
-                  a["configurations"][20]["largest"]["num_parameters"].get<double>(),
-              18.0 / 10.0, 0.03)
-      << a["configurations"][21].dump();
+  EXPECT_NEAR(a["configurations"][27]["largest"]["num_parameters"].get<double>() /
+                  a["configurations"][26]["largest"]["num_parameters"].get<double>(),
+              16.0 / 10.0, 0.03)
+      << a["configurations"][27].dump();
+  EXPECT_EQ(a["configurations"][29]["optim_bits"], 8);
+  EXPECT_EQ(a["configurations"][29]["master"], "bf16");
+  EXPECT_NE(a["configurations"][29]["name"].get<std::string>().find("offload_param cpu + bf16 master and 8-bit states"),
+            std::string::npos);
+  EXPECT_NEAR(a["configurations"][29]["largest"]["num_parameters"].get<double>() /
+                  a["configurations"][26]["largest"]["num_parameters"].get<double>(),
+              16.0 / (8.0 + 8.0 / 256), 0.03)
+      << a["configurations"][29].dump();
   // A missing file is named.
   EXPECT_EQ(sh(e + "--weights " + dir.file("none.safetensors") + " > " + dir.file("w.log") + " 2>&1"), 1);
   EXPECT_NE(read_text(dir.file("w.log")).find(dir.file("none.safetensors")), std::string::npos) << read_text(dir.file("w.log"));

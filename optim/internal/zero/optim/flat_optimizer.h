@@ -199,8 +199,14 @@ void store_8bit(const float* m, const float* s, const float* v, int64_t n, const
 /// block-wise states as the optimizer takes them (side states may be left
 /// out where no block is marked fp32). `low` (the model's copy):
 /// the master's bits when it has the master's dtype.
+/// The gradient is fp32, or bf16/fp16 widened a window at a time inside the
+/// pass (NOTE [16-bit gradients] in partition/), and multiplied by
+/// `grad_mul` there when it is not 1: the bits of
+/// grad.to(kFloat).mul_(grad_mul) without a pass over memory for either;
+/// `grad` itself is left as it is.
 void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Run>& runs, at::Tensor& param,
-                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding);
+                   const at::Tensor& grad, std::vector<at::Tensor>& states, at::Tensor* low, const Rounding& rounding,
+                   float grad_mul = 1.0f);
 
 /// fp32 `x` rounded to `dtype` (bf16 or fp16) as a step rounds tensor
 /// `stream` (0 the master, 1 + i state i); `aten`: by ATen operations even
@@ -217,6 +223,9 @@ const char* cpu_adam_isa();
 /// scalar, 2 AVX2, 3 AVX-512), off from the exact sum by far less than
 /// fp32's resolution (NOTE [gradient norm] in partition/).
 double sum_of_squares_fp64(const float* x, int64_t n, int isa = 0);
+/// The same over n bf16 (`bf16`) or fp16 values, widened a block at a time:
+/// the bits sum_of_squares_fp64 gives for their fp32 copy.
+double sum_of_squares_fp64(const uint16_t* x, int64_t n, bool bf16);
 
 /// One stream-triad pass, a = b + scalar * c over n floats, split across
 /// oneTBB's workers and compiled as the CPU Adam kernel is: the reference for

@@ -31,6 +31,28 @@
 // joins the single unscale-and-clip factor of the step, so the divisions
 // happen where DeepSpeed does them with one multiplication fewer.
 //
+// NOTE [16-bit gradients]
+// At stage 3 with bf16 or fp16 compute, gradients stay in the compute dtype
+// from autograd to the step, as DeepSpeed's stage 3 keeps them: buckets,
+// reductions and the partition (data_types.grad_accum_dtype's default
+// there; "fp32" keeps fp32 buckets and partitions, as below stage 3). So
+// stage 3 holds 2 bytes a parameter of gradients where fp32 held 4 (16 a
+// parameter of model states with fp32 Adam on one rank, not 18), and with
+// optimizer offload the reduced chunks cross to the host in 16 bits, half
+// the bytes, into a 16-bit partition there (an fp32 one below stage 3, as
+// DeepSpeed's). The step widens them to fp32 only inside its window: on the
+// CPU, 32K elements at a time in the core's cache, inside the CPU Adam
+// pass, where the unscale multiplies too (optim::update_stored: the bits of
+// g.to(fp32).mul_(1 / factor), memory reading 2 bytes an element once; an
+// fp32 gradient is unscaled there too, where a pass of ATen's own took
+// longer than Adam's); on a device, a piece of at most host_staging_numel
+// elements. The norm's sum
+// of squares widens a block at a time in cache too. Offloaded or not, the
+// same values in the same dtype reach the same arithmetic: the tiers equal
+// each other bit for bit. Against fp32 accumulation, a micro-step's single
+// gradient on one rank is exact in 16 bits; sums over ranks and micro-steps
+// round once per addition.
+//
 // Thread-safety: add() runs on autograd's thread during backward; the
 // optimizer calls nothing else meanwhile.
 #pragma once

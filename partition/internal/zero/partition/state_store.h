@@ -57,6 +57,9 @@ struct StoreOptions {
   /// 16-bit master).
   bool grad_partition = false;
   at::ScalarType grad_dtype = at::kFloat;
+  /// Offloaded, the partition's dtype when set (stage 3: `grad_dtype`, NOTE
+  /// [16-bit gradients]); else the rule above.
+  std::optional<at::ScalarType> host_grad_dtype;
   /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
   /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/).
   at::ScalarType master_dtype = at::kFloat;

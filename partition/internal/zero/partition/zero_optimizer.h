@@ -320,14 +320,13 @@ class ZeroOptimizer {
   static void write_values_of(const at::Tensor& m, LowOut& low);
   /// The optimizer's update of sub-group k from its gradient `grad` (in its
   /// dtype), unscaled and clipped by dividing by `combined`, new values
-  /// through `low`. `scratch` (fp32, at least a piece): `grad` is left as it
-  /// was (else an fp32 gradient on the step's device is unscaled in place).
-  /// `undo` (the master, then the states, shaped as m and s): receives them
+  /// through `low`. A gradient in host memory stepped on the CPU is left as
+  /// it was (one on the step's device is unscaled in place). `undo` (the master, then the states, shaped as m and s): receives them
   /// as they were, a window at a time just before its update; `undo_saved`
   /// then says how many elements from the first it holds (0 once the side
   /// states are in).
   void step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low,
-                      const optim::StepParams& params, double combined, at::Tensor* scratch = nullptr,
+                      const optim::StepParams& params, double combined,
                       const std::vector<at::Tensor>* undo = nullptr, int64_t* undo_saved = nullptr);
   /// Σ x² of group g's owned gradient, in fp64 (NOTE [gradient norm]).
   at::Tensor group_sum_of_squares(size_t g) const;
@@ -358,7 +357,6 @@ class ZeroOptimizer {
     std::vector<int64_t> saved;      // per sub-group: elements in the undo copy (-1: none)
     CopyStream copies;               // the worker's transfers (a stream is one thread's)
     HostRing ring;
-    at::Tensor grad_scratch;         // a piece of unscaled gradient: the gradient stays for a redo
     double wait_s = 0;
     StreamEvent last;                // the worker's last copy of new values
     at::Tensor undo;                 // master and states as they were, per sub-group:
