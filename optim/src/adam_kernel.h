@@ -34,6 +34,10 @@ uint16_t to_bf16(float x);
 /// even or stochastically, element i with rounding_word(index + i, key)
 /// (NOTE [16-bit master] in flat_optimizer.h); vectorised, every CPU alike.
 void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16);
+/// dst[i] = src[i] widened, times `mul` in fp32; and the same from fp32
+/// (a gradient unscaled in cache, NOTE [16-bit gradients] in partition/).
+void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16, float mul);
+void scale_into(const float* src, float* dst, int64_t n, float mul);
 void round_16bit(const float* src, uint16_t* dst, int64_t n, bool bf16, bool stochastic, uint64_t index, uint32_t key);
 /// The key of a step's tensor `stream` (0 the master, 1 + i state i), and
 /// the random word of element `index` under it.

@@ -155,13 +155,15 @@ void update_stored(const FlatOptimizer& opt, const std::vector<FlatOptimizer::Ru
         r.index = rounding.index + static_cast<uint64_t>(a);
         const auto wr = runs_within(runs, a, len);
         float* g32 = grad16 || scaled ? g_scratch : grad.data_ptr<float>() + a;
-        if (grad16)
+        // (ATen's mul by a Scalar: in fp32, the factor rounded to fp32.)
+        if (grad16 && scaled)
+          detail::widen_16bit(static_cast<const uint16_t*>(grad.data_ptr()) + a, g32, len,
+                              grad.scalar_type() == at::kBFloat16, grad_mul);
+        else if (grad16)
           detail::widen_16bit(static_cast<const uint16_t*>(grad.data_ptr()) + a, g32, len,
                               grad.scalar_type() == at::kBFloat16);
         else if (scaled)
-          std::memcpy(g32, grad.data_ptr<float>() + a, static_cast<size_t>(len) * sizeof(float));
-        if (scaled)
-          for (int64_t i = 0; i < len; ++i) g32[i] *= grad_mul;  // ATen's mul by a Scalar: in fp32
+          detail::scale_into(grad.data_ptr<float>() + a, g32, len, grad_mul);
         const at::Tensor g_window = at::from_blob(g32, {len}, at::kFloat);
         if (all_bf16) {  // the optimizer's one-pass bf16 kernel, where it has one
           std::vector<uint16_t*> s16;

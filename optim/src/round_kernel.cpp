@@ -94,6 +94,23 @@ ZERO_INLINE void widen_fp16_body(const uint16_t* __restrict src, float* __restri
 }
 ZERO_DISPATCH(widen_fp16, (const uint16_t* __restrict src, float* __restrict dst, int64_t n), (src, dst, n))
 
+// The same with each value multiplied by `mul` (a gradient's unscale, NOTE
+// [16-bit gradients]): the bits of widening, then multiplying in fp32.
+ZERO_INLINE void widen_bf16_scaled_body(const uint16_t* __restrict src, float* __restrict dst, int64_t n, float mul) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = as_float(static_cast<uint32_t>(src[i]) << 16) * mul;
+}
+ZERO_DISPATCH(widen_bf16_scaled, (const uint16_t* __restrict src, float* __restrict dst, int64_t n, float mul),
+              (src, dst, n, mul))
+ZERO_INLINE void widen_fp16_scaled_body(const uint16_t* __restrict src, float* __restrict dst, int64_t n, float mul) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_float(src[i]) * mul;
+}
+ZERO_DISPATCH(widen_fp16_scaled, (const uint16_t* __restrict src, float* __restrict dst, int64_t n, float mul),
+              (src, dst, n, mul))
+ZERO_INLINE void scale_fp32_body(const float* __restrict src, float* __restrict dst, int64_t n, float mul) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] * mul;
+}
+ZERO_DISPATCH(scale_fp32, (const float* __restrict src, float* __restrict dst, int64_t n, float mul), (src, dst, n, mul))
+
 // Element i's word: mix(low word of index + i ^ high_key ^ key), where the
 // high word's share is fixed within a span (the caller splits at 2^32 and
 // in spans of at most 2^30: the counter is 32-bit, so vectors of 32-bit lanes).
@@ -185,6 +202,13 @@ void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16) {
   if (bf16) widen_bf16(src, dst, n);
   else widen_fp16(src, dst, n);
 }
+
+void widen_16bit(const uint16_t* src, float* dst, int64_t n, bool bf16, float mul) {
+  if (bf16) widen_bf16_scaled(src, dst, n, mul);
+  else widen_fp16_scaled(src, dst, n, mul);
+}
+
+void scale_into(const float* src, float* dst, int64_t n, float mul) { scale_fp32(src, dst, n, mul); }
 
 uint32_t rounding_key(int64_t step, uint32_t stream) {
   return static_cast<uint32_t>(step) * 0x85EBCA77u ^ stream * 0xC2B2AE3Du ^ 0x2545F491u;
