@@ -127,7 +127,7 @@ constexpr FeatureRule kFeatures[] = {
     {"zero_optimization.offload_optimizer.fast_init", When::kTrue, 0, Severity::kWarning,
      "has no effect: zero writes the initial states through its swap buffers", nullptr},
     {"zero_optimization.offload_optimizer.convert_grad_on_cpu", When::kPresent, 0, Severity::kWarning,
-     "has no effect: zero's CPU Adam reads the gradients in fp32", nullptr},
+     "has no effect: zero's CPU Adam widens 16-bit gradients inside its pass (stage 3, or a 16-bit master) and reads fp32 ones as they are", nullptr},
     {"zero_optimization.offload_optimizer.cpuadam_cores_perc", When::kPresent, 0, Severity::kWarning,
      "has no effect: zero's CPU Adam runs on every core oneTBB gives it", nullptr},
     {"bf16.immediate_grad_update", When::kTrue, 0, Severity::kWarning,

@@ -110,7 +110,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "offload_param": {"device": "cpu"}})"},
         Case{"stage3_bf16_cpu", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
-        // NOTE [16-bit gradients]: fp32 gradient partitions at stage 3 when asked.
+        // NOTE [16-bit gradients]: fp16's host partition at stage 3, and fp32
+        // gradient partitions at stage 3 when asked.
+        Case{"stage3_fp16_cpu", "fp16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"}})"},
         Case{"stage3_bf16_fp32_grads", "bf16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})", 2, 32,
              "fp32"},
         Case{"stage3_bf16_cpu_fp32_grads", "bf16",

@@ -11,7 +11,8 @@
 // (offload_optimizer nvme, NOTE [optimizer swapping]). At stages 2-3 it also
 // keeps the reduced gradient partition (the reducer adds into it; on the
 // device in grad_accum_dtype, or, offloaded, in host memory for every tier:
-// fp32, or grad_accum_dtype with a 16-bit master). The master may be the parameters themselves (fp32 compute with
+// fp32, or grad_accum_dtype with a 16-bit master or at stage 3, NOTE [16-bit
+// gradients]). The master may be the parameters themselves (fp32 compute with
 // neither offload nor partitioned optimizer states): then nothing is copied.
 //
 // The step sees the partition as sub-groups of at most sub_group_size

@@ -113,8 +113,9 @@ struct ZeroOptimizerOptions {
 //     its bucket's reduce-scatter ends, in pieces of at most
 //     ReductionOptions::host_staging_numel elements, each into one of two
 //     pinned staging buffers of that size, and the host adds a piece into
-//     the fp32 partition when its buffer is needed again or when backward
-//     ends; at stage 1, whose gradients
+//     the host's partition (fp32, or 16-bit at stage 3: NOTE [16-bit
+//     gradients]) as soon as its copy has ended, or when its buffer is
+//     needed again, or when backward ends; at stage 1, whose gradients
 //     stay on the device until the step, the next sub-group's gradient is
 //     copied while CPU Adam steps the current one;
 //   - parameters: CPU Adam writes each sub-group's new values, in the
@@ -409,14 +410,16 @@ class ZeroOptimizer {
 /// The compute dtype a config asks for: fp16, bf16 or fp32.
 at::ScalarType compute_dtype(const config::Config& config);
 /// The gradient accumulation dtype: data_types.grad_accum_dtype, else
-/// DeepSpeed's default for the precision (fp16 -> fp16, bf16 -> fp32, fp32 -> fp32).
+/// DeepSpeed's default for the precision and stage (fp16 -> fp16; bf16 ->
+/// fp32 at stages 0-2, bf16 at stage 3 and with a bf16 master, NOTE [16-bit
+/// gradients]; fp32 -> fp32).
 at::ScalarType grad_accum_dtype(const config::Config& config);
 /// The master's dtype: bf16 with bf16.enabled and bf16_master_weights_and_grads,
 /// fp16 with fp16.enabled and fp16_master_weights_and_grads (stages 1-3), else fp32.
 at::ScalarType master_dtype(const config::Config& config);
 /// communication_data_type, when set: the dtype reductions run in. Unset,
 /// they run in the accumulation dtype (DeepSpeed's default is the compute
-/// dtype; this keeps bf16 reductions in fp32).
+/// dtype; this keeps bf16 reductions in fp32 at stages 0-2).
 std::optional<at::ScalarType> communication_dtype(const config::Config& config);
 
 }  // namespace zero::partition
