@@ -235,15 +235,15 @@ int bench_adam(const std::vector<std::string>& args) {
   std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  the same with bf16 gradients (14 B)", n / t_b16g,
               (b16_bytes_per_param - 2) * n / t_b16g / 1e9, t_b16g / t_ours_w);
   std::printf("  %-40s\n", "the offloaded step's unscale + AdamW, fp32 master and states:");
-  std::printf("  %-40s %14.3e %10.2f %12s\n", "  fp32 gradients, unscaled first (36 B)", n / t_g32, 36.0 * n / t_g32 / 1e9,
-              "1.00x");
-  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  fp32 gradients, unscaled in the pass (28 B)", n / t_g32_pass,
-              28.0 * n / t_g32_pass / 1e9, t_g32 / t_g32_pass);
-  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  bf16 gradients, widened first (42 B)", n / t_g16_first,
-              42.0 * n / t_g16_first / 1e9, t_g32 / t_g16_first);
-  std::printf("  %-40s %14.3e %10.2f %11.2fx\n", "  bf16 gradients, widened in the pass (26 B)", n / t_g16_pass,
-              26.0 * n / t_g16_pass / 1e9, t_g32 / t_g16_pass);
-  std::printf("  %-40s %14s %10s %12s\n", "  (the fp32 rows' results, the bf16 rows')", "", "",
+  // A row of it: the variant's parameters/s, its bytes/s and its speed against the step before.
+  auto step_row = [&](const char* label, double secs, double bytes_per_param) {
+    std::printf("  %-40s %14.3e %10.2f %11.2fx\n", label, n / secs, bytes_per_param * n / secs / 1e9, t_g32 / secs);
+  };
+  step_row("  fp32 grads, unscaled first (36 B)", t_g32, 36.0);
+  step_row("  fp32 grads, unscaled in pass (28 B)", t_g32_pass, 28.0);
+  step_row("  bf16 grads, widened first (42 B)", t_g16_first, 42.0);
+  step_row("  bf16 grads, widened in pass (26 B)", t_g16_pass, 26.0);
+  std::printf("  %-40s %14s %10s %12s\n", "  (results: fp32 rows, bf16 rows)", "", "",
               g32_same && g16_same ? "identical" : "DIFFER");
   std::printf("  %-40s %14.3e %10s %12s\n", "zero CPU Adam, L2 decay", n / t_ours_l2, "", "");
   std::printf("  %-40s %14.3e %10s %11.2fx\n", "torch::optim::Adam, L2 decay", n / t_torch, "", t_torch / t_ours_l2);
