@@ -402,47 +402,52 @@ void stream_triad(float* a, const float* b, const float* c, float scalar, int64_
   });
 }
 
-double sum_of_squares_fp64(const float* x, int64_t n, int isa_choice) {
-  const detail::Isa isa = isa_choice == 1   ? detail::Isa::kScalar
-                          : isa_choice == 2 ? detail::Isa::kAvx2
-                          : isa_choice == 3 ? detail::Isa::kAvx512
-                                            : detail::best_isa();
-  // Fixed blocks summed in order after the parallel pass: the same bits
-  // whatever the number of threads and however oneTBB splits the work.
-  constexpr int64_t kBlock = int64_t{1} << 16;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
+namespace {
+
+// Σ over fixed blocks of kSumBlock elements, block_sum(b, len) each, summed
+// in order after the parallel pass: the same bits whatever the number of
+// threads and however oneTBB splits the work.
+constexpr int64_t kSumBlock = int64_t{1} << 16;
+template <typename BlockSum>
+double blocked_sum(int64_t n, const BlockSum& block_sum) {
+  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
   std::vector<double> partial(static_cast<size_t>(blocks));
-  auto f = isa == detail::Isa::kAvx512 ? &squares_avx512 : isa == detail::Isa::kAvx2 ? &squares_avx2 : &squares_scalar;
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 4), [&](const tbb::blocked_range<int64_t>& r) {
     for (int64_t b = r.begin(); b < r.end(); ++b)
-      partial[static_cast<size_t>(b)] = f(x + b * kBlock, std::min(kBlock, n - b * kBlock));
+      partial[static_cast<size_t>(b)] = block_sum(b * kSumBlock, std::min(kSumBlock, n - b * kSumBlock));
   });
   double sum = 0;
   for (double p : partial) sum += p;
   return sum;
 }
 
+using Squares = double (*)(const float*, int64_t);
+Squares squares_for(detail::Isa isa) {
+  return isa == detail::Isa::kAvx512 ? &squares_avx512 : isa == detail::Isa::kAvx2 ? &squares_avx2 : &squares_scalar;
+}
+
+}  // namespace
+
+double sum_of_squares_fp64(const float* x, int64_t n, int isa_choice) {
+  const detail::Isa isa = isa_choice == 1   ? detail::Isa::kScalar
+                          : isa_choice == 2 ? detail::Isa::kAvx2
+                          : isa_choice == 3 ? detail::Isa::kAvx512
+                                            : detail::best_isa();
+  const Squares f = squares_for(isa);
+  return blocked_sum(n, [&](int64_t at, int64_t len) { return f(x + at, len); });
+}
+
 double sum_of_squares_fp64(const uint16_t* x, int64_t n, bool bf16) {
-  // sum_of_squares_fp64's blocks, each widened first in the thread's cache:
-  // the bits of the fp32 sum over the widened values, the memory reading 2
-  // bytes an element.
-  constexpr int64_t kBlock = int64_t{1} << 16;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(static_cast<size_t>(blocks));
-  const detail::Isa isa = detail::best_isa();
-  auto f = isa == detail::Isa::kAvx512 ? &squares_avx512 : isa == detail::Isa::kAvx2 ? &squares_avx2 : &squares_scalar;
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks, 4), [&](const tbb::blocked_range<int64_t>& r) {
+  // The same blocks, each widened first in the thread's cache: the bits of
+  // the fp32 sum over the widened values, the memory reading 2 bytes an
+  // element.
+  const Squares f = squares_for(detail::best_isa());
+  return blocked_sum(n, [&](int64_t at, int64_t len) {
     thread_local std::vector<float> wide;
-    wide.resize(static_cast<size_t>(kBlock));
-    for (int64_t b = r.begin(); b < r.end(); ++b) {
-      const int64_t len = std::min(kBlock, n - b * kBlock);
-      detail::widen_16bit(x + b * kBlock, wide.data(), len, bf16);
-      partial[static_cast<size_t>(b)] = f(wide.data(), len);
-    }
+    wide.resize(static_cast<size_t>(kSumBlock));
+    detail::widen_16bit(x + at, wide.data(), len, bf16);
+    return f(wide.data(), len);
   });
-  double sum = 0;
-  for (double p : partial) sum += p;
-  return sum;
 }
 
 void stream_adam_pattern(float* p, const float* g, float* m, float* v, float scalar, int64_t n) {
