@@ -53,8 +53,6 @@ constexpr FeatureRule kFeatures[] = {
     {"compression_training", When::kPresent, 0, Severity::kError, "compression training",
      "no compression_training section"},
     {"hybrid_engine.enabled", When::kTrue, 0, Severity::kError, "the hybrid engine", "false"},
-    {"zero_optimization.offload_optimizer.ratio", When::kBelow, 1, Severity::kError,
-     "partial optimizer offload (ratio < 1)", "1.0"},
     {"zero_optimization.zero_quantized_weights", When::kTrue, 0, Severity::kError, "ZeRO++ quantized weights",
      "false"},
     {"zero_optimization.zero_quantized_nontrainable_weights", When::kTrue, 0, Severity::kError,

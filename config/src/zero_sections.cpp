@@ -244,6 +244,19 @@ void read_zero_fields(Section& zs, Config& config) {
     ctx.problem(zs.path_of("offload_optimizer.ratio"),
                 "expected 1.0 unless stage is 3 (DeepSpeed: Partial offloading only supported for ZeRO Stage 3.); got " +
                     Json(z.offload_optimizer.ratio).dump());
+  } else if (z.offload_optimizer.ratio < 1.0) {
+    // NOTE [partial offload]: the device keeps 1 - ratio of the optimizer
+    // states, beside shards on the device, with the host's share in memory.
+    const std::string path = zs.path_of("offload_optimizer.ratio");
+    const std::string got = "; got " + Json(z.offload_optimizer.ratio).dump();
+    if (z.offload_optimizer.device == OffloadDevice::kNvme)
+      ctx.problem(path, "expected 1.0 with offload_optimizer.device \"nvme\" (zero keeps a device share of the "
+                        "optimizer states only with \"cpu\")" + got);
+    else if (z.offload_param.device != OffloadDevice::kNone)
+      ctx.problem(path, "expected 1.0 with offload_param (zero keeps a device share of the optimizer states only "
+                        "where the parameter shards stay on the device)" + got);
+    else if (z.offload_optimizer.device == OffloadDevice::kNone)
+      ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\": every optimizer state is on the device");
   }
   // SuperOffload is DeepSpeed's stage-3 optimizer; elsewhere DeepSpeed
   // ignores the key, and so does zero, saying so.

@@ -158,7 +158,7 @@ class ReduceScatterReducer final : public GradientReducer {
     if (!st.defined()) st = take_bucket(g);  // no gradient of this group here; others may have
     if (!distributed()) {
       if (options_.pre_scale != 1.0) st.mul_(options_.pre_scale);
-      if (options_.to_host) {  // the bucket is the owned chunk: to the host as it is
+      if (goes_to_host(g)) {  // the bucket is the owned chunk: to the host as it is
         to_host(g, st, /*recycle=*/st);
         st.reset();
       } else {
@@ -190,7 +190,7 @@ class ReduceScatterReducer final : public GradientReducer {
     while (!scatters_.empty()) {
       auto& s = scatters_.front();
       clock_.time([&] { s.work.wait(); }, "wait for a reduction");
-      if (!options_.to_host) {
+      if (!goes_to_host(s.group)) {
         store_.grad(s.group).add_(s.out);
         release(s.group);
         if (!s.whole.defined()) chunks_.give(s.out);
@@ -207,6 +207,10 @@ class ReduceScatterReducer final : public GradientReducer {
       if (!all) break;
     }
   }
+
+  // Whether group g's reduced chunk goes to the host: offloaded, and its
+  // states there (NOTE [partial offload]: a device group's stay on the device).
+  bool goes_to_host(size_t g) const { return options_.to_host && store_.on_host(g); }
 
   // NOTE [offload transfers]: the reduced chunk of group g goes to pinned
   // buffers on the copy stream, in pieces of at most host_staging_numel

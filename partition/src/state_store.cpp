@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "zero/core/error.h"
+#include "zero/partition/stage3_rules.h"
 
 namespace zero::partition {
 
@@ -15,12 +16,22 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   if (options_.nvme) options_.offload = true;
   ZERO_CHECK(!(param_master_ && options_.offload), "an offloaded master cannot be the parameters");
   ZERO_CHECK(!(param_master_ && options_.master_dtype != at::kFloat), "a 16-bit master is its own buffer");
+  ZERO_CHECK(options_.ratio >= 0.0 && options_.ratio <= 1.0, "offload_optimizer.ratio is between 0 and 1");
+  ZERO_CHECK(options_.ratio == 1.0 || (options_.offload && !options_.nvme),
+             "a partial offload (ratio < 1) is of offload_optimizer cpu");
   const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
   std::vector<int64_t> numels;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
     const int64_t n = params_.groups()[g].chunk_numel;
     numels.push_back(n);
     for (int64_t start = 0; start < n; start += size) sub_groups_.push_back({g, start, std::min(size, n - start)});
+  }
+  // NOTE [partial offload]: each group's tier, and its place in that tier's buffers.
+  host_ = options_.offload ? host_groups(numels, options_.ratio) : std::vector<char>(numels.size(), 0);
+  int64_t tier_numel[2] = {0, 0};
+  for (size_t g = 0; g < numels.size(); ++g) {
+    at_.push_back(tier_numel[host_[g] ? 1 : 0]);
+    tier_numel[host_[g] ? 1 : 0] += numels[g];
   }
   names_.push_back("fp32_master");
   specs_ = optimizer.state_specs();
@@ -51,26 +62,31 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     // A block-wise state (8-bit Adam's scales, the fp32 blocks' moments) is
     // laid out sub-group after sub-group, each from its own first element
     // (NOTE [8-bit states]).
-    std::vector<int64_t> at;
-    int64_t total = 0;
+    // (Each tier's sub-groups after each other.)
+    std::vector<int64_t> at, len;
+    int64_t total[2] = {0, 0};
     for (size_t k = 0; k < sub_groups_.size(); ++k) {
-      at.push_back(total);
-      total += spec.side ? spec.side_numel(static_cast<int64_t>(fp32_blocks_[k].size())) : spec.numel_for(sub_groups_[k].numel);
+      int64_t& t = total[host_[sub_groups_[k].group] ? 1 : 0];
+      at.push_back(t);
+      len.push_back(spec.side ? spec.side_numel(static_cast<int64_t>(fp32_blocks_[k].size()))
+                              : spec.numel_for(sub_groups_[k].numel));
+      t += len.back();
     }
-    at.push_back(total);
     state_at_.push_back(std::move(at));
+    state_len_.push_back(std::move(len));
   }
   tier_ = options_.nvme ? Tier::kNvme : !options_.offload ? Tier::kDevice
                                        : options_.pin_memory ? Tier::kPinnedHost
                                                              : Tier::kHost;
-  const int64_t owned = params_.owned_numel();
-  // A buffer of the owned partition: on the device, or offloaded in host
-  // memory, pinned when asked and within the ledger's pinned limit.
-  auto buffer = [&](at::ScalarType dtype, Kind kind, const std::string& what, int64_t numel = -1) {
-    if (numel < 0) numel = owned;
-    if (!options_.offload) return LedgerAlloc::empty(ledger_, numel, dtype, options_.device, Tier::kDevice, kind, what);
+  // A buffer of a tier's share of the owned partition (none when it is
+  // empty): on the device, or offloaded in host memory, pinned when asked
+  // and within the ledger's pinned limit.
+  auto buffer = [&](int t, at::ScalarType dtype, Kind kind, const std::string& what, int64_t numel) {
+    if (numel == 0) return at::Tensor();
+    if (t == 0) return LedgerAlloc::empty(ledger_, numel, dtype, options_.device, Tier::kDevice, kind, what);
     return LedgerAlloc::host_empty(ledger_, numel, dtype, options_.pin_memory, kind, what);
   };
+  grad_partition_ = options_.grad_partition;
   if (options_.grad_partition) {
     // Offloaded below stage 3, the partition accumulates on the host in fp32
     // with an fp32 master, as DeepSpeed's; with a 16-bit master ("master
@@ -80,8 +96,11 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     const at::ScalarType host = options_.host_grad_dtype ? *options_.host_grad_dtype
                                 : options_.master_dtype == at::kFloat ? at::kFloat
                                                                       : options_.grad_dtype;
-    grads_ = buffer(options_.offload ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition");
-    grads_.zero_();
+    for (int t = 0; t < 2; ++t) {
+      tiers_[t].grads = buffer(t, t == 1 ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition",
+                               tier_numel[t]);
+      if (tiers_[t].grads.defined()) tiers_[t].grads.zero_();
+    }
   }
   if (options_.nvme) {
     std::vector<SwapTensor> tensors{{names_[0], options_.master_dtype, 0}};
@@ -89,22 +108,30 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
       const auto& spec = specs_[i];
       tensors.push_back({spec.name, spec.dtype, spec.per_block});
       if (spec.side)  // each sub-group's own length
-        for (size_t k = 0; k < sub_groups_.size(); ++k) tensors.back().numels.push_back(state_at_[i][k + 1] - state_at_[i][k]);
+        tensors.back().numels = state_len_[i];
     }
     swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), std::move(tensors), *options_.nvme, ledger_);
     return;
   }
-  if (!param_master_)
-    master_ = buffer(options_.master_dtype, Kind::kOptimizerStates,
-                     std::string(options_.master_dtype == at::kBFloat16 ? "bf16"
-                                 : options_.master_dtype == at::kHalf   ? "fp16"
-                                                                        : "fp32") +
-                         " master parameters");
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const auto& spec = specs_[i];
-    states_.push_back(buffer(spec.dtype, Kind::kOptimizerStates, "optimizer state " + names_[i + 1],
-                             spec.per_block > 0 ? state_at_[i].back() : owned));
+  for (int t = 0; t < 2; ++t) {
+    if (!param_master_)
+      tiers_[t].master = buffer(t, options_.master_dtype, Kind::kOptimizerStates,
+                                std::string(options_.master_dtype == at::kBFloat16 ? "bf16"
+                                            : options_.master_dtype == at::kHalf   ? "fp16"
+                                                                                   : "fp32") +
+                                    " master parameters",
+                                tier_numel[t]);
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      int64_t numel = 0;  // this tier's sub-groups' parts
+      for (size_t k = 0; k < sub_groups_.size(); ++k)
+        if ((host_[sub_groups_[k].group] ? 1 : 0) == t) numel += state_len_[i][k];
+      tiers_[t].states.push_back(buffer(t, specs_[i].dtype, Kind::kOptimizerStates, "optimizer state " + names_[i + 1], numel));
+    }
   }
+}
+
+at::Tensor StateStore::chunk_of(const at::Tensor& buf, size_t g) const {
+  return buf.narrow(0, at_.at(g), params_.groups()[g].chunk_numel);
 }
 
 void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const std::function<void(size_t g)>& done) {
@@ -125,7 +152,7 @@ void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const st
   }
   if (param_master_) return;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
-    params_.owned_chunk_of(master_, g).copy_(chunk(g));
+    master(g).copy_(chunk(g));
     done(g);
   }
 }
@@ -152,8 +179,8 @@ void StateStore::start_states(size_t k, std::vector<at::Tensor>& st) const {
 std::vector<at::Tensor> StateStore::sub_group_states(size_t k) const {
   const auto [g, start, len] = sub_groups_[k];
   std::vector<at::Tensor> s;
-  for (size_t i = 0; i < states_.size(); ++i) {
-    if (specs_[i].per_block > 0) s.push_back(states_[i].narrow(0, state_at_[i][k], state_at_[i][k + 1] - state_at_[i][k]));
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    if (specs_[i].per_block > 0) s.push_back(buffers_of(g).states[i].narrow(0, state_at_[i][k], state_len_[i][k]));
     else s.push_back(state(i, g).narrow(0, start, len));
   }
   return s;
@@ -173,31 +200,34 @@ void StateStore::prefetch() {
 at::Tensor StateStore::master(size_t g) const {
   ZERO_CHECK(!swapper_, "the master is on NVMe: visit() it");
   if (param_master_) return param_master_(g);
-  return params_.owned_chunk_of(master_, g);
+  return chunk_of(buffers_of(g).master, g);
 }
 
 at::Tensor StateStore::state(size_t i, size_t g) const {
-  ZERO_CHECK(!swapper_ && i < states_.size(), "no such optimizer state in memory");
-  if (specs_[i].per_block == 0) return params_.owned_chunk_of(states_[i], g);
+  ZERO_CHECK(!swapper_ && i < specs_.size(), "no such optimizer state in memory");
+  const at::Tensor& buf = buffers_of(g).states[i];
+  if (specs_[i].per_block == 0) return chunk_of(buf, g);
   // A block-wise state: the blocks of g's sub-groups, which are consecutive.
   int64_t begin = -1, end = 0;
   for (size_t k = 0; k < sub_groups_.size(); ++k) {
     if (sub_groups_[k].group != g) continue;
     if (begin < 0) begin = state_at_[i][k];
-    end = state_at_[i][k + 1];
+    end = state_at_[i][k] + state_len_[i][k];
   }
-  return states_[i].narrow(0, std::max<int64_t>(begin, 0), end - std::max<int64_t>(begin, 0));
+  if (begin < 0) return buf.defined() ? buf.narrow(0, 0, 0) : at::Tensor();  // an empty group
+  return buf.narrow(0, begin, end - begin);
 }
 
-int64_t StateStore::state_numel(size_t i, size_t k) const { return state_at_.at(i).at(k + 1) - state_at_.at(i).at(k); }
+int64_t StateStore::state_numel(size_t i, size_t k) const { return state_len_.at(i).at(k); }
 
 at::Tensor StateStore::grad(size_t g) const {
-  ZERO_CHECK(grads_.defined(), "no gradient partition below stage 2");
-  return params_.owned_chunk_of(grads_, g);
+  ZERO_CHECK(grad_partition_, "no gradient partition below stage 2");
+  return chunk_of(buffers_of(g).grads, g);
 }
 
 void StateStore::zero_grads() {
-  if (grads_.defined()) grads_.zero_();
+  for (auto& t : tiers_)
+    if (t.grads.defined()) t.grads.zero_();
 }
 
 }  // namespace zero::partition

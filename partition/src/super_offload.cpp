@@ -57,6 +57,11 @@
 // (loss.backward()) has no planned step: its step runs after backward, as
 // without super_offload.
 //
+// With offload_optimizer.ratio < 1 (NOTE [partial offload]) only the host's
+// groups are speculated, and only they have an undo copy: the device's
+// share steps at step(), with the factor then known, after a validation
+// (or with the rest in a redo), in a fraction of the CPU's time.
+//
 // A worker that fails leaves its sub-group restorable as far as its undo
 // copy reached, which covers every window whose update began; step()
 // undoes everything and rethrows, a cancel undoes it and warns.
@@ -90,8 +95,11 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   // each 64-byte aligned, in one allocation.
   const auto& specs = store_->state_specs();
   auto aligned = [](int64_t b) { return (b + 63) / 64 * 64; };
+  // (Of the host's sub-groups: the device's share, NOTE [partial offload],
+  // steps at step().)
   int64_t bytes = 0;
   for (size_t k = 0; k < sub_groups.size(); ++k) {
+    if (!store_->on_host(sub_groups[k].group)) continue;
     bytes += aligned(sub_groups[k].numel * static_cast<int64_t>(c10::elementSize(store_->master_dtype())));
     for (size_t i = 0; i < specs.size(); ++i)
       bytes += aligned(store_->state_numel(i, k) * static_cast<int64_t>(c10::elementSize(specs[i].dtype)));
@@ -107,6 +115,7 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   };
   sp.undo_views.resize(sub_groups.size());
   for (size_t k = 0; k < sub_groups.size(); ++k) {
+    if (!store_->on_host(sub_groups[k].group)) continue;
     sp.undo_views[k].push_back(view(sub_groups[k].numel, store_->master_dtype()));
     for (size_t i = 0; i < specs.size(); ++i) sp.undo_views[k].push_back(view(store_->state_numel(i, k), specs[i].dtype));
   }
@@ -194,8 +203,10 @@ void ZeroOptimizer::spec_wait() {
     std::unique_lock<std::mutex> lock(sp.mu);
     sp.cv.wait(lock, [&] { return sp.groups_done == sp.notified; });
     error = sp.error;
-    // Every group went to the host before step() (reducer_->wait_all()).
-    if (!error && sp.notified != flat_->groups().size()) sp.skip = true;
+    // Every host group went there before step() (reducer_->wait_all()).
+    size_t host_groups = 0;
+    for (size_t g = 0; g < flat_->groups().size(); ++g) host_groups += store_->on_host(g) ? 1 : 0;
+    if (!error && sp.notified != host_groups) sp.skip = true;
   }
   if (!error && sp.skip) {
     spec_restore(/*rewrite_values=*/true);

@@ -140,6 +140,9 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.offload = options_.offload_optimizer;
   so.pin_memory = options_.pin_memory;
   so.nvme = options_.nvme;
+  so.ratio = options_.offload_ratio;
+  ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer && !options_.nvme),
+             "offload_optimizer.ratio < 1 is for stage 3 with offload_optimizer cpu");
   so.sub_group_size = options_.sub_group_size;
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;
@@ -301,7 +304,8 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   at::Tensor sumsq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(options_.device));
   at::Tensor host_sumsq;
   for (size_t g = 0; g < n_groups; ++g) {
-    at::Tensor n = speculated ? spec_->sumsq[g] : group_sum_of_squares(g);
+    // (The device's groups, NOTE [partial offload], are not speculated.)
+    at::Tensor n = speculated && store_->on_host(g) ? spec_->sumsq[g] : group_sum_of_squares(g);
     if (n.device() == sumsq.device()) {
       sumsq.add_(n);
     } else {
@@ -348,8 +352,19 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
           std::lock_guard<std::mutex> lock(spec_->mu);
           spec_->armed = false;
         }
-        if (stage3_) stage3_->after_step();
       }
+      // NOTE [partial offload]: the device's groups step now, with the
+      // factor known (which write_pass ends with after_step).
+      const auto& sgs = store_->sub_groups();
+      if (std::any_of(sgs.begin(), sgs.end(), [&](const SubGroup& sg) { return !store_->on_host(sg.group); }))
+        write_pass(
+            [&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
+              const auto [g, start, len] = sgs[k];
+              step_sub_group(k, reducer_->owned(g).narrow(0, start, len), m, s, low, params, combined);
+            },
+            /*device_only=*/true);
+      else if (stage3_)
+        stage3_->after_step();
       ++spec_counts_.validated;
       zero_grad();
       out.applied = true;
@@ -589,7 +604,7 @@ void ZeroOptimizer::write_values_of(const at::Tensor& m, LowOut& low) {
 // stage 3's shard; to a pinned buffer on its way to the device when
 // offloaded, NOTE [offload transfers]); `low` is not wanted when the master
 // is the parameters themselves.
-void ZeroOptimizer::write_pass(const WriteBody& body) {
+void ZeroOptimizer::write_pass(const WriteBody& body, bool device_only) {
   const trace::Span span("optimizer", "write the new parameters (step or load)");
   const size_t n_groups = flat_->groups().size();
   std::vector<at::Tensor> outs(n_groups);
@@ -613,10 +628,14 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
   // (not when stage 3 keeps its shards in host memory: they are written in
   // place), a piece of at most host_staging_numel elements at a time, so the
   // ring holds two pieces, not two sub-groups (NOTE [offload transfers]).
+  // (The device's groups of a partial offload are written in place: NOTE [partial offload].)
   const bool values_to_device = store_->offloaded() && !(stage3_ && stage3_->shards_offloaded());
   const auto& sub_groups = store_->sub_groups();
   const int64_t piece = value_piece();
-  if (values_to_device && !param_ring_.defined()) param_ring_ = make_value_ring("parameters for the device");
+  bool any_host = false;
+  for (size_t g = 0; g < n_groups; ++g) any_host = any_host || (store_->on_host(g) && !device_only);
+  if (values_to_device && any_host && !param_ring_.defined())
+    param_ring_ = make_value_ring("parameters for the device");
   std::vector<StreamEvent> group_copies(n_groups);  // per group: its last copy of new values
   StreamEvent last_to_device;                     // of all groups (one stream: the others end before it)
   std::vector<CommWork> gathers;
@@ -632,18 +651,20 @@ void ZeroOptimizer::write_pass(const WriteBody& body) {
   };
   store_->visit(/*write_back=*/true, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
     const auto [g, start, len] = sub_groups[k];
+    const bool host = store_->on_host(g);
+    if (device_only && host) return;
     if (on_disk(g) && !outs[g].defined()) outs[g] = param_swapper_->begin_update(g);
     LowOut low;
     if (outs[g].defined()) {
       low = to_device(outs[g].narrow(0, start, len), piece, param_ring_, copies_, copy_wait_s_, last_to_device,
                       group_copies[g]);
-      if (!values_to_device) {  // written in place, the sub-group at once
+      if (!values_to_device || !host) {  // written in place, the sub-group at once
         low.mode_ = LowOut::Mode::kInPlace;
         low.max_piece_ = len;
       }
     }
     {
-      const trace::Span span("optimizer", store_->offloaded() ? "CPU step of a sub-group" : "step of a sub-group",
+      const trace::Span span("optimizer", host ? "CPU step of a sub-group" : "step of a sub-group",
                              static_cast<int64_t>(k));
       body(k, m, s, low);
     }

@@ -36,7 +36,10 @@
 //   3's fp32 shards on the device.
 //   Offloaded to the CPU: all on the host, twice with super_offload at stage
 //   3 without offload_param (the speculative step's undo copy, NOTE
-//   [speculative step]). To NVMe: the swap files (each
+//   [speculative step]); with offload_optimizer.ratio < 1 (stage 3, NOTE
+//   [partial offload]) the groups host_groups() keeps on the device have
+//   their master, states and gradient partition (g x their elements) there,
+//   the undo copy only the host's. To NVMe: the swap files (each
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
 //   of every state.
@@ -211,10 +214,26 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     }
   }
 
+  // Which groups' states (and, stages 2-3, gradient partitions) are off the
+  // device: all with offload_optimizer, but with a ratio < 1 at stage 3 (NOTE
+  // [partial offload]) the host_groups() of this rank's chunks (the same on
+  // every rank).
+  std::vector<char> host_of(groups.size(), off_opt ? 1 : 0);
+  if (off_opt && !nvme_opt && z.stage == 3 && z.offload_optimizer.ratio < 1.0) {
+    std::vector<int64_t> chunks;
+    for (int64_t n : groups) chunks.push_back(n / layout_ranks);
+    host_of = partition::host_groups(chunks, z.offload_optimizer.ratio);
+  }
+  int64_t part_on[2] = {0, 0};  // this rank's elements on the device, off it
+  for (size_t i = 0; i < groups.size(); ++i) part_on[host_of[i] ? 1 : 0] += groups[i] / layout_ranks;
+
   // Gradients.
-  if (z.stage < 2) e.device.gradients = g * flat;
-  else if (off_opt) e.host.gradients = (master16 || z.stage == 3 ? g : 4) * part;
-  else e.device.gradients = g * part;
+  if (z.stage < 2) {
+    e.device.gradients = g * flat;
+  } else {
+    e.host.gradients = (master16 || z.stage == 3 ? g : 4) * part_on[1];
+    e.device.gradients = g * part_on[0];
+  }
 
   // Optimizer states: two moments and, unless the parameters are it, a master.
   // (Stage 3 with offload_param: on a GPU the shards are not on the device,
@@ -239,16 +258,19 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   auto numel_for = [](const StateTensor& t, int64_t n) { return t.per_block > 0 ? (n + t.per_block - 1) / t.per_block : n; };
   // Over this rank's sub-groups (counted, not walked: they may be many):
   // bytes in memory, bytes of the swap files, the largest sub-group.
-  int64_t in_memory = 0, file = 0, sub_groups = 0, largest = 1;
-  for (int64_t n : groups) {
-    const int64_t chunk = n / layout_ranks, full = chunk / sub, rest = chunk % sub;
+  // (Memory and sub-groups per tier: [0] the device's, [1] off it.)
+  int64_t in_memory[2] = {0, 0}, file = 0, sub_groups_on[2] = {0, 0}, largest = 1;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int64_t chunk = groups[gi] / layout_ranks, full = chunk / sub, rest = chunk % sub;
+    const int tier = host_of[gi] ? 1 : 0;
     for (const auto& t : tensors) {
-      in_memory += t.bytes * (full * numel_for(t, sub) + (rest > 0 ? numel_for(t, rest) : 0));
+      in_memory[tier] += t.bytes * (full * numel_for(t, sub) + (rest > 0 ? numel_for(t, rest) : 0));
       file += full * aligned(t.bytes * numel_for(t, sub)) + (rest > 0 ? aligned(t.bytes * numel_for(t, rest)) : 0);
     }
-    sub_groups += full + (rest > 0 ? 1 : 0);
+    sub_groups_on[tier] += full + (rest > 0 ? 1 : 0);
     largest = std::max(largest, full > 0 ? sub : rest);
   }
+  const int64_t sub_groups = sub_groups_on[0] + sub_groups_on[1];
   // 8-bit Adam's blocks kept in fp32 (min_8bit_size): two fp32 moments for
   // each 256-element block of a sub-group that holds an element of a
   // smaller parameter, at least one block's per sub-group, found as the
@@ -278,26 +300,30 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
         o += q;
       }
     }
-    int64_t side_memory = 0, side_file = 0;
+    // (Per tier, the rank with the most in total.)
+    int64_t side_memory[2] = {0, 0}, side_file = 0;
     for (const auto& m : marked) {
-      int64_t blocks = sub_groups - static_cast<int64_t>(m.size()), extents = blocks * aligned(block_bytes), most = 1;
+      int64_t blocks[2] = {sub_groups_on[0], sub_groups_on[1]}, extents = sub_groups * aligned(block_bytes), most = 1;
       for (const auto& [key, v] : m) {
-        blocks += std::max<int64_t>(1, v.first);
-        extents += aligned(block_bytes * std::max<int64_t>(1, v.first));
+        const int tier = host_of[key.first] ? 1 : 0;
+        blocks[tier] += std::max<int64_t>(1, v.first) - 1;
+        extents += aligned(block_bytes * std::max<int64_t>(1, v.first)) - aligned(block_bytes);
         most = std::max(most, v.first);
       }
-      side_memory = std::max(side_memory, 2 * block_bytes * blocks);
+      if (2 * block_bytes * (blocks[0] + blocks[1]) > side_memory[0] + side_memory[1])
+        side_memory[0] = 2 * block_bytes * blocks[0], side_memory[1] = 2 * block_bytes * blocks[1];
       side_file = std::max(side_file, 2 * extents);
       side_slot = std::max(side_slot, 2 * aligned(block_bytes * most));
     }
-    in_memory += side_memory;
+    in_memory[0] += side_memory[0];
+    in_memory[1] += side_memory[1];
     file += side_file;
   }
-  if (!off_opt) {
-    e.device.optimizer_states = in_memory;
-  } else if (!nvme_opt) {
-    const bool speculates = z.offload_optimizer.super_offload && z.stage == 3 && !off_param;
-    e.host.optimizer_states = (speculates ? 2 : 1) * in_memory;
+  if (!nvme_opt) {
+    // (Without offload host_of is all 0: everything on the device.)
+    e.device.optimizer_states = in_memory[0];
+    const bool speculates = off_opt && z.offload_optimizer.super_offload && z.stage == 3 && !off_param;
+    e.host.optimizer_states = (speculates ? 2 : 1) * in_memory[1];
   } else {
     e.nvme.optimizer_states = file;
     const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
@@ -407,7 +433,8 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     if (!nccl && N > 1) gathered += p * largest_group;    // Gloo's flat copy of the output
   }
   e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));
-  if (off_opt) {
+  // (None with ratio 0, when every group stays on the device: NOTE [partial offload].)
+  if (off_opt && (z.stage != 3 || z.offload_optimizer.ratio > 0)) {
     int64_t chunk = 0;
     for (int64_t n : lay.groups) chunk = std::max(chunk, n / layout_ranks);
     chunk = std::min(chunk, std::max<int64_t>(1, z.sub_group_size));

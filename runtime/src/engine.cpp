@@ -335,6 +335,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     so.tag = "rank" + std::to_string(s.dist.rank);
     zo.nvme = so;
   }
+  // NOTE [partial offload] (the config refuses it elsewhere).
+  if (zo.offload_optimizer && !zo.nvme && s.config.zero.stage == 3) zo.offload_ratio = oo.ratio;
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   zo.copy_mode = s.options.cpu_copy_mode;
   // NOTE [speculative step]: where it runs (the config warns elsewhere).

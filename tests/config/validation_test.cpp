@@ -203,9 +203,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "progressive_layer_drop.enabled: progressive layer drop is not implemented"},
         BadCase{"compression", R"("compression_training": {"weight_quantization": {}})",
                 "compression_training: compression training is not implemented"},
-        BadCase{"partial_offload_stage3",
-                R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})",
-                "zero_optimization.offload_optimizer.ratio: partial optimizer offload (ratio < 1) is not implemented"},
+        BadCase{"partial_offload_nvme",
+                R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.3}})",
+                "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_optimizer.device \"nvme\""},
+        BadCase{"partial_offload_param",
+                R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}, "offload_param": {"device": "cpu"}})",
+                "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_param"},
         BadCase{"quantized_weights", R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true})",
                 "zero_optimization.zero_quantized_weights: ZeRO++ quantized weights is not implemented"},
         BadCase{"quantized_gradients", R"("zero_optimization": {"stage": 3, "zero_quantized_gradients": true})",
@@ -316,6 +319,18 @@ TEST(Aliases, BareAndPrefixedNamesFillTheSameField) {
                   .zero.use_all_reduce_for_fetch_params);
   EXPECT_TRUE(load_string(with(R"("zero_optimization": {"stage3_allgather_sequential": true})"))
                   .zero.allgather_sequential);
+}
+
+// NOTE [partial offload]: accepted at stage 3 with cpu; without an
+// offload it changes nothing, and says so.
+TEST(PartialOffload, RatioAtStage3WithCpu) {
+  const Config c = load_string(
+      with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})"));
+  EXPECT_DOUBLE_EQ(c.zero.offload_optimizer.ratio, 0.3);
+  EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
+  const Config none = load_string(with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": 0.5}})"));
+  EXPECT_TRUE(has_warning(none, "zero_optimization.offload_optimizer.ratio: has no effect without "
+                                "offload_optimizer.device \"cpu\"")) << joined(none.warnings);
 }
 
 TEST(Deprecated, CpuOffloadBecomesOffloadOptimizerWithAWarning) {

@@ -515,6 +515,41 @@ INSTANTIATE_TEST_SUITE_P(
                       KeyCase{"bf16_reductions", R"({"communication_data_type_top": "bf16"})", 1e-2, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// NOTE [partial offload] on two ranks, copies held back until waited for:
+// offload_optimizer.ratio 0.3 (the device keeps the first groups' states and
+// gradients, reduced there, stepped in place; here group 0 and the first of
+// two blocks, the host the last block, which is at least 0.3 of them) gives
+// the bits of ratio 1, over two accumulated micro-batches with clipping; each
+// tier holds its share.
+TEST(PartialOffloadOnTwoRanks, EqualsAllOnTheHostBitForBit) {
+  RunSpec all{2, 3, 2, 0.05};
+  all.steps = 6;
+  all.deferred = true;
+  all.zero_extra = R"({"sub_group_size": 4000, "offload_optimizer": {"device": "cpu"}})";
+  RunSpec half = all;
+  half.zero_extra = R"({"sub_group_size": 4000, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})";
+  auto base = run_mingpt(all);
+  auto got = run_mingpt(half);
+  ASSERT_FALSE(base.empty());
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
+  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
+  const double psi = got["num_parameters"].get<double>();
+  for (size_t r = 0; r < 2; ++r) {
+    const auto& by_tier = got["ranks"][r]["model_state_bytes_by_tier"];
+    const auto& all_tier = base["ranks"][r]["model_state_bytes_by_tier"];
+    const double dev = by_tier["device"]["optimizer_states"].get<double>() / psi;
+    const double host = by_tier["host"]["optimizer_states"].get<double>() / psi;
+    EXPECT_EQ(all_tier["device"]["optimizer_states"].get<double>(), 0.0);
+    // 12 bytes a parameter over 2 ranks, split between the tiers: the
+    // host's about half, and at least 0.3.
+    EXPECT_NEAR(dev + host, 12.0 / 2, 0.3);
+    EXPECT_GE(host, 0.3 * 12.0 / 2);
+    EXPECT_GT(dev, 0.4 * 12.0 / 2);
+    EXPECT_GT(by_tier["device"]["gradients"].get<double>(), all_tier["device"]["gradients"].get<double>());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Offload, DeferredCopiesOnTwoRanks,
                          ::testing::Values("stage1", "stage2", "stage3", "stage3_nvme_params"),
                          [](const auto& info) { return info.param; });

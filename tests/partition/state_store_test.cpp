@@ -16,6 +16,7 @@
 #include "zero/core/memory_ledger.h"
 #include "zero/optim/flat_optimizer.h"
 #include "zero/partition/flat_parameters.h"
+#include "zero/partition/stage3_rules.h"
 #include "zero/partition/state_store.h"
 
 namespace {
@@ -42,6 +43,7 @@ struct TierCase {
   const char* name;
   bool offload, pin, nvme;
   int64_t sub_group;
+  double ratio = 1.0;  // offload_optimizer.ratio (NOTE [partial offload])
 };
 
 class StoreTiers : public ::testing::TestWithParam<TierCase> {};
@@ -57,6 +59,7 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
   o.pin_memory = c.pin;
   o.sub_group_size = c.sub_group;
   o.grad_partition = true;
+  o.ratio = c.ratio;
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/store_" + std::to_string(getpid()) + "_" + c.name;
   if (c.nvme) {
     std::filesystem::create_directories(dir);
@@ -79,6 +82,24 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
       covered += sg.numel;
     }
     EXPECT_EQ(covered, flat.owned_numel());
+    // Each group on one tier (a partial offload's by host_groups()), with
+    // both tiers used here.
+    std::vector<int64_t> chunks;
+    for (const auto& grp : flat.groups()) chunks.push_back(grp.chunk_numel);
+    const auto host_of = zero::partition::host_groups(chunks, c.ratio);
+    if (c.ratio < 1.0) {
+      EXPECT_TRUE(std::count(host_of.begin(), host_of.end(), 1) > 0 && std::count(host_of.begin(), host_of.end(), 0) > 0);
+    }
+    for (size_t g = 0; g < flat.groups().size(); ++g) {
+      EXPECT_EQ(store.on_host(g), c.offload && host_of[g]) << "group " << g;
+      if (c.nvme) continue;
+      EXPECT_EQ(store.grad(g).numel(), flat.groups()[g].chunk_numel);
+      EXPECT_EQ(store.master(g).numel(), flat.groups()[g].chunk_numel);
+    }
+    if (c.ratio < 1.0) {
+      EXPECT_GT(ledger.get(Tier::kDevice, zero::Kind::kOptimizerStates).current_bytes, 0);
+      EXPECT_GT(ledger.get(Tier::kDevice, zero::Kind::kGradients).current_bytes, 0);
+    }
     // First visit: the master is rank 1's chunk, the states the initial value; write new values.
     store.visit(true, [&](size_t k, at::Tensor m, std::vector<at::Tensor> s) {
       const auto& sg = store.sub_groups()[k];
@@ -116,8 +137,24 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StoreTiers,
                                            TierCase{"device_small", false, false, false, 333},
                                            TierCase{"pinned", true, true, false, 777},
                                            TierCase{"pageable", true, false, false, 1000000},
-                                           TierCase{"nvme", true, true, true, 500}),
+                                           TierCase{"nvme", true, true, true, 500},
+                                           TierCase{"partial", true, true, false, 333, 0.25}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// NOTE [partial offload]: the host takes groups from the last while it holds
+// less than the ratio; the device keeps the rest.
+TEST(PartialOffload, HostGroupsAreTheLastUpToTheRatio) {
+  using zero::partition::host_groups;
+  const std::vector<int64_t> four{100, 100, 100, 100};
+  EXPECT_EQ(host_groups(four, 1.0), (std::vector<char>{1, 1, 1, 1}));
+  EXPECT_EQ(host_groups(four, 0.0), (std::vector<char>{0, 0, 0, 0}));
+  EXPECT_EQ(host_groups(four, 0.25), (std::vector<char>{0, 0, 0, 1}));
+  EXPECT_EQ(host_groups(four, 0.3), (std::vector<char>{0, 0, 1, 1}));
+  EXPECT_EQ(host_groups(four, 0.75), (std::vector<char>{0, 1, 1, 1}));
+  EXPECT_EQ(host_groups({10, 300, 50}, 0.1), (std::vector<char>{0, 0, 1}));
+  EXPECT_EQ(host_groups({10, 300, 50}, 0.2), (std::vector<char>{0, 1, 1}));
+  EXPECT_EQ(host_groups({}, 0.5), (std::vector<char>{}));
+}
 
 // 8-bit Adam's min_8bit_size (NOTE [8-bit states]): each rank's store marks
 // exactly the blocks of each sub-group (from its first element) that hold

@@ -198,6 +198,9 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"stage3_bf16_cpu_offload",
                    R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, )"
                    R"("offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})"},
+        ResumeCase{"stage3_bf16_partial_offload",
+                   R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, )"
+                   R"("sub_group_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": 0.5, "super_offload": true}})"},
         ResumeCase{"stage3_nvme",
                    R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, "sub_group_size": 5000, )"
                    R"("offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}, )"
@@ -260,6 +263,36 @@ TEST_F(Checkpoints, ACheckpointOfOneStageLoadsAtAnother) {
     ck::remove_tree(again);
     other.engine->save_checkpoint(again);
     expect_same_states(all_states(again), want);
+  }
+}
+
+// NOTE [partial offload]: a checkpoint saved at one offload_optimizer.ratio
+// resumes at another (the states are saved by element range, wherever they
+// lived) and trains on as the uninterrupted run, bit for bit on CPU ranks.
+TEST(PartialOffload, ACheckpointResumesAtAnotherRatio) {
+  auto cfg = [](double ratio) {
+    return config(R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, )"
+                  R"("sub_group_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": )" +
+                  std::to_string(ratio) + "}}");
+  };
+  const std::string dir = kWork + "partial_offload_ratio";
+  ck::make_folders(kWork);
+  ck::remove_tree(dir);
+  Trainer whole(7, cfg(0.5));
+  whole.train(0, 6);
+  {
+    Trainer first(7, cfg(0.5));
+    first.train(0, 3);
+    first.engine->save_checkpoint(dir);
+  }
+  for (const double ratio : {0.0, 0.3, 1.0}) {
+    SCOPED_TRACE("resumed at ratio " + std::to_string(ratio));
+    Trainer second(123, cfg(ratio));
+    second.engine->load_checkpoint(dir);
+    second.train(3, 6);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
+    EXPECT_EQ(second.engine->parameter_l2(), whole.engine->parameter_l2());
   }
 }
 

@@ -38,6 +38,7 @@ struct Trained {
   zero::detail::SpeculationCounts counts;
   int64_t skipped = 0;
   int64_t undo_bytes = 0;  // the ledger's pageable host optimizer states: the undo copy
+  int64_t device_state_bytes = 0, device_grad_bytes = 0, host_state_bytes = 0;  // the ledger's (partial offload)
   std::vector<torch::Tensor> states_mid;  // read between a backward and its step (eval_at)
   double l2_mid = 0;
 };
@@ -54,6 +55,7 @@ struct Options {
   int64_t n_embd = 32;
   int64_t sub_group_size = 1500;
   int eval_at = -1;  // after this micro-step's backward, before its step: a forward without gradients
+  double ratio = 1.0;  // offload_optimizer.ratio (NOTE [partial offload])
 };
 
 Trained train(bool super_offload, const Options& o) {
@@ -75,8 +77,8 @@ Trained train(bool super_offload, const Options& o) {
       o.optimizer_params + "}}, " + o.precision +
       R"( "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
       std::to_string(o.sub_group_size) +
-      R"(, "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "super_offload": )" +
-      (super_offload ? "true" : "false") + "}}}";
+      R"(, "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": )" + std::to_string(o.ratio) +
+      R"(, "super_offload": )" + (super_offload ? "true" : "false") + "}}}";
   auto engine = zero::initialize(model.ptr(), config, io);
   bool throw_now = false;
   auto& emb = model->named_parameters()["tok_emb.weight"];
@@ -126,6 +128,9 @@ Trained train(bool super_offload, const Options& o) {
   r.skipped = engine.skipped_steps();
   // The store's states are pinned (pin_memory); only the undo copy is pageable.
   r.undo_bytes = engine.ledger().get(zero::Tier::kHost, zero::Kind::kOptimizerStates).current_bytes;
+  r.device_state_bytes = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kOptimizerStates).current_bytes;
+  r.device_grad_bytes = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kGradients).current_bytes;
+  r.host_state_bytes = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kOptimizerStates).current_bytes;
   return r;
 }
 
@@ -340,6 +345,62 @@ TEST(SuperOffload, TheTraceShowsSubGroupStepsBeforeBackwardEnds) {
     EXPECT_GE(began_inside, 1) << "a backward phase from " << b.ts << " to " << b.end;
   }
   std::filesystem::remove(file);
+}
+
+// offload_optimizer.ratio (NOTE [partial offload]): the device keeps the
+// first groups' master, states and gradients and steps them in place; the
+// host the rest. On CPU ranks the arithmetic is the same, so every ratio
+// equals ratio 1 bit for bit: with and without speculation (which then
+// covers the host's groups only), clipped, overflowed, accumulated, 8-bit.
+TEST(PartialOffload, EveryRatioEqualsAllOnTheHost) {
+  struct Variant {
+    const char* name;
+    Options o;
+  };
+  std::vector<Variant> variants(5);
+  variants[0].name = "fp32 unclipped";
+  variants[1].name = "bf16, every step clipped";
+  variants[1].o.clip = 1e-4;
+  variants[1].o.precision = R"("bf16": {"enabled": true},)";
+  variants[2].name = "fp16 overflows";
+  variants[2].o.steps = 6;
+  variants[2].o.precision = R"("fp16": {"enabled": true, "initial_scale_power": 18, "hysteresis": 1},)";
+  variants[2].o.clip = 1.0;
+  variants[3].name = "accumulation 3, some clipped";
+  variants[3].o.gas = 3;
+  variants[3].o.clip = 0.05;
+  variants[4].name = "bf16 master, 8-bit states";
+  variants[4].o.precision = R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)";
+  variants[4].o.optimizer_params = R"("lr": 0.003, "optim_bits": 8, "min_8bit_size": 4096)";
+  variants[4].o.clip = 0.05;
+  for (const auto& v : variants) {
+    const Trained all_host = train(false, v.o);
+    for (const double ratio : {0.0, 0.5}) {
+      for (const bool speculate : {false, true}) {
+        SCOPED_TRACE(std::string(v.name) + ", ratio " + std::to_string(ratio) + (speculate ? ", super_offload" : ""));
+        Options o = v.o;
+        o.ratio = ratio;
+        const Trained got = train(speculate, o);
+        expect_same_bits(all_host, got);
+        // The device holds the states of its share, the host the rest.
+        EXPECT_GT(got.device_state_bytes, 0);
+        EXPECT_GT(got.device_grad_bytes, all_host.device_grad_bytes);
+        if (ratio == 0) {
+          EXPECT_EQ(got.host_state_bytes, 0);
+        } else {
+          EXPECT_GT(got.host_state_bytes, 0);
+        }
+        EXPECT_EQ(all_host.device_state_bytes, 0);
+        EXPECT_EQ(got.device_state_bytes + got.host_state_bytes, all_host.host_state_bytes);
+        // Speculation keeps an undo copy of the host's share alone.
+        if (speculate) {
+          EXPECT_EQ(got.counts.validated + got.counts.redone + got.counts.undone, got.counts.planned);
+          EXPECT_LE(got.undo_bytes, got.host_state_bytes + 4096);
+          if (ratio == 0) EXPECT_LE(got.undo_bytes, 64);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -123,6 +123,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_bf16_cpu_super_offload", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
                  "offload_optimizer": {"device": "cpu", "super_offload": true}})"},
+        // NOTE [partial offload]: the device keeps the first groups' states
+        // and gradients; the undo copy is the host's share alone.
+        Case{"stage3_bf16_cpu_ratio_half_super_offload", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                 "offload_optimizer": {"device": "cpu", "ratio": 0.5, "super_offload": true}})"},
+        Case{"stage3_fp32_cpu_ratio_zero", "fp32",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu", "ratio": 0}})"},
+        Case{"stage3_bf16_cpu_ratio_8bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 20000,
+                 "offload_optimizer": {"device": "cpu", "ratio": 0.3}})", 2, 8},
         // 8-bit Adam states on each tier: codes and block scales per sub-group.
         Case{"stage1_fp32_8bit", "fp32", R"({"stage": 1})", 2, 8},
         Case{"stage2_bf16_cpu_8bit", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2, 8},

@@ -1,10 +1,12 @@
 // The two rules of NOTE [stage-3 plan] that zero::Init, the plan and the
-// parameter swapper share.
+// parameter swapper share, and partial offload's placement, which the state
+// store and the estimator share.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 namespace zero::partition {
 
@@ -44,5 +46,25 @@ class InCpuBudget {
  private:
   int64_t left_;
 };
+
+/// offload_optimizer.ratio (NOTE [partial offload] in state_store.h): for
+/// each group of `chunks` elements (this rank's, in layout order), whether
+/// its optimizer states go to the host. From the last group back (the first
+/// that backward completes), groups go to the host while the host holds
+/// less than `ratio` of the elements; the rest stay on the device. So the
+/// host holds at least `ratio` of them, the device at most 1 - ratio (the
+/// group that straddles the line goes to the host). Ratio 1: every group.
+inline std::vector<char> host_groups(const std::vector<int64_t>& chunks, double ratio) {
+  int64_t total = 0;
+  for (int64_t n : chunks) total += n;
+  std::vector<char> host(chunks.size(), 0);
+  int64_t held = 0;
+  for (size_t i = chunks.size(); i-- > 0;) {
+    if (ratio < 1.0 && static_cast<double>(held) >= ratio * static_cast<double>(total)) break;
+    host[i] = 1;
+    held += chunks[i];
+  }
+  return host;
+}
 
 }  // namespace zero::partition

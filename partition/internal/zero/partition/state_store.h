@@ -28,6 +28,24 @@
 // moments of the blocks that min_8bit_size keeps in fp32 (the store finds
 // them from the parameters' places and marks them at init): it is saved as
 // it is and, at another layout, requantized on load (engine_checkpoint.cpp).
+//
+// NOTE [partial offload]
+// offload_optimizer.ratio < 1 (DeepSpeed's ZeRO-Offload++ "Twin-Flow", stage
+// 3 with offload_optimizer cpu) keeps a share of the partition's groups on
+// the device: their master, states and gradient partition are device
+// buffers, their gradients never leave the device, and the step updates
+// them there, in place in their shards, while the host's groups go through
+// the CPU pass and the pinned buffers as ever. A group lives on one tier
+// whole (a group is a layer at stage 3); which ones is host_groups()
+// (stage3_rules.h): the host takes the last groups, the device the first.
+// DeepSpeed offloads the first sub-groups instead; zero offloads the last
+// because backward completes them first: their CPU steps can begin during
+// backward (NOTE [speculative step]) while the device steps its share at
+// the end in a fraction of the time. Each tier's groups are packed in group
+// order in that tier's buffers; sub-groups, names and element ranges are
+// the same whatever the placement, so a checkpoint saved at one ratio
+// resumes at another, and every ratio steps the same arithmetic where the
+// device is the CPU (on a GPU the device's share runs the device's kernels).
 #pragma once
 
 #include <functional>
@@ -49,6 +67,9 @@ struct StoreOptions {
   at::Device device = at::kCPU;
   /// offload_optimizer (cpu or nvme): the states live in host memory (or on NVMe).
   bool offload = false;
+  /// offload_optimizer.ratio: the share of the partition offloaded, the
+  /// rest on the device (NOTE [partial offload]; cpu only).
+  double ratio = 1.0;
   bool pin_memory = true;
   /// offload_optimizer nvme: master and states in swap files.
   std::optional<SwapOptions> nvme;
@@ -134,12 +155,17 @@ class StateStore {
 
   /// Stages 2-3: this rank's reduced gradient of group g.
   at::Tensor grad(size_t g) const;
-  bool has_grads() const { return grads_.defined(); }
+  bool has_grads() const { return grad_partition_; }
   void zero_grads();
 
-  /// Where the master and states live: kDevice, a host tier, or kNvme.
+  /// Where the offloaded groups' master and states live: a host tier, or
+  /// kNvme (kDevice when nothing is offloaded).
   Tier tier() const { return tier_; }
+  /// offload_optimizer is on (some or all groups live off the device).
   bool offloaded() const { return options_.offload; }
+  /// Whether group g's master, states and gradient partition are off the
+  /// device (NOTE [partial offload]).
+  bool on_host(size_t g) const { return host_.at(g) != 0; }
   bool master_is_param() const { return param_master_ != nullptr; }
   at::ScalarType master_dtype() const { return options_.master_dtype; }
   /// The NVMe swapper (null unless nvme).
@@ -152,16 +178,27 @@ class StateStore {
   ParamMaster param_master_;
   std::vector<double> initial_;        // per optimizer state: its starting value
   std::vector<optim::FlatOptimizer::StateSpec> specs_;
-  std::vector<std::vector<int64_t>> state_at_;  // per state: where each sub-group's part starts (and the end)
+  std::vector<std::vector<int64_t>> state_at_;  // per state: where each sub-group's part starts, in its tier's buffer
   std::vector<SubGroup> sub_groups_;
   std::vector<std::vector<int64_t>> fp32_blocks_;  // per sub-group (min_8bit_size)
   std::vector<std::string> names_;
   Tier tier_ = Tier::kDevice;
-  at::Tensor master_;                   // laid out like the owned partition (memory tiers)
-  std::vector<at::Tensor> states_;      // the same, one per optimizer state
-  at::Tensor grads_;                    // stages 2-3
+  std::vector<char> host_;              // per group: off the device (NOTE [partial offload])
+  std::vector<int64_t> at_;             // per group: its chunk's offset in its tier's buffers
+  std::vector<std::vector<int64_t>> state_len_;  // per state: each sub-group's length
+  // Per tier (0: the device, 1: off it), each tier's groups in group order
+  // (memory tiers).
+  struct Buffers {
+    at::Tensor master;
+    std::vector<at::Tensor> states;     // one per optimizer state
+    at::Tensor grads;                   // stages 2-3
+  };
+  Buffers tiers_[2];
+  bool grad_partition_ = false;
   std::unique_ptr<StateSwapper> swapper_;
 
+  const Buffers& buffers_of(size_t g) const { return tiers_[host_[g] ? 1 : 0]; }
+  at::Tensor chunk_of(const at::Tensor& buf, size_t g) const;
   // Sub-group k's views of the states in memory.
   std::vector<at::Tensor> sub_group_states(size_t k) const;
 };

@@ -87,6 +87,10 @@ struct ZeroOptimizerOptions {
   /// sub-group by sub-group (NOTE [optimizer swapping]); the gradient
   /// partition stays in host memory.
   std::optional<SwapOptions> nvme;
+  /// offload_optimizer.ratio (stage 3, cpu): the share of the partition
+  /// offloaded; the other groups' states, gradients and step stay on the
+  /// device (NOTE [partial offload]).
+  double offload_ratio = 1.0;
   /// On the CPU: CopyMode::kDeferred makes every device-host transfer wait
   /// for its event (tests, NOTE [device streams]).
   CopyMode copy_mode = CopyMode::kImmediate;
@@ -304,7 +308,9 @@ class ZeroOptimizer {
     StreamEvent* group_last_ = nullptr;
   };
   using WriteBody = std::function<void(size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low)>;
-  void write_pass(const WriteBody& body);
+  /// `device_only`: the groups on the device alone (NOTE [partial offload];
+  /// after a validated speculation, which stepped the host's).
+  void write_pass(const WriteBody& body, bool device_only = false);
   /// Elements of a piece of new values on their way to the device: at most
   /// host_staging_numel, a multiple of 256 (8-bit blocks; NOTE [offload transfers]).
   int64_t value_piece() const;
