@@ -122,6 +122,10 @@ swap files are removed however it ends.
                              other bucket sizes are run besides
   --run-timeout S            a run still going after S seconds is stopped, reported
                              and skipped (default 600; 0: no limit)
+  --ratios LIST              offload_optimizer.ratio values to try at stage 3 +
+                             optimizer cpu (the share offloaded, the rest
+                             stepped on the device; default 0.25,0.5,0.75,1);
+                             the smallest that trains beats the larger
   --allow-low-precision-states
                              also try Adam's moments in 8 bits
                              (optimizer.params.optim_bits 8: a model of about
@@ -163,7 +167,7 @@ int tune(const std::vector<std::string>& args) {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
-      "--oversubscribe", "--allow-low-precision-states", "--force"};
+      "--oversubscribe", "--allow-low-precision-states", "--force", "--ratios"};
   std::set<std::string> seen;
   std::vector<std::string> program;
   bool checkpointing_given = false;
@@ -256,6 +260,19 @@ int tune(const std::vector<std::string>& args) {
       }
       (a == "--stages" ? stages : a == "--offload" ? offload.emplace() : checkpointing) = set;
       checkpointing_given = checkpointing_given || a == "--checkpointing";
+    } else if (a == "--ratios") {
+      auto items = split_list(v);
+      if (!items) return fail("--ratios: expected a comma-separated list; got \"" + v + "\"");
+      plan.ratios.clear();
+      for (const auto& item : *items) {
+        char* end = nullptr;
+        const double x = std::strtod(item.c_str(), &end);
+        if (end == item.c_str() || *end != '\0' || !(x > 0.0 && x <= 1.0))
+          return fail("--ratios: expected shares in (0, 1] (0.5: half the optimizer states offloaded); got \"" + item + "\"");
+        plan.ratios.push_back(x);
+      }
+      std::sort(plan.ratios.begin(), plan.ratios.end());
+      plan.ratios.erase(std::unique(plan.ratios.begin(), plan.ratios.end()), plan.ratios.end());
     } else if (a == "--out") {
       out_path = v;
     } else if (a == "--json") {
@@ -487,6 +504,10 @@ int tune(const std::vector<std::string>& args) {
       // Moments' bits and a 16-bit master: fp32 states; a bf16 master and
       // states; 8-bit moments under an fp32 master, and under a 16-bit one.
       const std::pair<int, bool> kinds[] = {{32, false}, {16, true}, {8, false}, {8, true}};
+      // NOTE [partial offload]: stage 3 + optimizer cpu (parameters on the device) at each ratio.
+      const std::vector<double> ratios = fam.stage == 3 && fam.opt == 1 && fam.param == 0 ? plan.ratios
+                                                                                         : std::vector<double>{1.0};
+      for (const double ratio : ratios)
       for (const auto& [bits, master16] : kinds)
       for (int ck : checkpointing)
         for (int64_t mb : micro_batches)
@@ -498,6 +519,7 @@ int tune(const std::vector<std::string>& args) {
             c.family = static_cast<int>(f);
             c.optim_bits = bits;
             c.master16 = master16;
+            c.ratio = ratio;
             c.checkpointing = ck;
             c.micro_batch = mb;
             c.bucket = bucket;
@@ -604,10 +626,11 @@ int tune(const std::vector<std::string>& args) {
         if (c.status == Status::kTrained && (!best || c.rate() > best->rate())) best = &c;
       return best;
     };
-    // Least work first, then the largest micro-batch, then the stage.
+    // Least work first (of one sum, the smaller offloaded share), then the
+    // largest micro-batch, then the stage.
     auto promising = [](const Candidate* a, const Candidate* b) {
-      return std::make_tuple(a->work_sum(), -a->micro_batch, kFamilies[a->family].stage, -a->bucket) <
-             std::make_tuple(b->work_sum(), -b->micro_batch, kFamilies[b->family].stage, -b->bucket);
+      return std::make_tuple(a->work_sum(), a->offloaded_share(), -a->micro_batch, kFamilies[a->family].stage, -a->bucket) <
+             std::make_tuple(b->work_sum(), b->offloaded_share(), -b->micro_batch, kFamilies[b->family].stage, -b->bucket);
     };
 
     int64_t frontier_runs = 0, dominated = 0;
@@ -622,9 +645,10 @@ int tune(const std::vector<std::string>& args) {
       // that fit, largest first. A point stands for its largest bucket not
       // out of memory (a smaller one needs less); a run that failed
       // otherwise ends the point.
-      std::map<std::tuple<int, int, int, int64_t>, std::vector<Candidate*>> points;
+      std::map<std::tuple<int, int, int, int, int64_t>, std::vector<Candidate*>> points;
       for (auto& c : all)
-        if (c.fits) points[{c.family, c.states_kind(), c.checkpointing, c.micro_batch}].push_back(&c);
+        if (c.fits)
+          points[{c.family, c.offloaded_share(), c.states_kind(), c.checkpointing, c.micro_batch}].push_back(&c);
       for (auto& [key, v] : points)
         std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
       auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
@@ -669,6 +693,7 @@ int tune(const std::vector<std::string>& args) {
         std::vector<Candidate*> others;
         for (auto& c : all)
           if (c.fits && c.status == Status::kNotRun && c.family == winner.family && c.states_kind() == winner.states_kind() &&
+              c.offloaded_share() == winner.offloaded_share() &&
               c.checkpointing == winner.checkpointing && c.micro_batch == winner.micro_batch && c.bucket != winner.bucket)
             others.push_back(&c);
         for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));
@@ -690,6 +715,7 @@ int tune(const std::vector<std::string>& args) {
                 "peak device", "est host", "peak host", "step s", unit, "vs best");
     for (const Candidate* c : ran) {
       std::string name = family_name(kFamilies[c->family]);
+      if (c->ratio < 1.0) name += " " + ratio_text(c->ratio);
       if (c->checkpointing) name += std::string(", ckpt ") + kCheckpointName[c->checkpointing];
       name += ", mb " + std::to_string(c->micro_batch) + ", b " + human_count(static_cast<double>(c->bucket));
       if (c->status == Status::kTrained)
@@ -722,6 +748,7 @@ int tune(const std::vector<std::string>& args) {
         const Family& f = kFamilies[c.family];
         nlohmann::json row = {{"stage", f.stage},
                               {"offload_optimizer", kLevelName[f.opt]},
+                              {"offload_ratio", c.ratio},
                               {"offload_param", kLevelName[f.param]},
                               {"checkpointing", kCheckpointName[c.checkpointing]},
                               {"optim_bits", c.optim_bits},

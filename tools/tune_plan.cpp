@@ -64,11 +64,18 @@ bool dominates(const Candidate& a, const Candidate& b) {
   return less || a.micro_batch > b.micro_batch;
 }
 
+std::string ratio_text(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", ratio);
+  return buf;
+}
+
 std::string describe(const Candidate& c) {
   std::string s = family_name(kFamilies[c.family]);
   if (c.checkpointing) s += std::string(", checkpointing ") + kCheckpointName[c.checkpointing];
   if (c.optim_bits == 8) s += c.master16 ? ", 16-bit master and 8-bit Adam states" : ", 8-bit Adam states";
   if (c.optim_bits == 16) s += ", bf16 master and states";
+  if (c.ratio < 1.0) s += ", offload ratio " + ratio_text(c.ratio);
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -149,6 +156,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   if (f.opt) {
     z["offload_optimizer"] = {{"device", kLevelName[f.opt]}, {"pin_memory", true}};
     if (f.opt == 2) z["offload_optimizer"]["nvme_path"] = nvme_path;
+    if (c.ratio < 1.0) z["offload_optimizer"]["ratio"] = c.ratio;  // NOTE [partial offload]
   }
   if (f.param) {
     z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};

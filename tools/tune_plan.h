@@ -42,6 +42,11 @@ struct Candidate {
   bool master16 = false;  // a master in the 16-bit compute dtype (with 16; with 8: bf16/fp16 master, 8-bit moments)
   /// The optimizer states' kind as one number (optim_bits and master16).
   int states_kind() const { return optim_bits * 2 + (master16 ? 1 : 0); }
+  /// offload_optimizer.ratio (stage 3 + optimizer cpu: NOTE [partial
+  /// offload]); 1 elsewhere.
+  double ratio = 1.0;
+  /// The offloaded share in thousandths (0 without optimizer offload, 1000 all of it).
+  int offloaded_share() const { return kFamilies[family].opt ? static_cast<int>(ratio * 1000 + 0.5) : 0; }
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;
@@ -55,11 +60,13 @@ struct Candidate {
   // The work that costs time besides the model's own, per component; 8-bit
   // or bf16 states count as one (their numerics differ from the base config's), so
   // they are proposed only where they fit what fp32 states do not, or take a
-  // larger micro-batch.
-  std::array<int, 5> work() const {
+  // larger micro-batch. The offloaded share is a component of its own: a
+  // partial offload moves and steps less on the CPU than the whole.
+  std::array<int, 6> work() const {
     const Family& f = kFamilies[family];
-    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0};
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0, offloaded_share()};
   }
+  /// The components but the share, which orders candidates of one sum.
   int work_sum() const {
     const auto w = work();
     return w[0] + w[1] + w[2] + w[3] + w[4];
@@ -70,6 +77,8 @@ struct Candidate {
 /// least as large, and better in one of them.
 bool dominates(const Candidate& a, const Candidate& b);
 std::string describe(const Candidate& c);
+/// 0.5, 0.25: an offload_optimizer.ratio for people.
+std::string ratio_text(double ratio);
 
 /// "1,2,4" -> its items (nullopt for an empty item or list).
 std::optional<std::vector<std::string>> split_list(const std::string& v);
@@ -94,6 +103,7 @@ struct Plan {
   std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
   bool set_precision = true;         // a program keeps its base config's precision unless --precision says
   bool low_precision_states = false;  // --allow-low-precision-states
+  std::vector<double> ratios{0.25, 0.5, 0.75, 1.0};  // --ratios: stage 3 + optimizer cpu's offload_optimizer.ratio
 };
 
 /// The key a tune's files carry (a '_' key: a comment to DeepSpeed and

@@ -48,6 +48,11 @@ def configs(nvme_dir, layer_numel):
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True})),
         ("stage 3 + CPU offload, super_offload, no clipping",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True}, _clip=0.0)),
+        # NOTE [partial offload]: half the partition's states on the GPU (ZeRO-Offload++'s ratio).
+        ("stage 3 + CPU offload, ratio 0.5",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "ratio": 0.5})),
+        ("stage 3 + CPU offload, ratio 0.5, super_offload",
+         dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "ratio": 0.5, "super_offload": True})),
         ("stage 0, accumulation 4", {"stage": 0, "_gas": 4}),
         ("stage 3 + CPU offload, super_offload, accumulation 4",
          dict(base3, offload_optimizer={"device": "cpu", "pin_memory": True, "super_offload": True}, _gas=4)),

@@ -163,6 +163,36 @@ TEST(GpuOffload, SuperOffloadEqualsThePlainOffloadStep) {
   }
 }
 
+// NOTE [partial offload] on the card: with offload_optimizer.ratio 0.5 the
+// first layers' states stay on the GPU and step there (the device Adam
+// mirrors the CPU kernel, NOTE [device Adam]) while the host steps the rest,
+// with and without super_offload. Unclipped, the bits of ratio 1; clipped,
+// the norm adds the device's and the host's sums in another order, so equal
+// to rounding.
+TEST(GpuOffload, PartialOffloadEqualsAllOnTheHost) {
+  REQUIRE_CUDA();
+  const std::string s = R"("stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 20000, )"
+                        R"("offload_optimizer": {"device": "cpu", "pin_memory": true)";
+  const std::string bf16 = R"("bf16": {"enabled": true}, )";
+  for (const double clip : {0.0, 1.0}) {
+    const auto all = engine_loop(s + "}", bf16, false, 0.0, clip);
+    for (const char* more : {R"(, "ratio": 0.5})", R"(, "ratio": 0.5, "super_offload": true})"}) {
+      const auto half = engine_loop(s + more, bf16, false, 0.0, clip);
+      if (clip == 0.0) {
+        EXPECT_EQ(half.l2, all.l2) << more;
+        EXPECT_EQ(half.losses, all.losses) << more;
+      } else {
+        EXPECT_LT(rel(half.l2, all.l2), 1e-6) << more;
+      }
+      EXPECT_GT(half.device_states.optimizer_states, 0) << more;
+      EXPECT_EQ(all.device_states.optimizer_states, 0);
+      std::printf("ratio 0.5%s clip %g: device optimizer states %lld bytes, l2 %.17g vs %.17g\n",
+                  std::string(more).find("super") != std::string::npos ? " super_offload" : "", clip,
+                  static_cast<long long>(half.device_states.optimizer_states), half.l2, all.l2);
+    }
+  }
+}
+
 TEST(GpuOffload, Stage3ParametersOnTheHostAndOnNvmeEqualOnTheDevice) {
   REQUIRE_CUDA();
   const std::string s = R"("stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"})";

@@ -371,6 +371,54 @@ TEST(Tune, Bf16MasterAndEightBitStatesWhereOnlyTheyFit) {
   tune.expect_config_loads("b");
 }
 
+// NOTE [partial offload]: stage 3 + optimizer cpu at each --ratios value.
+// With a device budget between stage 3's estimate without offload and with
+// a quarter offloaded, only the offloaded candidates fit; the partial one
+// beats the whole offload by construction (less moved and stepped on the
+// CPU), is run and proposed with its ratio, and its config loads.
+TEST(Tune, APartialOffloadWhereTheDeviceHoldsPartOfTheStates) {
+  TempDir dir, tmp;
+  // The layers' matrices partitioned (groups of a layer each: a group lives
+  // on one tier whole); the base config's key is kept.
+  std::ofstream(dir.file("base.json"))
+      << R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "gradient_clipping": 1.0,
+             "zero_optimization": {"stage3_param_persistence_threshold": 1000}})";
+  auto tune = [&](const std::string& tag, const std::string& device) {
+    const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune --config " +
+                            dir.file("base.json") +
+                            " --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
+                            "--steps 2 --stages 3 --offload none,cpu --ratios 0.25,1 --host-memory 1GiB --device-memory " +
+                            device + " --out " + dir.file(tag + ".json") + " --json " + dir.file("r" + tag + ".json") +
+                            " > " + dir.file(tag + ".log") + " 2>&1";
+    EXPECT_EQ(sh(cmd), 0) << read_text(dir.file(tag + ".log"));
+    return nlohmann::json::parse(read_text(dir.file("r" + tag + ".json")));
+  };
+  const auto first = tune("a", "1GiB");
+  int64_t none = int64_t{1} << 40, partial = 0, whole = 0;
+  for (const auto& c : first["candidates"]) {
+    const int64_t d = c["estimate_bytes"]["device"].get<int64_t>();
+    if (c["offload_optimizer"] == "none") none = std::min(none, d);
+    else if (c["offload_ratio"].get<double>() < 1) partial = std::max(partial, d);
+    else whole = std::max(whole, d);
+  }
+  ASSERT_GT(partial, whole) << first.dump();
+  ASSERT_LT(partial, none) << first.dump();
+  const auto second = tune("b", std::to_string((partial + none) / 2));
+  bool partial_trained = false;
+  for (const auto& c : second["candidates"]) {
+    if (c["offload_optimizer"] == "none") EXPECT_FALSE(c["fits_estimate"].get<bool>()) << c.dump();
+    if (c["offload_ratio"].get<double>() == 1 && c["offload_optimizer"] == "cpu") EXPECT_NE(c["status"], "trained") << c.dump();
+    partial_trained = partial_trained || (c["offload_ratio"].get<double>() < 1 && c["status"] == "trained");
+  }
+  EXPECT_TRUE(partial_trained) << second.dump();
+  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  EXPECT_EQ(config["zero_optimization"]["offload_optimizer"]["ratio"], 0.25) << config.dump();
+  EXPECT_NE(read_text(dir.file("b.log")).find("offload ratio 0.25"), std::string::npos) << read_text(dir.file("b.log"));
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
+      << read_text(dir.file("check"));
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+}
+
 TEST(Tune, UsageErrorsNameTheOption) {
   TempDir dir;
   const std::string t = kBin + "zero tune ";
@@ -386,6 +434,7 @@ TEST(Tune, UsageErrorsNameTheOption) {
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --out /no/such/dir/c.json",
             "--out /no/such/dir/c.json: the folder /no/such/dir does not exist"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --run-timeout -1", "--run-timeout: expected seconds"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ratios 0.5,1.5", "--ratios: expected shares in (0, 1]"},
            {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
