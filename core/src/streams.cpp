@@ -213,6 +213,7 @@ StreamEvent CopyStream::copy(const at::Tensor& dst, const at::Tensor& src, bool 
   const trace::Span span(
       "copy", [&] { return std::string(src.is_cuda() ? "device" : "host") + " to " + (dst.is_cuda() ? "device" : "host"); },
       src.numel() * static_cast<int64_t>(src.element_size()));
+  bytes_ += src.numel() * static_cast<int64_t>(src.element_size());
   if (impl_->stream) {
     const c10::DeviceIndex index = device_.index();
     impl_->follow_current(index);

@@ -53,7 +53,8 @@ nlohmann::json max_peaks(const nlohmann::json& ranks) {
 nlohmann::json engine_figures(const Engine& engine) {
   nlohmann::json j = {{"grad_comm_wait_s", engine.grad_comm_wait_seconds()},
                       {"param_gather_wait_s", engine.param_gather_wait_seconds()},
-                      {"transfer_wait_s", engine.transfer_wait_seconds()}};
+                      {"transfer_wait_s", engine.transfer_wait_seconds()},
+                      {"transfer_bytes", engine.impl().optimizer->transfer_bytes()}};
   if (auto st = engine.stage3_stats())
     j["stage3"] = {{"layers", st->layers},
                    {"peak_live_parameters", st->peak_live_parameters},

@@ -534,6 +534,10 @@ TEST(PartialOffloadOnTwoRanks, EqualsAllOnTheHostBitForBit) {
   ASSERT_FALSE(got.empty());
   EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
   EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
+  // The device's share crosses to the host no more: fewer bytes moved
+  // (rank 0's; gradients down and new values up, the same dtype each way).
+  EXPECT_GT(got["transfer_bytes"].get<double>(), 0);
+  EXPECT_LT(got["transfer_bytes"].get<double>(), 0.7 * base["transfer_bytes"].get<double>());
   const double psi = got["num_parameters"].get<double>();
   for (size_t r = 0; r < 2; ++r) {
     const auto& by_tier = got["ranks"][r]["model_state_bytes_by_tier"];

@@ -99,11 +99,14 @@ class CopyStream {
 
   at::Device device() const { return device_; }
   bool is_cuda() const { return device_.is_cuda(); }
+  /// Bytes copy() has moved since construction (the issuing thread's count).
+  int64_t bytes_copied() const { return bytes_; }
 
   struct Impl;
 
  private:
   at::Device device_;
+  int64_t bytes_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

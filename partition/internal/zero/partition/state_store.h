@@ -46,6 +46,9 @@
 // the same whatever the placement, so a checkpoint saved at one ratio
 // resumes at another, and every ratio steps the same arithmetic where the
 // device is the CPU (on a GPU the device's share runs the device's kernels).
+// The device's groups keep a master of their own, in fp32 compute too
+// (where, without offload, stage 3's shards are the master). The undo copy
+// of a speculative step is the host's share alone.
 #pragma once
 
 #include <functional>

@@ -269,6 +269,11 @@ class ZeroOptimizer {
   /// Seconds the host waited for device-host copies of the offloaded
   /// optimizer (NOTE [offload transfers]), since construction.
   double transfer_wait_seconds() const { return copy_wait_s_ + reducer_->copy_wait_seconds(); }
+  /// Bytes the offloaded optimizer moved between the device and host memory
+  /// (reduced gradients down, new values up; NOTE [offload transfers]),
+  /// since construction. Read it outside backward (the speculative worker's
+  /// copies count too).
+  int64_t transfer_bytes() const { return copies_.bytes_copied() + (spec_ ? spec_->copies.bytes_copied() : 0); }
   /// Stage 3's coordinator (null below stage 3).
   Stage3Coordinator* stage3() { return stage3_.get(); }
   const Stage3Coordinator* stage3() const { return stage3_.get(); }

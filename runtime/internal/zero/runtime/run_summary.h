@@ -21,7 +21,8 @@ nlohmann::json rank_figures(Engine& engine);
 nlohmann::json max_peaks(const nlohmann::json& ranks);
 
 /// This rank's waits and its stage-3 and NVMe figures, to merge into a
-/// summary: grad_comm_wait_s, param_gather_wait_s, transfer_wait_s, and
+/// summary: grad_comm_wait_s, param_gather_wait_s, transfer_wait_s,
+/// transfer_bytes (the offloaded optimizer's device-host copies), and
 /// "stage3" (at stage 3) and "nvme" (with NVMe offload) objects. Local.
 nlohmann::json engine_figures(const Engine& engine);
 
