@@ -99,6 +99,7 @@ void read_offload_optimizer(Section& zs, OffloadOptimizerConfig& o) {
   s.read_bool("fast_init", o.fast_init);
   s.read_double("ratio", o.ratio, Range::between(0.0, 1.0));
   s.read_bool("super_offload", o.super_offload);
+  s.read_bool("gradients_on_device", o.gradients_on_device);  // zero's own (NOTE [device gradients])
   // Valid DeepSpeed keys that only tune DeepSpeed's own CPU Adam.
   bool unused_bool = true;
   s.read_bool("convert_grad_on_cpu", unused_bool, {}, /*record=*/false);
@@ -257,6 +258,17 @@ void read_zero_fields(Section& zs, Config& config) {
                         "where the parameter shards stay on the device)" + got);
     else if (z.offload_optimizer.device == OffloadDevice::kNone)
       ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\": every optimizer state is on the device");
+  }
+  // NOTE [device gradients]: zero's own key.
+  if (z.offload_optimizer.gradients_on_device) {
+    const std::string path = zs.path_of("offload_optimizer.gradients_on_device");
+    if (z.stage < 2 || z.offload_optimizer.device == OffloadDevice::kNone)
+      ctx.warn(path, "has no effect without a gradient partition offloaded (stages 2-3 with offload_optimizer): "
+                     "the gradients are on the device already");
+    else if (z.offload_optimizer.super_offload && stage3 && z.offload_optimizer.device == OffloadDevice::kCpu &&
+             z.offload_param.device == OffloadDevice::kNone)
+      ctx.problem(path, "expected false with offload_optimizer.super_offload (its CPU steps during backward read "
+                        "the gradients in host memory); got true");
   }
   // SuperOffload is DeepSpeed's stage-3 optimizer; elsewhere DeepSpeed
   // ignores the key, and so does zero, saying so.

@@ -209,8 +209,9 @@ class ReduceScatterReducer final : public GradientReducer {
   }
 
   // Whether group g's reduced chunk goes to the host: offloaded, and its
-  // states there (NOTE [partial offload]: a device group's stay on the device).
-  bool goes_to_host(size_t g) const { return options_.to_host && store_.on_host(g); }
+  // gradient partition there (NOTE [partial offload]: a device group's stays
+  // on the device; NOTE [device gradients]: every group's may).
+  bool goes_to_host(size_t g) const { return options_.to_host && store_.grad_on_host(g); }
 
   // NOTE [offload transfers]: the reduced chunk of group g goes to pinned
   // buffers on the copy stream, in pieces of at most host_staging_numel

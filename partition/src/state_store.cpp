@@ -96,9 +96,12 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     const at::ScalarType host = options_.host_grad_dtype ? *options_.host_grad_dtype
                                 : options_.master_dtype == at::kFloat ? at::kFloat
                                                                       : options_.grad_dtype;
+    // (With gradients_on_device, every group's on the device: NOTE [device gradients].)
+    const int64_t grad_numel[2] = {options_.grads_on_device ? tier_numel[0] + tier_numel[1] : tier_numel[0],
+                                   options_.grads_on_device ? 0 : tier_numel[1]};
     for (int t = 0; t < 2; ++t) {
       tiers_[t].grads = buffer(t, t == 1 ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition",
-                               tier_numel[t]);
+                               grad_numel[t]);
       if (tiers_[t].grads.defined()) tiers_[t].grads.zero_();
     }
   }
@@ -222,6 +225,7 @@ int64_t StateStore::state_numel(size_t i, size_t k) const { return state_len_.at
 
 at::Tensor StateStore::grad(size_t g) const {
   ZERO_CHECK(grad_partition_, "no gradient partition below stage 2");
+  if (options_.grads_on_device) return params_.owned_chunk_of(tiers_[0].grads, g);  // the owned layout
   return chunk_of(buffers_of(g).grads, g);
 }
 

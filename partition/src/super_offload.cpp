@@ -84,6 +84,7 @@ void ZeroOptimizer::spec_init(const Stage3Layout* layout) {
   ZERO_CHECK(store_->offloaded() && !options_.nvme && reducer_->owned_in_store(),
              "super_offload needs the optimizer offloaded to host memory");
   ZERO_CHECK(!layout->offload_param && !layout->nvme_param, "super_offload keeps the parameter shards on the device");
+  ZERO_CHECK(!options_.grads_on_device, "super_offload steps gradients in host memory (not gradients_on_device)");
   spec_ = std::make_unique<Speculation>(options_.device, options_.copy_mode);
   Speculation& sp = *spec_;
   const auto& sub_groups = store_->sub_groups();

@@ -141,6 +141,7 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.pin_memory = options_.pin_memory;
   so.nvme = options_.nvme;
   so.ratio = options_.offload_ratio;
+  so.grads_on_device = options_.grads_on_device && options_.offload_optimizer && options_.stage >= 2;
   ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer && !options_.nvme),
              "offload_optimizer.ratio < 1 is for stage 3 with offload_optimizer cpu");
   so.sub_group_size = options_.sub_group_size;
@@ -374,39 +375,29 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
     spec_restore(/*rewrite_values=*/false);
     ++spec_counts_.redone;
   }
-  // NOTE [offload transfers]: stage 1's gradients come to the host a
-  // sub-group ahead of the optimizer.
-  const bool grads_from_device = store_->offloaded() && !reducer_->owned_in_store();
+  // NOTE [offload transfers]: gradients on the device (stage 1's, a
+  // partition kept there) come to the host a piece ahead of the CPU pass.
   const auto& sub_groups = store_->sub_groups();
-  if (grads_from_device && !grad_ring_.defined()) {
-    int64_t piece = 0;
-    for (const auto& sg : sub_groups) piece = std::max(piece, sg.numel);
-    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, piece, options_.grad_accum_dtype, "gradients for the host");
+  const int64_t piece = value_piece();
+  GradFetch fetch(grad_ring_, copies_, copy_wait_s_);
+  bool fetching = false;
+  for (size_t k = 0; k < sub_groups.size(); ++k) {
+    const auto [g, start, len] = sub_groups[k];
+    if (!grad_fetched(g)) continue;
+    fetching = true;
+    const at::Tensor grad = reducer_->owned(g).narrow(0, start, len);
+    for (int64_t a = 0; a < len; a += std::min(piece, len)) fetch.plan(k, a, std::min({piece, len, len - a}), grad);
   }
-  std::deque<std::pair<at::Tensor, StreamEvent>> grads_ahead;  // stage 1: sub-groups k, k+1 on their way
-  size_t next_grad = 0;
-  auto fetch_grad = [&]() {
-    const auto& sg = sub_groups[next_grad++];
-    at::Tensor host = grad_ring_.next(sg.numel, copy_wait_s_);
-    StreamEvent done = copies_.copy(host, reducer_->owned(sg.group).narrow(0, sg.start, sg.numel));
-    grad_ring_.used_by(done);
-    grads_ahead.emplace_back(host, done);
-  };
+  if (fetching && !grad_ring_.defined()) {
+    int64_t largest = 1;
+    for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
+    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.grad_accum_dtype,
+                          "gradients for the host");
+  }
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
-    at::Tensor grad;  // the sub-group's gradient, in its dtype
-    if (grads_from_device) {
-      while (next_grad < sub_groups.size() && next_grad <= k + 1) fetch_grad();
-      auto [host, done] = std::move(grads_ahead.front());
-      grads_ahead.pop_front();
-      const auto t0 = std::chrono::steady_clock::now();
-      done.synchronize();
-      copy_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      grad = host;
-    } else {
-      grad = reducer_->owned(g).narrow(0, start, len);
-    }
-    step_sub_group(k, grad, m, s, low, params, combined);
+    step_sub_group(k, reducer_->owned(g).narrow(0, start, len), m, s, low, params, combined, nullptr, nullptr,
+                   grad_fetched(g) ? &fetch : nullptr);
   });
   zero_grad();
   out.applied = true;
@@ -415,8 +406,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
 
 void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s,
                                    LowOut& low, const optim::StepParams& params, double combined,
-                                   const std::vector<at::Tensor>* undo,
-                                   int64_t* undo_saved) {
+                                   const std::vector<at::Tensor>* undo, int64_t* undo_saved, GradFetch* fetch) {
   const auto [g, start, len] = store_->sub_groups()[k];
   const auto& specs = store_->state_specs();
   const int64_t layout_rank = flat_->world_size() == 1 ? 0 : rank_;
@@ -440,6 +430,8 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
   // are its own slices (a block-wise state's blocks: pieces start on block
   // boundaries).
   const int64_t step = std::min(low.wanted() ? low.max_piece() : len, piece_cap);
+  ZERO_CHECK(fetch == nullptr || (undo == nullptr && std::min(step, len) == std::min(piece_cap, len)),
+             "a fetched gradient comes in the step's pieces");
   for (const auto& spec : specs)
     ZERO_CHECK(spec.per_block == 0 || step >= len || step % spec.per_block == 0,
                "a write pass's pieces must start on the optimizer states' block boundaries");
@@ -452,7 +444,7 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
     // Adam pass here, benchmarks/RESULTS.md), and the gradient stays as it
     // was (a speculative step's redo reads it again). On a device: unscaled
     // in place, or through this piece's fp32 copy.
-    const at::Tensor gp = n == len ? grad : grad.narrow(0, a, n);
+    const at::Tensor gp = fetch != nullptr ? fetch->take(k, a, n) : n == len ? grad : grad.narrow(0, a, n);
     const at::ScalarType gt = gp.scalar_type();
     const bool in_pass = m.is_cpu() && gp.is_cpu() && gp.is_contiguous() &&
                          (gt == at::kFloat || gt == at::kBFloat16 || gt == at::kHalf);
@@ -503,6 +495,29 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
     }
     if (low.wanted()) low.done();
   }
+}
+
+bool ZeroOptimizer::grad_fetched(size_t g) const {
+  return store_->offloaded() && store_->on_host(g) && (!reducer_->owned_in_store() || !store_->grad_on_host(g));
+}
+
+at::Tensor ZeroOptimizer::GradFetch::take(size_t k, int64_t a, int64_t n) {
+  while (next_ < order_.size() && ahead_.size() < 2) {
+    const Piece& p = order_[next_++];
+    at::Tensor host = ring_.next(p.n, wait_s_);
+    StreamEvent done = copies_.copy(host, p.src.narrow(0, p.a, p.n));
+    ring_.used_by(done);
+    ahead_.emplace_back(host, done);
+  }
+  const size_t at = next_ - ahead_.size();  // the piece at the front
+  ZERO_CHECK(!ahead_.empty() && order_[at].k == k && order_[at].a == a && order_[at].n == n,
+             "a fetched gradient taken out of its order");
+  auto [host, done] = std::move(ahead_.front());
+  ahead_.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
+  done.synchronize();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return host;
 }
 
 void ZeroOptimizer::set_param_groups(std::vector<GroupHyper> groups, const std::vector<size_t>& group_of) {

@@ -22,7 +22,9 @@
 // - Gradients: stages 0-1 a flat buffer of g x padded on the device; stages
 //   2-3 the partition, g x P on the device, or on the host when the
 //   optimizer is offloaded: 4 x P at stage 2 (accumulated in fp32 there),
-//   g x P at stage 3 (NOTE [16-bit gradients]). With bf16/fp16 master
+//   g x P at stage 3 (NOTE [16-bit gradients]); with gradients_on_device,
+//   g x P on the device however the states are offloaded (NOTE [device
+//   gradients]). With bf16/fp16 master
 //   weights and grads (NOTE [16-bit master]) g is 2 unless grad_accum_dtype
 //   says otherwise, and the host's partition g x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
@@ -227,9 +229,11 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   int64_t part_on[2] = {0, 0};  // this rank's elements on the device, off it
   for (size_t i = 0; i < groups.size(); ++i) part_on[host_of[i] ? 1 : 0] += groups[i] / layout_ranks;
 
-  // Gradients.
+  // Gradients (gradients_on_device: the whole partition on the device, NOTE [device gradients]).
   if (z.stage < 2) {
     e.device.gradients = g * flat;
+  } else if (off_opt && z.offload_optimizer.gradients_on_device) {
+    e.device.gradients = g * part;
   } else {
     e.host.gradients = (master16 || z.stage == 3 ? g : 4) * part_on[1];
     e.device.gradients = g * part_on[0];
@@ -322,7 +326,8 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   if (!nvme_opt) {
     // (Without offload host_of is all 0: everything on the device.)
     e.device.optimizer_states = in_memory[0];
-    const bool speculates = off_opt && z.offload_optimizer.super_offload && z.stage == 3 && !off_param;
+    const bool speculates = off_opt && z.offload_optimizer.super_offload && z.stage == 3 && !off_param &&
+                            !z.offload_optimizer.gradients_on_device;
     e.host.optimizer_states = (speculates ? 2 : 1) * in_memory[1];
   } else {
     e.nvme.optimizer_states = file;

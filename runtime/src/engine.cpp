@@ -337,11 +337,13 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   // NOTE [partial offload] (the config refuses it elsewhere).
   if (zo.offload_optimizer && !zo.nvme && s.config.zero.stage == 3) zo.offload_ratio = oo.ratio;
+  // NOTE [device gradients] (the config warns where it has no effect).
+  zo.grads_on_device = oo.gradients_on_device && zo.offload_optimizer && s.config.zero.stage >= 2;
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
   zo.copy_mode = s.options.cpu_copy_mode;
   // NOTE [speculative step]: where it runs (the config warns elsewhere).
   zo.super_offload = oo.super_offload && s.config.zero.stage == 3 && oo.device == config::OffloadDevice::kCpu &&
-                     s.config.zero.offload_param.device == config::OffloadDevice::kNone;
+                     s.config.zero.offload_param.device == config::OffloadDevice::kNone && !zo.grads_on_device;
   if (s.config.zero.stage == 3) {
     auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
                                     "rank" + std::to_string(s.dist.rank) + "-params");

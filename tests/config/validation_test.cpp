@@ -333,6 +333,24 @@ TEST(PartialOffload, RatioAtStage3WithCpu) {
                                 "offload_optimizer.device \"cpu\"")) << joined(none.warnings);
 }
 
+// NOTE [device gradients]: zero's own key; without a partition offloaded
+// it changes nothing, and with super_offload it is refused.
+TEST(DeviceGradients, ReadAndCheckedAgainstTheStageAndSuperOffload) {
+  const Config c = load_string(
+      with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "gradients_on_device": true}})"));
+  EXPECT_TRUE(c.zero.offload_optimizer.gradients_on_device);
+  EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
+  const Config stage1 = load_string(
+      with(R"("zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "gradients_on_device": true}})"));
+  EXPECT_TRUE(has_warning(stage1, "zero_optimization.offload_optimizer.gradients_on_device: has no effect"))
+      << joined(stage1.warnings);
+  const auto problems = problems_of(with(
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "gradients_on_device": true, "super_offload": true}})"));
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_NE(problems[0].find("gradients_on_device: expected false with offload_optimizer.super_offload"), std::string::npos)
+      << problems[0];
+}
+
 TEST(Deprecated, CpuOffloadBecomesOffloadOptimizerWithAWarning) {
   const Config c = load_string(with(R"("zero_optimization": {"stage": 2, "cpu_offload": true})"));
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);

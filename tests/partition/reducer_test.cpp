@@ -260,6 +260,54 @@ TEST(ReducerKeys, BucketMemoryIsSetByTheBookkeepingNotByTiming) {
 
 namespace {
 
+// Gradients that stay on the device while the states are offloaded (stage
+// 1's; stage 2's partition with gradients_on_device, NOTE [device
+// gradients]) come to the host a piece ahead of the CPU pass: pieces of 256
+// elements cutting the chunks give the bits of whole sub-groups, stage 2's
+// the bits of its partition in host memory; the gradient partition is on
+// the device, and the pinned rings hold two pieces each, not two sub-groups.
+TEST(ReducerKeys, GradientsOnTheDeviceComeToTheHostInPieces) {
+  for (const int bits : {32, 8}) {
+    zero::testing::on_ranks(kWorld, [&](int rank, zero::Comm& comm) {
+      for (const int stage : {1, 2}) {
+        std::vector<at::Tensor> results;
+        for (const bool on_device : {false, true}) {
+          if (stage == 1 && !on_device) continue;  // stage 1's gradients are on the device
+          for (const int64_t staging : {int64_t{0}, int64_t{256}}) {
+            SCOPED_TRACE("stage " + std::to_string(stage) + (on_device ? ", on the device" : "") + ", staging " +
+                         std::to_string(staging) + ", optim_bits " + std::to_string(bits));
+            zero::MemoryLedger ledger;
+            auto o = options(stage);
+            o.offload_optimizer = true;
+            o.grads_on_device = on_device;
+            if (staging > 0) o.reduction.host_staging_numel = staging;
+            auto cfg = adam();
+            cfg.optim_bits = bits;
+            ZeroOptimizer opt(make_params(), zero::optim::FlatOptimizer::create(cfg), o, ledger, &comm);
+            for (int64_t step = 1; step <= 2; ++step) {
+              backward(opt, rank);
+              opt.step({step, 1e-3, 0.9, 0.999}, 1.0, 0.5);
+            }
+            results.push_back(opt.parameters().flat().clone());
+            if (stage == 2) {
+              const int64_t host_grads = ledger.get(zero::Tier::kPinnedHost, zero::Kind::kGradients).current_bytes +
+                                         ledger.get(zero::Tier::kHost, zero::Kind::kGradients).current_bytes;
+              EXPECT_EQ(host_grads == 0, on_device);
+              EXPECT_EQ(ledger.get(zero::Tier::kDevice, zero::Kind::kGradients).current_bytes > 0, on_device);
+            }
+            if (staging > 0)
+              EXPECT_LE(ledger.get(zero::Tier::kPinnedHost, zero::Kind::kCommBuffers).peak_bytes +
+                            ledger.get(zero::Tier::kHost, zero::Kind::kCommBuffers).peak_bytes,
+                        2 * 2 * 256 * 4);
+          }
+        }
+        for (size_t i = 1; i < results.size(); ++i)
+          EXPECT_TRUE(results[0].equal(results[i])) << "stage " << stage << " run " << i << " rank " << rank;
+      }
+    });
+  }
+}
+
 // The new values go to the device through two pinned pieces (NOTE [offload
 // transfers]): pieces of 256 elements, cutting each rank's 300-element
 // chunks, give the bits of whole sub-groups, with fp32 and 8-bit states.

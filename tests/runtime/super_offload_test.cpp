@@ -39,6 +39,7 @@ struct Trained {
   int64_t skipped = 0;
   int64_t undo_bytes = 0;  // the ledger's pageable host optimizer states: the undo copy
   int64_t device_state_bytes = 0, device_grad_bytes = 0, host_state_bytes = 0;  // the ledger's (partial offload)
+  int64_t host_grad_bytes = 0;
   std::vector<torch::Tensor> states_mid;  // read between a backward and its step (eval_at)
   double l2_mid = 0;
 };
@@ -56,6 +57,7 @@ struct Options {
   int64_t sub_group_size = 1500;
   int eval_at = -1;  // after this micro-step's backward, before its step: a forward without gradients
   double ratio = 1.0;  // offload_optimizer.ratio (NOTE [partial offload])
+  bool grads_on_device = false;  // offload_optimizer.gradients_on_device (NOTE [device gradients])
 };
 
 Trained train(bool super_offload, const Options& o) {
@@ -78,7 +80,8 @@ Trained train(bool super_offload, const Options& o) {
       R"( "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
       std::to_string(o.sub_group_size) +
       R"(, "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": )" + std::to_string(o.ratio) +
-      R"(, "super_offload": )" + (super_offload ? "true" : "false") + "}}}";
+      R"(, "super_offload": )" + (super_offload ? "true" : "false") +
+      R"(, "gradients_on_device": )" + (o.grads_on_device ? "true" : "false") + "}}}";
   auto engine = zero::initialize(model.ptr(), config, io);
   bool throw_now = false;
   auto& emb = model->named_parameters()["tok_emb.weight"];
@@ -131,6 +134,8 @@ Trained train(bool super_offload, const Options& o) {
   r.device_state_bytes = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kOptimizerStates).current_bytes;
   r.device_grad_bytes = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kGradients).current_bytes;
   r.host_state_bytes = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kOptimizerStates).current_bytes;
+  r.host_grad_bytes = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kGradients).current_bytes +
+                      engine.ledger().get(zero::Tier::kHost, zero::Kind::kGradients).current_bytes;
   return r;
 }
 
@@ -399,6 +404,37 @@ TEST(PartialOffload, EveryRatioEqualsAllOnTheHost) {
           if (ratio == 0) EXPECT_LE(got.undo_bytes, 64);
         }
       }
+    }
+  }
+}
+
+// offload_optimizer.gradients_on_device (NOTE [device gradients]): the
+// gradient partition stays on the device and comes to the host a piece at a
+// time at the step: the bits of gradients in host memory, alone and with a
+// partial offload, clipped, overflowed, accumulated, 8-bit.
+TEST(DeviceGradients, EqualGradientsInHostMemory) {
+  std::vector<Options> variants(4);
+  variants[1].clip = 1e-4;
+  variants[1].precision = R"("bf16": {"enabled": true},)";
+  variants[2].steps = 6;
+  variants[2].precision = R"("fp16": {"enabled": true, "initial_scale_power": 18, "hysteresis": 1},)";
+  variants[2].clip = 1.0;
+  variants[3].gas = 3;
+  variants[3].clip = 0.05;
+  variants[3].precision = R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)";
+  variants[3].optimizer_params = R"("lr": 0.003, "optim_bits": 8, "min_8bit_size": 4096)";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Trained host = train(false, variants[i]);
+    EXPECT_GT(host.host_grad_bytes, 0);
+    for (const double ratio : {1.0, 0.5}) {
+      SCOPED_TRACE("variant " + std::to_string(i) + ", ratio " + std::to_string(ratio));
+      Options o = variants[i];
+      o.grads_on_device = true;
+      o.ratio = ratio;
+      const Trained got = train(false, o);
+      expect_same_bits(host, got);
+      EXPECT_EQ(got.host_grad_bytes, 0);
+      EXPECT_GT(got.device_grad_bytes, host.device_grad_bytes);
     }
   }
 }

@@ -133,6 +133,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_bf16_cpu_ratio_8bit", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 20000,
                  "offload_optimizer": {"device": "cpu", "ratio": 0.3}})", 2, 8},
+        // NOTE [device gradients]: the partition on the device, the states offloaded.
+        Case{"stage3_bf16_cpu_grads_on_device_8bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                 "offload_optimizer": {"device": "cpu", "gradients_on_device": true}})", 2, 8, nullptr, true},
+        Case{"stage2_fp32_nvme_grads_on_device", "fp32",
+             R"({"stage": 2, "sub_group_size": 20000,
+                 "offload_optimizer": {"device": "nvme", "nvme_path": "NVME", "gradients_on_device": true}})"},
         // 8-bit Adam states on each tier: codes and block scales per sub-group.
         Case{"stage1_fp32_8bit", "fp32", R"({"stage": 1})", 2, 8},
         Case{"stage2_bf16_cpu_8bit", "bf16", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2, 8},

@@ -159,6 +159,9 @@ struct OffloadOptimizerConfig {
   /// backward, validated afterwards (stage 3 with device cpu and no
   /// offload_param; NOTE [speculative step]).
   bool super_offload = false;
+  /// zero's own: the gradient partition stays on the device (stages 2-3;
+  /// NOTE [device gradients]).
+  bool gradients_on_device = false;
 };
 
 /// `zero_optimization`; the stage3_* keys under their unprefixed field names.

@@ -49,6 +49,23 @@
 // The device's groups keep a master of their own, in fp32 compute too
 // (where, without offload, stage 3's shards are the master). The undo copy
 // of a speculative step is the host's share alone.
+//
+// NOTE [device gradients]
+// offload_optimizer.gradients_on_device (zero's own key; stages 2-3) keeps
+// the reduced gradient partition on the device, in grad_accum_dtype, while
+// the master and states are offloaded: the reducer adds each reduced chunk
+// into it there, as without offload, and the step brings each sub-group's
+// gradient to the host a piece (host_staging_numel) at a time, one piece
+// ahead of the CPU pass, through two pinned buffers, as stage 1 always has
+// (ZeroOptimizer::GradFetch). It moves g bytes a parameter of host memory
+// to the device: where the host is the tier that is full (a 16-bit master
+// and 8-bit moments offloaded, the parameters and their gradients on a
+// large device), a larger model fits. The copies run at the step, not
+// behind backward, so the step waits for them where the copy of the next
+// piece outlasts the CPU's step of this one; super_offload, which steps
+// the host's gradients during backward, does not go with it. The same
+// gradients in the same dtype reach the same CPU pass: the bits of the
+// gradients on the host.
 #pragma once
 
 #include <functional>
@@ -85,6 +102,10 @@ struct StoreOptions {
   /// Offloaded, the partition's dtype when set (stage 3: `grad_dtype`, NOTE
   /// [16-bit gradients]); else the rule above.
   std::optional<at::ScalarType> host_grad_dtype;
+  /// offload_optimizer.gradients_on_device: the gradient partition stays on
+  /// the device in `grad_dtype` whatever the states' tier (NOTE [device
+  /// gradients]).
+  bool grads_on_device = false;
   /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
   /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/).
   at::ScalarType master_dtype = at::kFloat;
@@ -169,6 +190,9 @@ class StateStore {
   /// Whether group g's master, states and gradient partition are off the
   /// device (NOTE [partial offload]).
   bool on_host(size_t g) const { return host_.at(g) != 0; }
+  /// Whether group g's gradient partition is in host memory (its states
+  /// there, and not gradients_on_device).
+  bool grad_on_host(size_t g) const { return on_host(g) && !options_.grads_on_device; }
   bool master_is_param() const { return param_master_ != nullptr; }
   at::ScalarType master_dtype() const { return options_.master_dtype; }
   /// The NVMe swapper (null unless nvme).

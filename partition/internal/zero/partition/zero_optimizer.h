@@ -91,6 +91,9 @@ struct ZeroOptimizerOptions {
   /// offloaded; the other groups' states, gradients and step stay on the
   /// device (NOTE [partial offload]).
   double offload_ratio = 1.0;
+  /// offload_optimizer.gradients_on_device (stages 2-3): the gradient
+  /// partition stays on the device (NOTE [device gradients]).
+  bool grads_on_device = false;
   /// On the CPU: CopyMode::kDeferred makes every device-host transfer wait
   /// for its event (tests, NOTE [device streams]).
   CopyMode copy_mode = CopyMode::kImmediate;
@@ -120,8 +123,11 @@ struct ZeroOptimizerOptions {
 //     the host's partition (fp32, or 16-bit at stage 3: NOTE [16-bit
 //     gradients]) as soon as its copy has ended, or when its buffer is
 //     needed again, or when backward ends; at stage 1, whose gradients
-//     stay on the device until the step, the next sub-group's gradient is
-//     copied while CPU Adam steps the current one;
+//     stay on the device until the step (and at stages 2-3 with
+//     gradients_on_device, NOTE [device gradients]), the gradient comes
+//     to the host a piece of at most host_staging_numel elements at a
+//     time, the next piece's copy running while CPU Adam steps this one
+//     (GradFetch);
 //   - parameters: CPU Adam writes each sub-group's new values, in the
 //     compute dtype, a piece of at most host_staging_numel elements (a
 //     multiple of 256, so 8-bit states' blocks are not cut) at a time, into
@@ -330,8 +336,39 @@ class ZeroOptimizer {
   /// Writes master m's values through `low`, as a load does (a parameter is
   /// its master in the compute dtype).
   static void write_values_of(const at::Tensor& m, LowOut& low);
+  /// Gradients that stay on the device while their states are on the host
+  /// (stage 1's; a partition kept there with gradients_on_device) come to
+  /// the host a piece of value_piece() elements at a time, in the order the
+  /// step takes them, through two pinned buffers, the next piece's copy
+  /// running while the CPU steps this one (NOTE [offload transfers]).
+  class GradFetch {
+   public:
+    GradFetch(HostRing& ring, CopyStream& copies, double& wait_s) : ring_(ring), copies_(copies), wait_s_(wait_s) {}
+    /// Elements [a, a + n) of `grad` (sub-group k's, on the device) will be taken, in this order.
+    void plan(size_t k, int64_t a, int64_t n, const at::Tensor& grad) { order_.push_back({k, a, n, grad}); }
+    /// Piece [a, a + n) of sub-group k, in host memory once its copy has
+    /// ended; valid until the piece after next is taken.
+    at::Tensor take(size_t k, int64_t a, int64_t n);
+
+   private:
+    struct Piece {
+      size_t k;
+      int64_t a, n;
+      at::Tensor src;
+    };
+    HostRing& ring_;
+    CopyStream& copies_;
+    double& wait_s_;
+    std::vector<Piece> order_;
+    size_t next_ = 0;
+    std::deque<std::pair<at::Tensor, StreamEvent>> ahead_;  // pieces on their way, in order
+  };
+  /// Whether group g's gradient is on the device while its states step on
+  /// the host: fetched through GradFetch.
+  bool grad_fetched(size_t g) const;
   /// The optimizer's update of sub-group k from its gradient `grad` (in its
-  /// dtype), unscaled and clipped by dividing by `combined`, new values
+  /// dtype; with `fetch`, on the device and taken from it a piece at a
+  /// time), unscaled and clipped by dividing by `combined`, new values
   /// through `low`. A gradient in host memory stepped on the CPU is left as
   /// it was (one on the step's device is unscaled in place). `undo` (the master, then the states, shaped as m and s): receives them
   /// as they were, a window at a time just before its update; `undo_saved`
@@ -339,7 +376,8 @@ class ZeroOptimizer {
   /// states are in).
   void step_sub_group(size_t k, const at::Tensor& grad, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low,
                       const optim::StepParams& params, double combined,
-                      const std::vector<at::Tensor>* undo = nullptr, int64_t* undo_saved = nullptr);
+                      const std::vector<at::Tensor>* undo = nullptr, int64_t* undo_saved = nullptr,
+                      GradFetch* fetch = nullptr);
   /// Σ x² of group g's owned gradient, in fp64 (NOTE [gradient norm]).
   at::Tensor group_sum_of_squares(size_t g) const;
 
@@ -397,7 +435,7 @@ class ZeroOptimizer {
   std::unique_ptr<GradientReducer> reducer_;
   WaitClock gather_clock_;   // waits for the all-gathers after the step
   double copy_wait_s_ = 0;   // host waits for device-host copies of the step
-  HostRing grad_ring_;       // stage 1 offload: gradients on their way to the host
+  HostRing grad_ring_;       // gradients on the device on their way to the host (GradFetch)
   HostRing param_ring_;      // offload: new 16-bit values on their way to the device
 
   // Parameter groups: by sub-group, its runs of one group (start within
