@@ -20,6 +20,8 @@ LABELS = {
     "zero3_offload_8bit": "ZeRO-3 + CPU offload, 8-bit Adam states (optim_bits 8)",
     "zero3_offload_bf16": "ZeRO-3 + CPU offload, bf16 master and states (bf16 only)",
     "zero3_offload_bf16_8bit": "ZeRO-3 + CPU offload, bf16 master and 8-bit states (bf16 only)",
+    "zero3_opt_offload_bf16_8bit": "ZeRO-3 + optimizer CPU offload, bf16 master and 8-bit states (bf16 only)",
+    "zero3_opt_offload_bf16_8bit_devgrads": "the same, gradients on the device (bf16 only)",
     "zero3_offload_ckpt": "ZeRO-3 + CPU offload + activation ckpt (cpu_checkpointing)",
     "zero3_nvme": "ZeRO-3 + NVMe offload + activation ckpt",
 }
