@@ -2,8 +2,9 @@
 // the model's size or shape (runtime/include/zero/runtime/estimate.h): a
 // parameter count, minGPT's shape, a Hugging Face Llama config.json, a
 // weights file or a run report; with budgets the largest model whose states
-// fit each configuration; with a run report, the peak of a step from its
-// measured activations.
+// fit each configuration, and the placement of an offloaded optimizer's
+// states and gradients that fits a larger one; with a run report, the peak
+// of a step from its measured activations.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -81,7 +82,12 @@ tables), or for one.
                              budgets per rank (1.5GiB, 80GB, 2TB, 1e9): whether
                              each configuration fits, and the largest model
                              whose states do (minGPT: the most blocks at
-                             width C; --params: the most parameters)
+                             width C; --params: the most parameters); where
+                             the optimizer is offloaded at stages 2-3, also
+                             the placement that fits a larger one: the
+                             gradients on the device, and at stage 3 the
+                             share of the states offloaded
+                             (offload_optimizer.ratio 1, 0.75, 0.5, 0.25, 0)
   --micro-batch B            with --model: the micro-batch per rank (default 1) for the
   --checkpointing            peak of a training step: the states plus activations (every
   --n_head H                 block checkpointed with --checkpointing; H heads, default
@@ -599,29 +605,72 @@ int estimate(const std::vector<std::string>& args) {
                             {"device", to_json(e.device)},
                             {"host", to_json(e.host)},
                             {"nvme", to_json(e.nvme)}};
-      std::string extra;
+      std::string extra, placement_line;
       if (budgets && !scalable) {
         const bool fit = fits_need(need(cfg, size));
         row["fits"] = fit;
         extra = std::string("   ") + (fit ? "yes " : "no  ") + "   (a fixed model)";
       } else if (budgets) {
-        // The largest size that fits: states grow with the size, so double, then bisect.
-        int64_t lo = 0, hi = 1;
         // Up to 100000 blocks (at most 1e16 parameters) or 1e16 parameters.
         const int64_t limit =
             model   ? std::max<int64_t>(1, std::min<int64_t>(100000, static_cast<int64_t>(
                                                                          1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
             : llama ? 100000
                     : static_cast<int64_t>(1e16);
-        auto ok = [&](int64_t n) { return fits_need(need(cfg, n)); };
-        while (hi < limit && ok(hi)) lo = hi, hi *= 2;
-        if (hi >= limit && ok(limit)) lo = limit;
-        else
-          while (hi - lo > 1) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            (ok(mid) ? lo : hi) = mid;
-          }
+        // The largest size that fits under `c`: states grow with the size, so double, then bisect.
+        auto largest_size = [&](const config::Config& c) {
+          int64_t lo = 0, hi = 1;
+          auto ok = [&](int64_t n) { return fits_need(need(c, n)); };
+          while (hi < limit && ok(hi)) lo = hi, hi *= 2;
+          if (hi >= limit && ok(limit)) lo = limit;
+          else
+            while (hi - lo > 1) {
+              const int64_t mid = lo + (hi - lo) / 2;
+              (ok(mid) ? lo : hi) = mid;
+            }
+          return lo;
+        };
+        const int64_t lo = largest_size(cfg);
         const int64_t largest_params = lo == 0 ? 0 : estimate_model_states(cfg, shapes_for(lo)).num_parameters;
+        // NOTE [memory estimate] (the planner): where the optimizer is
+        // offloaded at stages 2-3, the placement that fits the largest model:
+        // the gradient partition on the host or the device (NOTE [device
+        // gradients]) and, at stage 3 with the shards on the device, the
+        // share of the states offloaded (NOTE [partial offload]), over a grid.
+        const auto& oz = cfg.zero.offload_optimizer;
+        if (cfg.zero.stage >= 2 && oz.device != config::OffloadDevice::kNone && lo < limit) {
+          const bool ratios = cfg.zero.stage == 3 && oz.device == config::OffloadDevice::kCpu &&
+                              cfg.zero.offload_param.device == config::OffloadDevice::kNone;
+          const bool speculates = oz.super_offload && ratios;
+          int64_t best = lo;
+          std::optional<std::pair<double, bool>> chosen;
+          for (const bool on_device : {false, true}) {
+            if (on_device && speculates) continue;  // super_offload reads host gradients
+            for (const double r : ratios ? std::vector<double>{1.0, 0.75, 0.5, 0.25, 0.0} : std::vector<double>{oz.ratio}) {
+              config::Config c = cfg;
+              c.zero.offload_optimizer.ratio = r;
+              c.zero.offload_optimizer.gradients_on_device = on_device;
+              const int64_t n = largest_size(c);
+              if (n > best) best = n, chosen = std::make_pair(r, on_device);
+            }
+          }
+          if (chosen) {
+            config::Config c = cfg;
+            c.zero.offload_optimizer.ratio = chosen->first;
+            c.zero.offload_optimizer.gradients_on_device = chosen->second;
+            const int64_t params = estimate_model_states(c, shapes_for(best)).num_parameters;
+            row["placement"] = {{"ratio", chosen->first},
+                                {"gradients_on_device", chosen->second},
+                                {"largest", model   ? nlohmann::json{{"n_layer", best}, {"num_parameters", params}}
+                                            : llama ? nlohmann::json{{"num_hidden_layers", best}, {"num_parameters", params}}
+                                                    : nlohmann::json{{"num_parameters", params}}}};
+            char line[256];
+            std::snprintf(line, sizeof line, "offload_optimizer.ratio %g, gradients on the %s: %.3g params, %.2fx",
+                          chosen->first, chosen->second ? "device" : "host", static_cast<double>(params),
+                          largest_params > 0 ? static_cast<double>(params) / static_cast<double>(largest_params) : 0.0);
+            placement_line = line;
+          }
+        }
         const bool fit = fits_need(need(cfg, size));
         row["fits"] = fit;
         row["largest"] = model   ? nlohmann::json{{"n_layer", lo}, {"num_parameters", largest_params}}
@@ -639,6 +688,8 @@ int estimate(const std::vector<std::string>& args) {
       }
       std::printf("  %-*s %-50s %-50s %-10s%s\n", name_width, setup.name.c_str(), cell(e.device).c_str(), cell(e.host).c_str(),
                   e.nvme.total() == 0 ? "0" : format_bytes(e.nvme.total()).c_str(), extra.c_str());
+      if (!placement_line.empty())
+        std::printf("  %-*s larger with a placement: %s\n", name_width, "", placement_line.c_str());
       if (peaks) {
         const auto pk = peak_of(cfg, size);
         std::printf("  %-*s device %s (+%s activations +%s buffers), host %s (+%s +%s), nvme %s\n", name_width,

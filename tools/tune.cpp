@@ -626,11 +626,11 @@ int tune(const std::vector<std::string>& args) {
         if (c.status == Status::kTrained && (!best || c.rate() > best->rate())) best = &c;
       return best;
     };
-    // Least work first (of one sum, the smaller offloaded share), then the
-    // largest micro-batch, then the stage.
+    // Least work first, then the largest micro-batch, then the stage, then
+    // the smaller offloaded share (a family's ratios).
     auto promising = [](const Candidate* a, const Candidate* b) {
-      return std::make_tuple(a->work_sum(), a->offloaded_share(), -a->micro_batch, kFamilies[a->family].stage, -a->bucket) <
-             std::make_tuple(b->work_sum(), b->offloaded_share(), -b->micro_batch, kFamilies[b->family].stage, -b->bucket);
+      return std::make_tuple(a->work_sum(), -a->micro_batch, kFamilies[a->family].stage, a->offloaded_share(), -a->bucket) <
+             std::make_tuple(b->work_sum(), -b->micro_batch, kFamilies[b->family].stage, b->offloaded_share(), -b->bucket);
     };
 
     int64_t frontier_runs = 0, dominated = 0;
@@ -715,7 +715,7 @@ int tune(const std::vector<std::string>& args) {
                 "peak device", "est host", "peak host", "step s", unit, "vs best");
     for (const Candidate* c : ran) {
       std::string name = family_name(kFamilies[c->family]);
-      if (c->ratio < 1.0) name += " " + ratio_text(c->ratio);
+      if (c->ratio < 1.0) name += ", ratio " + ratio_text(c->ratio);
       if (c->checkpointing) name += std::string(", ckpt ") + kCheckpointName[c->checkpointing];
       name += ", mb " + std::to_string(c->micro_batch) + ", b " + human_count(static_cast<double>(c->bucket));
       if (c->status == Status::kTrained)

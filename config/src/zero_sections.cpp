@@ -250,14 +250,14 @@ void read_zero_fields(Section& zs, Config& config) {
     // states, beside shards on the device, with the host's share in memory.
     const std::string path = zs.path_of("offload_optimizer.ratio");
     const std::string got = "; got " + Json(z.offload_optimizer.ratio).dump();
-    if (z.offload_optimizer.device == OffloadDevice::kNvme)
+    if (z.offload_optimizer.device == OffloadDevice::kNone)
+      ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\": every optimizer state is on the device");
+    else if (z.offload_optimizer.device == OffloadDevice::kNvme)
       ctx.problem(path, "expected 1.0 with offload_optimizer.device \"nvme\" (zero keeps a device share of the "
                         "optimizer states only with \"cpu\")" + got);
     else if (z.offload_param.device != OffloadDevice::kNone)
       ctx.problem(path, "expected 1.0 with offload_param (zero keeps a device share of the optimizer states only "
                         "where the parameter shards stay on the device)" + got);
-    else if (z.offload_optimizer.device == OffloadDevice::kNone)
-      ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\": every optimizer state is on the device");
   }
   // NOTE [device gradients]: zero's own key.
   if (z.offload_optimizer.gradients_on_device) {
@@ -284,6 +284,9 @@ void read_zero_fields(Section& zs, Config& config) {
     else if (z.offload_param.device != OffloadDevice::kNone)
       ctx.warn(path, "has no effect with offload_param: zero speculates only while the parameter shards stay on "
                      "the device (NOTE [speculative step]); the CPU step runs after backward");
+    else if (z.offload_optimizer.ratio == 0.0)
+      ctx.warn(path, "has no effect with offload_optimizer.ratio 0: every optimizer state stays on the device "
+                     "(NOTE [partial offload])");
   }
   if (z.offload_param.device != OffloadDevice::kNone && !stage3) {
     ctx.warn(zs.path_of("offload_param"), "has no effect below stage 3 (stage is " + std::to_string(z.stage) + ")");

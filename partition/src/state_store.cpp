@@ -96,11 +96,13 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     const at::ScalarType host = options_.host_grad_dtype ? *options_.host_grad_dtype
                                 : options_.master_dtype == at::kFloat ? at::kFloat
                                                                       : options_.grad_dtype;
-    // (With gradients_on_device, every group's on the device: NOTE [device gradients].)
+    // (With gradients_on_device, every group's on the device, in the dtype
+    // the host's would have: NOTE [device gradients].)
     const int64_t grad_numel[2] = {options_.grads_on_device ? tier_numel[0] + tier_numel[1] : tier_numel[0],
                                    options_.grads_on_device ? 0 : tier_numel[1]};
+    const at::ScalarType device = options_.grads_on_device ? host : options_.grad_dtype;
     for (int t = 0; t < 2; ++t) {
-      tiers_[t].grads = buffer(t, t == 1 ? host : options_.grad_dtype, Kind::kGradients, "owned gradient partition",
+      tiers_[t].grads = buffer(t, t == 1 ? host : device, Kind::kGradients, "owned gradient partition",
                                grad_numel[t]);
       if (tiers_[t].grads.defined()) tiers_[t].grads.zero_();
     }

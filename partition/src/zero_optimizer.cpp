@@ -142,8 +142,9 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.nvme = options_.nvme;
   so.ratio = options_.offload_ratio;
   so.grads_on_device = options_.grads_on_device && options_.offload_optimizer && options_.stage >= 2;
-  ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer && !options_.nvme),
-             "offload_optimizer.ratio < 1 is for stage 3 with offload_optimizer cpu");
+  ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer && !options_.nvme &&
+                                                 layout != nullptr && !layout->offload_param && !layout->nvme_param),
+             "offload_optimizer.ratio < 1 is for stage 3 with offload_optimizer cpu and the shards on the device");
   so.sub_group_size = options_.sub_group_size;
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;
@@ -380,18 +381,18 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   const auto& sub_groups = store_->sub_groups();
   const int64_t piece = value_piece();
   GradFetch fetch(grad_ring_, copies_, copy_wait_s_);
-  bool fetching = false;
+  std::optional<at::ScalarType> fetched_dtype;  // the gradients' on the device (the partition's: NOTE [device gradients])
   for (size_t k = 0; k < sub_groups.size(); ++k) {
     const auto [g, start, len] = sub_groups[k];
     if (!grad_fetched(g)) continue;
-    fetching = true;
     const at::Tensor grad = reducer_->owned(g).narrow(0, start, len);
+    fetched_dtype = grad.scalar_type();
     for (int64_t a = 0; a < len; a += std::min(piece, len)) fetch.plan(k, a, std::min({piece, len, len - a}), grad);
   }
-  if (fetching && !grad_ring_.defined()) {
+  if (fetched_dtype && !grad_ring_.defined()) {
     int64_t largest = 1;
     for (const auto& sg : sub_groups) largest = std::max(largest, sg.numel);
-    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), options_.grad_accum_dtype,
+    grad_ring_ = HostRing(ledger_, options_.pin_memory, 2, std::min(piece, largest), *fetched_dtype,
                           "gradients for the host");
   }
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& s, LowOut& low) {

@@ -23,8 +23,7 @@
 //   2-3 the partition, g x P on the device, or on the host when the
 //   optimizer is offloaded: 4 x P at stage 2 (accumulated in fp32 there),
 //   g x P at stage 3 (NOTE [16-bit gradients]); with gradients_on_device,
-//   g x P on the device however the states are offloaded (NOTE [device
-//   gradients]). With bf16/fp16 master
+//   the same bytes on the device instead (NOTE [device gradients]). With bf16/fp16 master
 //   weights and grads (NOTE [16-bit master]) g is 2 unless grad_accum_dtype
 //   says otherwise, and the host's partition g x P.
 // - Optimizer states: Adam's two fp32 moments, 8 x P, or with optim_bits 8
@@ -45,6 +44,15 @@
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
 //   of every state.
+//
+// The planner (zero estimate with budgets): for each configuration whose
+// optimizer is offloaded at stages 2-3 the largest model is also searched
+// with the gradient partition on the device (gradients_on_device) and, at
+// stage 3 with the shards on the device, at offload_optimizer.ratio 1, 0.75,
+// 0.5, 0.25 and 0; the placement that fits the largest is printed with it.
+// Each is the same formulas above, so the planner is as close to the ledger
+// as they are (tools_tests EstimateMatchesLedger holds each placement's
+// formula within 5%).
 #include "zero/runs/estimate.h"
 
 #include <algorithm>
@@ -232,8 +240,8 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   // Gradients (gradients_on_device: the whole partition on the device, NOTE [device gradients]).
   if (z.stage < 2) {
     e.device.gradients = g * flat;
-  } else if (off_opt && z.offload_optimizer.gradients_on_device) {
-    e.device.gradients = g * part;
+  } else if (off_opt && z.offload_optimizer.gradients_on_device) {  // in the host's dtype
+    e.device.gradients = (master16 || z.stage == 3 ? g : 4) * part;
   } else {
     e.host.gradients = (master16 || z.stage == 3 ? g : 4) * part_on[1];
     e.device.gradients = g * part_on[0];

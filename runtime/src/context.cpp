@@ -52,11 +52,23 @@ std::string memory_help(const config::Config& cfg, Tier tier) {
     if (z.stage < 3) keys.push_back("zero_optimization.stage 3 (partitions the parameters)");
     if (z.stage >= 1 && z.offload_optimizer.device == config::OffloadDevice::kNone)
       keys.push_back("zero_optimization.offload_optimizer.device \"cpu\"");
-    if (z.stage == 3 && z.offload_param.device == config::OffloadDevice::kNone)
+    const bool partial = z.stage == 3 && z.offload_optimizer.device == config::OffloadDevice::kCpu &&
+                         z.offload_optimizer.ratio < 1.0;  // NOTE [partial offload]
+    if (partial) keys.push_back("a larger zero_optimization.offload_optimizer.ratio (1: every state on the host)");
+    if (z.stage >= 2 && z.offload_optimizer.device != config::OffloadDevice::kNone &&
+        z.offload_optimizer.gradients_on_device)
+      keys.push_back("zero_optimization.offload_optimizer.gradients_on_device false");
+    if (z.stage == 3 && z.offload_param.device == config::OffloadDevice::kNone && !partial)
       keys.push_back("zero_optimization.offload_param.device \"cpu\"");
     keys.push_back("activation checkpointing or a smaller micro-batch (train_micro_batch_size_per_gpu)");
   } else if (tier == Tier::kHost) {
-    if (z.offload_optimizer.device == config::OffloadDevice::kCpu)
+    if (z.offload_optimizer.device == config::OffloadDevice::kCpu && z.stage == 3 &&
+        z.offload_param.device == config::OffloadDevice::kNone)
+      keys.push_back("a smaller zero_optimization.offload_optimizer.ratio (the rest stays on the device)");
+    if (z.offload_optimizer.device != config::OffloadDevice::kNone && z.stage >= 2 &&
+        !z.offload_optimizer.gradients_on_device)
+      keys.push_back("zero_optimization.offload_optimizer.gradients_on_device true");
+    if (z.offload_optimizer.device == config::OffloadDevice::kCpu && z.offload_optimizer.ratio == 1.0)
       keys.push_back("zero_optimization.offload_optimizer.device \"nvme\"");
     if (z.offload_param.device == config::OffloadDevice::kCpu)
       keys.push_back("zero_optimization.offload_param.device \"nvme\"");

@@ -343,7 +343,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.copy_mode = s.options.cpu_copy_mode;
   // NOTE [speculative step]: where it runs (the config warns elsewhere).
   zo.super_offload = oo.super_offload && s.config.zero.stage == 3 && oo.device == config::OffloadDevice::kCpu &&
-                     s.config.zero.offload_param.device == config::OffloadDevice::kNone && !zo.grads_on_device;
+                     s.config.zero.offload_param.device == config::OffloadDevice::kNone && !zo.grads_on_device &&
+                     zo.offload_ratio > 0.0;  // ratio 0: nothing on the host to speculate (the config warns)
   if (s.config.zero.stage == 3) {
     auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
                                     "rank" + std::to_string(s.dist.rank) + "-params");

@@ -295,10 +295,11 @@ TEST(ReducerKeys, GradientsOnTheDeviceComeToTheHostInPieces) {
               EXPECT_EQ(host_grads == 0, on_device);
               EXPECT_EQ(ledger.get(zero::Tier::kDevice, zero::Kind::kGradients).current_bytes > 0, on_device);
             }
-            if (staging > 0)
+            if (staging > 0) {
               EXPECT_LE(ledger.get(zero::Tier::kPinnedHost, zero::Kind::kCommBuffers).peak_bytes +
                             ledger.get(zero::Tier::kHost, zero::Kind::kCommBuffers).peak_bytes,
                         2 * 2 * 256 * 4);
+            }
           }
         }
         for (size_t i = 1; i < results.size(); ++i)

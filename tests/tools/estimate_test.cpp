@@ -304,6 +304,57 @@ TEST(EstimatePeak, ReduceScatterFalseHoldsNoChunks) {
 
 // The table: every configuration, the budgets' largest model growing with
 // what is offloaded, and usage errors that name the option.
+// The planner (NOTE [memory estimate]): with the host the tier that binds
+// stage 3 + CPU offload (600 MiB of device, 300 MiB of host), a placement
+// that keeps part of the states on the device fits a larger model than all
+// on the host (2.15x here: ratio 0.25), and the config it names fits that
+// model by `zero estimate --config` too, one more block not; at stage 2
+// only the gradients can move.
+TEST(Estimate, ThePlannerFindsThePlacementThatFitsTheLargestModel) {
+  TempDir dir;
+  const std::string e = kBin + "zero estimate --model mingpt:8,512,256,64 --device-memory 600MiB --host-memory 300MiB ";
+  ASSERT_EQ(sh(e + "--stage 3 --offload-optimizer cpu --json " + dir.file("p.json") + " > " + dir.file("p.log") + " 2>&1"), 0)
+      << read_text(dir.file("p.log"));
+  const auto p = nlohmann::json::parse(read_text(dir.file("p.json")));
+  ASSERT_EQ(p["configurations"].size(), 1u);
+  const auto& row = p["configurations"][0];
+  ASSERT_TRUE(row.contains("placement")) << row.dump();
+  const double ratio = row["placement"]["ratio"].get<double>();
+  const bool on_device = row["placement"]["gradients_on_device"].get<bool>();
+  EXPECT_LT(ratio, 1.0) << row.dump();
+  EXPECT_GT(ratio, 0.0) << row.dump();
+  const int64_t layers = row["placement"]["largest"]["n_layer"].get<int64_t>();
+  EXPECT_GT(row["placement"]["largest"]["num_parameters"].get<double>(),
+            1.5 * row["largest"]["num_parameters"].get<double>()) << row.dump();
+  EXPECT_NE(read_text(dir.file("p.log")).find("larger with a placement: offload_optimizer.ratio"), std::string::npos)
+      << read_text(dir.file("p.log"));
+  // The placement as a config: the model found fits it, one more block does not.
+  nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 1},
+                        {"bf16", {{"enabled", true}}},
+                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                        {"zero_optimization",
+                         {{"stage", 3},
+                          {"offload_optimizer", {{"device", "cpu"}, {"ratio", ratio}, {"gradients_on_device", on_device}}}}}};
+  std::ofstream(dir.file("c.json")) << cfg.dump();
+  for (const int64_t l : {layers, layers + 1}) {
+    const std::string m = "--model mingpt:" + std::to_string(l) + ",512,256,64";
+    ASSERT_EQ(sh(kBin + "zero estimate " + m + " --device-memory 600MiB --host-memory 300MiB --config " +
+                 dir.file("c.json") + " --json " + dir.file("c_out.json") + " > " + dir.file("c.log") + " 2>&1"),
+              0)
+        << read_text(dir.file("c.log"));
+    const auto c = nlohmann::json::parse(read_text(dir.file("c_out.json")));
+    EXPECT_EQ(c["configurations"][0]["fits"].get<bool>(), l == layers) << l << " blocks: " << c.dump();
+  }
+  // Stage 2: the gradients alone can move.
+  ASSERT_EQ(sh(e + "--stage 2 --offload-optimizer cpu --json " + dir.file("s2.json") + " > " + dir.file("s2.log") + " 2>&1"), 0)
+      << read_text(dir.file("s2.log"));
+  const auto s2 = nlohmann::json::parse(read_text(dir.file("s2.json")))["configurations"][0];
+  if (s2.contains("placement")) {
+    EXPECT_EQ(s2["placement"]["ratio"].get<double>(), 1.0) << s2.dump();
+    EXPECT_TRUE(s2["placement"]["gradients_on_device"].get<bool>()) << s2.dump();
+  }
+}
+
 TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   TempDir dir;
   const std::string e = kBin + "zero estimate ";

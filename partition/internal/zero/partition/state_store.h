@@ -5,14 +5,16 @@
 // (NOTE [flat layout]). The store keeps, for that partition, the master copy
 // (fp32, or 16-bit: NOTE [16-bit master] in optim/; named "fp32_master"
 // whatever its dtype, in checkpoints too) and the optimizer's states
-// ("exp_avg", "exp_avg_sq" for Adam, fp32 or bf16), on one
+// ("exp_avg", "exp_avg_sq" for Adam, fp32 or bf16), each group's on one
 // tier: the device; host memory (offload_optimizer cpu: pinned when
 // pin_memory, within the ledger's pinned limit); or NVMe swap files
-// (offload_optimizer nvme, NOTE [optimizer swapping]). At stages 2-3 it also
-// keeps the reduced gradient partition (the reducer adds into it; on the
-// device in grad_accum_dtype, or, offloaded, in host memory for every tier:
-// fp32, or grad_accum_dtype with a 16-bit master or at stage 3, NOTE [16-bit
-// gradients]). The master may be the parameters themselves (fp32 compute with
+// (offload_optimizer nvme, NOTE [optimizer swapping]); a partial offload
+// keeps some groups on the device (NOTE [partial offload]). At stages 2-3 it
+// also keeps the reduced gradient partition (the reducer adds into it; on
+// the device in grad_accum_dtype, or, offloaded, in host memory for every
+// tier: fp32, or grad_accum_dtype with a 16-bit master or at stage 3, NOTE
+// [16-bit gradients]; on the device in that dtype with gradients_on_device,
+// NOTE [device gradients]). The master may be the parameters themselves (fp32 compute with
 // neither offload nor partitioned optimizer states): then nothing is copied.
 //
 // The step sees the partition as sub-groups of at most sub_group_size
@@ -38,8 +40,11 @@
 // the CPU pass and the pinned buffers as ever. A group lives on one tier
 // whole (a group is a layer at stage 3); which ones is host_groups()
 // (stage3_rules.h): the host takes the last groups, the device the first.
-// DeepSpeed offloads the first sub-groups instead; zero offloads the last
-// because backward completes them first: their CPU steps can begin during
+// DeepSpeed offloads the first int(ratio x count) sub-groups instead (at
+// most the ratio); zero offloads the last groups until the host holds at
+// least the ratio of the elements (the device never holds more than 1 -
+// ratio, what a user sizing the device counts on), and the last because
+// backward completes them first: their CPU steps can begin during
 // backward (NOTE [speculative step]) while the device steps its share at
 // the end in a fraction of the time. Each tier's groups are packed in group
 // order in that tier's buffers; sub-groups, names and element ranges are
@@ -52,13 +57,14 @@
 //
 // NOTE [device gradients]
 // offload_optimizer.gradients_on_device (zero's own key; stages 2-3) keeps
-// the reduced gradient partition on the device, in grad_accum_dtype, while
-// the master and states are offloaded: the reducer adds each reduced chunk
+// the reduced gradient partition on the device, in the dtype it has in host
+// memory when offloaded (fp32 at stage 2 with an fp32 master, else
+// grad_accum_dtype), while the master and states are offloaded: the reducer adds each reduced chunk
 // into it there, as without offload, and the step brings each sub-group's
 // gradient to the host a piece (host_staging_numel) at a time, one piece
 // ahead of the CPU pass, through two pinned buffers, as stage 1 always has
-// (ZeroOptimizer::GradFetch). It moves g bytes a parameter of host memory
-// to the device: where the host is the tier that is full (a 16-bit master
+// (ZeroOptimizer::GradFetch). It moves those bytes a parameter of host
+// memory to the device: where the host is the tier that is full (a 16-bit master
 // and 8-bit moments offloaded, the parameters and their gradients on a
 // large device), a larger model fits. The copies run at the step, not
 // behind backward, so the step waits for them where the copy of the next
@@ -103,8 +109,7 @@ struct StoreOptions {
   /// [16-bit gradients]); else the rule above.
   std::optional<at::ScalarType> host_grad_dtype;
   /// offload_optimizer.gradients_on_device: the gradient partition stays on
-  /// the device in `grad_dtype` whatever the states' tier (NOTE [device
-  /// gradients]).
+  /// the device, in the dtype it has offloaded (NOTE [device gradients]).
   bool grads_on_device = false;
   /// The master's dtype: fp32, or bf16/fp16 (bf16_master_weights_and_grads,
   /// fp16_master_weights_and_grads: NOTE [16-bit master] in optim/).

@@ -85,7 +85,7 @@ struct ZeroOptimizerOptions {
   /// offload_optimizer.device = nvme: as offload_optimizer, but the fp32
   /// master and the optimizer states live in swap files and are stepped
   /// sub-group by sub-group (NOTE [optimizer swapping]); the gradient
-  /// partition stays in host memory.
+  /// partition stays in host memory (on the device with grads_on_device).
   std::optional<SwapOptions> nvme;
   /// offload_optimizer.ratio (stage 3, cpu): the share of the partition
   /// offloaded; the other groups' states, gradients and step stay on the
@@ -347,7 +347,7 @@ class ZeroOptimizer {
     /// Elements [a, a + n) of `grad` (sub-group k's, on the device) will be taken, in this order.
     void plan(size_t k, int64_t a, int64_t n, const at::Tensor& grad) { order_.push_back({k, a, n, grad}); }
     /// Piece [a, a + n) of sub-group k, in host memory once its copy has
-    /// ended; valid until the piece after next is taken.
+    /// ended; valid until the next take() (which copies into its buffer).
     at::Tensor take(size_t k, int64_t a, int64_t n);
 
    private:
