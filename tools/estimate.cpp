@@ -87,7 +87,7 @@ tables), or for one.
                              the placement that fits a larger one: the
                              gradients on the device, and at stage 3 the
                              share of the states offloaded
-                             (offload_optimizer.ratio 1, 0.75, 0.5, 0.25, 0)
+                             (offload_optimizer.ratio 1, 0.95, ..., 0.05, 0)
   --micro-batch B            with --model: the micro-batch per rank (default 1) for the
   --checkpointing            peak of a training step: the states plus activations (every
   --n_head H                 block checkpointed with --checkpointing; H heads, default
@@ -642,16 +642,22 @@ int estimate(const std::vector<std::string>& args) {
           const bool ratios = cfg.zero.stage == 3 && oz.device == config::OffloadDevice::kCpu &&
                               cfg.zero.offload_param.device == config::OffloadDevice::kNone;
           const bool speculates = oz.super_offload && ratios;
+          // (From the config's own placement outward; another is taken only
+          // for a model at least 1% larger: a group of a few hundred
+          // elements moved is no placement to propose.)
           int64_t best = lo;
           std::optional<std::pair<double, bool>> chosen;
-          for (const bool on_device : {false, true}) {
-            if (on_device && speculates) continue;  // super_offload reads host gradients
-            for (const double r : ratios ? std::vector<double>{1.0, 0.75, 0.5, 0.25, 0.0} : std::vector<double>{oz.ratio}) {
+          std::vector<double> grid{oz.ratio};
+          if (ratios)
+            for (int k = 20; k >= 0; --k) grid.push_back(k / 20.0);  // 1, 0.95, ..., 0
+          for (const double r : grid) {
+            for (const bool on_device : {false, true}) {
+              if (on_device && speculates) continue;  // super_offload reads host gradients
               config::Config c = cfg;
               c.zero.offload_optimizer.ratio = r;
               c.zero.offload_optimizer.gradients_on_device = on_device;
               const int64_t n = largest_size(c);
-              if (n > best) best = n, chosen = std::make_pair(r, on_device);
+              if (static_cast<double>(n) > 1.01 * static_cast<double>(best)) best = n, chosen = std::make_pair(r, on_device);
             }
           }
           if (chosen) {

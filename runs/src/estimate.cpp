@@ -48,8 +48,9 @@
 // The planner (zero estimate with budgets): for each configuration whose
 // optimizer is offloaded at stages 2-3 the largest model is also searched
 // with the gradient partition on the device (gradients_on_device) and, at
-// stage 3 with the shards on the device, at offload_optimizer.ratio 1, 0.75,
-// 0.5, 0.25 and 0; the placement that fits the largest is printed with it.
+// stage 3 with the shards on the device, at offload_optimizer.ratio 1, 0.95,
+// ..., 0.05 and 0; the placement that fits the largest (by at least 1%) is
+// printed with it.
 // Each is the same formulas above, so the planner is as close to the ledger
 // as they are (tools_tests EstimateMatchesLedger holds each placement's
 // formula within 5%).
