@@ -261,18 +261,10 @@ int tune(const std::vector<std::string>& args) {
       (a == "--stages" ? stages : a == "--offload" ? offload.emplace() : checkpointing) = set;
       checkpointing_given = checkpointing_given || a == "--checkpointing";
     } else if (a == "--ratios") {
-      auto items = split_list(v);
-      if (!items) return fail("--ratios: expected a comma-separated list; got \"" + v + "\"");
-      plan.ratios.clear();
-      for (const auto& item : *items) {
-        char* end = nullptr;
-        const double x = std::strtod(item.c_str(), &end);
-        if (end == item.c_str() || *end != '\0' || !(x > 0.0 && x <= 1.0))
-          return fail("--ratios: expected shares in (0, 1] (0.5: half the optimizer states offloaded); got \"" + item + "\"");
-        plan.ratios.push_back(x);
-      }
-      std::sort(plan.ratios.begin(), plan.ratios.end());
-      plan.ratios.erase(std::unique(plan.ratios.begin(), plan.ratios.end()), plan.ratios.end());
+      std::string problem;
+      auto ratios = parse_ratios(v, problem);
+      if (!ratios) return fail("--ratios: " + problem);
+      plan.ratios = *ratios;
     } else if (a == "--out") {
       out_path = v;
     } else if (a == "--json") {
@@ -744,35 +736,7 @@ int tune(const std::vector<std::string>& args) {
 
     if (!json_path.empty()) {
       auto rows = nlohmann::json::array();
-      for (const auto& c : all) {
-        const Family& f = kFamilies[c.family];
-        nlohmann::json row = {{"stage", f.stage},
-                              {"offload_optimizer", kLevelName[f.opt]},
-                              {"offload_ratio", c.ratio},
-                              {"offload_param", kLevelName[f.param]},
-                              {"checkpointing", kCheckpointName[c.checkpointing]},
-                              {"optim_bits", c.optim_bits},
-                              {"master", c.master16 ? plan.precision : std::string("fp32")},
-                              {"micro_batch", c.micro_batch},
-                              {"bucket_size", c.bucket},
-                              {"estimate_bytes",
-                               {{"device", c.estimate.device()}, {"host", c.estimate.host()}, {"nvme", c.estimate.nvme()}}},
-                              {"fits_estimate", c.fits},
-                              {"status", status_name(c.status)},
-                              {"run_order", c.order}};
-        if (c.status == Status::kTrained)
-          row["measured"] = {{"step_time_s", c.run.step_s},
-                             {"step_times_s", c.run.step_times},
-                             {"tokens_per_step", c.run.tokens_per_step},
-                             {"tokens_per_s", c.tokens_per_s()},
-                             {"samples_per_step", c.run.samples_per_step},
-                             {"samples_per_s", c.run.samples_per_s()},
-                             {"peak_bytes", {{"device", c.run.peak_device}, {"host", c.run.peak_host}, {"nvme", c.run.peak_nvme}}},
-                             {"run_s", c.run.seconds}};
-        else if (c.order)
-          row["error"] = c.run.message;
-        rows.push_back(row);
-      }
+      for (const auto& c : all) rows.push_back(report_row(plan, c));
       nlohmann::json report = {
           {kTuneMark, kTuneMarkValue},
           {"model", plan.program.empty()

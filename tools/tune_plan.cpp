@@ -3,7 +3,9 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -102,6 +104,27 @@ std::optional<int64_t> parse_positive(const std::string& v, int64_t max_value) {
 }
 
 // 2e6, 2000000, 1.5e7: a positive element count.
+std::optional<std::vector<double>> parse_ratios(const std::string& v, std::string& problem) {
+  auto items = split_list(v);
+  if (!items) {
+    problem = "expected a comma-separated list; got \"" + v + "\"";
+    return std::nullopt;
+  }
+  std::vector<double> out;
+  for (const auto& item : *items) {
+    char* end = nullptr;
+    const double x = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0' || !(x > 0.0 && x <= 1.0)) {
+      problem = "expected shares in (0, 1] (0.5: half the optimizer states offloaded); got \"" + item + "\"";
+      return std::nullopt;
+    }
+    out.push_back(x);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::optional<int64_t> parse_elements(const std::string& v) {
   try {
     size_t used = 0;
@@ -129,6 +152,38 @@ bool written_by_tune(const std::string& path) {
 }
 
 // The base config with the candidate's keys; `nvme_path` for its swap files.
+// A candidate as a row of zero tune's --json report: its setup, estimate,
+// outcome and, trained, its figures.
+nlohmann::json report_row(const Plan& plan, const Candidate& c) {
+  const Family& f = kFamilies[c.family];
+  nlohmann::json row = {{"stage", f.stage},
+                        {"offload_optimizer", kLevelName[f.opt]},
+                        {"offload_ratio", c.ratio},
+                        {"offload_param", kLevelName[f.param]},
+                        {"checkpointing", kCheckpointName[c.checkpointing]},
+                        {"optim_bits", c.optim_bits},
+                        {"master", c.master16 ? plan.precision : std::string("fp32")},
+                        {"micro_batch", c.micro_batch},
+                        {"bucket_size", c.bucket},
+                        {"estimate_bytes",
+                         {{"device", c.estimate.device()}, {"host", c.estimate.host()}, {"nvme", c.estimate.nvme()}}},
+                        {"fits_estimate", c.fits},
+                        {"status", status_name(c.status)},
+                        {"run_order", c.order}};
+  if (c.status == Status::kTrained)
+    row["measured"] = {{"step_time_s", c.run.step_s},
+                       {"step_times_s", c.run.step_times},
+                       {"tokens_per_step", c.run.tokens_per_step},
+                       {"tokens_per_s", c.tokens_per_s()},
+                       {"samples_per_step", c.run.samples_per_step},
+                       {"samples_per_s", c.run.samples_per_s()},
+                       {"peak_bytes", {{"device", c.run.peak_device}, {"host", c.run.peak_host}, {"nvme", c.run.peak_nvme}}},
+                       {"run_s", c.run.seconds}};
+  else if (c.order)
+    row["error"] = c.run.message;
+  return row;
+}
+
 nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path) {
   const Family& f = kFamilies[c.family];
   nlohmann::json j = plan.base;

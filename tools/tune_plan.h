@@ -86,6 +86,9 @@ std::optional<std::vector<std::string>> split_list(const std::string& v);
 std::optional<int64_t> parse_positive(const std::string& v, int64_t max_value);
 /// 2e6, 2000000, 1.5e7: a positive element count.
 std::optional<int64_t> parse_elements(const std::string& v);
+/// "0.25,0.5,1": offload_optimizer.ratio values, each in (0, 1], sorted and
+/// without repeats; nullopt with `problem` (what was expected) otherwise.
+std::optional<std::vector<double>> parse_ratios(const std::string& v, std::string& problem);
 /// Two significant digits: configs read 1200000, not 1193046.
 int64_t round2(double x);
 
@@ -112,6 +115,8 @@ inline constexpr const char* kTuneMark = "_written_by";
 inline constexpr const char* kTuneMarkValue = "zero tune";
 bool written_by_tune(const std::string& path);
 
+/// The candidate's row of the --json report.
+nlohmann::json report_row(const Plan& plan, const Candidate& c);
 /// The base config with the candidate's keys; `nvme_path` for its swap files.
 nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std::string& nvme_path);
 /// "" when the run trained at `stage` with `micro_batch` as its config said;

@@ -449,6 +449,21 @@ INSTANTIATE_TEST_SUITE_P(MaxInCpu, Stage3NvmeParams, ::testing::Values(0, 30000)
 // their all-gather), offloaded training gives the same bits as with the
 // copies done at once. A missing wait would send or add stale values, or
 // fail on a buffer written while a copy could still read it.
+// Runs `base` and `other`; expects the same parameters and losses, bit for
+// bit. Returns `other`'s summary and sets `base_out` to base's (empty on failure).
+nlohmann::json expect_same_run(const RunSpec& base, const RunSpec& other, nlohmann::json* base_out = nullptr) {
+  auto a = run_mingpt(base);
+  auto b = run_mingpt(other);
+  if (base_out != nullptr) *base_out = a;
+  if (a.empty() || b.empty()) {
+    ADD_FAILURE() << "a run gave no summary";
+    return {};
+  }
+  EXPECT_EQ(b["param_l2"].get<double>(), a["param_l2"].get<double>());
+  EXPECT_EQ(b["loss_curve"], a["loss_curve"]);
+  return b;
+}
+
 class DeferredCopiesOnTwoRanks : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeferredCopiesOnTwoRanks, EqualImmediateCopiesBitForBit) {
@@ -465,12 +480,7 @@ TEST_P(DeferredCopiesOnTwoRanks, EqualImmediateCopiesBitForBit) {
   immediate.zero_extra = extra.dump();
   RunSpec deferred = immediate;
   deferred.deferred = true;
-  auto base = run_mingpt(immediate);
-  auto got = run_mingpt(deferred);
-  ASSERT_FALSE(base.empty());
-  ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
-  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
+  expect_same_run(immediate, deferred);
 }
 
 // The keys that shape the reduction reach it (NOTE [gradient path]), on two
@@ -528,12 +538,9 @@ TEST(PartialOffloadOnTwoRanks, EqualsAllOnTheHostBitForBit) {
   all.zero_extra = R"({"sub_group_size": 4000, "offload_optimizer": {"device": "cpu"}})";
   RunSpec half = all;
   half.zero_extra = R"({"sub_group_size": 4000, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})";
-  auto base = run_mingpt(all);
-  auto got = run_mingpt(half);
-  ASSERT_FALSE(base.empty());
+  nlohmann::json base;
+  const auto got = expect_same_run(all, half, &base);
   ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got["param_l2"].get<double>(), base["param_l2"].get<double>());
-  EXPECT_EQ(got["loss_curve"], base["loss_curve"]);
   // The device's share crosses to the host no more: fewer bytes moved
   // (rank 0's; gradients down and new values up, the same dtype each way).
   EXPECT_GT(got["transfer_bytes"].get<double>(), 0);
