@@ -22,6 +22,8 @@ LABELS = {
     "zero3_offload_bf16_8bit": "ZeRO-3 + CPU offload, bf16 master and 8-bit states (bf16 only)",
     "zero3_opt_offload_bf16_8bit": "ZeRO-3 + optimizer CPU offload, bf16 master and 8-bit states (bf16 only)",
     "zero3_opt_offload_bf16_8bit_devgrads": "the same, gradients on the device (bf16 only)",
+    "zero3_placed_bf16_8bit": "ZeRO-3, bf16 master and 8-bit states placed by the planner: gradients on the device, "
+    "host memory within max_in_cpu, the rest on NVMe (bf16 only)",
     "zero3_offload_ckpt": "ZeRO-3 + CPU offload + activation ckpt (cpu_checkpointing)",
     "zero3_nvme": "ZeRO-3 + NVMe offload + activation ckpt",
 }

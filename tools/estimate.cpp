@@ -85,9 +85,11 @@ tables), or for one.
                              width C; --params: the most parameters); where
                              the optimizer is offloaded at stages 2-3, also
                              the placement that fits a larger one: the
-                             gradients on the device, and at stage 3 the
+                             gradients on the device, at stage 3 the
                              share of the states offloaded
-                             (offload_optimizer.ratio 1, 0.95, ..., 0.05, 0)
+                             (offload_optimizer.ratio 1, 0.95, ..., 0.05, 0),
+                             and with nvme the most the host budget holds
+                             in host memory (offload_optimizer.max_in_cpu)
   --micro-batch B            with --model: the micro-batch per rank (default 1) for the
   --checkpointing            peak of a training step: the states plus activations (every
   --n_head H                 block checkpointed with --checkpointing; H heads, default
@@ -617,10 +619,11 @@ int estimate(const std::vector<std::string>& args) {
                                                                          1e16 / (12.0 * (*model)[1] * (*model)[1] + 1))))
             : llama ? 100000
                     : static_cast<int64_t>(1e16);
-        // The largest size that fits under `c`: states grow with the size, so double, then bisect.
-        auto largest_size = [&](const config::Config& c) {
+        // The largest size that fits under the config `at(n)` gives for
+        // size n: states grow with the size, so double, then bisect.
+        auto largest_size_at = [&](const auto& at) {
           int64_t lo = 0, hi = 1;
-          auto ok = [&](int64_t n) { return fits_need(need(c, n)); };
+          auto ok = [&](int64_t n) { return fits_need(need(at(n), n)); };
           while (hi < limit && ok(hi)) lo = hi, hi *= 2;
           if (hi >= limit && ok(limit)) lo = limit;
           else
@@ -630,23 +633,48 @@ int estimate(const std::vector<std::string>& args) {
             }
           return lo;
         };
+        auto largest_size = [&](const config::Config& c) {
+          return largest_size_at([&](int64_t) -> const config::Config& { return c; });
+        };
         const int64_t lo = largest_size(cfg);
         const int64_t largest_params = lo == 0 ? 0 : estimate_model_states(cfg, shapes_for(lo)).num_parameters;
         // NOTE [memory estimate] (the planner): where the optimizer is
         // offloaded at stages 2-3, the placement that fits the largest model:
         // the gradient partition on the host or the device (NOTE [device
-        // gradients]) and, at stage 3 with the shards on the device, the
-        // share of the states offloaded (NOTE [partial offload]), over a grid.
+        // gradients]), at stage 3 with the shards on the device the share of
+        // the states offloaded (NOTE [partial offload]), over a grid, and
+        // with nvme as much of the rest in host memory as the host budget
+        // holds (offload_optimizer.max_in_cpu, NOTE [state placement]).
         const auto& oz = cfg.zero.offload_optimizer;
         if (cfg.zero.stage >= 2 && oz.device != config::OffloadDevice::kNone && lo < limit) {
-          const bool ratios = cfg.zero.stage == 3 && oz.device == config::OffloadDevice::kCpu &&
-                              cfg.zero.offload_param.device == config::OffloadDevice::kNone;
-          const bool speculates = oz.super_offload && ratios;
+          const bool ratios = cfg.zero.stage == 3 && cfg.zero.offload_param.device == config::OffloadDevice::kNone;
+          const bool speculates = oz.super_offload && ratios && oz.device == config::OffloadDevice::kCpu;
+          const bool fills = oz.device == config::OffloadDevice::kNvme && host_budget.has_value();
+          // With nvme, `c` at size n with max_in_cpu as large as the host
+          // budget allows (need() grows with it): bisected over elements.
+          auto filled = [&](config::Config c, int64_t n) {
+            if (!fills) return c;
+            auto host_ok = [&](int64_t m) {
+              c.zero.offload_optimizer.max_in_cpu = m;
+              return need(c, n).host <= *host_budget;
+            };
+            int64_t a = 0, b = std::max<int64_t>(1, estimate_model_states(c, shapes_for(n)).num_parameters);
+            if (host_ok(b)) a = b;
+            else
+              while (b - a > 1) {
+                const int64_t mid = a + (b - a) / 2;
+                (host_ok(mid) ? a : b) = mid;
+              }
+            c.zero.offload_optimizer.max_in_cpu = a;
+            return c;
+          };
           // (From the config's own placement outward; another is taken only
           // for a model at least 1% larger: a group of a few hundred
-          // elements moved is no placement to propose.)
+          // elements moved is no placement to propose; with nvme the host's
+          // fill is proposed at the config's own size too: it reads less.)
           int64_t best = lo;
           std::optional<std::pair<double, bool>> chosen;
+          if (fills) chosen = std::make_pair(oz.ratio, oz.gradients_on_device);
           std::vector<double> grid{oz.ratio};
           if (ratios)
             for (int k = 20; k >= 0; --k) grid.push_back(k / 20.0);  // 1, 0.95, ..., 0
@@ -656,23 +684,29 @@ int estimate(const std::vector<std::string>& args) {
               config::Config c = cfg;
               c.zero.offload_optimizer.ratio = r;
               c.zero.offload_optimizer.gradients_on_device = on_device;
-              const int64_t n = largest_size(c);
+              const int64_t n = largest_size_at([&](int64_t size) { return filled(c, size); });
               if (static_cast<double>(n) > 1.01 * static_cast<double>(best)) best = n, chosen = std::make_pair(r, on_device);
             }
           }
+          config::Config c = cfg;
           if (chosen) {
-            config::Config c = cfg;
             c.zero.offload_optimizer.ratio = chosen->first;
             c.zero.offload_optimizer.gradients_on_device = chosen->second;
+            c = filled(c, best);
+          }
+          if (chosen && (best > lo || c.zero.offload_optimizer.max_in_cpu > oz.max_in_cpu)) {
             const int64_t params = estimate_model_states(c, shapes_for(best)).num_parameters;
             row["placement"] = {{"ratio", chosen->first},
                                 {"gradients_on_device", chosen->second},
                                 {"largest", model   ? nlohmann::json{{"n_layer", best}, {"num_parameters", params}}
                                             : llama ? nlohmann::json{{"num_hidden_layers", best}, {"num_parameters", params}}
                                                     : nlohmann::json{{"num_parameters", params}}}};
-            char line[256];
-            std::snprintf(line, sizeof line, "offload_optimizer.ratio %g, gradients on the %s: %.3g params, %.2fx",
-                          chosen->first, chosen->second ? "device" : "host", static_cast<double>(params),
+            if (fills) row["placement"]["max_in_cpu"] = c.zero.offload_optimizer.max_in_cpu;
+            char line[320];
+            std::snprintf(line, sizeof line, "offload_optimizer.ratio %g, gradients on the %s%s: %.3g params, %.2fx",
+                          chosen->first, chosen->second ? "device" : "host",
+                          fills ? (", max_in_cpu " + std::to_string(c.zero.offload_optimizer.max_in_cpu)).c_str() : "",
+                          static_cast<double>(params),
                           largest_params > 0 ? static_cast<double>(params) / static_cast<double>(largest_params) : 0.0);
             placement_line = line;
           }

@@ -123,9 +123,12 @@ swap files are removed however it ends.
   --run-timeout S            a run still going after S seconds is stopped, reported
                              and skipped (default 600; 0: no limit)
   --ratios LIST              offload_optimizer.ratio values to try at stage 3 +
-                             optimizer cpu (the share offloaded, the rest
-                             stepped on the device; default 0.25,0.5,0.75,1);
-                             the smallest that trains beats the larger
+                             optimizer cpu or nvme (the share offloaded, the
+                             rest stepped on the device; default
+                             0.25,0.5,0.75,1); the smallest that trains beats
+                             the larger. With nvme, host memory keeps what
+                             its budget holds (offload_optimizer.max_in_cpu),
+                             the disk the rest
   --allow-low-precision-states
                              also try Adam's moments in 8 bits
                              (optimizer.params.optim_bits 8: a model of about
@@ -496,8 +499,8 @@ int tune(const std::vector<std::string>& args) {
       // Moments' bits and a 16-bit master: fp32 states; a bf16 master and
       // states; 8-bit moments under an fp32 master, and under a 16-bit one.
       const std::pair<int, bool> kinds[] = {{32, false}, {16, true}, {8, false}, {8, true}};
-      // NOTE [partial offload]: stage 3 + optimizer cpu (parameters on the device) at each ratio.
-      const std::vector<double> ratios = fam.stage == 3 && fam.opt == 1 && fam.param == 0 ? plan.ratios
+      // NOTE [partial offload]: stage 3 + optimizer offload (parameters on the device) at each ratio.
+      const std::vector<double> ratios = fam.stage == 3 && fam.opt != 0 && fam.param == 0 ? plan.ratios
                                                                                          : std::vector<double>{1.0};
       for (const double ratio : ratios)
       for (const auto& [bits, master16] : kinds)
@@ -520,20 +523,46 @@ int tune(const std::vector<std::string>& args) {
             lo.auto_stand_ins = true;
             const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
                                                  lo, "zero tune (" + describe(c) + ")");
-            if (plan.program.empty()) {
-              MinGPTWorkload w;
-              w.n_layer = plan.n_layer;
-              w.n_embd = plan.n_embd;
-              w.n_head = plan.n_head;
-              w.vocab_size = plan.vocab;
-              w.block_size = plan.block;
-              w.micro_batch = mb;
-              w.checkpointing = ck > 0;
-              c.estimate = estimate_peak(cfg, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
-            } else {  // the activations measured in the first run, per sample
+            auto estimate_of = [&](const config::Config& cf) {
+              if (plan.program.empty()) {
+                MinGPTWorkload w;
+                w.n_layer = plan.n_layer;
+                w.n_embd = plan.n_embd;
+                w.n_head = plan.n_head;
+                w.vocab_size = plan.vocab;
+                w.block_size = plan.block;
+                w.micro_batch = mb;
+                w.checkpointing = ck > 0;
+                return estimate_peak(cf, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+              }
+              // The activations measured in the first run, per sample.
               Activations a;
               a.device = static_cast<int64_t>(activation_per_sample * static_cast<double>(mb));
-              c.estimate = estimate_peak(cfg, shapes, a, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+              return estimate_peak(cf, shapes, a, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            };
+            c.estimate = estimate_of(cfg);
+            // NOTE [state placement]: with the optimizer on NVMe, host memory
+            // keeps as many of the offloaded groups as its budget holds
+            // (offload_optimizer.max_in_cpu, bisected over elements): the
+            // same model with less to read and write each step.
+            if (fam.opt == 2 && c.estimate.host() <= plan.host_budget) {
+              config::Config filled = cfg;
+              auto host_fits = [&](int64_t m) {
+                filled.zero.offload_optimizer.max_in_cpu = m;
+                return estimate_of(filled).host() <= plan.host_budget;
+              };
+              int64_t a = 0, b = std::max<int64_t>(1, num_parameters);
+              if (host_fits(b)) a = b;
+              else
+                while (b - a > 1) {
+                  const int64_t mid = a + (b - a) / 2;
+                  (host_fits(mid) ? a : b) = mid;
+                }
+              if (a > 0) {
+                c.max_in_cpu = a;
+                filled.zero.offload_optimizer.max_in_cpu = a;
+                c.estimate = estimate_of(filled);
+              }
             }
             c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
                      (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);

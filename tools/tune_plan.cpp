@@ -30,7 +30,7 @@ const char* const kLevelName[3] = {"none", "cpu", "nvme"};
 const char* const kCheckpointName[3] = {"none", "blocks", "cpu"};
 
 const std::vector<Family> kFamilies = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {2, 1, 0}, {2, 2, 0},
-                                       {3, 0, 0}, {3, 1, 0}, {3, 1, 1}, {3, 2, 2}};
+                                       {3, 0, 0}, {3, 1, 0}, {3, 1, 1}, {3, 2, 0}, {3, 2, 2}};
 
 std::string family_name(const Family& f) {
   std::string s = "stage " + std::to_string(f.stage);
@@ -78,6 +78,7 @@ std::string describe(const Candidate& c) {
   if (c.optim_bits == 8) s += c.master16 ? ", 16-bit master and 8-bit Adam states" : ", 8-bit Adam states";
   if (c.optim_bits == 16) s += ", bf16 master and states";
   if (c.ratio < 1.0) s += ", offload ratio " + ratio_text(c.ratio);
+  if (c.max_in_cpu > 0) s += ", " + human_count(static_cast<double>(c.max_in_cpu)) + " in host memory";
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -159,6 +160,7 @@ nlohmann::json report_row(const Plan& plan, const Candidate& c) {
   nlohmann::json row = {{"stage", f.stage},
                         {"offload_optimizer", kLevelName[f.opt]},
                         {"offload_ratio", c.ratio},
+                        {"max_in_cpu", c.max_in_cpu},
                         {"offload_param", kLevelName[f.param]},
                         {"checkpointing", kCheckpointName[c.checkpointing]},
                         {"optim_bits", c.optim_bits},
@@ -212,6 +214,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
     z["offload_optimizer"] = {{"device", kLevelName[f.opt]}, {"pin_memory", true}};
     if (f.opt == 2) z["offload_optimizer"]["nvme_path"] = nvme_path;
     if (c.ratio < 1.0) z["offload_optimizer"]["ratio"] = c.ratio;  // NOTE [partial offload]
+    if (c.max_in_cpu > 0) z["offload_optimizer"]["max_in_cpu"] = c.max_in_cpu;  // NOTE [state placement]
   }
   if (f.param) {
     z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};

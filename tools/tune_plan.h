@@ -42,11 +42,14 @@ struct Candidate {
   bool master16 = false;  // a master in the 16-bit compute dtype (with 16; with 8: bf16/fp16 master, 8-bit moments)
   /// The optimizer states' kind as one number (optim_bits and master16).
   int states_kind() const { return optim_bits * 2 + (master16 ? 1 : 0); }
-  /// offload_optimizer.ratio (stage 3 + optimizer cpu: NOTE [partial
+  /// offload_optimizer.ratio (stage 3 + optimizer offload: NOTE [partial
   /// offload]); 1 elsewhere.
   double ratio = 1.0;
   /// The offloaded share in thousandths (0 without optimizer offload, 1000 all of it).
   int offloaded_share() const { return kFamilies[family].opt ? static_cast<int>(ratio * 1000 + 0.5) : 0; }
+  /// With the optimizer on NVMe: offload_optimizer.max_in_cpu, the
+  /// elements whose states the host budget holds (NOTE [state placement]).
+  int64_t max_in_cpu = 0;
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;

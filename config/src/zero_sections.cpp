@@ -100,6 +100,7 @@ void read_offload_optimizer(Section& zs, OffloadOptimizerConfig& o) {
   s.read_double("ratio", o.ratio, Range::between(0.0, 1.0));
   s.read_bool("super_offload", o.super_offload);
   s.read_bool("gradients_on_device", o.gradients_on_device);  // zero's own (NOTE [device gradients])
+  s.read_int("max_in_cpu", o.max_in_cpu, Range::at_least(0));  // zero's own (NOTE [state placement])
   // Valid DeepSpeed keys that only tune DeepSpeed's own CPU Adam.
   bool unused_bool = true;
   s.read_bool("convert_grad_on_cpu", unused_bool, {}, /*record=*/false);
@@ -251,14 +252,17 @@ void read_zero_fields(Section& zs, Config& config) {
     const std::string path = zs.path_of("offload_optimizer.ratio");
     const std::string got = "; got " + Json(z.offload_optimizer.ratio).dump();
     if (z.offload_optimizer.device == OffloadDevice::kNone)
-      ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\": every optimizer state is on the device");
-    else if (z.offload_optimizer.device == OffloadDevice::kNvme)
-      ctx.problem(path, "expected 1.0 with offload_optimizer.device \"nvme\" (zero keeps a device share of the "
-                        "optimizer states only with \"cpu\")" + got);
+      ctx.warn(path, "has no effect without offload_optimizer.device \"cpu\" or \"nvme\": every optimizer state is "
+                     "on the device");
     else if (z.offload_param.device != OffloadDevice::kNone)
       ctx.problem(path, "expected 1.0 with offload_param (zero keeps a device share of the optimizer states only "
                         "where the parameter shards stay on the device)" + got);
   }
+  // NOTE [state placement]: zero's own key.
+  if (z.offload_optimizer.max_in_cpu > 0 && z.offload_optimizer.device != OffloadDevice::kNvme)
+    ctx.warn(zs.path_of("offload_optimizer.max_in_cpu"),
+             "has no effect without offload_optimizer.device \"nvme\": the offloaded optimizer states are all in "
+             "host memory (or on the device) already");
   // NOTE [device gradients]: zero's own key.
   if (z.offload_optimizer.gradients_on_device) {
     const std::string path = zs.path_of("offload_optimizer.gradients_on_device");

@@ -17,8 +17,7 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
   ZERO_CHECK(!(param_master_ && options_.offload), "an offloaded master cannot be the parameters");
   ZERO_CHECK(!(param_master_ && options_.master_dtype != at::kFloat), "a 16-bit master is its own buffer");
   ZERO_CHECK(options_.ratio >= 0.0 && options_.ratio <= 1.0, "offload_optimizer.ratio is between 0 and 1");
-  ZERO_CHECK(options_.ratio == 1.0 || (options_.offload && !options_.nvme),
-             "a partial offload (ratio < 1) is of offload_optimizer cpu");
+  ZERO_CHECK(options_.ratio == 1.0 || options_.offload, "a partial offload (ratio < 1) is of offload_optimizer");
   const int64_t size = std::max<int64_t>(1, options_.sub_group_size);
   std::vector<int64_t> numels;
   for (size_t g = 0; g < params_.groups().size(); ++g) {
@@ -26,13 +25,19 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     numels.push_back(n);
     for (int64_t start = 0; start < n; start += size) sub_groups_.push_back({g, start, std::min(size, n - start)});
   }
-  // NOTE [partial offload]: each group's tier, and its place in that tier's buffers.
-  host_ = options_.offload ? host_groups(numels, options_.ratio) : std::vector<char>(numels.size(), 0);
-  int64_t tier_numel[2] = {0, 0};
+  // NOTE [state placement]: each group's tier, and its place in that tier's
+  // buffers (the device's, or off the device: the groups in host memory
+  // first, then NVMe's, whose gradients are in host memory too).
+  host_ = options_.offload ? state_tiers(numels, options_.ratio, options_.nvme.has_value(), options_.max_in_cpu)
+                           : std::vector<char>(numels.size(), kStatesOnDevice);
+  int64_t tier_numel[2] = {0, 0}, memory_numel = 0;  // (off the device: those in host memory)
   for (size_t g = 0; g < numels.size(); ++g) {
     at_.push_back(tier_numel[host_[g] ? 1 : 0]);
     tier_numel[host_[g] ? 1 : 0] += numels[g];
+    if (host_[g] == kStatesInHostMemory) memory_numel += numels[g];
   }
+  first_disk_ = sub_groups_.size();
+  for (size_t k = sub_groups_.size(); k-- > 0 && host_[sub_groups_[k].group] == kStatesOnNvme;) first_disk_ = k;
   names_.push_back("fp32_master");
   specs_ = optimizer.state_specs();
   // min_8bit_size: the blocks of each sub-group that hold an element of a
@@ -75,9 +80,10 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
     state_at_.push_back(std::move(at));
     state_len_.push_back(std::move(len));
   }
-  tier_ = options_.nvme ? Tier::kNvme : !options_.offload ? Tier::kDevice
-                                       : options_.pin_memory ? Tier::kPinnedHost
-                                                             : Tier::kHost;
+  tier_ = first_disk_ < sub_groups_.size() ? Tier::kNvme
+          : !options_.offload               ? Tier::kDevice
+          : options_.pin_memory             ? Tier::kPinnedHost
+                                            : Tier::kHost;
   // A buffer of a tier's share of the owned partition (none when it is
   // empty): on the device, or offloaded in host memory, pinned when asked
   // and within the ledger's pinned limit.
@@ -107,17 +113,19 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
       if (tiers_[t].grads.defined()) tiers_[t].grads.zero_();
     }
   }
-  if (options_.nvme) {
+  if (first_disk_ < sub_groups_.size()) {  // the swapper's sub-groups are the last ones
     std::vector<SwapTensor> tensors{{names_[0], options_.master_dtype, 0}};
     for (size_t i = 0; i < specs_.size(); ++i) {
       const auto& spec = specs_[i];
       tensors.push_back({spec.name, spec.dtype, spec.per_block});
       if (spec.side)  // each sub-group's own length
-        tensors.back().numels = state_len_[i];
+        tensors.back().numels.assign(state_len_[i].begin() + static_cast<ptrdiff_t>(first_disk_), state_len_[i].end());
     }
-    swapper_ = std::make_unique<StateSwapper>(sub_groups_of(numels, size), std::move(tensors), *options_.nvme, ledger_);
-    return;
+    std::vector<int64_t> disk;
+    for (size_t k = first_disk_; k < sub_groups_.size(); ++k) disk.push_back(sub_groups_[k].numel);
+    swapper_ = std::make_unique<StateSwapper>(std::move(disk), std::move(tensors), *options_.nvme, ledger_);
   }
+  tier_numel[1] = memory_numel;  // the master and states off the device: those in host memory
   for (int t = 0; t < 2; ++t) {
     if (!param_master_)
       tiers_[t].master = buffer(t, options_.master_dtype, Kind::kOptimizerStates,
@@ -128,7 +136,7 @@ StateStore::StateStore(const FlatParameters& params, const optim::FlatOptimizer&
                                 tier_numel[t]);
     for (size_t i = 0; i < specs_.size(); ++i) {
       int64_t numel = 0;  // this tier's sub-groups' parts
-      for (size_t k = 0; k < sub_groups_.size(); ++k)
+      for (size_t k = 0; k < first_disk_; ++k)
         if ((host_[sub_groups_[k].group] ? 1 : 0) == t) numel += state_len_[i][k];
       tiers_[t].states.push_back(buffer(t, specs_[i].dtype, Kind::kOptimizerStates, "optimizer state " + names_[i + 1], numel));
     }
@@ -140,39 +148,38 @@ at::Tensor StateStore::chunk_of(const at::Tensor& buf, size_t g) const {
 }
 
 void StateStore::init(const std::function<at::Tensor(size_t g)>& chunk, const std::function<void(size_t g)>& done) {
-  if (swapper_) {
-    swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t k, const std::vector<at::Tensor>& t) {
-      const auto [g, start, len] = sub_groups_[k];
-      t[0].copy_(chunk(g).narrow(0, start, len));
-      std::vector<at::Tensor> st(t.begin() + 1, t.end());
-      start_states(k, st);
-      if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) done(g);
-    });
-    swapper_->clear_timings();
-    return;
-  }
-  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+  for (size_t k = 0; k < first_disk_; ++k) {
     std::vector<at::Tensor> st = sub_group_states(k);
     start_states(k, st);
   }
-  if (param_master_) return;
-  for (size_t g = 0; g < params_.groups().size(); ++g) {
-    master(g).copy_(chunk(g));
-    done(g);
+  if (!param_master_) {
+    for (size_t g = 0; g < params_.groups().size(); ++g) {
+      if (on_nvme(g)) continue;
+      master(g).copy_(chunk(g));
+      done(g);
+    }
   }
+  if (!swapper_) return;
+  swapper_->pass(/*read=*/false, /*write=*/true, [&](size_t j, const std::vector<at::Tensor>& t) {
+    const size_t k = first_disk_ + j;
+    const auto [g, start, len] = sub_groups_[k];
+    t[0].copy_(chunk(g).narrow(0, start, len));
+    std::vector<at::Tensor> st(t.begin() + 1, t.end());
+    start_states(k, st);
+    if (k + 1 == sub_groups_.size() || sub_groups_[k + 1].group != g) done(g);
+  });
+  swapper_->clear_timings();
 }
 
 void StateStore::visit(bool write_back, const Visit& fn) {
-  if (swapper_) {
-    swapper_->pass(/*read=*/true, write_back, [&](size_t k, const std::vector<at::Tensor>& t) {
-      fn(k, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
-    });
-    return;
-  }
-  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+  for (size_t k = 0; k < first_disk_; ++k) {
     const auto [g, start, len] = sub_groups_[k];
     fn(k, master(g).narrow(0, start, len), sub_group_states(k));
   }
+  if (!swapper_) return;
+  swapper_->pass(/*read=*/true, write_back, [&](size_t j, const std::vector<at::Tensor>& t) {
+    fn(first_disk_ + j, t[0], std::vector<at::Tensor>(t.begin() + 1, t.end()));
+  });
 }
 
 void StateStore::start_states(size_t k, std::vector<at::Tensor>& st) const {
@@ -203,13 +210,13 @@ void StateStore::prefetch() {
 }
 
 at::Tensor StateStore::master(size_t g) const {
-  ZERO_CHECK(!swapper_, "the master is on NVMe: visit() it");
+  ZERO_CHECK(!on_nvme(g), "the master is on NVMe: visit() it");
   if (param_master_) return param_master_(g);
   return chunk_of(buffers_of(g).master, g);
 }
 
 at::Tensor StateStore::state(size_t i, size_t g) const {
-  ZERO_CHECK(!swapper_ && i < specs_.size(), "no such optimizer state in memory");
+  ZERO_CHECK(!on_nvme(g) && i < specs_.size(), "no such optimizer state in memory");
   const at::Tensor& buf = buffers_of(g).states[i];
   if (specs_[i].per_block == 0) return chunk_of(buf, g);
   // A block-wise state: the blocks of g's sub-groups, which are consecutive.

@@ -141,10 +141,11 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   so.pin_memory = options_.pin_memory;
   so.nvme = options_.nvme;
   so.ratio = options_.offload_ratio;
+  so.max_in_cpu = options_.max_in_cpu;
   so.grads_on_device = options_.grads_on_device && options_.offload_optimizer && options_.stage >= 2;
-  ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer && !options_.nvme &&
+  ZERO_CHECK(options_.offload_ratio == 1.0 || (options_.stage == 3 && options_.offload_optimizer &&
                                                  layout != nullptr && !layout->offload_param && !layout->nvme_param),
-             "offload_optimizer.ratio < 1 is for stage 3 with offload_optimizer cpu and the shards on the device");
+             "offload_optimizer.ratio < 1 is for stage 3 with optimizer offload and the shards on the device");
   so.sub_group_size = options_.sub_group_size;
   so.grad_partition = options_.stage >= 2;
   so.grad_dtype = options_.grad_accum_dtype;

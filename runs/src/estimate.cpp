@@ -43,14 +43,18 @@
 //   the undo copy only the host's. To NVMe: the swap files (each
 //   sub-group of sub_group_size elements a 4 KiB-aligned extent per state),
 //   and min(buffer_count, sub-groups) host buffers of the largest sub-group
-//   of every state.
+//   of every state; with offload_optimizer.max_in_cpu, the first offloaded
+//   groups within it in host memory instead, and with a ratio < 1 the
+//   device's groups on the device, as with cpu (NOTE [state placement]).
 //
 // The planner (zero estimate with budgets): for each configuration whose
 // optimizer is offloaded at stages 2-3 the largest model is also searched
 // with the gradient partition on the device (gradients_on_device) and, at
 // stage 3 with the shards on the device, at offload_optimizer.ratio 1, 0.95,
-// ..., 0.05 and 0; the placement that fits the largest (by at least 1%) is
-// printed with it.
+// ..., 0.05 and 0, and with nvme and a host budget with the host holding as
+// many of the offloaded groups as it can (offload_optimizer.max_in_cpu,
+// bisected at each size); the placement that fits the largest (by at least
+// 1%, or with nvme one that keeps more in host memory) is printed with it.
 // Each is the same formulas above, so the planner is as close to the ledger
 // as they are (tools_tests EstimateMatchesLedger holds each placement's
 // formula within 5%).
@@ -225,16 +229,19 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     }
   }
 
-  // Which groups' states (and, stages 2-3, gradient partitions) are off the
-  // device: all with offload_optimizer, but with a ratio < 1 at stage 3 (NOTE
-  // [partial offload]) the host_groups() of this rank's chunks (the same on
-  // every rank).
-  std::vector<char> host_of(groups.size(), off_opt ? 1 : 0);
-  if (off_opt && !nvme_opt && z.stage == 3 && z.offload_optimizer.ratio < 1.0) {
-    std::vector<int64_t> chunks;
-    for (int64_t n : groups) chunks.push_back(n / layout_ranks);
-    host_of = partition::host_groups(chunks, z.offload_optimizer.ratio);
-  }
+  // Where each group's states are (and, stages 2-3, whether its gradient
+  // partition is off the device): all offloaded with offload_optimizer, but
+  // with a ratio < 1 at stage 3 (NOTE [partial offload]) the host_groups()
+  // of this rank's chunks (the same on every rank) and, with nvme, those
+  // within max_in_cpu in host memory (NOTE [state placement]): state_tiers().
+  std::vector<int64_t> chunks;
+  for (int64_t n : groups) chunks.push_back(n / layout_ranks);
+  const std::vector<char> tier_of =
+      off_opt ? partition::state_tiers(chunks, z.stage == 3 ? z.offload_optimizer.ratio : 1.0, nvme_opt,
+                                       z.offload_optimizer.max_in_cpu)
+              : std::vector<char>(groups.size(), partition::kStatesOnDevice);
+  std::vector<char> host_of(groups.size());  // off the device
+  for (size_t i = 0; i < groups.size(); ++i) host_of[i] = tier_of[i] != partition::kStatesOnDevice;
   int64_t part_on[2] = {0, 0};  // this rank's elements on the device, off it
   for (size_t i = 0; i < groups.size(); ++i) part_on[host_of[i] ? 1 : 0] += groups[i] / layout_ranks;
 
@@ -270,20 +277,21 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   const int64_t sub = std::max<int64_t>(1, z.sub_group_size);
   auto numel_for = [](const StateTensor& t, int64_t n) { return t.per_block > 0 ? (n + t.per_block - 1) / t.per_block : n; };
   // Over this rank's sub-groups (counted, not walked: they may be many):
-  // bytes in memory, bytes of the swap files, the largest sub-group.
-  // (Memory and sub-groups per tier: [0] the device's, [1] off it.)
-  int64_t in_memory[2] = {0, 0}, file = 0, sub_groups_on[2] = {0, 0}, largest = 1;
+  // bytes in memory, bytes of the swap files, the largest sub-group on disk.
+  // (Memory and sub-groups per tier: [0] the device's, [1] host memory's,
+  // [2] NVMe's.)
+  int64_t in_memory[3] = {0, 0, 0}, file = 0, sub_groups_on[3] = {0, 0, 0}, largest = 1;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int64_t chunk = groups[gi] / layout_ranks, full = chunk / sub, rest = chunk % sub;
-    const int tier = host_of[gi] ? 1 : 0;
+    const int tier = tier_of[gi];
     for (const auto& t : tensors) {
-      in_memory[tier] += t.bytes * (full * numel_for(t, sub) + (rest > 0 ? numel_for(t, rest) : 0));
-      file += full * aligned(t.bytes * numel_for(t, sub)) + (rest > 0 ? aligned(t.bytes * numel_for(t, rest)) : 0);
+      if (tier == partition::kStatesOnNvme)
+        file += full * aligned(t.bytes * numel_for(t, sub)) + (rest > 0 ? aligned(t.bytes * numel_for(t, rest)) : 0);
+      else in_memory[tier] += t.bytes * (full * numel_for(t, sub) + (rest > 0 ? numel_for(t, rest) : 0));
     }
     sub_groups_on[tier] += full + (rest > 0 ? 1 : 0);
-    largest = std::max(largest, full > 0 ? sub : rest);
+    if (tier == partition::kStatesOnNvme) largest = std::max(largest, full > 0 ? sub : rest);
   }
-  const int64_t sub_groups = sub_groups_on[0] + sub_groups_on[1];
   // 8-bit Adam's blocks kept in fp32 (min_8bit_size): two fp32 moments for
   // each 256-element block of a sub-group that holds an element of a
   // smaller parameter, at least one block's per sub-group, found as the
@@ -313,15 +321,20 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
         o += q;
       }
     }
-    // (Per tier, the rank with the most in total.)
+    // (Per tier, the rank with the most in total; on NVMe each sub-group's
+    // an aligned extent, and a buffer holds the most of one.)
     int64_t side_memory[2] = {0, 0}, side_file = 0;
     for (const auto& m : marked) {
-      int64_t blocks[2] = {sub_groups_on[0], sub_groups_on[1]}, extents = sub_groups * aligned(block_bytes), most = 1;
+      int64_t blocks[2] = {sub_groups_on[0], sub_groups_on[1]}, extents = sub_groups_on[2] * aligned(block_bytes),
+              most = 1;
       for (const auto& [key, v] : m) {
-        const int tier = host_of[key.first] ? 1 : 0;
-        blocks[tier] += std::max<int64_t>(1, v.first) - 1;
-        extents += aligned(block_bytes * std::max<int64_t>(1, v.first)) - aligned(block_bytes);
-        most = std::max(most, v.first);
+        const int tier = tier_of[key.first];
+        if (tier == partition::kStatesOnNvme) {
+          extents += aligned(block_bytes * std::max<int64_t>(1, v.first)) - aligned(block_bytes);
+          most = std::max(most, v.first);
+        } else {
+          blocks[tier] += std::max<int64_t>(1, v.first) - 1;
+        }
       }
       if (2 * block_bytes * (blocks[0] + blocks[1]) > side_memory[0] + side_memory[1])
         side_memory[0] = 2 * block_bytes * blocks[0], side_memory[1] = 2 * block_bytes * blocks[1];
@@ -332,19 +345,24 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
     in_memory[1] += side_memory[1];
     file += side_file;
   }
+  // (Without offload tier_of is all the device's.)
+  e.device.optimizer_states = in_memory[0];
   if (!nvme_opt) {
-    // (Without offload host_of is all 0: everything on the device.)
-    e.device.optimizer_states = in_memory[0];
     const bool speculates = off_opt && z.offload_optimizer.super_offload && z.stage == 3 && !off_param &&
                             !z.offload_optimizer.gradients_on_device;
     e.host.optimizer_states = (speculates ? 2 : 1) * in_memory[1];
   } else {
-    e.nvme.optimizer_states = file;
-    const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, std::max<int64_t>(1, sub_groups));
-    int64_t slot = 0;
-    for (const auto& t : tensors) slot += std::max<int64_t>(aligned(t.bytes * numel_for(t, largest)), 4096);
-    slot += side_slot;
-    e.host.optimizer_states = buffers * slot;
+    // The groups within max_in_cpu in host memory; the disk's through
+    // min(buffer_count, its sub-groups) buffers of its largest.
+    e.host.optimizer_states = in_memory[1];
+    if (sub_groups_on[2] > 0) {
+      e.nvme.optimizer_states = file;
+      const int64_t buffers = std::min<int64_t>(z.offload_optimizer.buffer_count, sub_groups_on[2]);
+      int64_t slot = 0;
+      for (const auto& t : tensors) slot += std::max<int64_t>(aligned(t.bytes * numel_for(t, largest)), 4096);
+      slot += side_slot;
+      e.host.optimizer_states += buffers * slot;
+    }
   }
   return e;
 }

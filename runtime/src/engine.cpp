@@ -334,9 +334,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     so.aio = partition::aio_options(s.config.aio);
     so.tag = "rank" + std::to_string(s.dist.rank);
     zo.nvme = so;
+    zo.max_in_cpu = oo.max_in_cpu;  // NOTE [state placement]
   }
   // NOTE [partial offload] (the config refuses it elsewhere).
-  if (zo.offload_optimizer && !zo.nvme && s.config.zero.stage == 3) zo.offload_ratio = oo.ratio;
+  if (zo.offload_optimizer && s.config.zero.stage == 3) zo.offload_ratio = oo.ratio;
   // NOTE [device gradients] (the config warns where it has no effect).
   zo.grads_on_device = oo.gradients_on_device && zo.offload_optimizer && s.config.zero.stage >= 2;
   zo.check_overflow = s.config.fp16.enabled || (s.config.bf16.enabled && s.config.bf16.check_grad_overflow);
@@ -391,7 +392,17 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     log::info("optimizer states on NVMe under " + sw->options().nvme_path + ": " + format_bytes(sw->file_bytes()) +
               " of swap files per rank (opened, then unlinked: the space returns when the process ends), stepped in " +
               std::to_string(sw->num_sub_groups()) + " sub-groups through " + format_bytes(sw->buffer_bytes()) +
-              " of host buffers");
+              " of host buffers" +
+              (s.config.zero.offload_optimizer.max_in_cpu > 0
+                   ? "; the first offloaded groups within zero_optimization.offload_optimizer.max_in_cpu (" +
+                         std::to_string(s.config.zero.offload_optimizer.max_in_cpu) + " elements) stay in host memory"
+                   : std::string()));
+  } else if (zo.nvme && s.dist.rank == 0 && zo.offload_ratio > 0) {
+    log::info("offload_optimizer nvme: every offloaded optimizer state of rank 0 fits within "
+              "zero_optimization.offload_optimizer.max_in_cpu (" +
+              std::to_string(s.config.zero.offload_optimizer.max_in_cpu) +
+              " elements), so nothing goes to disk; lower that key (0, the default, puts every offloaded state on "
+              "NVMe) to see NVMe offload at work");
   }
   if (const auto* ps = s.optimizer->param_swapper(); ps != nullptr && s.dist.rank == 0 && ps->swapped_numel() == 0) {
     log::info("offload_param nvme: every layer shard of rank 0 fits within zero_optimization.offload_param.max_in_cpu (" +

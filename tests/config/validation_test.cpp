@@ -203,9 +203,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "progressive_layer_drop.enabled: progressive layer drop is not implemented"},
         BadCase{"compression", R"("compression_training": {"weight_quantization": {}})",
                 "compression_training: compression training is not implemented"},
-        BadCase{"partial_offload_nvme",
-                R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.3}})",
-                "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_optimizer.device \"nvme\""},
+        BadCase{"max_in_cpu_negative",
+                R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "max_in_cpu": -1}})",
+                "zero_optimization.offload_optimizer.max_in_cpu: expected an integer >= 0; got -1"},
         BadCase{"partial_offload_param",
                 R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}, "offload_param": {"device": "cpu"}})",
                 "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_param"},
@@ -330,7 +330,24 @@ TEST(PartialOffload, RatioAtStage3WithCpu) {
   EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
   const Config none = load_string(with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": 0.5}})"));
   EXPECT_TRUE(has_warning(none, "zero_optimization.offload_optimizer.ratio: has no effect without "
-                                "offload_optimizer.device \"cpu\"")) << joined(none.warnings);
+                                "offload_optimizer.device \"cpu\" or \"nvme\"")) << joined(none.warnings);
+}
+
+// NOTE [state placement]: the device's share and max_in_cpu with nvme;
+// max_in_cpu without nvme changes nothing, and says so.
+TEST(StatePlacement, RatioAndMaxInCpuWithNvme) {
+  const Config c = load_string(with(
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.3, "max_in_cpu": 5000}})"));
+  EXPECT_DOUBLE_EQ(c.zero.offload_optimizer.ratio, 0.3);
+  EXPECT_EQ(c.zero.offload_optimizer.max_in_cpu, 5000);
+  EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
+  EXPECT_EQ(load_string(with(R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})"))
+                .zero.offload_optimizer.max_in_cpu,
+            0);  // every offloaded state on NVMe, as before the key
+  const Config cpu = load_string(
+      with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "max_in_cpu": 5000}})"));
+  EXPECT_TRUE(has_warning(cpu, "zero_optimization.offload_optimizer.max_in_cpu: has no effect without "
+                               "offload_optimizer.device \"nvme\"")) << joined(cpu.warnings);
 }
 
 // NOTE [device gradients]: zero's own key; without a partition offloaded

@@ -44,6 +44,7 @@ struct TierCase {
   bool offload, pin, nvme;
   int64_t sub_group;
   double ratio = 1.0;  // offload_optimizer.ratio (NOTE [partial offload])
+  int64_t max_in_cpu = 0;  // with nvme (NOTE [state placement])
 };
 
 class StoreTiers : public ::testing::TestWithParam<TierCase> {};
@@ -60,6 +61,7 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
   o.sub_group_size = c.sub_group;
   o.grad_partition = true;
   o.ratio = c.ratio;
+  o.max_in_cpu = c.max_in_cpu;
   const std::string dir = std::string(ZERO_BINARY_DIR) + "/tests/store_" + std::to_string(getpid()) + "_" + c.name;
   if (c.nvme) {
     std::filesystem::create_directories(dir);
@@ -73,7 +75,13 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
     const int rank = 1;
     store.init([&](size_t g) { return flat.chunk_of(flat.flat(), g, rank); }, [](size_t) {});
     EXPECT_EQ(store.names(), (std::vector<std::string>{"fp32_master", "sum"}));
-    EXPECT_EQ(store.tier(), c.nvme ? Tier::kNvme : !c.offload ? Tier::kDevice : c.pin ? Tier::kPinnedHost : Tier::kHost);
+    // Each group on one tier (state_tiers(): a partial offload's device
+    // share, host memory within max_in_cpu, NVMe).
+    std::vector<int64_t> chunks;
+    for (const auto& grp : flat.groups()) chunks.push_back(grp.chunk_numel);
+    const auto tier_of = zero::partition::state_tiers(chunks, c.ratio, c.nvme, c.max_in_cpu);
+    const bool on_disk = std::count(tier_of.begin(), tier_of.end(), zero::partition::kStatesOnNvme) > 0;
+    EXPECT_EQ(store.tier(), on_disk ? Tier::kNvme : !c.offload ? Tier::kDevice : c.pin ? Tier::kPinnedHost : Tier::kHost);
     // Sub-groups cover every chunk in order, none across two groups.
     int64_t covered = 0;
     for (const auto& sg : store.sub_groups()) {
@@ -82,20 +90,20 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
       covered += sg.numel;
     }
     EXPECT_EQ(covered, flat.owned_numel());
-    // Each group on one tier (a partial offload's by host_groups()), with
-    // both tiers used here.
-    std::vector<int64_t> chunks;
-    for (const auto& grp : flat.groups()) chunks.push_back(grp.chunk_numel);
-    const auto host_of = zero::partition::host_groups(chunks, c.ratio);
-    if (c.ratio < 1.0) {
-      EXPECT_TRUE(std::count(host_of.begin(), host_of.end(), 1) > 0 && std::count(host_of.begin(), host_of.end(), 0) > 0);
-    }
+    // (Each case with a ratio, or a max_in_cpu short of the partition, uses
+    // two tiers or more.)
+    int tiers_used = 0;
+    for (char t = 0; t < 3; ++t) tiers_used += std::count(tier_of.begin(), tier_of.end(), t) > 0 ? 1 : 0;
+    if (c.ratio < 1.0 || (c.max_in_cpu > 0 && c.max_in_cpu < flat.owned_numel())) EXPECT_GE(tiers_used, 2);
+    if (c.nvme && c.max_in_cpu >= flat.owned_numel()) EXPECT_FALSE(on_disk);
     for (size_t g = 0; g < flat.groups().size(); ++g) {
-      EXPECT_EQ(store.on_host(g), c.offload && host_of[g]) << "group " << g;
-      if (c.nvme) continue;
+      EXPECT_EQ(store.on_host(g), c.offload && tier_of[g] != zero::partition::kStatesOnDevice) << "group " << g;
+      EXPECT_EQ(store.on_nvme(g), c.offload && tier_of[g] == zero::partition::kStatesOnNvme) << "group " << g;
       EXPECT_EQ(store.grad(g).numel(), flat.groups()[g].chunk_numel);
+      if (store.on_nvme(g)) continue;
       EXPECT_EQ(store.master(g).numel(), flat.groups()[g].chunk_numel);
     }
+    EXPECT_EQ(ledger.get(Tier::kNvme).current_bytes > 0, on_disk);
     if (c.ratio < 1.0) {
       EXPECT_GT(ledger.get(Tier::kDevice, zero::Kind::kOptimizerStates).current_bytes, 0);
       EXPECT_GT(ledger.get(Tier::kDevice, zero::Kind::kGradients).current_bytes, 0);
@@ -138,7 +146,10 @@ INSTANTIATE_TEST_SUITE_P(Tiers, StoreTiers,
                                            TierCase{"pinned", true, true, false, 777},
                                            TierCase{"pageable", true, false, false, 1000000},
                                            TierCase{"nvme", true, true, true, 500},
-                                           TierCase{"partial", true, true, false, 333, 0.25}),
+                                           TierCase{"partial", true, true, false, 333, 0.25},
+                                           TierCase{"nvme_in_cpu", true, true, true, 500, 1.0, 900},
+                                           TierCase{"nvme_partial", true, false, true, 333, 0.5, 500},
+                                           TierCase{"nvme_all_in_cpu", true, true, true, 500, 1.0, 100000}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // NOTE [partial offload]: the host takes groups from the last while it holds
@@ -156,6 +167,22 @@ TEST(PartialOffload, HostGroupsAreTheLastUpToTheRatio) {
   EXPECT_EQ(host_groups({}, 0.5), (std::vector<char>{}));
 }
 
+// NOTE [state placement]: the device's share as above; with nvme, host
+// memory keeps the first offloaded groups while they fit max_in_cpu, and
+// from the first that does not, every later one is on NVMe.
+TEST(StatePlacement, DeviceThenHostMemoryThenNvme) {
+  using zero::partition::state_tiers;
+  const std::vector<int64_t> four{100, 100, 100, 100};
+  EXPECT_EQ(state_tiers(four, 1.0, false, 250), (std::vector<char>{1, 1, 1, 1}));  // (no NVMe: all in memory)
+  EXPECT_EQ(state_tiers(four, 1.0, true, 0), (std::vector<char>{2, 2, 2, 2}));
+  EXPECT_EQ(state_tiers(four, 1.0, true, 250), (std::vector<char>{1, 1, 2, 2}));
+  EXPECT_EQ(state_tiers(four, 0.75, true, 100), (std::vector<char>{0, 1, 2, 2}));
+  EXPECT_EQ(state_tiers(four, 0.5, true, 1000), (std::vector<char>{0, 0, 1, 1}));
+  EXPECT_EQ(state_tiers(four, 0.0, true, 0), (std::vector<char>{0, 0, 0, 0}));
+  // A smaller group after one that did not fit goes to NVMe too.
+  EXPECT_EQ(state_tiers({100, 300, 50}, 1.0, true, 200), (std::vector<char>{1, 2, 2}));
+}
+
 // 8-bit Adam's min_8bit_size (NOTE [8-bit states]): each rank's store marks
 // exactly the blocks of each sub-group (from its first element) that hold
 // an element of a parameter under the size, found here independently by
@@ -163,7 +190,8 @@ TEST(PartialOffload, HostGroupsAreTheLastUpToTheRatio) {
 // on the device and on NVMe (whose files take each sub-group's length), at
 // sub-groups that split blocks and groups after the first.
 TEST(StateStore, MarksTheBlocksOfSmallParametersFp32) {
-  for (const bool nvme : {false, true}) {
+  for (const int mode : {0, 1, 2}) {  // in memory; on NVMe; group 0 in memory (max_in_cpu), the rest on NVMe
+    const bool nvme = mode > 0;
     for (const int64_t rank : {0, 1}) {
       zero::MemoryLedger ledger;
       std::vector<std::pair<std::string, at::Tensor>> ps{
@@ -193,9 +221,11 @@ TEST(StateStore, MarksTheBlocksOfSmallParametersFp32) {
         so.buffer_count = 2;
         o.offload = true;
         o.nvme = so;
+        if (mode == 2) o.max_in_cpu = flat.groups()[0].chunk_numel;
       }
       {
         StateStore store(flat, *opt, o, ledger);
+        if (mode == 2) EXPECT_TRUE(!store.on_nvme(0) && store.on_nvme(1));
         store.init([&](size_t g) { return flat.chunk_of(flat.flat(), g, rank); }, [](size_t) {});
         int64_t marked = 0;
         store.visit(false, [&](size_t k, at::Tensor m, std::vector<at::Tensor> st) {

@@ -266,33 +266,51 @@ TEST_F(Checkpoints, ACheckpointOfOneStageLoadsAtAnother) {
   }
 }
 
-// NOTE [partial offload]: a checkpoint saved at one offload_optimizer.ratio
-// resumes at another (the states are saved by element range, wherever they
-// lived) and trains on as the uninterrupted run, bit for bit on CPU ranks.
+// NOTE [partial offload], NOTE [state placement]: a checkpoint saved at one
+// placement of the optimizer states (device, host memory, NVMe) resumes at
+// another (the states are saved by element range, wherever they lived) and
+// trains on as the uninterrupted run, bit for bit on CPU ranks.
 TEST(PartialOffload, ACheckpointResumesAtAnotherRatio) {
-  auto cfg = [](double ratio) {
-    return config(R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, )"
-                  R"("sub_group_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": )" +
-                  std::to_string(ratio) + "}}");
-  };
-  const std::string dir = kWork + "partial_offload_ratio";
   ck::make_folders(kWork);
-  ck::remove_tree(dir);
-  Trainer whole(7, cfg(0.5));
-  whole.train(0, 6);
-  {
-    Trainer first(7, cfg(0.5));
-    first.train(0, 3);
-    first.engine->save_checkpoint(dir);
-  }
-  for (const double ratio : {0.0, 0.3, 1.0}) {
-    SCOPED_TRACE("resumed at ratio " + std::to_string(ratio));
-    Trainer second(123, cfg(ratio));
-    second.engine->load_checkpoint(dir);
-    second.train(3, 6);
-    ASSERT_EQ(second.losses.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
-    EXPECT_EQ(second.engine->parameter_l2(), whole.engine->parameter_l2());
+  const std::string nvme = kWork + "placement_nvme";
+  ck::make_folders(nvme);
+  auto cfg = [&](const std::string& offload) {
+    return config(R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100, )"
+                  R"("sub_group_size": 3000, "offload_optimizer": {)" +
+                  offload + "}}");
+  };
+  auto cpu = [](double ratio) { return R"("device": "cpu", "ratio": )" + std::to_string(ratio); };
+  auto on_nvme = [&](double ratio, int64_t max_in_cpu) {
+    return R"("device": "nvme", "nvme_path": ")" + nvme + R"(", "ratio": )" + std::to_string(ratio) +
+           R"(, "max_in_cpu": )" + std::to_string(max_in_cpu);
+  };
+  struct Case {
+    std::string saved;
+    std::vector<std::string> resumed;
+  };
+  const std::vector<Case> cases = {
+      {cpu(0.5), {cpu(0.0), cpu(0.3), cpu(1.0), on_nvme(1.0, 0), on_nvme(1.0, 4000), on_nvme(0.5, 13000)}},
+      {on_nvme(0.5, 13000), {cpu(1.0), on_nvme(1.0, 1000000)}},
+  };
+  for (const auto& c : cases) {
+    const std::string dir = kWork + "partial_offload_ratio";
+    ck::remove_tree(dir);
+    Trainer whole(7, cfg(c.saved));
+    whole.train(0, 6);
+    {
+      Trainer first(7, cfg(c.saved));
+      first.train(0, 3);
+      first.engine->save_checkpoint(dir);
+    }
+    for (const auto& placement : c.resumed) {
+      SCOPED_TRACE("saved at {" + c.saved + "}, resumed at {" + placement + "}");
+      Trainer second(123, cfg(placement));
+      second.engine->load_checkpoint(dir);
+      second.train(3, 6);
+      ASSERT_EQ(second.losses.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
+      EXPECT_EQ(second.engine->parameter_l2(), whole.engine->parameter_l2());
+    }
   }
 }
 

@@ -40,6 +40,7 @@ struct Trained {
   int64_t undo_bytes = 0;  // the ledger's pageable host optimizer states: the undo copy
   int64_t device_state_bytes = 0, device_grad_bytes = 0, host_state_bytes = 0;  // the ledger's (partial offload)
   int64_t host_grad_bytes = 0;
+  int64_t nvme_state_bytes = 0;  // the ledger's: the swap files
   std::vector<torch::Tensor> states_mid;  // read between a backward and its step (eval_at)
   double l2_mid = 0;
 };
@@ -59,6 +60,8 @@ struct Options {
   double ratio = 1.0;  // offload_optimizer.ratio (NOTE [partial offload])
   bool grads_on_device = false;  // offload_optimizer.gradients_on_device (NOTE [device gradients])
   int stage = 3;
+  std::string nvme_path;  // offload_optimizer nvme there (else cpu)
+  int64_t max_in_cpu = 0;  // with nvme (NOTE [state placement])
 };
 
 Trained train(bool super_offload, const Options& o) {
@@ -81,7 +84,11 @@ Trained train(bool super_offload, const Options& o) {
       R"( "zero_optimization": {"stage": )" + std::to_string(o.stage) +
       R"(, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
       std::to_string(o.sub_group_size) +
-      R"(, "reduce_bucket_size": 3000, "offload_optimizer": {"device": "cpu", "ratio": )" + std::to_string(o.ratio) +
+      R"(, "reduce_bucket_size": 3000, "offload_optimizer": {)" +
+      (o.nvme_path.empty() ? std::string(R"("device": "cpu")")
+                           : R"("device": "nvme", "nvme_path": ")" + o.nvme_path + R"(", "max_in_cpu": )" +
+                                 std::to_string(o.max_in_cpu)) +
+      R"(, "ratio": )" + std::to_string(o.ratio) +
       R"(, "super_offload": )" + (super_offload ? "true" : "false") +
       R"(, "gradients_on_device": )" + (o.grads_on_device ? "true" : "false") + "}}}";
   auto engine = zero::initialize(model.ptr(), config, io);
@@ -138,6 +145,7 @@ Trained train(bool super_offload, const Options& o) {
   r.host_state_bytes = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kOptimizerStates).current_bytes;
   r.host_grad_bytes = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kGradients).current_bytes +
                       engine.ledger().get(zero::Tier::kHost, zero::Kind::kGradients).current_bytes;
+  r.nvme_state_bytes = engine.ledger().get(zero::Tier::kNvme, zero::Kind::kOptimizerStates).current_bytes;
   return r;
 }
 
@@ -449,6 +457,61 @@ TEST(DeviceGradients, EqualGradientsInHostMemory) {
       EXPECT_EQ(got.device_grad_bytes - host.device_grad_bytes, host.host_grad_bytes);
     }
   }
+}
+
+// NOTE [state placement]: the optimizer states on three tiers, the device's
+// share first, then host memory within offload_optimizer.max_in_cpu, then
+// NVMe: every placement gives the bits of all in host memory, fp32 and bf16
+// clipped, accumulated, a bf16 master with 8-bit states, and with the
+// gradients on the device; the swap files hold only the disk's share.
+TEST(StatePlacement, EveryPlacementEqualsAllInHostMemory) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("zero_placement_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<Options> variants(3);
+  variants[1].clip = 1e-4;
+  variants[1].gas = 2;
+  variants[1].precision = R"("bf16": {"enabled": true},)";
+  variants[2].clip = 0.05;
+  variants[2].precision = R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true},)";
+  variants[2].optimizer_params = R"("lr": 0.003, "optim_bits": 8, "min_8bit_size": 4096)";
+  struct Placement {
+    double ratio;
+    int64_t max_in_cpu;
+    bool grads_on_device;
+  };
+  // (Each block is a group of about 12.7k elements here: 14000 keeps the
+  // first offloaded block in host memory.)
+  const std::vector<Placement> placements = {{1.0, 0, false}, {1.0, 14000, false}, {0.5, 14000, false},
+                                             {0.5, 14000, true}, {1.0, 1000000, false}};
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const Trained host = train(false, variants[v]);
+    std::vector<int64_t> disk;
+    for (const auto& p : placements) {
+      SCOPED_TRACE("variant " + std::to_string(v) + ", ratio " + std::to_string(p.ratio) + ", max_in_cpu " +
+                   std::to_string(p.max_in_cpu) + (p.grads_on_device ? ", gradients on the device" : ""));
+      Options o = variants[v];
+      o.nvme_path = dir;
+      o.ratio = p.ratio;
+      o.max_in_cpu = p.max_in_cpu;
+      o.grads_on_device = p.grads_on_device;
+      const Trained got = train(false, o);
+      expect_same_bits(host, got);
+      disk.push_back(got.nvme_state_bytes);
+      if (p.ratio < 1) {
+        EXPECT_GT(got.device_state_bytes, 0);
+      } else {
+        EXPECT_EQ(got.device_state_bytes, 0);
+      }
+    }
+    // Less on disk as the device and host memory hold more; nothing with
+    // every group within max_in_cpu.
+    EXPECT_GT(disk[0], disk[1]);
+    EXPECT_GT(disk[1], disk[2]);
+    EXPECT_GT(disk[2], 0);
+    EXPECT_EQ(disk[3], disk[2]);
+    EXPECT_EQ(disk[4], 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

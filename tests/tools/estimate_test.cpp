@@ -137,6 +137,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_bf16_cpu_grads_on_device_8bit", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
                  "offload_optimizer": {"device": "cpu", "gradients_on_device": true}})", 2, 8, nullptr, true},
+        // NOTE [state placement]: the first offloaded groups within
+        // max_in_cpu in host memory, the rest on NVMe; and a device share.
+        Case{"stage3_bf16_nvme_in_cpu_8bit", "bf16",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 20000,
+                 "offload_optimizer": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 120000}})", 2, 8},
+        Case{"stage3_fp32_nvme_ratio_in_cpu", "fp32",
+             R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "sub_group_size": 20000,
+                 "offload_optimizer": {"device": "nvme", "nvme_path": "NVME", "ratio": 0.4, "max_in_cpu": 120000}})"},
         Case{"stage2_fp32_nvme_grads_on_device", "fp32",
              R"({"stage": 2, "sub_group_size": 20000,
                  "offload_optimizer": {"device": "nvme", "nvme_path": "NVME", "gradients_on_device": true}})"},
@@ -352,6 +360,35 @@ TEST(Estimate, ThePlannerFindsThePlacementThatFitsTheLargestModel) {
   if (s2.contains("placement")) {
     EXPECT_EQ(s2["placement"]["ratio"].get<double>(), 1.0) << s2.dump();
     EXPECT_TRUE(s2["placement"]["gradients_on_device"].get<bool>()) << s2.dump();
+  }
+  // NVMe (NOTE [state placement]): the host holds what its budget allows
+  // (max_in_cpu), the disk the rest; checked against --config as above.
+  const std::string nv = e + "--nvme-bytes 150MiB ";
+  ASSERT_EQ(sh(nv + "--stage 3 --offload-optimizer nvme --json " + dir.file("n.json") + " > " + dir.file("n.log") + " 2>&1"),
+            0)
+      << read_text(dir.file("n.log"));
+  const auto n = nlohmann::json::parse(read_text(dir.file("n.json")))["configurations"][0];
+  ASSERT_TRUE(n.contains("placement")) << n.dump();
+  const auto& np = n["placement"];
+  EXPECT_GT(np["max_in_cpu"].get<int64_t>(), 0) << n.dump();
+  EXPECT_GT(np["largest"]["num_parameters"].get<double>(), 1.2 * n["largest"]["num_parameters"].get<double>())
+      << n.dump();
+  nlohmann::json ncfg = cfg;
+  ncfg["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
+                                                   {"nvme_path", dir.path()},
+                                                   {"ratio", np["ratio"]},
+                                                   {"gradients_on_device", np["gradients_on_device"]},
+                                                   {"max_in_cpu", np["max_in_cpu"]}};
+  std::ofstream(dir.file("n_c.json")) << ncfg.dump();
+  const int64_t nl = np["largest"]["n_layer"].get<int64_t>();
+  for (const int64_t l : {nl, nl + 1}) {
+    const std::string m = "--model mingpt:" + std::to_string(l) + ",512,256,64";
+    ASSERT_EQ(sh(kBin + "zero estimate " + m + " --device-memory 600MiB --host-memory 300MiB --nvme-bytes 150MiB --config " +
+                 dir.file("n_c.json") + " --json " + dir.file("n_out.json") + " > " + dir.file("n_c.log") + " 2>&1"),
+              0)
+        << read_text(dir.file("n_c.log"));
+    const auto c = nlohmann::json::parse(read_text(dir.file("n_out.json")));
+    EXPECT_EQ(c["configurations"][0]["fits"].get<bool>(), l == nl) << l << " blocks: " << c.dump();
   }
 }
 

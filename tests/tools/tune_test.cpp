@@ -237,6 +237,54 @@ TEST(Tune, KilledOutrightLeavesNoRunAndTheNextTunerRemovesItsFolders) {
   EXPECT_NE(read_text(dir.file("log2")).find("the scratch folder of a run that was killed"), std::string::npos)
       << read_text(dir.file("log2"));
 }
+// NOTE [state placement]: with the optimizer on NVMe, host memory keeps the
+// offloaded groups its budget holds (max_in_cpu), the disk the rest; under
+// a generous budget every group, under a smaller one some.
+TEST(Tune, TheHostKeepsTheNvmeStatesItsBudgetHolds) {
+  TempDir dir, tmp, nvme;
+  // (Sub-groups of 20000 elements: the swap buffers, 4 of them, are small
+  // beside a layer's states.)
+  std::ofstream(dir.file("base.json"))
+      << R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "gradient_clipping": 1.0,
+             "zero_optimization": {"stage3_param_persistence_threshold": 1000, "sub_group_size": 20000}})";
+  auto tune = [&](const std::string& tag, const std::string& host) {
+    const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune --config " +
+                            dir.file("base.json") +
+                            " --model mingpt:2,128,64,64 --ranks 1 --checkpointing none --micro-batches 2 --bucket-sizes 1e6 "
+                            "--steps 2 --stages 3 --offload nvme --ratios 1 --nvme-path " + nvme.path() +
+                            " --nvme-bytes 1GiB --device-memory 1GiB --host-memory " + host + " --out " +
+                            dir.file(tag + ".json") + " --json " + dir.file("r" + tag + ".json") + " > " +
+                            dir.file(tag + ".log") + " 2>&1";
+    EXPECT_EQ(sh(cmd), 0) << read_text(dir.file(tag + ".log"));
+    return nlohmann::json::parse(read_text(dir.file("r" + tag + ".json")));
+  };
+  const auto all = tune("a", "1GiB");
+  ASSERT_FALSE(all["candidates"].empty()) << all.dump();
+  const auto& c0 = all["candidates"][0];
+  const int64_t everything = c0["max_in_cpu"].get<int64_t>();
+  EXPECT_GT(everything, 0) << c0.dump();
+  // (The parameters' swap file is all that is on NVMe.)
+  const int64_t params_on_disk = c0["estimate_bytes"]["nvme"].get<int64_t>();
+  // A budget that holds part of the states: a block's fp32 master and
+  // moments (12 bytes each of about 197K elements) less.
+  const int64_t host = c0["estimate_bytes"]["host"].get<int64_t>() - 2000000;
+  const auto some = tune("b", std::to_string(host));
+  bool trained = false;
+  for (const auto& c : some["candidates"]) {
+    EXPECT_LT(c["max_in_cpu"].get<int64_t>(), everything) << c.dump();
+    EXPECT_GT(c["estimate_bytes"]["nvme"].get<int64_t>(), params_on_disk) << c.dump();
+    EXPECT_LE(c["estimate_bytes"]["host"].get<int64_t>(), host) << c.dump();
+    trained = trained || c["status"] == "trained";
+  }
+  EXPECT_TRUE(trained) << some.dump();
+  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  const auto& oo = config["zero_optimization"]["offload_optimizer"];
+  ASSERT_TRUE(oo.contains("max_in_cpu")) << config.dump();
+  EXPECT_GT(oo["max_in_cpu"].get<int64_t>(), 0) << config.dump();
+  EXPECT_LT(oo["max_in_cpu"].get<int64_t>(), everything) << config.dump();
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+  EXPECT_TRUE(entries(nvme.path()).empty()) << "swap files left under --nvme-path";
+}
 
 // zero tune of minGPT 2 x 128 at stage 2, offloaded or not, with
 // --allow-low-precision-states (and `extra`), its scratch in `tmp`: run at

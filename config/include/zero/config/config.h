@@ -162,6 +162,10 @@ struct OffloadOptimizerConfig {
   /// zero's own: the gradient partition stays on the device (stages 2-3;
   /// NOTE [device gradients]).
   bool gradients_on_device = false;
+  /// zero's own, named after offload_param's: with nvme, elements of the
+  /// offloaded partition whose master and states stay in host memory, the
+  /// first groups (NOTE [state placement]); 0: all on NVMe.
+  int64_t max_in_cpu = 0;
 };
 
 /// `zero_optimization`; the stage3_* keys under their unprefixed field names.

@@ -1,6 +1,6 @@
 // The two rules of NOTE [stage-3 plan] that zero::Init, the plan and the
-// parameter swapper share, and partial offload's placement, which the state
-// store and the estimator share.
+// parameter swapper share, and the optimizer states' placement (partial
+// offload, max_in_cpu), which the state store and the estimator share.
 #pragma once
 
 #include <algorithm>
@@ -65,6 +65,35 @@ inline std::vector<char> host_groups(const std::vector<int64_t>& chunks, double 
     held += chunks[i];
   }
   return host;
+}
+
+/// Where a group's optimizer states live (NOTE [state placement] in
+/// state_store.h).
+enum StateTier : char { kStatesOnDevice = 0, kStatesInHostMemory = 1, kStatesOnNvme = 2 };
+
+/// The tier of each group's optimizer states: the device keeps the groups
+/// host_groups() leaves it (offload_optimizer.ratio); with `nvme`, of the
+/// offloaded groups, in group order, the first stay in host memory while
+/// their elements sum to at most `max_in_cpu` (offload_optimizer.max_in_cpu),
+/// and from the first that does not fit on, every one is on NVMe. (Unlike
+/// offload_param.max_in_cpu, which keeps any later shard that still fits:
+/// the disk's groups are the last ones, one run a pass reads behind the
+/// memory's.)
+inline std::vector<char> state_tiers(const std::vector<int64_t>& chunks, double ratio, bool nvme, int64_t max_in_cpu) {
+  std::vector<char> tier = host_groups(chunks, ratio);
+  if (!nvme) return tier;
+  int64_t left = std::max<int64_t>(0, max_in_cpu);
+  bool disk = false;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (tier[i] == kStatesOnDevice) continue;
+    if (!disk && chunks[i] <= left) {
+      left -= chunks[i];
+    } else {
+      disk = true;
+      tier[i] = kStatesOnNvme;
+    }
+  }
+  return tier;
 }
 
 }  // namespace zero::partition

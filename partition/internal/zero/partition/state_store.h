@@ -9,7 +9,8 @@
 // tier: the device; host memory (offload_optimizer cpu: pinned when
 // pin_memory, within the ledger's pinned limit); or NVMe swap files
 // (offload_optimizer nvme, NOTE [optimizer swapping]); a partial offload
-// keeps some groups on the device (NOTE [partial offload]). At stages 2-3 it
+// keeps some groups on the device (NOTE [partial offload]), and max_in_cpu
+// some of NVMe's in host memory (NOTE [state placement]). At stages 2-3 it
 // also keeps the reduced gradient partition (the reducer adds into it; on
 // the device in grad_accum_dtype, or, offloaded, in host memory for every
 // tier: fp32, or grad_accum_dtype with a 16-bit master or at stage 3, NOTE
@@ -55,6 +56,25 @@
 // (where, without offload, stage 3's shards are the master). The undo copy
 // of a speculative step is the host's share alone.
 //
+// NOTE [state placement]
+// Each group's master and states live whole on one of three tiers, filled
+// in that order: the device (the first groups, up to 1 - ratio of the
+// partition: NOTE [partial offload]), host memory, and with
+// offload_optimizer nvme the swap files. offload_optimizer.max_in_cpu (zero's
+// own key, named after offload_param's: elements of the partition; 0 by
+// default, every offloaded group on NVMe as before it existed) keeps the
+// first offloaded groups in host memory while they fit within it, and the
+// rest go to NVMe (state_tiers() in stage3_rules.h). So the disk's groups
+// are the last ones: a pass steps the memory's sub-groups, then the disk's
+// through the swapper, whose first reads (pipeline_read) run while the
+// memory's are stepped, and the pass is still in sub-group order. Every
+// offloaded group's gradient partition is in host memory (or, with
+// gradients_on_device, on the device) whichever tier holds its states. The
+// bytes and the arithmetic are the same on every tier, so each placement
+// gives the bits of all in host memory, and a checkpoint (by sub-group and
+// element range) resumes at any other. The device's share comes with cpu or
+// nvme alike; only the NVMe share reads and writes the disk.
+//
 // NOTE [device gradients]
 // offload_optimizer.gradients_on_device (zero's own key; stages 2-3) keeps
 // the reduced gradient partition on the device, in the dtype it has in host
@@ -85,6 +105,7 @@
 #include "zero/core/ledger_alloc.h"
 #include "zero/optim/flat_optimizer.h"
 #include "zero/partition/flat_parameters.h"
+#include "zero/partition/stage3_rules.h"
 #include "zero/partition/state_swapper.h"
 
 namespace zero::partition {
@@ -94,8 +115,11 @@ struct StoreOptions {
   /// offload_optimizer (cpu or nvme): the states live in host memory (or on NVMe).
   bool offload = false;
   /// offload_optimizer.ratio: the share of the partition offloaded, the
-  /// rest on the device (NOTE [partial offload]; cpu only).
+  /// rest on the device (NOTE [partial offload]).
   double ratio = 1.0;
+  /// offload_optimizer.max_in_cpu, with nvme: elements of the offloaded
+  /// groups kept in host memory, the first ones (NOTE [state placement]).
+  int64_t max_in_cpu = 0;
   bool pin_memory = true;
   /// offload_optimizer nvme: master and states in swap files.
   std::optional<SwapOptions> nvme;
@@ -179,7 +203,7 @@ class StateStore {
   /// The master of group g (in memory; not on NVMe).
   at::Tensor master(size_t g) const;
   /// The state `i` (0-based among the optimizer's states) of group g (in
-  /// memory); a block-wise state's blocks of g's sub-groups.
+  /// memory, not on NVMe); a block-wise state's blocks of g's sub-groups.
   at::Tensor state(size_t i, size_t g) const;
 
   /// Stages 2-3: this rank's reduced gradient of group g.
@@ -188,13 +212,16 @@ class StateStore {
   void zero_grads();
 
   /// Where the offloaded groups' master and states live: a host tier, or
-  /// kNvme (kDevice when nothing is offloaded).
+  /// kNvme when some are on NVMe (kDevice when nothing is offloaded).
   Tier tier() const { return tier_; }
   /// offload_optimizer is on (some or all groups live off the device).
   bool offloaded() const { return options_.offload; }
   /// Whether group g's master, states and gradient partition are off the
   /// device (NOTE [partial offload]).
-  bool on_host(size_t g) const { return host_.at(g) != 0; }
+  bool on_host(size_t g) const { return host_.at(g) != kStatesOnDevice; }
+  /// Whether group g's master and states are in the swap files (NOTE [state
+  /// placement]).
+  bool on_nvme(size_t g) const { return host_.at(g) == kStatesOnNvme; }
   /// Whether group g's gradient partition is in host memory (its states
   /// there, and not gradients_on_device).
   bool grad_on_host(size_t g) const { return on_host(g) && !options_.grads_on_device; }
@@ -215,11 +242,13 @@ class StateStore {
   std::vector<std::vector<int64_t>> fp32_blocks_;  // per sub-group (min_8bit_size)
   std::vector<std::string> names_;
   Tier tier_ = Tier::kDevice;
-  std::vector<char> host_;              // per group: off the device (NOTE [partial offload])
+  std::vector<char> host_;              // per group: its StateTier (NOTE [state placement])
+  size_t first_disk_ = 0;               // the first sub-group on NVMe (all of them: none)
   std::vector<int64_t> at_;             // per group: its chunk's offset in its tier's buffers
   std::vector<std::vector<int64_t>> state_len_;  // per state: each sub-group's length
   // Per tier (0: the device, 1: off it), each tier's groups in group order
-  // (memory tiers).
+  // (memory tiers; the master and states of the groups in host memory, which
+  // come first among those off the device, and the gradients of all of them).
   struct Buffers {
     at::Tensor master;
     std::vector<at::Tensor> states;     // one per optimizer state

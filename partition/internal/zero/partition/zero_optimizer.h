@@ -87,9 +87,13 @@ struct ZeroOptimizerOptions {
   /// sub-group by sub-group (NOTE [optimizer swapping]); the gradient
   /// partition stays in host memory (on the device with grads_on_device).
   std::optional<SwapOptions> nvme;
-  /// offload_optimizer.ratio (stage 3, cpu): the share of the partition
-  /// offloaded; the other groups' states, gradients and step stay on the
-  /// device (NOTE [partial offload]).
+  /// With nvme, offload_optimizer.max_in_cpu: elements of the offloaded
+  /// groups whose master and states stay in host memory, the first ones
+  /// (NOTE [state placement]).
+  int64_t max_in_cpu = 0;
+  /// offload_optimizer.ratio (stage 3, cpu or nvme): the share of the
+  /// partition offloaded; the other groups' states, gradients and step stay
+  /// on the device (NOTE [partial offload]).
   double offload_ratio = 1.0;
   /// offload_optimizer.gradients_on_device (stages 2-3): the gradient
   /// partition stays on the device (NOTE [device gradients]).
