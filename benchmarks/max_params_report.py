@@ -8,6 +8,7 @@ matplotlib; without it the chart is skipped, saying how to get it).
 """
 import argparse
 import json
+import textwrap
 import os
 import shlex
 import sys
@@ -124,10 +125,11 @@ def chart(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["label"].replace(" + ", "\n+ ").replace(" (cpu_checkpointing)", "") for r in rows]
+    # (Long labels wrapped to the bar's width.)
+    names = ["\n".join(textwrap.wrap(r["label"].replace(" (cpu_checkpointing)", ""), 18)) for r in rows]
     params = [r["largest"]["num_parameters"] / 1e6 for r in rows]
     steps = [r["common"]["step_time_s"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(max(13, 2.4 * len(rows)), 6.5))
     bars = a.bar(range(len(rows)), params, color="#3b6ea5")
     a.bar_label(bars, labels=[f"{p:.1f}M" for p in params], fontsize=8)
     a.set_xticks(range(len(rows)), names, fontsize=7)

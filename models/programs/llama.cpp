@@ -559,6 +559,9 @@ int main(int argc, char** argv) {
   } catch (const zero::OutOfMemoryError& e) {
     std::cerr << "llama: " << zero::error_text(e) << "\n";
     return 3;
+  } catch (const c10::OutOfMemoryError& e) {  // the CUDA caching allocator's: out of memory too
+    std::cerr << "llama: out of memory on the device: " << zero::error_text(e) << "\n";
+    return 3;
   } catch (const std::exception& e) {
     std::cerr << "llama: " << zero::error_text(e) << "\n";
     return 1;

@@ -52,9 +52,12 @@
 // with the gradient partition on the device (gradients_on_device) and, at
 // stage 3 with the shards on the device, at offload_optimizer.ratio 1, 0.95,
 // ..., 0.05 and 0, and with nvme and a host budget with the host holding as
-// many of the offloaded groups as it can (offload_optimizer.max_in_cpu,
-// bisected at each size); the placement that fits the largest (by at least
-// 1%, or with nvme one that keeps more in host memory) is printed with it.
+// many of the offloaded groups as it can beside the engine's pinned staging
+// (offload_optimizer.max_in_cpu, bisected at each size, then lowered to the
+// elements of the groups it keeps, so that the same groups, not one more,
+// stay in memory for a model a layer smaller); the placement that fits the
+// largest (by at least 1%, or with nvme one that keeps more in host memory)
+// is printed with it.
 // Each is the same formulas above, so the planner is as close to the ledger
 // as they are (tools_tests EstimateMatchesLedger holds each placement's
 // formula within 5%).

@@ -16,6 +16,12 @@
 #   scripts/gpu/run.sh maxparams  build mingpt and zero, run benchmarks/max_params.sh on the
 #                               one GPU with budgets from ZERO_MAXP_ARGS (default: device
 #                               8GiB, host 16GiB, NVMe 24GiB, bf16): max_params.{md,json,png}
+#   scripts/gpu/run.sh llama30b build llama and zero, then train LLaMA-30B's shape
+#                               (benchmarks/configs/llama30b_config.json, 32.5B parameters) for 3
+#                               steps under zero::Init, its bf16 master and 8-bit moments placed by
+#                               zero estimate's planner over the whole card, 120GB of host memory and
+#                               ZERO_NVME_BYTES (default 56GB) under ZERO_NVME_DIR:
+#                               llama30b.{md,json,log} (issue 37 §5)
 #
 # Environment: OUT (where results go; default ./gpu-out), ZERO_DEPS_PREFIX
 # (default ./.gpu-deps), ZERO_GPU_BUILD (default ./build-gpu), ZERO_COMMIT
@@ -33,7 +39,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 mode=${1:-all}
-case "$mode" in test|bench|all|maxparams) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all|maxparams" >&2; exit 2 ;; esac
+case "$mode" in test|bench|all|maxparams|llama30b) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all|maxparams|llama30b" >&2; exit 2 ;; esac
 out=${OUT:-$root/gpu-out}
 deps=${ZERO_DEPS_PREFIX:-$root/.gpu-deps}
 build=${ZERO_GPU_BUILD:-$root/build-gpu}
@@ -275,8 +281,32 @@ run_maxparams() {
   return $rc
 }
 
+# NOTE [state placement]: a Llama of LLaMA-30B's shape, 60 layers, on the
+# one card, its states where the planner puts them (benchmarks/RESULTS.md,
+# 2026-11-28: the device's share, host memory within max_in_cpu, NVMe).
+run_llama30b() {
+  build llama zero_cli || return 1
+  say "LLaMA-30B's shape, 3 steps ($(elapsed))"
+  local rc=0 tmp="$out/llama30b.tmp" device
+  device=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).total_memory)')
+  mkdir -p "${ZERO_NVME_DIR:-/tmp/zero-nvme}"
+  "$root/benchmarks/llama_max_layers.sh" --hf-config "$root/benchmarks/configs/llama30b_config.json" \
+    --configs zero3_placed_bf16_8bit --plan zero3_placed_bf16_8bit --layers 60 --checkpoint \
+    --device-memory "$device" --host-memory 120GB --nvme-bytes "${ZERO_NVME_BYTES:-56GB}" \
+    --nvme-path "${ZERO_NVME_DIR:-/tmp/zero-nvme}" --batch-size 1 --block-size 256 --steps 3 \
+    --bin "$build/bin" --out "$tmp" >"$out/llama30b.log" 2>&1 || rc=1
+  [ -f "$tmp/llama_max_layers.md" ] && cp "$tmp/llama_max_layers.md" "$out/llama30b.md"
+  [ -f "$tmp/llama_max_layers.json" ] && cp "$tmp/llama_max_layers.json" "$out/llama30b.json"
+  for f in "$tmp"/*.log; do [ -f "$f" ] && { echo "== $(basename "$f"), its last 60 lines"; tail -60 "$f"; }; done >>"$out/llama30b.log"
+  rm -rf "$tmp"
+  [ -f "$out/llama30b.md" ] && cat "$out/llama30b.md" >>"$summary"
+  [ "$rc" -eq 0 ] || { say "error: the LLaMA-30B run failed; the end of llama30b.log:"; tail -30 "$out/llama30b.log" >&2; }
+  return $rc
+}
+
 case "$mode" in
   maxparams) run_maxparams || status=1 ;;
+  llama30b) run_llama30b || status=1 ;;
   test) run_tests || status=1 ;;
   bench) run_bench || status=1 ;;
   all) run_gpu_tests || status=1; rerun_under_debugger; run_bench || status=1 ;;
