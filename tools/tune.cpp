@@ -78,8 +78,8 @@ const char* kTuneUsage = R"(usage: zero tune --device-memory B --host-memory B [
        zero tune --model mingpt:L,C[,V,T] --device-memory B --host-memory B [options]
 
 Proposes the fastest ZeRO config that fits: lists candidates (stage, offload
-of optimizer states and parameters, activation checkpointing, micro-batch,
-bucket sizes), drops those the estimator says do not fit the budgets, skips
+of optimizer states and parameters, where the offloaded states and
+gradients live, activation checkpointing, micro-batch, bucket sizes), drops those the estimator says do not fit the budgets, skips
 those another candidate beats on every count, trains a few steps of the rest
 on real ranks (most promising first, a line per run), and writes the fastest
 as a DeepSpeed config with a table of what it tried and measured. Runs and
@@ -129,6 +129,11 @@ swap files are removed however it ends.
                              the larger. With nvme, host memory keeps what
                              its budget holds (offload_optimizer.max_in_cpu),
                              the disk the rest
+  --gradients LIST           where the gradient partition lives at stages 2-3
+                             with the optimizer offloaded: host,device
+                             (default both; device is zero's own
+                             offload_optimizer.gradients_on_device, tried
+                             where the host gradients do not fit)
   --allow-low-precision-states
                              also try Adam's moments in 8 bits
                              (optimizer.params.optim_bits 8: a model of about
@@ -170,7 +175,7 @@ int tune(const std::vector<std::string>& args) {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
-      "--oversubscribe", "--allow-low-precision-states", "--force", "--ratios"};
+      "--oversubscribe", "--allow-low-precision-states", "--force", "--ratios", "--gradients"};
   std::set<std::string> seen;
   std::vector<std::string> program;
   bool checkpointing_given = false;
@@ -263,6 +268,16 @@ int tune(const std::vector<std::string>& args) {
       }
       (a == "--stages" ? stages : a == "--offload" ? offload.emplace() : checkpointing) = set;
       checkpointing_given = checkpointing_given || a == "--checkpointing";
+    } else if (a == "--gradients") {
+      auto items = split_list(v);
+      if (!items) return fail(a + ": expected a comma-separated list; got \"" + v + "\"");
+      plan.grad_places.clear();
+      for (const auto& item : *items) {
+        if (item != "host" && item != "device") return fail(a + ": expected host, device or both; got \"" + item + "\"");
+        plan.grad_places.push_back(item == "device");
+      }
+      std::sort(plan.grad_places.begin(), plan.grad_places.end());
+      plan.grad_places.erase(std::unique(plan.grad_places.begin(), plan.grad_places.end()), plan.grad_places.end());
     } else if (a == "--ratios") {
       std::string problem;
       auto ratios = parse_ratios(v, problem);
@@ -502,7 +517,11 @@ int tune(const std::vector<std::string>& args) {
       // NOTE [partial offload]: stage 3 + optimizer offload (parameters on the device) at each ratio.
       const std::vector<double> ratios = fam.stage == 3 && fam.opt != 0 && fam.param == 0 ? plan.ratios
                                                                                          : std::vector<double>{1.0};
+      // NOTE [device gradients]: stages 2-3 with the optimizer offloaded.
+      const std::vector<bool> grad_places =
+          fam.stage >= 2 && fam.opt != 0 ? plan.grad_places : std::vector<bool>{false};
       for (const double ratio : ratios)
+      for (const bool grads_on_device : grad_places)
       for (const auto& [bits, master16] : kinds)
       for (int ck : checkpointing)
         for (int64_t mb : micro_batches)
@@ -515,6 +534,7 @@ int tune(const std::vector<std::string>& args) {
             c.optim_bits = bits;
             c.master16 = master16;
             c.ratio = ratio;
+            c.grads_on_device = grads_on_device;
             c.checkpointing = ck;
             c.micro_batch = mb;
             c.bucket = bucket;

@@ -79,6 +79,7 @@ std::string describe(const Candidate& c) {
   if (c.optim_bits == 16) s += ", bf16 master and states";
   if (c.ratio < 1.0) s += ", offload ratio " + ratio_text(c.ratio);
   if (c.max_in_cpu > 0) s += ", " + human_count(static_cast<double>(c.max_in_cpu)) + " in host memory";
+  if (c.grads_on_device) s += ", gradients on the device";
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -161,6 +162,7 @@ nlohmann::json report_row(const Plan& plan, const Candidate& c) {
                         {"offload_optimizer", kLevelName[f.opt]},
                         {"offload_ratio", c.ratio},
                         {"max_in_cpu", c.max_in_cpu},
+                        {"gradients_on_device", c.grads_on_device},
                         {"offload_param", kLevelName[f.param]},
                         {"checkpointing", kCheckpointName[c.checkpointing]},
                         {"optim_bits", c.optim_bits},
@@ -215,6 +217,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
     if (f.opt == 2) z["offload_optimizer"]["nvme_path"] = nvme_path;
     if (c.ratio < 1.0) z["offload_optimizer"]["ratio"] = c.ratio;  // NOTE [partial offload]
     if (c.max_in_cpu > 0) z["offload_optimizer"]["max_in_cpu"] = c.max_in_cpu;  // NOTE [state placement]
+    if (c.grads_on_device) z["offload_optimizer"]["gradients_on_device"] = true;  // NOTE [device gradients]
   }
   if (f.param) {
     z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};

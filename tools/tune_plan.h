@@ -50,6 +50,9 @@ struct Candidate {
   /// With the optimizer on NVMe: offload_optimizer.max_in_cpu, the
   /// elements whose states the host budget holds (NOTE [state placement]).
   int64_t max_in_cpu = 0;
+  /// offload_optimizer.gradients_on_device (stages 2-3 with the optimizer
+  /// offloaded: NOTE [device gradients]).
+  bool grads_on_device = false;
   int64_t micro_batch = 1, bucket = 0;
   PeakEstimate estimate;
   bool fits = false;
@@ -64,15 +67,19 @@ struct Candidate {
   // or bf16 states count as one (their numerics differ from the base config's), so
   // they are proposed only where they fit what fp32 states do not, or take a
   // larger micro-batch. The offloaded share is a component of its own: a
-  // partial offload moves and steps less on the CPU than the whole.
-  std::array<int, 6> work() const {
+  // partial offload moves and steps less on the CPU than the whole. The
+  // gradients on the device are one too: their copies to the host wait for
+  // the step rather than run behind backward, so they are proposed where
+  // they fit what host gradients do not.
+  std::array<int, 7> work() const {
     const Family& f = kFamilies[family];
-    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0, offloaded_share()};
+    return {f.stage == 3 ? 1 : 0, f.opt, f.param, checkpointing, optim_bits != 32 ? 1 : 0, grads_on_device ? 1 : 0,
+            offloaded_share()};
   }
   /// The components but the share, which orders candidates of one sum.
   int work_sum() const {
     const auto w = work();
-    return w[0] + w[1] + w[2] + w[3] + w[4];
+    return w[0] + w[1] + w[2] + w[3] + w[4] + w[5];
   }
 };
 
@@ -109,7 +116,8 @@ struct Plan {
   std::vector<std::string> program;  // -- PROGRAM ARGS (empty: minGPT)
   bool set_precision = true;         // a program keeps its base config's precision unless --precision says
   bool low_precision_states = false;  // --allow-low-precision-states
-  std::vector<double> ratios{0.25, 0.5, 0.75, 1.0};  // --ratios: stage 3 + optimizer cpu's offload_optimizer.ratio
+  std::vector<double> ratios{0.25, 0.5, 0.75, 1.0};  // --ratios: stage 3 + optimizer offload's offload_optimizer.ratio
+  std::vector<bool> grad_places{false, true};  // --gradients: host (false), device (true)
 };
 
 /// The key a tune's files carry (a '_' key: a comment to DeepSpeed and

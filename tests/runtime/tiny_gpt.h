@@ -1,11 +1,18 @@
 // The addition task's GPT that the runtime tests train: 10 tokens, 6
 // positions, no dropout (so that runs compare exactly). Width and heads
-// are the test's; the defaults are the smallest the tests use.
+// are the test's; the defaults are the smallest the tests use. And what the
+// engine tests share: the model from a seed, its loss, its parameters, and
+// quiet CPU options.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include <torch/nn/functional/loss.h>
+
+#include "data.h"
 #include "model.h"
+#include "zero/zero.h"
 
 namespace zero::test {
 
@@ -18,6 +25,34 @@ inline mingpt::GPTConfig tiny_gpt_config(int64_t n_embd = 32, int64_t n_head = 2
   c.n_embd = n_embd;
   c.embd_pdrop = c.resid_pdrop = c.attn_pdrop = 0.0;
   return c;
+}
+
+/// The smallest tiny GPT, initialised from `seed`.
+inline mingpt::GPT make_model(uint64_t seed) {
+  torch::manual_seed(seed);
+  return mingpt::GPT(tiny_gpt_config());
+}
+
+/// Cross-entropy of the model on a batch (fp32 logits, padding ignored).
+inline torch::Tensor loss_of(mingpt::GPT& model, const mingpt::Batch& b) {
+  auto logits = model->forward(b.x);
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat).view({-1, logits.size(-1)}), b.y.view({-1}),
+                                              torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+/// Copies of the model's parameters in fp32.
+inline std::vector<torch::Tensor> flat_params(mingpt::GPT& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model->parameters()) out.push_back(p.detach().to(torch::kFloat).clone());
+  return out;
+}
+
+/// On the CPU, without the progress line.
+inline zero::InitOptions quiet() {
+  zero::InitOptions o;
+  o.print_progress = false;
+  o.device = torch::Device(torch::kCPU);
+  return o;
 }
 
 }  // namespace zero::test

@@ -48,7 +48,7 @@ std::string write_trainer(const TempDir& dir, const std::string& cases) {
 // test says). 12 MiB of device memory per rank holds micro-batch 2 only.
 const std::string kGrid =
     " --model mingpt:2,128,64,64 --ranks 2 --device-memory 12MiB --host-memory 1GiB"
-    " --checkpointing none --micro-batches 2,8 --steps 2";
+    " --checkpointing none --micro-batches 2,8 --steps 2 --gradients host";
 
 TEST(Tune, RunsTheFrontierWritesTheFastestAndLeavesNothing) {
   TempDir dir, tmp;
@@ -251,7 +251,7 @@ TEST(Tune, TheHostKeepsTheNvmeStatesItsBudgetHolds) {
     const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune --config " +
                             dir.file("base.json") +
                             " --model mingpt:2,128,64,64 --ranks 1 --checkpointing none --micro-batches 2 --bucket-sizes 1e6 "
-                            "--steps 2 --stages 3 --offload nvme --ratios 1 --nvme-path " + nvme.path() +
+                            "--steps 2 --stages 3 --offload nvme --ratios 1 --gradients host --nvme-path " + nvme.path() +
                             " --nvme-bytes 1GiB --device-memory 1GiB --host-memory " + host + " --out " +
                             dir.file(tag + ".json") + " --json " + dir.file("r" + tag + ".json") + " > " +
                             dir.file(tag + ".log") + " 2>&1";
@@ -286,6 +286,52 @@ TEST(Tune, TheHostKeepsTheNvmeStatesItsBudgetHolds) {
   EXPECT_TRUE(entries(nvme.path()).empty()) << "swap files left under --nvme-path";
 }
 
+// NOTE [device gradients]: with the optimizer offloaded, the gradient
+// partition on the device is a candidate (--gradients host,device), beaten
+// by host gradients wherever those fit, and proposed where only it does: a
+// device between it and no offload, a host between it and host gradients.
+TEST(Tune, GradientsOnTheDeviceWhereHostGradientsDoNotFit) {
+  TempDir dir, tmp;
+  auto tune = [&](const std::string& tag, const std::string& device, const std::string& host) {
+    const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
+                            "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
+                            "--bucket-sizes 1e6 --steps 2 --stages 2 --offload none,cpu --gradients host,device "
+                            "--device-memory " + device + " --host-memory " + host + " --out " + dir.file(tag + ".json") +
+                            " --json " + dir.file("r" + tag + ".json") + " > " + dir.file(tag + ".log") + " 2>&1";
+    EXPECT_EQ(sh(cmd), 0) << read_text(dir.file(tag + ".log"));
+    return nlohmann::json::parse(read_text(dir.file("r" + tag + ".json")));
+  };
+  const auto first = tune("a", "1GiB", "1GiB");
+  int64_t none_device = -1, on_device[2] = {-1, -1}, on_host[2] = {-1, -1};  // [0] device bytes, [1] host bytes
+  for (const auto& c : first["candidates"]) {
+    const int64_t d = c["estimate_bytes"]["device"].get<int64_t>(), h = c["estimate_bytes"]["host"].get<int64_t>();
+    if (c["offload_optimizer"] == "none") none_device = d;
+    else if (c["gradients_on_device"].get<bool>()) on_device[0] = d, on_device[1] = h;
+    else on_host[0] = d, on_host[1] = h;
+  }
+  ASSERT_GT(on_device[0], on_host[0]) << first.dump();
+  ASSERT_LT(on_device[1], on_host[1]) << first.dump();
+  ASSERT_LT(on_device[0], none_device) << first.dump();
+  // Generous budgets: host gradients beat the device's (no more work), so
+  // the config written keeps the DeepSpeed layout.
+  EXPECT_FALSE(nlohmann::json::parse(read_text(dir.file("a.json")))["zero_optimization"].value(
+      "offload_optimizer", nlohmann::json::object()).contains("gradients_on_device"));
+  const auto second = tune("b", std::to_string((on_device[0] + none_device) / 2),
+                           std::to_string((on_device[1] + on_host[1]) / 2));
+  bool trained = false;
+  for (const auto& c : second["candidates"]) {
+    if (c["fits_estimate"].get<bool>()) EXPECT_TRUE(c["gradients_on_device"].get<bool>()) << c.dump();
+    trained = trained || (c["status"] == "trained" && c["gradients_on_device"].get<bool>());
+  }
+  EXPECT_TRUE(trained) << second.dump();
+  const auto config = nlohmann::json::parse(read_text(dir.file("b.json")));
+  EXPECT_EQ(config["zero_optimization"]["offload_optimizer"]["gradients_on_device"], true) << config.dump();
+  EXPECT_NE(read_text(dir.file("b.log")).find("gradients on the device"), std::string::npos) << read_text(dir.file("b.log"));
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("b.json") + " --world-size 2 > " + dir.file("check") + " 2>&1"), 0)
+      << read_text(dir.file("check"));
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+}
+
 // zero tune of minGPT 2 x 128 at stage 2, offloaded or not, with
 // --allow-low-precision-states (and `extra`), its scratch in `tmp`: run at
 // the budgets given, the config to `dir`/<tag>.json, the report (returned)
@@ -296,7 +342,7 @@ struct LowPrecisionTune {
   nlohmann::json run(const std::string& tag, const std::string& device, const std::string& host) {
     const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
                             "zero tune --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
-                            "--steps 2 --stages 2 --offload none,cpu --allow-low-precision-states " + extra +
+                            "--steps 2 --stages 2 --offload none,cpu --gradients host --allow-low-precision-states " + extra +
                             " --device-memory " + device + " --host-memory " + host + " --out " + config_path(tag) +
                             " --json " + dir.file("r" + tag + ".json") + " > " + log_path(tag) + " 2>&1";
     EXPECT_EQ(sh(cmd), 0) << read_text(log_path(tag));
@@ -435,7 +481,8 @@ TEST(Tune, APartialOffloadWhereTheDeviceHoldsPartOfTheStates) {
     const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune --config " +
                             dir.file("base.json") +
                             " --model mingpt:2,128,64,64 --ranks 2 --checkpointing none --micro-batches 2 "
-                            "--steps 2 --stages 3 --offload none,cpu --ratios 0.25,1 --host-memory 1GiB --device-memory " +
+                            "--steps 2 --stages 3 --offload none,cpu --gradients host --ratios 0.25,1 --host-memory 1GiB "
+                            "--device-memory " +
                             device + " --out " + dir.file(tag + ".json") + " --json " + dir.file("r" + tag + ".json") +
                             " > " + dir.file(tag + ".log") + " 2>&1";
     EXPECT_EQ(sh(cmd), 0) << read_text(dir.file(tag + ".log"));
@@ -483,6 +530,7 @@ TEST(Tune, UsageErrorsNameTheOption) {
             "--out /no/such/dir/c.json: the folder /no/such/dir does not exist"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --run-timeout -1", "--run-timeout: expected seconds"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ratios 0.5,1.5", "--ratios: expected shares in (0, 1]"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --gradients gpu", "--gradients: expected host, device or both; got \"gpu\""},
            {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
