@@ -77,7 +77,6 @@ mkdir -p "$out"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/llama-max-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 [ -n "$nvme_path" ] || { nvme_path="$scratch/nvme"; mkdir -p "$nvme_path"; }
-nvme_sed=$(printf '%s' "$nvme_path" | sed 's/[\\&|]/\\&/g')
 budgets=(--device-memory "$device" --host-memory "$host" --nvme-bytes "$nvme")
 vocab=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$hf")
 # Random ids of 16 tokens, enough for every step's global batch (and one more token).
@@ -97,7 +96,11 @@ for c in $configs; do
   python3 - "$here/max_params/$c.json" "$cfg" "$nvme_path" "$precision" "$batch" <<'EOF'
 import json, sys
 src, dst, nvme, precision, batch = sys.argv[1:6]
-c = json.loads(open(src).read().replace("@NVME_PATH@", nvme))
+c = json.load(open(src))
+for key in ("offload_optimizer", "offload_param"):  # the swap folder, wherever the config has one
+    section = c.get("zero_optimization", {}).get(key, {})
+    if section.get("nvme_path") == "@NVME_PATH@":
+        section["nvme_path"] = nvme
 # "auto" filled as the programs fill it, so that the estimator reads the same config.
 c["train_micro_batch_size_per_gpu"] = int(batch)
 c.setdefault("fp16", {})["enabled"] = False
@@ -135,6 +138,13 @@ print("  the planner's placement: ratio %g, gradients on the %s%s: %d layers" % 
     ", max_in_cpu %d" % p["max_in_cpu"] if "max_in_cpu" in p else "", p["largest"]["num_hidden_layers"]))
 EOF
   }
+  # A failure other than out of memory ends the benchmark, but in the second
+  # round (--plan), which falls back to the first round's result instead.
+  fail() {
+    echo "llama_max_layers.sh: $c: $1" >&2
+    [ "$round" = 2 ] && return 1
+    exit 1
+  }
   probe() {  # probe L: fits[L] 0 (fits) or 3 (does not); its summary and run report kept
     local L=$1 dir="$scratch/$c-$round-$1" tag="$out/$c.r$round.L$1"
     mkdir -p "$dir"
@@ -151,9 +161,8 @@ EOF
     elif [ "$rc" -eq 3 ]; then
       echo "  $L layers: does not fit: $(grep -m1 'out of memory' "$tag.log" | cut -c1-160)"
     else
-      echo "llama_max_layers.sh: $c at $L layers failed (exit status $rc); the end of $tag.log:" >&2
       tail -20 "$tag.log" >&2
-      exit 1
+      fail "$L layers failed (exit status $rc); above, the end of $tag.log" || return 1
     fi
     fits[$L]=$rc
     probes=$((probes + 1))
@@ -162,20 +171,21 @@ EOF
     unset fits
     declare -gA fits=()
     L=${layers:-$1}
-    probe "$L"
+    probe "$L" || return 1
     if [ -n "$layers" ]; then  # --layers: that one run
-      [ "${fits[$L]}" -eq 0 ] || { echo "llama_max_layers.sh: $c: $L layers do not fit" >&2; exit 1; }
+      [ "${fits[$L]}" -eq 0 ] || { fail "$L layers do not fit"; return 1; }
       return 0
     fi
     if [ "${fits[$L]}" -eq 0 ]; then
       while probe $((L + 1)) && [ "${fits[$((L + 1))]}" -eq 0 ]; do L=$((L + 1)); done
+      [ -n "${fits[$((L + 1))]+set}" ] || return 1  # (the probe above failed)
     else
       while [ "$L" -gt 1 ]; do
         L=$((L - 1))
-        probe "$L"
+        probe "$L" || return 1
         [ "${fits[$L]}" -eq 0 ] && break
       done
-      [ "${fits[$L]}" -eq 0 ] || { echo "llama_max_layers.sh: $c: not even 1 layer fits" >&2; exit 1; }
+      [ "${fits[$L]}" -eq 0 ] || { fail "not even 1 layer fits"; return 1; }
     fi
   }
   layers_of() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["configurations"][0]; print(max(1, (r["placement"] if sys.argv[2] == "placement" else r)["largest"]["num_hidden_layers"]))' "$1" "$2"; }
@@ -195,8 +205,7 @@ EOF
     cp "$out/$c.calibrated.json" "$scratch/calibrated1"
     round=2
     estimate
-    search "$(layers_of "$scratch/calibrated1" placement)"
-    if [ "$L" -gt "$first" ]; then
+    if search "$(layers_of "$scratch/calibrated1" placement)" && [ "$L" -gt "$first" ]; then
       calibrate
     else
       echo "  the first placement's $first layers kept"

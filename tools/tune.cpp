@@ -682,14 +682,15 @@ int tune(const std::vector<std::string>& args) {
       std::sort(order.begin(), order.end(), promising);
       for (size_t i = 0; i < order.size(); ++i) measure(*order[i], static_cast<int64_t>(order.size() - i - 1));
     } else {
-      // 2-3. One point per (setup, states, checkpointing, micro-batch): its buckets
-      // that fit, largest first. A point stands for its largest bucket not
-      // out of memory (a smaller one needs less); a run that failed
-      // otherwise ends the point.
-      std::map<std::tuple<int, int, int, int, int64_t>, std::vector<Candidate*>> points;
+      // 2-3. One point per (setup, states, gradients' place, checkpointing,
+      // micro-batch): its buckets that fit, largest first. A point stands for
+      // its largest bucket not out of memory (a smaller one needs less); a
+      // run that failed otherwise ends the point.
+      std::map<std::tuple<int, int, int, bool, int, int64_t>, std::vector<Candidate*>> points;
       for (auto& c : all)
         if (c.fits)
-          points[{c.family, c.offloaded_share(), c.states_kind(), c.checkpointing, c.micro_batch}].push_back(&c);
+          points[{c.family, c.offloaded_share(), c.states_kind(), c.grads_on_device, c.checkpointing, c.micro_batch}]
+              .push_back(&c);
       for (auto& [key, v] : points)
         std::sort(v.begin(), v.end(), [](const Candidate* a, const Candidate* b) { return a->bucket > b->bucket; });
       auto representative = [](const std::vector<Candidate*>& v) -> Candidate* {
@@ -734,7 +735,7 @@ int tune(const std::vector<std::string>& args) {
         std::vector<Candidate*> others;
         for (auto& c : all)
           if (c.fits && c.status == Status::kNotRun && c.family == winner.family && c.states_kind() == winner.states_kind() &&
-              c.offloaded_share() == winner.offloaded_share() &&
+              c.offloaded_share() == winner.offloaded_share() && c.grads_on_device == winner.grads_on_device &&
               c.checkpointing == winner.checkpointing && c.micro_batch == winner.micro_batch && c.bucket != winner.bucket)
             others.push_back(&c);
         for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));

@@ -19,7 +19,7 @@
 #   scripts/gpu/run.sh llama30b build llama and zero, then train LLaMA-30B's shape
 #                               (benchmarks/configs/llama30b_config.json, 32.5B parameters) for 3
 #                               steps under zero::Init, its bf16 master and 8-bit moments placed by
-#                               zero estimate's planner over the whole card, 120GB of host memory and
+#                               zero estimate's planner over 0.95 of the card's free memory, 120GB of host memory and
 #                               ZERO_NVME_BYTES (default 56GB) under ZERO_NVME_DIR:
 #                               llama30b.{md,json,log} (issue 37 §5)
 #
@@ -288,7 +288,11 @@ run_llama30b() {
   build llama zero_cli || return 1
   say "LLaMA-30B's shape, 3 steps ($(elapsed))"
   local rc=0 tmp="$out/llama30b.tmp" device
-  device=$(python3 -c 'import torch; print(torch.cuda.get_device_properties(0).total_memory)')
+  rm -f "$out/llama30b.md" "$out/llama30b.json"
+  # The budget: 0.95 of the card's free memory (the CUDA context and the
+  # allocator's own are outside the ledger).
+  device=$(python3 -c 'import torch; print(int(0.95 * torch.cuda.mem_get_info()[0]))' 2>>"$out/llama30b.log")
+  [ -n "$device" ] || { say "error: torch could not read the card's free memory (llama30b.log)"; return 1; }
   mkdir -p "${ZERO_NVME_DIR:-/tmp/zero-nvme}"
   "$root/benchmarks/llama_max_layers.sh" --hf-config "$root/benchmarks/configs/llama30b_config.json" \
     --configs zero3_placed_bf16_8bit --plan zero3_placed_bf16_8bit --layers 60 --checkpoint \

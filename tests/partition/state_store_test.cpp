@@ -94,8 +94,12 @@ TEST_P(StoreTiers, InitialValuesAndWritesRoundTrip) {
     // two tiers or more.)
     int tiers_used = 0;
     for (char t = 0; t < 3; ++t) tiers_used += std::count(tier_of.begin(), tier_of.end(), t) > 0 ? 1 : 0;
-    if (c.ratio < 1.0 || (c.max_in_cpu > 0 && c.max_in_cpu < flat.owned_numel())) EXPECT_GE(tiers_used, 2);
-    if (c.nvme && c.max_in_cpu >= flat.owned_numel()) EXPECT_FALSE(on_disk);
+    if (c.ratio < 1.0 || (c.max_in_cpu > 0 && c.max_in_cpu < flat.owned_numel())) {
+      EXPECT_GE(tiers_used, 2);
+    }
+    if (c.nvme && c.max_in_cpu >= flat.owned_numel()) {
+      EXPECT_FALSE(on_disk);
+    }
     for (size_t g = 0; g < flat.groups().size(); ++g) {
       EXPECT_EQ(store.on_host(g), c.offload && tier_of[g] != zero::partition::kStatesOnDevice) << "group " << g;
       EXPECT_EQ(store.on_nvme(g), c.offload && tier_of[g] == zero::partition::kStatesOnNvme) << "group " << g;
@@ -225,7 +229,9 @@ TEST(StateStore, MarksTheBlocksOfSmallParametersFp32) {
       }
       {
         StateStore store(flat, *opt, o, ledger);
-        if (mode == 2) EXPECT_TRUE(!store.on_nvme(0) && store.on_nvme(1));
+        if (mode == 2) {
+          EXPECT_TRUE(!store.on_nvme(0) && store.on_nvme(1));
+        }
         store.init([&](size_t g) { return flat.chunk_of(flat.flat(), g, rank); }, [](size_t) {});
         int64_t marked = 0;
         store.visit(false, [&](size_t k, at::Tensor m, std::vector<at::Tensor> st) {

@@ -289,9 +289,10 @@ TEST(PartialOffload, ACheckpointResumesAtAnotherRatio) {
     std::vector<std::string> resumed;
   };
   const std::vector<Case> cases = {
-      {cpu(0.5), {cpu(0.0), cpu(0.3), cpu(1.0), on_nvme(1.0, 0), on_nvme(1.0, 4000), on_nvme(0.5, 13000)}},
-      {on_nvme(0.5, 13000), {cpu(1.0), on_nvme(1.0, 1000000)}},
+      {cpu(0.5), {cpu(0.0), cpu(0.3), cpu(1.0), on_nvme(1.0, 0), on_nvme(1.0, 4000), on_nvme(0.5, 0)}},
+      {on_nvme(0.5, 0), {cpu(1.0), on_nvme(1.0, 1000000)}},
   };
+  std::map<std::string, int64_t> disk;  // per placement resumed at: the swap files' bytes
   for (const auto& c : cases) {
     const std::string dir = kWork + "partial_offload_ratio";
     ck::remove_tree(dir);
@@ -310,8 +311,17 @@ TEST(PartialOffload, ACheckpointResumesAtAnotherRatio) {
       ASSERT_EQ(second.losses.size(), 3u);
       for (size_t i = 0; i < 3; ++i) EXPECT_EQ(second.losses[i], whole.losses[3 + i]) << "step " << 4 + i;
       EXPECT_EQ(second.engine->parameter_l2(), whole.engine->parameter_l2());
+      disk[placement] = second.engine->ledger().get(zero::Tier::kNvme, zero::Kind::kOptimizerStates).current_bytes;
     }
   }
+  // The NVMe placements mix the tiers: the swap files shrink as host memory
+  // (max_in_cpu) or the device (ratio) holds some layers, and hold nothing
+  // where every group is within max_in_cpu.
+  EXPECT_GT(disk.at(on_nvme(1.0, 0)), disk.at(on_nvme(1.0, 4000)));
+  EXPECT_GT(disk.at(on_nvme(1.0, 4000)), 0);
+  EXPECT_GT(disk.at(on_nvme(1.0, 0)), disk.at(on_nvme(0.5, 0)));
+  EXPECT_GT(disk.at(on_nvme(0.5, 0)), 0);
+  EXPECT_EQ(disk.at(on_nvme(1.0, 1000000)), 0);
 }
 
 TEST_F(Checkpoints, ADamagedBlockIsNamedWithItsFileAndOffset) {

@@ -312,15 +312,32 @@ TEST(Tune, GradientsOnTheDeviceWhereHostGradientsDoNotFit) {
   ASSERT_GT(on_device[0], on_host[0]) << first.dump();
   ASSERT_LT(on_device[1], on_host[1]) << first.dump();
   ASSERT_LT(on_device[0], none_device) << first.dump();
-  // Generous budgets: host gradients beat the device's (no more work), so
-  // the config written keeps the DeepSpeed layout.
-  EXPECT_FALSE(nlohmann::json::parse(read_text(dir.file("a.json")))["zero_optimization"].value(
-      "offload_optimizer", nlohmann::json::object()).contains("gradients_on_device"));
-  const auto second = tune("b", std::to_string((on_device[0] + none_device) / 2),
-                           std::to_string((on_device[1] + on_host[1]) / 2));
+  const std::string device = std::to_string((on_device[0] + none_device) / 2);
+  // A device that needs the offload and a generous host: host gradients
+  // beat the device's (no more work), which is not run, and the config
+  // written keeps DeepSpeed's layout.
+  const auto roomy = tune("c", device, "1GiB");
+  bool host_trained = false;
+  for (const auto& c : roomy["candidates"]) {
+    if (c["offload_optimizer"] != "cpu") continue;
+    if (c["gradients_on_device"].get<bool>()) {
+      EXPECT_EQ(c["status"], "dominated") << c.dump();
+    } else {
+      host_trained = host_trained || c["status"] == "trained";
+    }
+  }
+  EXPECT_TRUE(host_trained) << roomy.dump();
+  const auto roomy_config = nlohmann::json::parse(read_text(dir.file("c.json")));
+  EXPECT_EQ(roomy_config["zero_optimization"]["offload_optimizer"]["device"], "cpu") << roomy_config.dump();
+  EXPECT_FALSE(roomy_config["zero_optimization"]["offload_optimizer"].contains("gradients_on_device"))
+      << roomy_config.dump();
+  // And a host between the two: only the device's gradients fit.
+  const auto second = tune("b", device, std::to_string((on_device[1] + on_host[1]) / 2));
   bool trained = false;
   for (const auto& c : second["candidates"]) {
-    if (c["fits_estimate"].get<bool>()) EXPECT_TRUE(c["gradients_on_device"].get<bool>()) << c.dump();
+    if (c["fits_estimate"].get<bool>()) {
+      EXPECT_TRUE(c["gradients_on_device"].get<bool>()) << c.dump();
+    }
     trained = trained || (c["status"] == "trained" && c["gradients_on_device"].get<bool>());
   }
   EXPECT_TRUE(trained) << second.dump();

@@ -34,7 +34,7 @@
 //
 // NOTE [partial offload]
 // offload_optimizer.ratio < 1 (DeepSpeed's ZeRO-Offload++ "Twin-Flow", stage
-// 3 with offload_optimizer cpu) keeps a share of the partition's groups on
+// 3 with offload_optimizer cpu or nvme) keeps a share of the partition's groups on
 // the device: their master, states and gradient partition are device
 // buffers, their gradients never leave the device, and the step updates
 // them there, in place in their shards, while the host's groups go through
@@ -57,10 +57,11 @@
 // of a speculative step is the host's share alone.
 //
 // NOTE [state placement]
-// Each group's master and states live whole on one of three tiers, filled
-// in that order: the device (the first groups, up to 1 - ratio of the
-// partition: NOTE [partial offload]), host memory, and with
-// offload_optimizer nvme the swap files. offload_optimizer.max_in_cpu (zero's
+// Each group's master and states live whole on one of three tiers, laid out
+// in group order: the device holds the first groups (at most 1 - ratio of
+// the partition, NOTE [partial offload]; the ratio, not the device's free
+// memory, sets its share), host memory the next, and with
+// offload_optimizer nvme the swap files the rest. offload_optimizer.max_in_cpu (zero's
 // own key, named after offload_param's: elements of the partition; 0 by
 // default, every offloaded group on NVMe as before it existed) keeps the
 // first offloaded groups in host memory while they fit within it, and the
