@@ -343,16 +343,20 @@ TEST(Estimate, ThePlannerFindsThePlacementThatFitsTheLargestModel) {
                         {"zero_optimization",
                          {{"stage", 3},
                           {"offload_optimizer", {{"device", "cpu"}, {"ratio", ratio}, {"gradients_on_device", on_device}}}}}};
-  std::ofstream(dir.file("c.json")) << cfg.dump();
-  for (const int64_t l : {layers, layers + 1}) {
-    const std::string m = "--model mingpt:" + std::to_string(l) + ",512,256,64";
-    ASSERT_EQ(sh(kBin + "zero estimate " + m + " --device-memory 600MiB --host-memory 300MiB --config " +
-                 dir.file("c.json") + " --json " + dir.file("c_out.json") + " > " + dir.file("c.log") + " 2>&1"),
-              0)
-        << read_text(dir.file("c.log"));
-    const auto c = nlohmann::json::parse(read_text(dir.file("c_out.json")));
-    EXPECT_EQ(c["configurations"][0]["fits"].get<bool>(), l == layers) << l << " blocks: " << c.dump();
-  }
+  // `config` at `layers` blocks fits the budgets by `zero estimate --config`, one more block does not.
+  auto expect_fits_up_to = [&](const nlohmann::json& config, int64_t layers, const std::string& budgets) {
+    std::ofstream(dir.file("c.json")) << config.dump();
+    for (const int64_t l : {layers, layers + 1}) {
+      const std::string m = "--model mingpt:" + std::to_string(l) + ",512,256,64";
+      ASSERT_EQ(sh(kBin + "zero estimate " + m + budgets + " --config " + dir.file("c.json") + " --json " +
+                   dir.file("c_out.json") + " > " + dir.file("c.log") + " 2>&1"),
+                0)
+          << read_text(dir.file("c.log"));
+      const auto c = nlohmann::json::parse(read_text(dir.file("c_out.json")));
+      EXPECT_EQ(c["configurations"][0]["fits"].get<bool>(), l == layers) << l << " blocks: " << c.dump();
+    }
+  };
+  expect_fits_up_to(cfg, layers, " --device-memory 600MiB --host-memory 300MiB");
   // Stage 2: the gradients alone can move.
   ASSERT_EQ(sh(e + "--stage 2 --offload-optimizer cpu --json " + dir.file("s2.json") + " > " + dir.file("s2.log") + " 2>&1"), 0)
       << read_text(dir.file("s2.log"));
@@ -379,17 +383,8 @@ TEST(Estimate, ThePlannerFindsThePlacementThatFitsTheLargestModel) {
                                                    {"ratio", np["ratio"]},
                                                    {"gradients_on_device", np["gradients_on_device"]},
                                                    {"max_in_cpu", np["max_in_cpu"]}};
-  std::ofstream(dir.file("n_c.json")) << ncfg.dump();
-  const int64_t nl = np["largest"]["n_layer"].get<int64_t>();
-  for (const int64_t l : {nl, nl + 1}) {
-    const std::string m = "--model mingpt:" + std::to_string(l) + ",512,256,64";
-    ASSERT_EQ(sh(kBin + "zero estimate " + m + " --device-memory 600MiB --host-memory 300MiB --nvme-bytes 150MiB --config " +
-                 dir.file("n_c.json") + " --json " + dir.file("n_out.json") + " > " + dir.file("n_c.log") + " 2>&1"),
-              0)
-        << read_text(dir.file("n_c.log"));
-    const auto c = nlohmann::json::parse(read_text(dir.file("n_out.json")));
-    EXPECT_EQ(c["configurations"][0]["fits"].get<bool>(), l == nl) << l << " blocks: " << c.dump();
-  }
+  expect_fits_up_to(ncfg, np["largest"]["n_layer"].get<int64_t>(),
+                    " --device-memory 600MiB --host-memory 300MiB --nvme-bytes 150MiB");
 }
 
 TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
