@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench.h"
+#include "tune_plan.h"
 #include "zero/config/config.h"
 #include "zero/core/command_files.h"
 #include "zero/core/error.h"
@@ -651,46 +652,16 @@ int estimate(const std::vector<std::string>& args) {
           const bool speculates = oz.super_offload && ratios && oz.device == config::OffloadDevice::kCpu;
           const bool fills = oz.device == config::OffloadDevice::kNvme && host_budget.has_value();
           // With nvme, `c` at size n with max_in_cpu as large as the host
-          // budget allows: bisected over elements. The host then holds the
-          // engine's pinned staging too, which exists whatever the model
-          // states' accounting (their sum is the peak with no activations
-          // where the activations are not known).
+          // budget allows (fill_host_budget, tune_plan.h). The host then
+          // holds the engine's pinned staging too, which exists whatever the
+          // model states' accounting (their sum is the peak with no
+          // activations where the activations are not known).
           auto filled = [&](config::Config c, int64_t n) {
             if (!fills) return c;
-            auto host_ok = [&](int64_t m) {
-              c.zero.offload_optimizer.max_in_cpu = m;
-              const int64_t host = peaks ? need(c, n).host : estimate_peak(c, shapes_for(n), Activations{}, nccl).host();
-              return host <= *host_budget;
-            };
-            int64_t a = 0, b = std::max<int64_t>(1, estimate_model_states(c, shapes_for(n)).num_parameters);
-            if (host_ok(b)) a = b;
-            else
-              while (b - a > 1) {
-                const int64_t mid = a + (b - a) / 2;
-                (host_ok(mid) ? a : b) = mid;
-              }
-            // Down to the elements of the groups it keeps (the smallest
-            // max_in_cpu that keeps them): the slack up to the next group
-            // would take one more of a smaller model's groups (whose
-            // always-gathered group 0 is smaller) than its budget holds.
-            // (The swap files shrink as max_in_cpu grows: the smallest
-            // with the files of `a` keeps the same groups.)
-            auto disk = [&](int64_t m) {
-              c.zero.offload_optimizer.max_in_cpu = m;
-              return estimate_model_states(c, shapes_for(n)).nvme.optimizer_states;
-            };
-            const int64_t files = disk(a);
-            if (disk(0) <= files) {
-              a = 0;
-            } else {
-              int64_t lo = 0, hi = a;  // disk(lo) > files >= disk(hi)
-              while (hi - lo > 1) {
-                const int64_t mid = lo + (hi - lo) / 2;
-                (disk(mid) <= files ? hi : lo) = mid;
-              }
-              a = hi;
-            }
-            c.zero.offload_optimizer.max_in_cpu = a;
+            c.zero.offload_optimizer.max_in_cpu =
+                fill_host_budget(c, shapes_for(n), *host_budget, [&](const config::Config& f) {
+                  return peaks ? need(f, n).host : estimate_peak(f, shapes_for(n), Activations{}, nccl).host();
+                });
             return c;
           };
           // (From the config's own placement outward; another is taken only

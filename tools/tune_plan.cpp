@@ -273,4 +273,108 @@ int64_t free_bytes(const std::string& path) {
 }
 
 
+int64_t fill_host_budget(config::Config c, const std::vector<ParameterShape>& shapes, int64_t budget,
+                         const std::function<int64_t(const config::Config&)>& host_of) {
+  auto at = [&](int64_t m) -> const config::Config& {
+    c.zero.offload_optimizer.max_in_cpu = m;
+    return c;
+  };
+  int64_t a = 0, b = std::max<int64_t>(1, estimate_model_states(at(0), shapes).num_parameters);
+  if (host_of(at(b)) <= budget) {
+    a = b;
+  } else {
+    while (b - a > 1) {
+      const int64_t mid = a + (b - a) / 2;
+      (host_of(at(mid)) <= budget ? a : b) = mid;
+    }
+  }
+  // (The swap files shrink as max_in_cpu grows.)
+  auto disk = [&](int64_t m) { return estimate_model_states(at(m), shapes).nvme.optimizer_states; };
+  const int64_t files = disk(a);
+  if (disk(0) <= files) return 0;
+  int64_t lo = 0, hi = a;  // disk(lo) > files >= disk(hi)
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (disk(mid) <= files ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+std::vector<Candidate> grid_candidates(const Plan& plan, const Grid& g, const std::vector<ParameterShape>& shapes,
+                                       double activation_per_sample) {
+  std::vector<Candidate> all;
+  for (size_t f = 0; f < kFamilies.size(); ++f) {
+    const Family& fam = kFamilies[f];
+    if (!g.stages.count(fam.stage) || !g.offload.count(fam.opt) || !g.offload.count(fam.param)) continue;
+    // Moments' bits and a 16-bit master: fp32 states; a bf16 master and
+    // states; 8-bit moments under an fp32 master, and under a 16-bit one.
+    const std::pair<int, bool> kinds[] = {{32, false}, {16, true}, {8, false}, {8, true}};
+    // NOTE [partial offload]: stage 3 + optimizer offload (parameters on the device) at each ratio.
+    const std::vector<double> ratios = fam.stage == 3 && fam.opt != 0 && fam.param == 0 ? plan.ratios
+                                                                                       : std::vector<double>{1.0};
+    // NOTE [device gradients]: stages 2-3 with the optimizer offloaded.
+    const std::vector<bool> grad_places =
+        fam.stage >= 2 && fam.opt != 0 ? plan.grad_places : std::vector<bool>{false};
+    for (const double ratio : ratios)
+    for (const bool grads_on_device : grad_places)
+    for (const auto& [bits, master16] : kinds)
+    for (int ck : g.checkpointing)
+      for (int64_t mb : g.micro_batches)
+        for (int64_t bucket : g.bucket_sizes) {
+          if (bits != 32 && !plan.low_precision_states) continue;
+          if (bits == 16 && plan.precision != "bf16") continue;
+          if (master16 && (plan.precision == "fp32" || fam.stage == 0)) continue;  // DeepSpeed's rule: stages 1-3
+          Candidate c;
+          c.family = static_cast<int>(f);
+          c.optim_bits = bits;
+          c.master16 = master16;
+          c.ratio = ratio;
+          c.grads_on_device = grads_on_device;
+          c.checkpointing = ck;
+          c.micro_batch = mb;
+          c.bucket = bucket;
+          config::LoadOptions lo;
+          lo.world_size = plan.ranks;
+          lo.auto_stand_ins = true;
+          const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
+                                               lo, "zero tune (" + describe(c) + ")");
+          auto estimate_of = [&](const config::Config& cf) {
+            if (plan.program.empty()) {
+              MinGPTWorkload w;
+              w.n_layer = plan.n_layer;
+              w.n_embd = plan.n_embd;
+              w.n_head = plan.n_head;
+              w.vocab_size = plan.vocab;
+              w.block_size = plan.block;
+              w.micro_batch = mb;
+              w.checkpointing = ck > 0;
+              return estimate_peak(cf, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+            }
+            // The activations measured in the first run, per sample.
+            Activations a;
+            a.device = static_cast<int64_t>(activation_per_sample * static_cast<double>(mb));
+            return estimate_peak(cf, shapes, a, /*nccl=*/plan.on_cuda && plan.ranks > 1);
+          };
+          c.estimate = estimate_of(cfg);
+          // NOTE [state placement]: with the optimizer on NVMe, host memory
+          // keeps as many of the offloaded groups as its budget holds: the
+          // same model with less to read and write each step.
+          if (fam.opt == 2 && c.estimate.host() <= plan.host_budget) {
+            config::Config filled = cfg;
+            filled.zero.offload_optimizer.max_in_cpu = fill_host_budget(
+                cfg, shapes, plan.host_budget, [&](const config::Config& f) { return estimate_of(f).host(); });
+            if (filled.zero.offload_optimizer.max_in_cpu > 0) {
+              c.max_in_cpu = filled.zero.offload_optimizer.max_in_cpu;
+              c.estimate = estimate_of(filled);
+            }
+          }
+          c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
+                   (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
+          if (!c.fits) c.status = Status::kDoesNotFit;
+          all.push_back(std::move(c));
+        }
+  }
+  return all;
+}
+
 }  // namespace zero::tools

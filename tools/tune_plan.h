@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,6 +101,7 @@ std::optional<int64_t> parse_elements(const std::string& v);
 /// "0.25,0.5,1": offload_optimizer.ratio values, each in (0, 1], sorted and
 /// without repeats; nullopt with `problem` (what was expected) otherwise.
 std::optional<std::vector<double>> parse_ratios(const std::string& v, std::string& problem);
+
 /// Two significant digits: configs read 1200000, not 1193046.
 int64_t round2(double x);
 
@@ -135,5 +138,29 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
 std::string config_mismatch(const RunReport& r, int stage, int64_t micro_batch);
 /// Bytes free in `path`'s file system. Throws IoError.
 int64_t free_bytes(const std::string& path);
+
+/// What zero tune's grid spans besides the plan's own lists (its options).
+struct Grid {
+  std::set<int> stages, offload, checkpointing;  // offload: kLevelName's indices
+  std::vector<int64_t> micro_batches, bucket_sizes;
+};
+
+/// Step 1 of zero tune: every candidate of the grid (the families in
+/// `stages` x `offload`, the ratios, the gradients' places, the states'
+/// kinds, checkpointing, micro-batches, buckets), each with its estimated
+/// peak (minGPT's, or `shapes` with the activations measured per sample)
+/// and whether it fits the budgets; with the optimizer on NVMe, max_in_cpu
+/// filled to the host budget.
+std::vector<Candidate> grid_candidates(const Plan& plan, const Grid& grid, const std::vector<ParameterShape>& shapes,
+                                       double activation_per_sample);
+
+/// NOTE [state placement]: with the optimizer on NVMe, the largest
+/// offload_optimizer.max_in_cpu under which `host_of(config)` (host bytes,
+/// as the caller estimates them) stays within `budget`, bisected over
+/// elements, then lowered to the elements of the groups it keeps (the
+/// smallest value with the same swap files for `shapes`: a smaller model's
+/// groups then take no more host memory). 0 where nothing more fits.
+int64_t fill_host_budget(config::Config config, const std::vector<ParameterShape>& shapes, int64_t budget,
+                         const std::function<int64_t(const config::Config&)>& host_of);
 
 }  // namespace zero::tools
