@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <torch/nn/functional/loss.h>
@@ -45,6 +46,16 @@ inline std::vector<torch::Tensor> flat_params(mingpt::GPT& model) {
   std::vector<torch::Tensor> out;
   for (auto& p : model->parameters()) out.push_back(p.detach().to(torch::kFloat).clone());
   return out;
+}
+
+/// A config of AdamW (lr 0.003, betas 0.9/0.95, weight decay 0.01) with
+/// `extra` appended (keys each preceded by a comma).
+inline std::string config_json(const std::string& extra, int64_t mbs = 16, int64_t gas = 1, double clip = 0.0) {
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(mbs) +
+         R"(, "gradient_accumulation_steps": )" + std::to_string(gas) +
+         R"(, "gradient_clipping": )" + std::to_string(clip) +
+         R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}})" +
+         extra + "}";
 }
 
 /// On the CPU, without the progress line.
