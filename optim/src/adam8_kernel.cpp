@@ -77,6 +77,7 @@ struct Maxima {
   float probe = 0;
 };
 
+
 // One run's part of a block: dequantize, Adam's update in the fp32 kernel's
 // order, the new moments (m, sqrt v) to tm/ts and their largest magnitudes.
 void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* mc, const uint8_t* vc, float mdq,
@@ -113,64 +114,92 @@ void quant2_scalar(const float* tm, uint8_t* mc, float minv, const float* ts, ui
   quant_scalar(ts, vc, vinv, n);
 }
 
-// --- AVX2: 8 lanes ---
-// The code sign-extended and shifted left by 20: bits 20-26 its magnitude
-// (exponent at 23-26, significand at 20-22), bit 31 its sign once bits
-// 27-30 are cleared; 120 << 23 added rebiases the exponent (E4M3's 7 to
-// fp32's 127). Exponent 0 (subnormals, zero): (code & 7) * 2^-9, signed.
-__attribute__((target("avx2"))) inline __m256 dec_avx2(const uint8_t* c) {
-  const __m256i x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-  const __m256i y = _mm256_and_si256(_mm256_slli_epi32(x, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
-  __m256i r = _mm256_add_epi32(y, _mm256_set1_epi32(120 << 23));
-  const __m256i is_sub =
-      _mm256_cmpeq_epi32(_mm256_and_si256(y, _mm256_set1_epi32(0x07800000)), _mm256_setzero_si256());
-  if (_mm256_movemask_ps(_mm256_castsi256_ps(is_sub)) != 0) {
-    const __m256 mag =
-        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(7))), _mm256_set1_ps(0x1p-9f));
-    const __m256i sub = _mm256_or_si256(_mm256_castps_si256(mag),
-                                        _mm256_and_si256(y, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
-    r = _mm256_blendv_epi8(r, sub, is_sub);
-  }
-  return _mm256_castsi256_ps(r);
+// --- Vector decoding (both ISAs) ---
+// Through the F16C conversion: a code sign-extended to 16 bits and shifted
+// left by 7 holds E4M3's sign at bit 15 (and again at bit 14), its exponent
+// at bits 10-13 and its significand at the top of fp16's ten. With bit 14
+// cleared it is the fp16 of the code's value times 2^-8 (exponent bias 15
+// against E4M3's 7; subnormals alike, 0x7f as 480), and fp16 widens to fp32
+// exactly. The 2^8 joins the block's factor (kDecodeScale): a power of two
+// times a power of two, so each product rounds as the scalar decoder's.
+constexpr float kDecodeScale = 256.0f;
+
+// --- AVX2 (with F16C): 8 lanes ---
+__attribute__((target("avx2,f16c"))) inline __m256 dec_avx2(const uint8_t* c) {
+  const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))), 7);
+  return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0xbfff))));
 }
 
-__attribute__((target("avx2"))) inline void enc_avx2(__m256 x, uint8_t* out) {
+// E4M3 codes of x's lanes (already scaled), one per 32-bit lane. kGeneral:
+// any value (NaN and inf to 0x7f with their sign); else the block is clean
+// (finite values, |x| <= 448), and kSigned says whether x may be negative
+// (the first moment; sqrt(v) is not).
+template <bool kSigned, bool kGeneral>
+__attribute__((target("avx2"))) inline __m256i code_avx2(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
-  const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m256i a = _mm256_xor_si256(bits, sign);
+  const __m256i a = kSigned || kGeneral ? _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)) : bits;
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-  const __m256i rn = _mm256_srli_epi32(
+  __m256i r = _mm256_srli_epi32(
       _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
   const __m256 fs = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f));
   const __m256i sn = _mm256_sub_epi32(_mm256_castps_si256(fs), _mm256_set1_epi32(static_cast<int>(kDenormMagicBits)));
-  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(kMinNormalBits)), a);
-  const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(kOverflowBits - 1)));
-  __m256i r = _mm256_blendv_epi8(rn, sn, is_sub);
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), is_big);
-  r = _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
-  // The low byte of each lane, lanes 0..7 to bytes 0..7.
-  const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
-                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(r, shuf), _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
-}
-
-__attribute__((target("avx2"))) inline float hmax_avx2(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  float r = l[0];
-  for (int i = 1; i < 8; ++i) r = l[i] > r ? l[i] : r;
+  r = _mm256_blendv_epi8(r, sn, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(kMinNormalBits)), a));
+  if (kGeneral) {
+    const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(kOverflowBits - 1)));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), is_big);
+  }
+  if (kSigned || kGeneral) r = _mm256_or_si256(r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
   return r;
 }
 
-__attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
-                                               float mdq, float vdq, int64_t n, const AdamScalars& s, float* tm,
-                                               float* ts, Maxima& mx) {
+template <bool kSigned, bool kGeneral>
+__attribute__((target("avx2"))) inline __m256i scaled_code_avx2(const float* t, __m256 k) {
+  return code_avx2<kSigned, kGeneral>(_mm256_mul_ps(_mm256_loadu_ps(t), k));
+}
+
+// Four vectors of codes (each lane 0..255) to 32 bytes in lane order: two
+// saturating packs leave dword d of each 128-bit half holding four codes of
+// vector d % 4, and one permutation puts them in order.
+__attribute__((target("avx2"))) inline void store4_avx2(__m256i r0, __m256i r1, __m256i r2, __m256i r3,
+                                                        uint8_t* out) {
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(r0, r1), _mm256_packus_epi32(r2, r3));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+// One vector of codes of each moment: the packs leave dwords 0 and 4 with
+// rm's codes, 1 and 5 with rv's.
+__attribute__((target("avx2"))) inline void store2_avx2(__m256i rm, __m256i rv, uint8_t* mout, uint8_t* vout) {
+  const __m256i w = _mm256_packus_epi32(rm, rv);
+  const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, w), _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+  const __m128i x = _mm256_castsi256_si128(b);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(mout), x);
+  _mm_storeh_pd(reinterpret_cast<double*>(vout), _mm_castsi128_pd(x));
+}
+
+// The largest lane and the sum of the lanes (lanes hold no NaN for the
+// maximum; the sum's order only matters for whether it is finite, which
+// routes a block to the general encoder, which gives the same codes).
+__attribute__((target("avx2"))) inline float hmax_avx2(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+__attribute__((target("avx2"))) inline float hsum_avx2(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+
+// One run's part of a block: seg_scalar's operations.
+template <bool kDecoupled>
+__attribute__((target("avx2,f16c"))) void seg_avx2_as(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
+                                                       float mdq, float vdq, int64_t n, const AdamScalars& s,
+                                                       float* tm, float* ts, Maxima& mx) {
   const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
   const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 eps = _mm256_set1_ps(s.eps), wd = _mm256_set1_ps(s.weight_decay);
-  const __m256 decay = _mm256_set1_ps(s.decay), ibc2 = _mm256_set1_ps(1.0f / s.bias_correction2_sqrt);
-  const __m256 step = _mm256_set1_ps(s.neg_step_size), md = _mm256_set1_ps(mdq), vd = _mm256_set1_ps(vdq);
+  const __m256 eps = _mm256_set1_ps(s.eps), decay_or_wd = _mm256_set1_ps(kDecoupled ? s.decay : s.weight_decay);
+  const __m256 ibc2 = _mm256_set1_ps(1.0f / s.bias_correction2_sqrt), step = _mm256_set1_ps(s.neg_step_size);
+  const __m256 md = _mm256_set1_ps(mdq * kDecodeScale), vd = _mm256_set1_ps(vdq * kDecodeScale);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 maxm = _mm256_setzero_ps(), maxs = _mm256_setzero_ps(), probe = _mm256_setzero_ps();
   int64_t i = 0;
@@ -180,8 +209,8 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
     const __m256 vo = _mm256_mul_ps(so, so);
     __m256 gi = _mm256_loadu_ps(g + i);
     __m256 pi = _mm256_loadu_ps(p + i);
-    if (s.decoupled) pi = _mm256_mul_ps(pi, decay);
-    else gi = _mm256_add_ps(gi, _mm256_mul_ps(wd, pi));
+    if (kDecoupled) pi = _mm256_mul_ps(pi, decay_or_wd);
+    else gi = _mm256_add_ps(gi, _mm256_mul_ps(decay_or_wd, pi));
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(mo, b1), _mm256_mul_ps(omb1, gi));
     const __m256 vi = _mm256_add_ps(_mm256_mul_ps(vo, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, gi), gi));
     const __m256 sq = _mm256_sqrt_ps(vi);
@@ -195,86 +224,85 @@ __attribute__((target("avx2"))) void seg_avx2(float* p, const float* g, const ui
   }
   mx.m = std::max(mx.m, hmax_avx2(maxm));
   mx.s = std::max(mx.s, hmax_avx2(maxs));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, probe);
-  for (float l : lanes) mx.probe += l;
+  mx.probe += hsum_avx2(probe);
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
 }
 
-__attribute__((target("avx2"))) void quant2_avx2(const float* tm, uint8_t* mc, float minv, const float* ts,
-                                                   uint8_t* vc, float vinv, int64_t n, bool) {
+void seg_avx2(float* p, const float* g, const uint8_t* mc, const uint8_t* vc, float mdq, float vdq, int64_t n,
+              const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
+  if (s.decoupled) seg_avx2_as<true>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
+  else seg_avx2_as<false>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
+}
+
+template <bool kGeneral>
+__attribute__((target("avx2"))) void quant2_avx2_as(const float* tm, uint8_t* mc, float minv, const float* ts,
+                                                     uint8_t* vc, float vinv, int64_t n) {
   const __m256 km = _mm256_set1_ps(minv), kv = _mm256_set1_ps(vinv);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(tm + i), km), mc + i);
-    enc_avx2(_mm256_mul_ps(_mm256_loadu_ps(ts + i), kv), vc + i);
+  for (; i + 32 <= n; i += 32) {
+    store4_avx2(scaled_code_avx2<true, kGeneral>(tm + i, km), scaled_code_avx2<true, kGeneral>(tm + i + 8, km),
+                scaled_code_avx2<true, kGeneral>(tm + i + 16, km), scaled_code_avx2<true, kGeneral>(tm + i + 24, km),
+                mc + i);
+    store4_avx2(scaled_code_avx2<false, kGeneral>(ts + i, kv), scaled_code_avx2<false, kGeneral>(ts + i + 8, kv),
+                scaled_code_avx2<false, kGeneral>(ts + i + 16, kv), scaled_code_avx2<false, kGeneral>(ts + i + 24, kv),
+                vc + i);
   }
+  for (; i + 8 <= n; i += 8)
+    store2_avx2(scaled_code_avx2<true, kGeneral>(tm + i, km), scaled_code_avx2<false, kGeneral>(ts + i, kv), mc + i,
+                vc + i);
   quant_scalar(tm + i, mc + i, minv, n - i);
   quant_scalar(ts + i, vc + i, vinv, n - i);
+}
+
+void quant2_avx2(const float* tm, uint8_t* mc, float minv, const float* ts, uint8_t* vc, float vinv, int64_t n,
+                 bool clean) {
+  if (clean) quant2_avx2_as<false>(tm, mc, minv, ts, vc, vinv, n);
+  else quant2_avx2_as<true>(tm, mc, minv, ts, vc, vinv, n);
 }
 
 // --- AVX-512F: 16 lanes ---
 // As dec_avx2.
 __attribute__((target("avx512f"))) inline __m512 dec_avx512(const uint8_t* c) {
-  const __m512i x = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
-  const __m512i y = _mm512_and_epi32(_mm512_slli_epi32(x, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
-  __m512i r = _mm512_add_epi32(y, _mm512_set1_epi32(120 << 23));
-  const __mmask16 is_sub = _mm512_testn_epi32_mask(y, _mm512_set1_epi32(0x07800000));
-  if (is_sub != 0) {
-    const __m512 mag =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_epi32(x, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f));
-    const __m512i sub = _mm512_or_si512(_mm512_castps_si512(mag),
-                                        _mm512_and_epi32(y, _mm512_set1_epi32(static_cast<int>(0x80000000u))));
-    r = _mm512_mask_blend_epi32(is_sub, r, sub);
-  }
-  return _mm512_castsi512_ps(r);
+  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))), 7);
+  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0xbfff))));
 }
 
-// kGeneral: any value (NaN and inf to 0x7f with their sign); else the
-// block is clean (finite values, |x| <= 448 after scaling), and kSigned
-// says whether x may be negative (the first moment; sqrt(v) is not).
+// As code_avx2, the blends under masks.
 template <bool kSigned, bool kGeneral>
-__attribute__((target("avx512f"))) inline void enc_avx512(__m512 x, uint8_t* out) {
+__attribute__((target("avx512f"))) inline __m512i code_avx512(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
-  __m512i sign = _mm512_setzero_si512(), a = bits;
-  if (kSigned || kGeneral) {
-    sign = _mm512_and_epi32(bits, _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-    a = _mm512_xor_si512(bits, sign);
-  }
+  const __m512i a = kSigned || kGeneral ? _mm512_and_epi32(bits, _mm512_set1_epi32(0x7fffffff)) : bits;
   const __m512i odd = _mm512_and_epi32(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
   __m512i r = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(static_cast<int>(kNormalBias))), odd), 20);
   const __mmask16 is_sub = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int>(kMinNormalBits)), a);
-  if (is_sub != 0) {  // only where a lane needs it: E4M3 subnormals and zeros
-    const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
-    const __m512i sn = _mm512_sub_epi32(_mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
-    r = _mm512_mask_blend_epi32(is_sub, r, sn);
-  }
+  const __m512 fs = _mm512_add_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(16384.0f));
+  r = _mm512_mask_sub_epi32(r, is_sub, _mm512_castps_si512(fs), _mm512_set1_epi32(static_cast<int>(kDenormMagicBits)));
   if (kGeneral) {
     const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
-    r = _mm512_mask_blend_epi32(is_big, r, _mm512_set1_epi32(0x7f));  // NaN (and inf): 0x7f with the sign
+    r = _mm512_mask_mov_epi32(r, is_big, _mm512_set1_epi32(0x7f));
   }
-  if (kSigned || kGeneral) r = _mm512_or_si512(r, _mm512_srli_epi32(sign, 24));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(r));
-}
-
-// (GCC 12's _mm512_reduce_max_ps warns inside its own header.)
-__attribute__((target("avx512f"))) inline float hmax_avx512(__m512 v) {
-  alignas(64) float l[16];
-  _mm512_store_ps(l, v);
-  float r = l[0];
-  for (int i = 1; i < 16; ++i) r = l[i] > r ? l[i] : r;
+  if (kSigned || kGeneral) r = _mm512_or_si512(r, _mm512_and_epi32(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
   return r;
 }
 
-__attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
-                                                    float mdq, float vdq, int64_t n, const AdamScalars& s, float* tm,
-                                                    float* ts, Maxima& mx) {
+__attribute__((target("avx512f"))) inline float hmax_avx512(__m512 v) {
+  return hmax_avx2(_mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+__attribute__((target("avx512f"))) inline float hsum_avx512(__m512 v) {
+  return hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// As seg_avx2_as, 16 lanes.
+template <bool kDecoupled>
+__attribute__((target("avx512f"))) void seg_avx512_as(float* p, const float* g, const uint8_t* mc, const uint8_t* vc,
+                                                       float mdq, float vdq, int64_t n, const AdamScalars& s,
+                                                       float* tm, float* ts, Maxima& mx) {
   const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
   const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
-  const __m512 eps = _mm512_set1_ps(s.eps), wd = _mm512_set1_ps(s.weight_decay);
-  const __m512 decay = _mm512_set1_ps(s.decay), ibc2 = _mm512_set1_ps(1.0f / s.bias_correction2_sqrt);
-  const __m512 step = _mm512_set1_ps(s.neg_step_size), md = _mm512_set1_ps(mdq), vd = _mm512_set1_ps(vdq);
+  const __m512 eps = _mm512_set1_ps(s.eps), decay_or_wd = _mm512_set1_ps(kDecoupled ? s.decay : s.weight_decay);
+  const __m512 ibc2 = _mm512_set1_ps(1.0f / s.bias_correction2_sqrt), step = _mm512_set1_ps(s.neg_step_size);
+  const __m512 md = _mm512_set1_ps(mdq * kDecodeScale), vd = _mm512_set1_ps(vdq * kDecodeScale);
   __m512 maxm = _mm512_setzero_ps(), maxs = _mm512_setzero_ps(), probe = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -283,8 +311,8 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
     const __m512 vo = _mm512_mul_ps(so, so);
     __m512 gi = _mm512_loadu_ps(g + i);
     __m512 pi = _mm512_loadu_ps(p + i);
-    if (s.decoupled) pi = _mm512_mul_ps(pi, decay);
-    else gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, pi));
+    if (kDecoupled) pi = _mm512_mul_ps(pi, decay_or_wd);
+    else gi = _mm512_add_ps(gi, _mm512_mul_ps(decay_or_wd, pi));
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(mo, b1), _mm512_mul_ps(omb1, gi));
     const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vo, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, gi), gi));
     const __m512 sq = _mm512_sqrt_ps(vi);
@@ -298,10 +326,14 @@ __attribute__((target("avx512f"))) void seg_avx512(float* p, const float* g, con
   }
   mx.m = std::max(mx.m, hmax_avx512(maxm));
   mx.s = std::max(mx.s, hmax_avx512(maxs));
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, probe);
-  for (float l : lanes) mx.probe += l;
+  mx.probe += hsum_avx512(probe);
   seg_scalar(p + i, g + i, mc + i, vc + i, mdq, vdq, n - i, s, tm + i, ts + i, mx);
+}
+
+void seg_avx512(float* p, const float* g, const uint8_t* mc, const uint8_t* vc, float mdq, float vdq, int64_t n,
+              const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
+  if (s.decoupled) seg_avx512_as<true>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
+  else seg_avx512_as<false>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
 }
 
 // Both moments of a block in one loop.
@@ -311,8 +343,10 @@ __attribute__((target("avx512f"))) void quant2_avx512_as(const float* tm, uint8_
   const __m512 km = _mm512_set1_ps(minv), kv = _mm512_set1_ps(vinv);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    enc_avx512<true, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km), mc + i);
-    enc_avx512<false, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv), vc + i);
+    const __m512i cm = code_avx512<true, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(tm + i), km));
+    const __m512i cv = code_avx512<false, kGeneral>(_mm512_mul_ps(_mm512_loadu_ps(ts + i), kv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(mc + i), _mm512_cvtepi32_epi8(cm));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(vc + i), _mm512_cvtepi32_epi8(cv));
   }
   quant_scalar(tm + i, mc + i, minv, n - i);
   quant_scalar(ts + i, vc + i, vinv, n - i);

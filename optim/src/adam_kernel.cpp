@@ -245,7 +245,8 @@ Isa best_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    // (F16C: the 8-bit kernel's decoder; every AVX2 CPU has it.)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::kAvx2;
     return Isa::kScalar;
   }();
   return isa;

@@ -136,9 +136,14 @@ namespace zero::optim::detail {
 // piece's scales back to find them: a small copy per piece, and only in
 // sub-groups with fp32 blocks, the others get no side states); every tier
 // and checkpoint carries the marks with the scales.
-// Arithmetic, not memory, bounds it where cores are few per memory channel
-// (dequantizing, two maxima and requantizing cost about as much as Adam):
-// `zero bench adam` reports both kernels side by side.
+// Arithmetic, not memory, bounds it where cores are few per memory channel:
+// the sqrt and the division keep the divider as busy as in fp32 Adam, and
+// decoding, two maxima and encoding come on top. The vector paths keep
+// that extra small: a code decodes through the F16C conversion (three
+// integer operations and a widening, no branch), a block's maxima reduce
+// in registers, and the encoder runs without branches, blended under
+// masks (AVX2 packs four vectors of codes at a time). `zero bench adam`
+// reports both kernels side by side.
 constexpr int64_t kQuantBlock = 256;
 
 /// E4M3 (fn) byte <-> float, as c10's Float8_e4m3fn conversions (round to

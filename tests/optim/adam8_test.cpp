@@ -28,7 +28,7 @@ using d::Isa;
 bool cpu_has(Isa isa) {
   __builtin_cpu_init();
   if (isa == Isa::kAvx512) return __builtin_cpu_supports("avx512f");
-  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2");
+  if (isa == Isa::kAvx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return true;
 }
 
@@ -152,6 +152,39 @@ TEST_P(Adam8Isa, BitIdenticalToScalar) {
 INSTANTIATE_TEST_SUITE_P(Paths, Adam8Isa,
                          ::testing::Combine(::testing::Values(Isa::kAvx2, Isa::kAvx512),
                                             ::testing::Values<int64_t>(1, 7, 255, 256, 257, 1000, 70000 + 13)));
+
+// The vector decoders (F16C) give each of the 256 codes the scalar
+// decoder's value, under scales from tiny to huge: one step from states
+// holding every code of each moment, on every path.
+TEST(Adam8, EveryCodeStepsAsTheScalarPath) {
+  constexpr int64_t n = 4 * d::kQuantBlock;
+  std::vector<float> p0(n), g(n);
+  std::vector<uint8_t> mc0(n), vc0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+    g[i] = (i % 5 == 0) ? 0.0f : 1e-3f * static_cast<float>(i % 7) - 3e-3f;
+    mc0[i] = static_cast<uint8_t>(i % 256);
+    vc0[i] = static_cast<uint8_t>((i * 7 + 3) % 256);  // every code too, in another order
+  }
+  const std::vector<float> ma0 = {1.0f, 448.0f, 3e-30f, 2e30f}, va0 = {0.5f, 1e-20f, 448.0f, 1e10f};
+  const d::AdamRun run{0, n, scalars(3, 1e-3, 0.1, true)};
+  auto step = [&](Isa isa) {
+    State8 s{p0, mc0, vc0, ma0, va0, std::vector<uint16_t>(n)};
+    d::adam_fused_8bit(s.p.data(), g.data(), {s.mc.data(), s.ma.data()}, {s.vc.data(), s.va.data()}, n, &run, 1,
+                       isa, s.low.data(), d::LowPrecision::kBf16);
+    return s;
+  };
+  const State8 want = step(Isa::kScalar);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!cpu_has(isa)) continue;
+    const State8 got = step(isa);
+    EXPECT_TRUE(same(want.p, got.p)) << d::to_string(isa);
+    EXPECT_TRUE(same(want.mc, got.mc)) << d::to_string(isa);
+    EXPECT_TRUE(same(want.vc, got.vc)) << d::to_string(isa);
+    EXPECT_TRUE(same(want.ma, got.ma)) << d::to_string(isa);
+    EXPECT_TRUE(same(want.va, got.va)) << d::to_string(isa);
+  }
+}
 
 std::vector<zero::optim::FlatOptimizer::Run> runs_of(const std::vector<d::AdamRun>& rs, int step) {
   // The optimizer's runs whose scalars are make_case's: lr and weight decay per run.
