@@ -120,6 +120,26 @@ int bench_adam(const std::vector<std::string>& args) {
     optim::update_stored(*b16_opt, {run}, b16g_p, grad16, b16g_st, nullptr, optim::Rounding{true, 0, step});
   });
 
+  // The arithmetic alone: one thread over a slice that stays in its cache
+  // (16384 elements, 64 8-bit blocks: below both kernels' grain, so no
+  // second thread), fp32 states against 8-bit, kInCacheReps passes a round.
+  // Where this ratio is near 1 the 8-bit pass is memory-bound.
+  constexpr int64_t kInCache = 16384, kInCacheReps = 64;
+  const auto c_param0 = param0.narrow(0, 0, kInCache).clone(), c_grad = grad.narrow(0, 0, kInCache).clone();
+  auto c32_p = c_param0.clone(), c8_p = c_param0.clone();
+  std::vector<at::Tensor> c32_st{torch::zeros({kInCache}), torch::zeros({kInCache})};
+  std::vector<at::Tensor> c8_st{torch::zeros({kInCache}, torch::kUInt8), torch::zeros({kInCache / 256}),
+                                torch::zeros({kInCache}, torch::kUInt8), torch::zeros({kInCache / 256})};
+  config::OptimizerConfig c32_cfg = q8_cfg;
+  c32_cfg.optim_bits = 32;
+  std::shared_ptr<optim::FlatOptimizer> c32_opt = optim::FlatOptimizer::create(c32_cfg);
+  const size_t v_c32 = add([&](int64_t step) {
+    for (int64_t r = 0; r < kInCacheReps; ++r) c32_opt->update({step, kLr, kBeta1, kBeta2}, c32_p, c_grad, c32_st);
+  });
+  const size_t v_c8 = add([&](int64_t step) {
+    for (int64_t r = 0; r < kInCacheReps; ++r) q8_opt->update({step, kLr, kBeta1, kBeta2}, c8_p, c_grad, c8_st);
+  });
+
   // The offloaded step's gradient (NOTE [16-bit gradients]): an fp32 master
   // and fp32 states, the gradient unscaled by the step's factor. fp32 as the
   // step takes it (unscaled in a pass of its own, then Adam: 8 + 28 bytes an
@@ -186,6 +206,7 @@ int bench_adam(const std::vector<std::string>& args) {
   const double t_ours_l2 = t(v_ours_l2), t_torch = t(v_torch), t_ours_w = t(v_ours_w), t_fused = t(v_fused);
   const double t_pattern = t(v_pattern), t_triad = t(v_triad), t_norm = t(v_norm), t_norm_aten = t(v_norm_aten);
   const double t_q8 = t(v_q8), t_b16 = t(v_b16), t_b16g = t(v_b16g);
+  const double c32_ns = t(v_c32) / (kInCache * kInCacheReps) * 1e9, c8_ns = t(v_c8) / (kInCache * kInCacheReps) * 1e9;
   const double t_g32 = t(v_g32), t_g32_pass = t(v_g32_pass), t_g16_first = t(v_g16_first), t_g16_pass = t(v_g16_pass), t_norm16 = t(v_norm16);
   // The same parameters whichever way the bf16 gradient was widened.
   const bool g16_same = torch::equal(g16f_p, g16p_p) && torch::equal(g16f_st[0], g16p_st[0]) && torch::equal(g16f_st[1], g16p_st[1]);
@@ -261,6 +282,9 @@ int bench_adam(const std::vector<std::string>& args) {
   std::printf("  8-bit states: %.2fx the fp32-state kernel's parameters/s; after %lld steps their parameters' change "
               "differs from fp32 states' by %.2f%%\n",
               t_ours_w / t_q8, static_cast<long long>(steps + 1), 100 * q8_rel);
+  std::printf("  one thread, in its cache (%lld elements): fp32 states %.3f ns an element, 8-bit %.3f (%.2fx the "
+              "fp32 kernel's time: the arithmetic that bounds the 8-bit pass where memory does not)\n",
+              static_cast<long long>(kInCache), c32_ns, c8_ns, c8_ns / c32_ns);
   std::printf("  bf16 master and states: %.2fx the fp32-state kernel's parameters/s (%.2f of the traffic roof); "
               "the mean update's error against fp32's after %lld steps: %.3f%% of the mean update (stochastic "
               "rounding: each element moves by whole bf16 steps, unbiased on average)\n",
@@ -279,6 +303,8 @@ int bench_adam(const std::vector<std::string>& args) {
                         {"ratio_vs_fused_adamw", t_fused / t_ours_w},
                         {"adamw_8bit_params_per_s", n / t_q8},
                         {"ratio_8bit_vs_fp32_states", t_ours_w / t_q8},
+                        {"in_cache_fp32_ns_per_param", c32_ns},
+                        {"in_cache_8bit_ns_per_param", c8_ns},
                         {"ratio_8bit_vs_fused_adamw", t_fused / t_q8},
                         {"adamw_8bit_bytes_per_param", q8_bytes_per_param},
                         {"adamw_8bit_bytes_per_s", q8_bw},
