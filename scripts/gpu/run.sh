@@ -61,6 +61,10 @@ remaining() { echo $(( deadline - $(date +%s) )); }
   echo "commit: $commit"
   echo "mode: $mode"
   echo "host: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(nproc) cores, $(free -g 2>/dev/null | awk '/Mem:/ {print $2 " GiB"}') RAM"
+  # The CPU behind `zero bench adam`'s figures: its model, whether the
+  # cores are hyperthreads (two threads a core share one divider), and the
+  # vector extensions the kernels choose from.
+  echo "cpu: $(lscpu 2>/dev/null | awk -F: '/^Model name/ {gsub(/^ +/, "", $2); print $2}'), $(lscpu 2>/dev/null | awk -F: '/^Thread\(s\) per core/ {gsub(/ /, "", $2); print $2}') thread(s) a core, $(lscpu 2>/dev/null | awk -F: '/^Socket\(s\)/ {gsub(/ /, "", $2); print $2}') socket(s), $(grep -o -w -E 'avx512f|avx512bw|avx2|f16c' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ')"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
   else
