@@ -125,7 +125,7 @@ int bench_adam(const std::vector<std::string>& args) {
   // second thread), fp32 states against 8-bit, kInCacheReps passes a round.
   // Where this ratio is near 1 the 8-bit pass is memory-bound.
   constexpr int64_t kInCache = 16384, kInCacheReps = 64;
-  const auto c_param0 = param0.narrow(0, 0, kInCache).clone(), c_grad = grad.narrow(0, 0, kInCache).clone();
+  const auto c_param0 = torch::randn({kInCache}), c_grad = torch::randn({kInCache}) * 0.01;
   auto c32_p = c_param0.clone(), c8_p = c_param0.clone();
   std::vector<at::Tensor> c32_st{torch::zeros({kInCache}), torch::zeros({kInCache})};
   std::vector<at::Tensor> c8_st{torch::zeros({kInCache}, torch::kUInt8), torch::zeros({kInCache / 256}),

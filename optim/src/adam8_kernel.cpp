@@ -77,7 +77,6 @@ struct Maxima {
   float probe = 0;
 };
 
-
 // One run's part of a block: dequantize, Adam's update in the fp32 kernel's
 // order, the new moments (m, sqrt v) to tm/ts and their largest magnitudes.
 void seg_scalar(float* __restrict p, const float* __restrict g, const uint8_t* mc, const uint8_t* vc, float mdq,
@@ -148,7 +147,8 @@ __attribute__((target("avx2"))) inline __m256i code_avx2(__m256 x) {
     const __m256i is_big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(kOverflowBits - 1)));
     r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), is_big);
   }
-  if (kSigned || kGeneral) r = _mm256_or_si256(r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+  if (kSigned || kGeneral)
+    r = _mm256_or_si256(r, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
   return r;
 }
 
@@ -173,7 +173,7 @@ __attribute__((target("avx2"))) inline void store2_avx2(__m256i rm, __m256i rv, 
   const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, w), _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
   const __m128i x = _mm256_castsi256_si128(b);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(mout), x);
-  _mm_storeh_pd(reinterpret_cast<double*>(vout), _mm_castsi128_pd(x));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(vout), _mm_unpackhi_epi64(x, x));
 }
 
 // The largest lane and the sum of the lanes (lanes hold no NaN for the
@@ -282,15 +282,18 @@ __attribute__((target("avx512f"))) inline __m512i code_avx512(__m512 x) {
     const __mmask16 is_big = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(static_cast<int>(kOverflowBits - 1)));
     r = _mm512_mask_mov_epi32(r, is_big, _mm512_set1_epi32(0x7f));
   }
-  if (kSigned || kGeneral) r = _mm512_or_si512(r, _mm512_and_epi32(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
+  if (kSigned || kGeneral)
+    r = _mm512_or_si512(r, _mm512_and_epi32(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
   return r;
 }
 
 __attribute__((target("avx512f"))) inline float hmax_avx512(__m512 v) {
-  return hmax_avx2(_mm256_max_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hmax_avx2(_mm256_max_ps(_mm512_castps512_ps256(v), hi));
 }
 __attribute__((target("avx512f"))) inline float hsum_avx512(__m512 v) {
-  return hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum_avx2(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 
 // As seg_avx2_as, 16 lanes.
@@ -331,7 +334,7 @@ __attribute__((target("avx512f"))) void seg_avx512_as(float* p, const float* g, 
 }
 
 void seg_avx512(float* p, const float* g, const uint8_t* mc, const uint8_t* vc, float mdq, float vdq, int64_t n,
-              const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
+                const AdamScalars& s, float* tm, float* ts, Maxima& mx) {
   if (s.decoupled) seg_avx512_as<true>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
   else seg_avx512_as<false>(p, g, mc, vc, mdq, vdq, n, s, tm, ts, mx);
 }
@@ -374,7 +377,6 @@ inline float inverse_of(float& scale) {
   return 0.0f;
 }
 
-
 }  // namespace
 
 void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v, int64_t n, const AdamRun* runs,
@@ -402,7 +404,10 @@ void adam_fused_8bit(float* param, const float* grad, Quantized8 m, Quantized8 v
       const float minv = inverse_of(mx.m), vinv = inverse_of(mx.s);
       m.absmax[b] = mx.m;
       v.absmax[b] = mx.s;
-      const bool clean = std::isfinite(mx.probe) && std::isfinite(mx.m) && std::isfinite(mx.s);
+      // (A scale that is not finite, in states damaged or made elsewhere,
+      // can make every sqrt(v) lane NaN and the maximum 0: the general path.)
+      const bool clean =
+          std::isfinite(mx.probe) && std::isfinite(mx.m) && std::isfinite(mx.s) && std::isfinite(vdq);
       quant2(tm, m.codes + start, minv, ts, v.codes + start, vinv, len, clean);
       if (low != nullptr && low_type != LowPrecision::kNone) write_low(param + start, low + start, len, low_type);
     }

@@ -154,10 +154,13 @@ INSTANTIATE_TEST_SUITE_P(Paths, Adam8Isa,
                                             ::testing::Values<int64_t>(1, 7, 255, 256, 257, 1000, 70000 + 13)));
 
 // The vector decoders (F16C) give each of the 256 codes the scalar
-// decoder's value, under scales from tiny to huge: one step from states
-// holding every code of each moment, on every path.
+// decoder's value: one step from states holding every code of each moment,
+// on every path, with decoupled and with L2 decay, under scales from
+// subnormal factors to huge ones, and under scales that are not finite
+// (states damaged or made elsewhere: the general encoder, on every path).
 TEST(Adam8, EveryCodeStepsAsTheScalarPath) {
   constexpr int64_t n = 4 * d::kQuantBlock;
+  constexpr float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> p0(n), g(n);
   std::vector<uint8_t> mc0(n), vc0(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -166,23 +169,32 @@ TEST(Adam8, EveryCodeStepsAsTheScalarPath) {
     mc0[i] = static_cast<uint8_t>(i % 256);
     vc0[i] = static_cast<uint8_t>((i * 7 + 3) % 256);  // every code too, in another order
   }
-  const std::vector<float> ma0 = {1.0f, 448.0f, 3e-30f, 2e30f}, va0 = {0.5f, 1e-20f, 448.0f, 1e10f};
-  const d::AdamRun run{0, n, scalars(3, 1e-3, 0.1, true)};
-  auto step = [&](Isa isa) {
-    State8 s{p0, mc0, vc0, ma0, va0, std::vector<uint16_t>(n)};
-    d::adam_fused_8bit(s.p.data(), g.data(), {s.mc.data(), s.ma.data()}, {s.vc.data(), s.va.data()}, n, &run, 1,
-                       isa, s.low.data(), d::LowPrecision::kBf16);
-    return s;
-  };
-  const State8 want = step(Isa::kScalar);
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
-    if (!cpu_has(isa)) continue;
-    const State8 got = step(isa);
-    EXPECT_TRUE(same(want.p, got.p)) << d::to_string(isa);
-    EXPECT_TRUE(same(want.mc, got.mc)) << d::to_string(isa);
-    EXPECT_TRUE(same(want.vc, got.vc)) << d::to_string(isa);
-    EXPECT_TRUE(same(want.ma, got.ma)) << d::to_string(isa);
-    EXPECT_TRUE(same(want.va, got.va)) << d::to_string(isa);
+  const std::vector<std::pair<std::vector<float>, std::vector<float>>> scales = {
+      {{1.0f, 448.0f, 3e-38f, 2e30f}, {0.5f, 1e-20f, 448.0f, 1e10f}},  // 3e-38 / 448: a subnormal factor
+      {{1.0f, kInf, 2.0f, kNan}, {kInf, 1.0f, kNan, 0.25f}}};
+  for (bool decoupled : {true, false}) {
+    const d::AdamRun run{0, n, scalars(3, 1e-3, 0.1, decoupled)};
+    for (const auto& [ma0, va0] : scales) {
+      auto step = [&](Isa isa) {
+        State8 s{p0, mc0, vc0, ma0, va0, std::vector<uint16_t>(n)};
+        d::adam_fused_8bit(s.p.data(), g.data(), {s.mc.data(), s.ma.data()}, {s.vc.data(), s.va.data()}, n, &run,
+                           1, isa, s.low.data(), d::LowPrecision::kBf16);
+        return s;
+      };
+      const State8 want = step(Isa::kScalar);
+      for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+        if (!cpu_has(isa)) continue;
+        const State8 got = step(isa);
+        const std::string where = std::string(d::to_string(isa)) + (decoupled ? ", decoupled" : ", L2") +
+                                  ", scales from " + std::to_string(ma0[1]);
+        EXPECT_TRUE(same(want.p, got.p)) << where;
+        EXPECT_TRUE(same(want.mc, got.mc)) << where;
+        EXPECT_TRUE(same(want.vc, got.vc)) << where;
+        EXPECT_TRUE(same(want.ma, got.ma)) << where;
+        EXPECT_TRUE(same(want.va, got.va)) << where;
+        EXPECT_TRUE(same(want.low, got.low)) << where;
+      }
+    }
   }
 }
 
