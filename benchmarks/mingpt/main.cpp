@@ -702,6 +702,7 @@ int main(int argc, char** argv) {
     auto on_device = engine.model_state_bytes(zero::Tier::kDevice);
     auto pinned = engine.model_state_bytes(zero::Tier::kPinnedHost), host = engine.model_state_bytes(zero::Tier::kHost);
     auto nvme = engine.model_state_bytes(zero::Tier::kNvme);
+    const auto traffic = zero::detail::collective_traffic_of(engine);  // before this gather
     auto mine = torch::tensor({engine.peak_bytes(zero::Tier::kDevice), engine.peak_bytes(zero::Tier::kPinnedHost),
                                engine.peak_bytes(zero::Tier::kHost), engine.peak_bytes(zero::Tier::kNvme),
                                state.parameters, state.gradients, state.optimizer_states,
@@ -715,7 +716,8 @@ int main(int argc, char** argv) {
                                    engine.ledger().get(zero::Tier::kDevice, zero::Kind::kParameters).current_bytes,
                                nvme.parameters, nvme.gradients, nvme.optimizer_states,
                                save_bytes, static_cast<int64_t>(save_s * 1e6), load_bytes,
-                               static_cast<int64_t>(load_s * 1e6)},
+                               static_cast<int64_t>(load_s * 1e6), traffic.bytes.within_node,
+                               traffic.bytes.across_nodes, traffic.steps, static_cast<int64_t>(traffic.node)},
                               torch::kLong);
     auto all = mine.repeat({ws});
     auto curve = torch::tensor(loss_curve, torch::kDouble);
@@ -764,7 +766,11 @@ int main(int argc, char** argv) {
                          {"checkpoint", {{"save_bytes", row[18].item<int64_t>()},
                                          {"save_s", static_cast<double>(row[19].item<int64_t>()) * 1e-6},
                                          {"load_bytes", row[20].item<int64_t>()},
-                                         {"load_s", static_cast<double>(row[21].item<int64_t>()) * 1e-6}}}});
+                                         {"load_s", static_cast<double>(row[21].item<int64_t>()) * 1e-6}}},
+                         {"node", row[25].item<int64_t>()},
+                         {"collective_bytes", {{"within_node", row[22].item<int64_t>()},
+                                               {"across_nodes", row[23].item<int64_t>()},
+                                               {"steps", row[24].item<int64_t>()}}}});
       }
       auto [peaks, states] = figures(mine);
       std::vector<double> curve_values(curve.data_ptr<double>(), curve.data_ptr<double>() + curve.numel());
@@ -785,6 +791,7 @@ int main(int argc, char** argv) {
           {"peak_bytes", peaks},
           {"model_state_bytes", states},
           {"ranks", ranks},
+          {"collective_bytes_per_step", zero::detail::traffic_per_step(ranks)},
           {"eval_accuracy", eval_accuracy},
           {"task", task->name()},
           {"activation_checkpointing", args.checkpoint},

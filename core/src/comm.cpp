@@ -429,7 +429,20 @@ std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const Di
     throw CommunicationError(std::string("creating the ") + (nccl ? "NCCL" : "Gloo") +
                              " process group failed on rank " + std::to_string(env.rank) + ": " + error_text(e));
   }
-  return std::unique_ptr<Comm>(new Comm(env, store, backend, device));
+  std::unique_ptr<Comm> comm(new Comm(env, store, backend, device));
+  if (env.world_size > 1) {
+    // Each rank's node through the store: a ring's next rank is the one
+    // this rank's bytes go to (NOTE [bytes across nodes]).
+    try {
+      store->set("zero/node/" + std::to_string(env.rank), std::to_string(env.node));
+      const auto next = store->get("zero/node/" + std::to_string((env.rank + 1) % env.world_size));
+      comm->next_node_ = std::stoi(std::string(next.begin(), next.end()));
+    } catch (const std::exception& e) {
+      throw CommunicationError("reading the next rank's node from the store failed on rank " +
+                               std::to_string(env.rank) + ": " + error_text(e));
+    }
+  }
+  return comm;
 }
 
 // A Gloo group over `store` (CPU tensors), on loopback when the job is local.
@@ -470,6 +483,34 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
   return e;
 }
 
+// NOTE [bytes across nodes]
+// Every data collective counts the bytes this rank sends, as a ring over the
+// ranks in order sends them (NCCL's rings, Gloo's ring algorithms): all to
+// the next rank, counted within the node when that rank is on this rank's
+// node (DistEnv::node), else across nodes. Under the launchers zero reads a
+// node's ranks are consecutive, so the ring crosses between nodes once a
+// node, as NCCL's rings do. With P ranks:
+//   all_gather, output N bytes:      N (P-1)/P
+//   reduce_scatter, input N bytes:   N (P-1)/P; Gloo's is an all-reduce of
+//                                    the input (reduce_scatter_copies_input)
+//   all_reduce, N bytes:             2 N (P-1)/P
+//   broadcast, N bytes:              N, but for the rank before the root (a
+//                                    chain from the root)
+// NCCL may pick a tree for an all-reduce over many nodes: about the same
+// bytes, split otherwise between links. Not counted: the control group's
+// exchanges and the store's checks, a few bytes a step. The engine counts
+// from the end of initialize (Engine::Impl::comm_bytes_at_init); the run
+// summary (rank_figures, traffic_per_step) and the run report give each
+// kind per step, the summary summed over ranks.
+void Comm::count_sent(int64_t bytes) {
+  (next_node_ == env_.node ? within_ : across_).fetch_add(bytes, std::memory_order_relaxed);
+}
+
+namespace {
+// N (P-1)/P, times `rounds` (two for an all-reduce: reduce-scatter, then all-gather).
+int64_t ring_bytes(int64_t n, int world, int rounds) { return world > 1 ? n * rounds * (world - 1) / world : 0; }
+}  // namespace
+
 CommWork Comm::wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t) {
   return CommWork(std::move(work), describe(op, t), env_.rank, env_.timeout, live_, failed_);
 }
@@ -478,6 +519,7 @@ CommWork Comm::all_reduce_sum(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2));
   return wrap(backend_->allreduce(ts, o), "all_reduce", tensor);
 }
 
@@ -485,6 +527,7 @@ CommWork Comm::all_reduce_max(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2));
   return wrap(backend_->allreduce(ts, o), "all_reduce(max)", tensor);
 }
 
@@ -493,6 +536,7 @@ CommWork Comm::reduce_scatter_sum(at::Tensor& output, const at::Tensor& input) {
   at::Tensor in = input;
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
+  count_sent(ring_bytes(static_cast<int64_t>(input.nbytes()), env_.world_size, reduce_scatter_copies_input() ? 2 : 1));
   return wrap(backend_->_reduce_scatter_base(output, in, o), "reduce_scatter", input);
 }
 
@@ -501,6 +545,7 @@ bool Comm::reduce_scatter_copies_input() const { return backend_->getBackendName
 CommWork Comm::all_gather(at::Tensor& output, const at::Tensor& input) {
   ZERO_CHECK(output.numel() == input.numel() * env_.world_size, "all_gather sizes");
   at::Tensor in = input;
+  count_sent(ring_bytes(static_cast<int64_t>(output.nbytes()), env_.world_size, 1));
   return wrap(backend_->_allgather_base(output, in), "all_gather", output);
 }
 
@@ -508,6 +553,7 @@ CommWork Comm::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;
+  if (env_.world_size > 1 && (env_.rank + 1) % env_.world_size != root) count_sent(static_cast<int64_t>(tensor.nbytes()));
   return wrap(backend_->broadcast(ts, o), "broadcast", tensor);
 }
 

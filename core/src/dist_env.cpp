@@ -1,5 +1,6 @@
 #include "zero/core/dist_env.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -68,6 +69,12 @@ DistEnv DistEnv::from_environment() {
     d.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1, problems);
     if (const char* a = env("MASTER_ADDR")) d.master_addr = a;
   }
+  // The node: the launcher's index of it where it gives one, else the
+  // ranks of a node counted off in order.
+  d.node = d.rank / std::max(1, d.local_world_size);
+  if (d.launcher == "torchrun") d.node = env_int("GROUP_RANK", d.node, 0, problems);
+  if (d.launcher == "slurm") d.node = env_int("SLURM_NODEID", d.node, 0, problems);
+  d.node = env_int("ZERO_NODE_ID", d.node, 0, problems);
   d.master_port = env_int("MASTER_PORT", 29500, 1, problems);
   if (d.master_port > 65535) problems.push_back("environment variable MASTER_PORT: expected a port number <= 65535; got " + std::to_string(d.master_port));
   d.timeout = std::chrono::milliseconds(1000LL * env_int("ZERO_COMM_TIMEOUT_S", 300, 1, problems));

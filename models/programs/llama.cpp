@@ -534,6 +534,7 @@ int train_command(int argc, char** argv) {
                           {"step_time_s", step_times},
                           {"tokens_per_step", G * T},
                           {"peak_bytes", zero::detail::max_peaks(ranks)},
+                          {"collective_bytes_per_step", zero::detail::traffic_per_step(ranks)},
                           {"model_state_bytes", ranks.at(0).at("model_state_bytes")},
                           {"ranks", ranks},
                           {"resumed", f.count("--resume") > 0}};

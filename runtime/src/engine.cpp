@@ -427,6 +427,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
+  if (s.comm) s.comm_bytes_at_init = s.comm->bytes_sent();
   try {  // NOTE [run report]
     start_trace(s);
     s.reporter = detail::RunReporter::start(s);
@@ -567,6 +568,11 @@ const config::Config& Engine::config() const { return impl_->config; }
 int Engine::rank() const { return impl_->dist.rank; }
 int Engine::world_size() const { return impl_->dist.world_size; }
 Comm* detail::comm_of(Engine& engine) { return engine.impl().comm.get(); }
+detail::CollectiveTraffic detail::collective_traffic_of(const Engine& engine) {
+  const auto& s = engine.impl();
+  return {s.comm ? s.comm->bytes_sent() - s.comm_bytes_at_init : CommBytes{}, s.steps_this_run,
+          s.comm ? s.comm->node() : 0};
+}
 std::vector<torch::Tensor> detail::optimizer_states_of(Engine& engine) {
   std::vector<torch::Tensor> out;
   engine.impl().optimizer->read_states([&](size_t, at::Tensor m, std::vector<at::Tensor> st) {

@@ -70,6 +70,8 @@ struct Engine::Impl : detail::RunContext {
 
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
+  int64_t steps_this_run = 0;  // since initialize (global_steps also counts a resumed checkpoint's)
+  CommBytes comm_bytes_at_init;  // what initialize sent (NOTE [bytes across nodes])
   int64_t skipped_steps = 0;
   int64_t applied_steps = 0;
   double last_grad_norm = 0;
@@ -184,6 +186,7 @@ struct Engine::Impl : detail::RunContext {
       log::info(buf);
     }
     ++global_steps;
+    ++steps_this_run;
     ++window_steps;
     if (reporter) reporter->after_step();  // may end the process (ZERO_STOP_AFTER_STEPS)
     if (options.print_progress && dist.rank == 0 && config.steps_per_print && *config.steps_per_print > 0 &&

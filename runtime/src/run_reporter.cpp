@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cmath>
@@ -70,6 +71,18 @@ int64_t vm_hwm() {
   for (std::string line; std::getline(in, line);)
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   return 0;
+}
+
+// NOTE [bytes across nodes]: this rank's, since initialize, and per step.
+nlohmann::json collective_report(const Engine::Impl& s) {
+  const CommBytes b = s.comm ? s.comm->bytes_sent() - s.comm_bytes_at_init : CommBytes{};
+  const double steps = static_cast<double>(std::max<int64_t>(1, s.steps_this_run));
+  return {{"node", s.comm ? s.comm->node() : 0},
+          {"within_node", b.within_node},
+          {"across_nodes", b.across_nodes},
+          {"steps", s.steps_this_run},
+          {"within_node_per_step", static_cast<double>(b.within_node) / steps},
+          {"across_nodes_per_step", static_cast<double>(b.across_nodes) / steps}};
 }
 
 const char* precision_of(const config::Config& c) { return c.bf16.enabled ? "bf16" : c.fp16.enabled ? "fp16" : "fp32"; }
@@ -245,6 +258,7 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
       {"model_state_bytes", states(std::nullopt)},
       {"model_state_bytes_by_tier", {{"device", states(Tier::kDevice)}, {"host", host}, {"nvme", states(Tier::kNvme)}}},
       {"process_peak_rss_bytes", vm_hwm()},
+      {"collective_bytes", collective_report(s)},
       {"num_parameters", s.optimizer->num_parameters()},
       {"device", s.device.str()},
       {"config",

@@ -19,6 +19,8 @@ nlohmann::json rank_figures(Engine& engine) {
     const auto b = engine.model_state_bytes(t);
     mine.insert(mine.end(), {b.parameters, b.gradients, b.optimizer_states});
   }
+  const auto traffic = collective_traffic_of(engine);  // 19-22
+  mine.insert(mine.end(), {traffic.bytes.within_node, traffic.bytes.across_nodes, traffic.steps, traffic.node});
   const int64_t n = static_cast<int64_t>(mine.size());
   at::Tensor all = at::tensor(mine, at::kLong).repeat({engine.world_size()});
   if (auto* comm = comm_of(engine)) {
@@ -38,7 +40,9 @@ nlohmann::json rank_figures(Engine& engine) {
     ranks.push_back({{"rank", r},
                      {"peak_bytes", {{"device", v[0]}, {"pinned_host", v[1]}, {"host", v[2]}, {"nvme", v[3]}}},
                      {"model_state_bytes", states(4)},
-                     {"model_state_bytes_by_tier", {{"device", states(7)}, {"host", host}, {"nvme", states(16)}}}});
+                     {"model_state_bytes_by_tier", {{"device", states(7)}, {"host", host}, {"nvme", states(16)}}},
+                     {"node", v[22]},
+                     {"collective_bytes", {{"within_node", v[19]}, {"across_nodes", v[20]}, {"steps", v[21]}}}});
   }
   return ranks;
 }
@@ -48,6 +52,19 @@ nlohmann::json max_peaks(const nlohmann::json& ranks) {
   for (const auto& r : ranks)
     for (auto& [k, v] : peaks.items()) v = std::max(v.get<int64_t>(), r.at("peak_bytes").at(k).get<int64_t>());
   return peaks;
+}
+
+nlohmann::json traffic_per_step(const nlohmann::json& ranks) {
+  double within = 0, across = 0;
+  int64_t steps = 0;
+  for (const auto& r : ranks) {
+    const auto& c = r.at("collective_bytes");
+    within += c.at("within_node").get<double>();
+    across += c.at("across_nodes").get<double>();
+    steps = std::max(steps, c.at("steps").get<int64_t>());
+  }
+  const double d = static_cast<double>(std::max<int64_t>(1, steps));
+  return {{"within_node", within / d}, {"across_nodes", across / d}, {"steps", steps}};
 }
 
 nlohmann::json engine_figures(const Engine& engine) {

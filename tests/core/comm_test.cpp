@@ -1,6 +1,8 @@
 // Comm over Gloo with ranks as threads (tests/support/ranks.h): every
 // collective's result, the control group's exchanges, and a disagreement
 // between ranks named by check_same.
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -36,6 +38,43 @@ TEST(Comm, CollectivesOnThreeRanks) {
     EXPECT_EQ(comm.exchange(10 * rank, "test"), (std::vector<int64_t>{0, 10, 20}));
     comm.check_same("answer", "42");  // all agree: no error
   });
+}
+
+// NOTE [bytes across nodes]: 4 ranks on 2 nodes of 2. A ring in rank order
+// sends from ranks 1 and 3 to the other node (to 2, and to 0), from 0 and 2
+// within their own; each collective adds its ring share, and the totals
+// over the ranks are those of one node of 4.
+TEST(Comm, CountsTheBytesEachCollectiveSendsWithinAndAcrossNodes) {
+  std::vector<zero::CommBytes> sent(4);
+  std::vector<int> next(4);
+  zero::testing::on_ranks(
+      4,
+      [&](int rank, zero::Comm& comm) {
+        EXPECT_EQ(comm.node(), rank / 2);
+        next[static_cast<size_t>(rank)] = comm.next_node();
+        const zero::CommBytes start = comm.bytes_sent();
+        EXPECT_EQ(start.within_node + start.across_nodes, 0) << "nothing counted before the first collective";
+        at::Tensor out = at::empty({4 * 1000});                        // 16000 bytes out: 12000 sent
+        comm.all_gather(out, at::full({1000}, 1.0f)).wait();
+        at::Tensor t = at::full({500}, 1.0f);                           // 2000 bytes: 2 x 1500 sent
+        comm.all_reduce_sum(t).wait();
+        at::Tensor in = at::ones({4 * 250}), mine = at::empty({250});  // 4000 bytes in: 3000, or 6000 (Gloo)
+        comm.reduce_scatter_sum(mine, in).wait();
+        at::Tensor b = at::zeros({100});                                // 400 bytes, from rank 2: not rank 1
+        comm.broadcast(b, 2).wait();
+        sent[static_cast<size_t>(rank)] = comm.bytes_sent();
+        EXPECT_TRUE(comm.reduce_scatter_copies_input());  // Gloo: counted as the all-reduce it is
+      },
+      /*per_node=*/2);
+  EXPECT_EQ(next, (std::vector<int>{0, 1, 1, 0}));
+  const int64_t ring = 12000 + 3000 + 6000;
+  EXPECT_EQ(sent[0].within_node, ring + 400);
+  EXPECT_EQ(sent[0].across_nodes, 0);
+  EXPECT_EQ(sent[1].within_node, 0);
+  EXPECT_EQ(sent[1].across_nodes, ring);  // the rank before the root sends nothing of the broadcast
+  EXPECT_EQ(sent[2].within_node, ring + 400);
+  EXPECT_EQ(sent[3].across_nodes, ring + 400);
+  EXPECT_EQ(sent[3].within_node, 0);
 }
 
 TEST(Comm, CheckSameNamesTheRanksThatDiffer) {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "zero/core/dist_env.h"
 #include "zero/core/error.h"
@@ -15,7 +16,8 @@ class EnvGuard {
                           "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                           "SLURM_NTASKS_PER_NODE", "SLURM_NODELIST", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE", "ZERO_COMM_TIMEOUT_S"})
+                          "OMPI_COMM_WORLD_LOCAL_SIZE", "ZERO_COMM_TIMEOUT_S", "GROUP_RANK", "SLURM_NODEID",
+                          "ZERO_NODE_ID"})
       unsetenv(v);
   }
   void set(const char* k, const char* v) { setenv(k, v, 1); }
@@ -74,6 +76,49 @@ TEST(DistEnv, OpenMpi) {
   EXPECT_EQ(d.rank, 1);
   EXPECT_EQ(d.world_size, 2);
   EXPECT_EQ(d.master_addr, "127.0.0.1");
+}
+
+// The node: the launcher's index (torchrun's GROUP_RANK, Slurm's
+// SLURM_NODEID), else the node-sized runs of ranks in order; ZERO_NODE_ID
+// over either (nodes on one machine).
+TEST(DistEnv, TheNodeFromTheLauncherOrTheRanksOfANodeOrZeroNodeId) {
+  {
+    EnvGuard g;
+    g.set("RANK", "5");
+    g.set("WORLD_SIZE", "8");
+    g.set("LOCAL_WORLD_SIZE", "2");
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 2);
+    g.set("GROUP_RANK", "3");
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 3);
+    g.set("ZERO_NODE_ID", "1");
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 1);
+  }
+  {
+    EnvGuard g;
+    g.set("SLURM_PROCID", "5");
+    g.set("SLURM_NTASKS", "16");
+    g.set("SLURM_NTASKS_PER_NODE", "4");
+    g.set("SLURM_NODEID", "7");
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 7);
+  }
+  {
+    EnvGuard g;
+    g.set("OMPI_COMM_WORLD_RANK", "3");
+    g.set("OMPI_COMM_WORLD_SIZE", "4");
+    g.set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 1);
+  }
+  {
+    EnvGuard g;
+    EXPECT_EQ(zero::DistEnv::from_environment().node, 0);
+    g.set("ZERO_NODE_ID", "x");
+    try {
+      zero::DistEnv::from_environment();
+      ADD_FAILURE() << "a malformed ZERO_NODE_ID was taken";
+    } catch (const zero::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("ZERO_NODE_ID"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(DistEnv, MalformedValuesNameTheVariable) {

@@ -16,8 +16,11 @@ namespace zero::testing {
 
 /// Runs fn(rank, comm) on `world` ranks, one thread each; rethrows the first
 /// exception a rank threw once every thread has ended.
+/// Runs fn(rank, comm) on `world` ranks as threads; with per_node > 0 they
+/// sit on nodes of per_node ranks each, in order (DistEnv::node).
 template <typename F>
-void on_ranks(int world, F fn) {
+void on_ranks(int world, F fn, int per_node = 0) {
+  if (per_node <= 0) per_node = world;
   // c10d's flight recorder is one per process, and its record of a
   // collective is not safe from several process groups' threads at once (a
   // crash inside it, now and then, under load): it is off for these
@@ -33,8 +36,9 @@ void on_ranks(int world, F fn) {
         DistEnv env;
         env.rank = r;
         env.world_size = world;
-        env.local_rank = r;
-        env.local_world_size = world;
+        env.local_rank = r % per_node;
+        env.local_world_size = per_node;
+        env.node = r / per_node;
         env.timeout = std::chrono::milliseconds(60000);
         auto comm = Comm::join(store, env, at::kCPU);
         fn(r, *comm);

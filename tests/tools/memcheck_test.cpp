@@ -47,6 +47,17 @@ TEST(RunReport, TheEnvironmentStopsARunAndSetsItsBudgets) {
     EXPECT_EQ(r["rank"], rank);
     EXPECT_EQ(r["world_size"], 2);
     EXPECT_GT(r["peak_bytes"]["device"].get<int64_t>(), 0);
+    // NOTE [bytes across nodes]: one node, two ranks, stage 2 in fp32: a
+    // step reduces the gradients (Gloo's reduce-scatter an all-reduce: 4 B a
+    // parameter sent) and all-gathers the parameters (2 B a parameter sent),
+    // besides a few scalars.
+    const auto& c = r["collective_bytes"];
+    EXPECT_EQ(c["node"], 0);
+    EXPECT_EQ(c["steps"], 2);
+    EXPECT_EQ(c["across_nodes"], 0);
+    const double per_param = c["within_node_per_step"].get<double>() / r["num_parameters"].get<double>();
+    EXPECT_GT(per_param, 6.0) << c;
+    EXPECT_LT(per_param, 6.3) << c;
   }
   EXPECT_EQ(read_text(dir.file("log")).find("Held-out accuracy"), std::string::npos) << "the run went past its stop";
   // The stop alone, without a report (a person's, not a tool's): mingpt,

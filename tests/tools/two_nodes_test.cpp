@@ -58,6 +58,24 @@ TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
   EXPECT_EQ(a["loss_curve"], b["loss_curve"]) << "stage " << stage;
   EXPECT_EQ(a["param_l2"].get<double>(), b["param_l2"].get<double>()) << "stage " << stage;
   EXPECT_EQ(b["steps"], 8);
+  // NOTE [bytes across nodes]: one node's collectives cross no node; two
+  // nodes send the same bytes, the ring's two crossings of them across.
+  const auto& t1 = a["collective_bytes_per_step"];
+  const auto& t2 = b["collective_bytes_per_step"];
+  EXPECT_EQ(t1["steps"], 8);
+  EXPECT_GT(t1["within_node"].get<double>(), 0) << t1;
+  EXPECT_EQ(t1["across_nodes"].get<double>(), 0) << t1;
+  EXPECT_GT(t2["across_nodes"].get<double>(), 0) << t2;
+  // The same collectives (the two-node run also saves a checkpoint, whose
+  // agreements go through the control group, which is not counted).
+  const double total1 = t1["within_node"].get<double>(), total2 = t2["within_node"].get<double>() + t2["across_nodes"].get<double>();
+  EXPECT_NEAR(total2, total1, 0.01 * total1);
+  for (const auto& r : b["ranks"]) {
+    // Ranks 1 and 3 send to the other node (to 2 and to 0), 0 and 2 within their own.
+    const int rank = r["rank"].get<int>();
+    EXPECT_EQ(r["node"].get<int>(), rank / 2) << r;
+    EXPECT_EQ(r["collective_bytes"][rank % 2 == 1 ? "within_node" : "across_nodes"].get<int64_t>(), 0) << r;
+  }
 
   // One checkpoint, every rank's file in it, committed once.
   EXPECT_EQ(read_text(ck + "/latest"), "global_step8\n");

@@ -5,8 +5,11 @@
 //                           SLURM_NODELIST (first host is the master), MASTER_PORT or 29500
 //   Open MPI (mpirun):      OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
 //                           OMPI_COMM_WORLD_LOCAL_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT
-// None set: one process. ZERO_COMM_TIMEOUT_S and ZERO_DIST_BACKEND (below)
-// apply to every launcher. This and config/ are the only places that read the
+// None set: one process. The node this rank runs on: ZERO_NODE_ID when set
+// (several "nodes" on one machine, as tests on loopback make), else
+// torchrun's GROUP_RANK, Slurm's SLURM_NODEID, else rank / LOCAL_WORLD_SIZE
+// (Open MPI fills nodes in order by default). ZERO_COMM_TIMEOUT_S and
+// ZERO_DIST_BACKEND (below) apply to every launcher. This and config/ are the only places that read the
 // environment.
 #pragma once
 
@@ -20,6 +23,9 @@ struct DistEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  /// This rank's node, 0-based (above): collectives count the bytes they
+  /// send within it and to other nodes (NOTE [bytes across nodes] in comm.cpp).
+  int node = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "none";  // "torchrun", "slurm", "openmpi" or "none"

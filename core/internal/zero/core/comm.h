@@ -64,6 +64,16 @@ class CommWork {
   std::shared_ptr<std::atomic<bool>> comm_failed_;  // set by the first collective of the Comm that fails
 };
 
+/// Bytes a rank's data collectives sent, by whether the receiving rank is on
+/// the sender's node (NOTE [bytes across nodes] in comm.cpp).
+struct CommBytes {
+  int64_t within_node = 0;
+  int64_t across_nodes = 0;
+};
+inline CommBytes operator-(CommBytes a, CommBytes b) {
+  return {a.within_node - b.within_node, a.across_nodes - b.across_nodes};
+}
+
 class Comm {
  public:
   /// Joins the job described by `env`: TCPStore at master_addr:master_port
@@ -86,6 +96,14 @@ class Comm {
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
+  /// This rank's node (DistEnv::node), and that of the rank after it, whom
+  /// a ring sends to.
+  int node() const { return env_.node; }
+  int next_node() const { return next_node_; }
+  /// What this rank's data collectives sent since the Comm was made.
+  CommBytes bytes_sent() const {
+    return {within_.load(std::memory_order_relaxed), across_.load(std::memory_order_relaxed)};
+  }
 
   /// In-place sum over ranks.
   CommWork all_reduce_sum(at::Tensor& tensor);
@@ -128,6 +146,8 @@ class Comm {
   Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
        at::Device device);
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
+  /// Counts `bytes` sent to the next rank (NOTE [bytes across nodes]).
+  void count_sent(int64_t bytes);
   static std::unique_ptr<Comm> make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
@@ -140,6 +160,8 @@ class Comm {
   at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
   std::shared_ptr<detail::Liveness> live_;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+  int next_node_ = 0;
+  std::atomic<int64_t> within_{0}, across_{0};
 };
 
 }  // namespace zero

@@ -17,6 +17,16 @@ namespace zero::detail {
 /// program that gathers its own figures across ranks. Owned by the engine.
 Comm* comm_of(Engine& engine);
 
+/// What this rank's collectives sent since initialize, within its node and
+/// across nodes (NOTE [bytes across nodes] in core/src/comm.cpp), over the
+/// optimizer steps taken since then; zeros with one process.
+struct CollectiveTraffic {
+  CommBytes bytes;
+  int64_t steps = 0;
+  int node = 0;
+};
+CollectiveTraffic collective_traffic_of(const Engine& engine);
+
 /// This rank's master and optimizer states, sub-group by sub-group (the
 /// master, then each state), copied: a test compares runs bit for bit.
 std::vector<torch::Tensor> optimizer_states_of(Engine& engine);

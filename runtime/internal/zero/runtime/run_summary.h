@@ -11,9 +11,16 @@ namespace zero::detail {
 
 /// Every rank's figures, by rank: peak_bytes (device, pinned_host, host,
 /// nvme), model_state_bytes (parameters, gradients, optimizer_states) and
-/// model_state_bytes_by_tier (device, host, nvme), on every rank. A
-/// collective. Throws CommunicationError.
+/// model_state_bytes_by_tier (device, host, nvme), node and
+/// collective_bytes (within_node, across_nodes, steps: since initialize;
+/// NOTE [bytes across nodes]), on every rank. A collective. Throws
+/// CommunicationError.
 nlohmann::json rank_figures(Engine& engine);
+
+/// The bytes every rank's collectives sent, summed over ranks, per step:
+/// within_node, across_nodes and the steps they are over, from
+/// rank_figures' array (a summary's collective_bytes_per_step).
+nlohmann::json traffic_per_step(const nlohmann::json& ranks);
 
 /// The largest of each rank's peaks per tier, and rank 0's model-state
 /// bytes, from rank_figures' array: a summary's top-level peak_bytes and
