@@ -2,7 +2,7 @@
 # Bytes that cross the nodes (issue 38 §5, NOTE [bytes across nodes]): the
 # same minGPT run on one node of 4 ranks and on two nodes of 2 ranks
 # (`zero launch --nnodes 2` twice on loopback), stages 1, 2 and 3, fp32 and
-# bf16. Each run's summary gives the bytes its collectives sent per step,
+# bf16 (or fp16). Each run's summary gives the bytes its collectives sent per step,
 # summed over the ranks, within a node and across nodes, and its median step
 # time (loopback: every "node" is this machine, so the times say nothing of a
 # network). The table is the baseline that ZeRO++ and MiCS (issue 38) are
@@ -48,27 +48,31 @@ rows=()
 for stage in $stages; do
   for precision in $precisions; do
     cfg="$work/s${stage}_${precision}.json"
-    extra=""
-    [ "$precision" = bf16 ] && extra=', "bf16": {"enabled": true}'
+    case "$precision" in
+      fp32) extra="" ;;
+      bf16|fp16) extra=", \"$precision\": {\"enabled\": true}" ;;
+      *) echo "collective_bytes.sh: precision $precision: expected fp32, bf16 or fp16" >&2; exit 2 ;;
+    esac
     cat >"$cfg" <<EOF
 {"train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
  "zero_optimization": {"stage": $stage, "stage3_param_persistence_threshold": 0}$extra}
 EOF
-    train="$bin/mingpt --config $cfg --n_layer $layers --n_embd $width --n_head $heads --limit_train_batches $steps --max_epochs 1 --stop_after_steps $steps"
+    train=("$bin/mingpt" --config "$cfg" --n_layer "$layers" --n_embd "$width" --n_head "$heads"
+           --limit_train_batches "$steps" --max_epochs 1 --stop_after_steps "$steps")
     one="$work/one_${stage}_${precision}.json"
     two="$work/two_${stage}_${precision}.json"
     echo "stage $stage, $precision: 1 node x 4 ranks" >&2
-    env OMP_NUM_THREADS=1 "$bin/zero" launch --nproc_per_node 4 -- $train --summary-json "$one" >"$work/log" 2>&1 ||
+    env OMP_NUM_THREADS=1 "$bin/zero" launch --nproc_per_node 4 -- "${train[@]}" --summary-json "$one" >"$work/log" 2>&1 ||
       { cat "$work/log" >&2; exit 1; }
     echo "stage $stage, $precision: 2 nodes x 2 ranks" >&2
     port=$(free_port)
     node() {
       env OMP_NUM_THREADS=1 "$bin/zero" launch --nnodes 2 --node_rank "$1" --nproc_per_node 2 \
-        --master_addr 127.0.0.1 --master_port "$port" -- $train --summary-json "$two"
+        --master_addr 127.0.0.1 --master_port "$port" -- "${train[@]}" --summary-json "$two"
     }
     node 1 >"$work/log1" 2>&1 &
     other=$!
-    node 0 >"$work/log0" 2>&1 || { cat "$work/log0" >&2; exit 1; }
+    node 0 >"$work/log0" 2>&1 || { kill "$other" 2>/dev/null; wait "$other" 2>/dev/null; cat "$work/log0" >&2; exit 1; }
     wait "$other" || { cat "$work/log1" >&2; exit 1; }
     rows+=("$stage $precision $one $two")
   done

@@ -431,14 +431,18 @@ std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const Di
   }
   std::unique_ptr<Comm> comm(new Comm(env, store, backend, device));
   if (env.world_size > 1) {
-    // Each rank's node through the store: a ring's next rank is the one
-    // this rank's bytes go to (NOTE [bytes across nodes]).
+    // Each rank's node through the store: a ring's next and previous ranks
+    // are the ones this rank's bytes go to (NOTE [bytes across nodes]).
     try {
       store->set("zero/node/" + std::to_string(env.rank), std::to_string(env.node));
-      const auto next = store->get("zero/node/" + std::to_string((env.rank + 1) % env.world_size));
-      comm->next_node_ = std::stoi(std::string(next.begin(), next.end()));
+      auto node_of = [&](int r) {
+        const auto v = store->get("zero/node/" + std::to_string(r));
+        return std::stoi(std::string(v.begin(), v.end()));
+      };
+      comm->next_node_ = node_of((env.rank + 1) % env.world_size);
+      comm->previous_node_ = node_of((env.rank + env.world_size - 1) % env.world_size);
     } catch (const std::exception& e) {
-      throw CommunicationError("reading the next rank's node from the store failed on rank " +
+      throw CommunicationError("reading the neighbouring ranks' nodes from the store failed on rank " +
                                std::to_string(env.rank) + ": " + error_text(e));
     }
   }
@@ -484,26 +488,33 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
 }
 
 // NOTE [bytes across nodes]
-// Every data collective counts the bytes this rank sends, as a ring over the
-// ranks in order sends them (NCCL's rings, Gloo's ring algorithms): all to
-// the next rank, counted within the node when that rank is on this rank's
-// node (DistEnv::node), else across nodes. Under the launchers zero reads a
-// node's ranks are consecutive, so the ring crosses between nodes once a
-// node, as NCCL's rings do. With P ranks:
+// Every data collective counts the bytes this rank sends, within its node
+// (DistEnv::node) or to another node, as the backend's ring algorithm sends
+// them: all to one neighbour in rank order. Gloo's all-reduce sends to the
+// rank before (so does its reduce-scatter, an all-reduce of the input:
+// reduce_scatter_copies_input), its all-gather to the rank after; NCCL's
+// rings are counted as sending to the rank after. With P ranks:
 //   all_gather, output N bytes:      N (P-1)/P
-//   reduce_scatter, input N bytes:   N (P-1)/P; Gloo's is an all-reduce of
-//                                    the input (reduce_scatter_copies_input)
+//   reduce_scatter, input N bytes:   N (P-1)/P; Gloo's 2 N (P-1)/P
 //   all_reduce, N bytes:             2 N (P-1)/P
-//   broadcast, N bytes:              N, but for the rank before the root (a
-//                                    chain from the root)
-// NCCL may pick a tree for an all-reduce over many nodes: about the same
-// bytes, split otherwise between links. Not counted: the control group's
-// exchanges and the store's checks, a few bytes a step. The engine counts
-// from the end of initialize (Engine::Impl::comm_bytes_at_init); the run
-// summary (rank_figures, traffic_per_step) and the run report give each
-// kind per step, the summary summed over ranks.
-void Comm::count_sent(int64_t bytes) {
-  (next_node_ == env_.node ? within_ : across_).fetch_add(bytes, std::memory_order_relaxed);
+//   broadcast, N bytes:              N to the rank after, but for the rank
+//                                    before the root (a chain from the root)
+// Under the launchers zero reads a node's ranks are consecutive, so a ring
+// in rank order crosses between nodes once a node, whichever way it turns:
+// the sums over ranks are what crosses. Which rank's bytes cross is the
+// model's: NCCL orders its rings by the topology, may pick a tree for an
+// all-reduce over many nodes (about the same bytes, split otherwise between
+// links), and Gloo's broadcast is a tree (the same N a receiving rank, from
+// other senders); ranks placed round-robin over the nodes (srun -m cyclic,
+// mpirun --map-by node) cross at every link. Not counted: the control
+// group's exchanges and the store's checks, a few bytes a step. The engine
+// counts from the end of initialize, leaving out what loading a checkpoint
+// or weights sends (Engine::Impl::comm_bytes_at_init, comm_bytes_uncounted);
+// evaluation between steps counts toward the steps. The run summary
+// (rank_figures, traffic_per_step: summed over ranks) and the run report
+// (this rank's) give each kind per step.
+void Comm::count_sent(int64_t bytes, int node) {
+  (node == env_.node ? within_ : across_).fetch_add(bytes, std::memory_order_relaxed);
 }
 
 namespace {
@@ -519,7 +530,7 @@ CommWork Comm::all_reduce_sum(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
-  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2));
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), all_reduce_neighbour());
   return wrap(backend_->allreduce(ts, o), "all_reduce", tensor);
 }
 
@@ -527,7 +538,7 @@ CommWork Comm::all_reduce_max(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
-  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2));
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), all_reduce_neighbour());
   return wrap(backend_->allreduce(ts, o), "all_reduce(max)", tensor);
 }
 
@@ -536,16 +547,19 @@ CommWork Comm::reduce_scatter_sum(at::Tensor& output, const at::Tensor& input) {
   at::Tensor in = input;
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
-  count_sent(ring_bytes(static_cast<int64_t>(input.nbytes()), env_.world_size, reduce_scatter_copies_input() ? 2 : 1));
+  count_sent(ring_bytes(static_cast<int64_t>(input.nbytes()), env_.world_size, reduce_scatter_copies_input() ? 2 : 1),
+             all_reduce_neighbour());
   return wrap(backend_->_reduce_scatter_base(output, in, o), "reduce_scatter", input);
 }
 
 bool Comm::reduce_scatter_copies_input() const { return backend_->getBackendName() == "gloo"; }
 
+int Comm::all_reduce_neighbour() const { return reduce_scatter_copies_input() ? previous_node_ : next_node_; }
+
 CommWork Comm::all_gather(at::Tensor& output, const at::Tensor& input) {
   ZERO_CHECK(output.numel() == input.numel() * env_.world_size, "all_gather sizes");
   at::Tensor in = input;
-  count_sent(ring_bytes(static_cast<int64_t>(output.nbytes()), env_.world_size, 1));
+  count_sent(ring_bytes(static_cast<int64_t>(output.nbytes()), env_.world_size, 1), next_node_);
   return wrap(backend_->_allgather_base(output, in), "all_gather", output);
 }
 
@@ -553,7 +567,8 @@ CommWork Comm::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  if (env_.world_size > 1 && (env_.rank + 1) % env_.world_size != root) count_sent(static_cast<int64_t>(tensor.nbytes()));
+  if (env_.world_size > 1 && (env_.rank + 1) % env_.world_size != root)
+    count_sent(static_cast<int64_t>(tensor.nbytes()), next_node_);
   return wrap(backend_->broadcast(ts, o), "broadcast", tensor);
 }
 

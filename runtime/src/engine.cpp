@@ -570,8 +570,7 @@ int Engine::world_size() const { return impl_->dist.world_size; }
 Comm* detail::comm_of(Engine& engine) { return engine.impl().comm.get(); }
 detail::CollectiveTraffic detail::collective_traffic_of(const Engine& engine) {
   const auto& s = engine.impl();
-  return {s.comm ? s.comm->bytes_sent() - s.comm_bytes_at_init : CommBytes{}, s.steps_this_run,
-          s.comm ? s.comm->node() : 0};
+  return {s.step_traffic(), s.steps_this_run, s.comm ? s.comm->node() : 0};
 }
 std::vector<torch::Tensor> detail::optimizer_states_of(Engine& engine) {
   std::vector<torch::Tensor> out;

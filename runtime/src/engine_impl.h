@@ -71,7 +71,23 @@ struct Engine::Impl : detail::RunContext {
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
   int64_t steps_this_run = 0;  // since initialize (global_steps also counts a resumed checkpoint's)
-  CommBytes comm_bytes_at_init;  // what initialize sent (NOTE [bytes across nodes])
+  CommBytes comm_bytes_at_init;    // what initialize sent (NOTE [bytes across nodes])
+  CommBytes comm_bytes_uncounted;  // and what loads sent since
+  /// Leaves what a load sends out of the steps' bytes, for its scope.
+  struct UncountedTraffic {
+    Impl& s;
+    CommBytes start;
+    explicit UncountedTraffic(Impl& impl) : s(impl), start(impl.comm ? impl.comm->bytes_sent() : CommBytes{}) {}
+    ~UncountedTraffic() {
+      if (s.comm) s.comm_bytes_uncounted = s.comm_bytes_uncounted + (s.comm->bytes_sent() - start);
+    }
+    UncountedTraffic(const UncountedTraffic&) = delete;
+    UncountedTraffic& operator=(const UncountedTraffic&) = delete;
+  };
+  /// What this rank's collectives sent for its steps (and evaluation between them).
+  CommBytes step_traffic() const {
+    return comm ? comm->bytes_sent() - comm_bytes_at_init - comm_bytes_uncounted : CommBytes{};
+  }
   int64_t skipped_steps = 0;
   int64_t applied_steps = 0;
   double last_grad_norm = 0;

@@ -101,6 +101,7 @@ class WindowLoader {
 
 CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
   auto& s = *impl_;
+  const Impl::UncountedTraffic uncounted(s);  // NOTE [bytes across nodes]: not a step's
   const auto t0 = Clock::now();
   at::NoGradGuard no_grad;
   const std::string tag_dir = ckpt::tag_folder(dir, tag_in);
@@ -468,6 +469,7 @@ std::string prefix_hint(const std::vector<std::string>& missing, const std::vect
 
 CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsOptions& options) {
   auto& s = *impl_;
+  const Impl::UncountedTraffic uncounted(s);  // NOTE [bytes across nodes]: not a step's
   const auto t0 = Clock::now();
   at::NoGradGuard no_grad;
   const ckpt::WeightFiles files = ckpt::WeightFiles::resolve(path);

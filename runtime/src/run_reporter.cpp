@@ -75,7 +75,7 @@ int64_t vm_hwm() {
 
 // NOTE [bytes across nodes]: this rank's, since initialize, and per step.
 nlohmann::json collective_report(const Engine::Impl& s) {
-  const CommBytes b = s.comm ? s.comm->bytes_sent() - s.comm_bytes_at_init : CommBytes{};
+  const CommBytes b = s.step_traffic();
   const double steps = static_cast<double>(std::max<int64_t>(1, s.steps_this_run));
   return {{"node", s.comm ? s.comm->node() : 0},
           {"within_node", b.within_node},

@@ -40,41 +40,46 @@ TEST(Comm, CollectivesOnThreeRanks) {
   });
 }
 
-// NOTE [bytes across nodes]: 4 ranks on 2 nodes of 2. A ring in rank order
-// sends from ranks 1 and 3 to the other node (to 2, and to 0), from 0 and 2
-// within their own; each collective adds its ring share, and the totals
-// over the ranks are those of one node of 4.
+// NOTE [bytes across nodes]: 4 ranks on 2 nodes of 2, over Gloo, whose
+// all-gather sends to the next rank and whose all-reduce (and so its
+// reduce-scatter) to the previous one. Each collective adds its ring share
+// on the side of that neighbour's node.
 TEST(Comm, CountsTheBytesEachCollectiveSendsWithinAndAcrossNodes) {
   std::vector<zero::CommBytes> sent(4);
-  std::vector<int> next(4);
+  std::vector<int> next(4), previous(4);
   zero::testing::on_ranks(
       4,
       [&](int rank, zero::Comm& comm) {
         EXPECT_EQ(comm.node(), rank / 2);
         next[static_cast<size_t>(rank)] = comm.next_node();
+        previous[static_cast<size_t>(rank)] = comm.previous_node();
         const zero::CommBytes start = comm.bytes_sent();
         EXPECT_EQ(start.within_node + start.across_nodes, 0) << "nothing counted before the first collective";
-        at::Tensor out = at::empty({4 * 1000});                        // 16000 bytes out: 12000 sent
+        at::Tensor out = at::empty({4 * 1000});                        // 16000 bytes out: 12000 sent, to the next
         comm.all_gather(out, at::full({1000}, 1.0f)).wait();
-        at::Tensor t = at::full({500}, 1.0f);                           // 2000 bytes: 2 x 1500 sent
+        at::Tensor t = at::full({500}, 1.0f);                           // 2000 bytes: 2 x 1500, to the previous
         comm.all_reduce_sum(t).wait();
-        at::Tensor in = at::ones({4 * 250}), mine = at::empty({250});  // 4000 bytes in: 3000, or 6000 (Gloo)
+        at::Tensor m = at::full({250}, static_cast<float>(rank));      // 1000 bytes: 2 x 750
+        comm.all_reduce_max(m).wait();
+        at::Tensor in = at::ones({4 * 250}), mine = at::empty({250});  // 4000 bytes in: an all-reduce's 6000
         comm.reduce_scatter_sum(mine, in).wait();
-        at::Tensor b = at::zeros({100});                                // 400 bytes, from rank 2: not rank 1
+        at::Tensor b = at::zeros({100});                                // 400 bytes to the next, from rank 2 on
         comm.broadcast(b, 2).wait();
         sent[static_cast<size_t>(rank)] = comm.bytes_sent();
-        EXPECT_TRUE(comm.reduce_scatter_copies_input());  // Gloo: counted as the all-reduce it is
+        EXPECT_TRUE(comm.reduce_scatter_copies_input());
       },
       /*per_node=*/2);
   EXPECT_EQ(next, (std::vector<int>{0, 1, 1, 0}));
-  const int64_t ring = 12000 + 3000 + 6000;
-  EXPECT_EQ(sent[0].within_node, ring + 400);
-  EXPECT_EQ(sent[0].across_nodes, 0);
-  EXPECT_EQ(sent[1].within_node, 0);
-  EXPECT_EQ(sent[1].across_nodes, ring);  // the rank before the root sends nothing of the broadcast
-  EXPECT_EQ(sent[2].within_node, ring + 400);
-  EXPECT_EQ(sent[3].across_nodes, ring + 400);
-  EXPECT_EQ(sent[3].within_node, 0);
+  EXPECT_EQ(previous, (std::vector<int>{1, 0, 0, 1}));
+  const int64_t to_next = 12000, to_previous = 3000 + 1500 + 6000;
+  EXPECT_EQ(sent[0].within_node, to_next + 400);  // to rank 1
+  EXPECT_EQ(sent[0].across_nodes, to_previous);   // to rank 3
+  EXPECT_EQ(sent[1].within_node, to_previous);    // the rank before the root sends none of the broadcast
+  EXPECT_EQ(sent[1].across_nodes, to_next);
+  EXPECT_EQ(sent[2].within_node, to_next + 400);
+  EXPECT_EQ(sent[2].across_nodes, to_previous);
+  EXPECT_EQ(sent[3].within_node, to_previous);
+  EXPECT_EQ(sent[3].across_nodes, to_next + 400);
 }
 
 TEST(Comm, CheckSameNamesTheRanksThatDiffer) {

@@ -15,9 +15,8 @@
 namespace zero::testing {
 
 /// Runs fn(rank, comm) on `world` ranks, one thread each; rethrows the first
-/// exception a rank threw once every thread has ended.
-/// Runs fn(rank, comm) on `world` ranks as threads; with per_node > 0 they
-/// sit on nodes of per_node ranks each, in order (DistEnv::node).
+/// exception a rank threw once every thread has ended. With per_node > 0
+/// the ranks sit on nodes of per_node ranks each, in order (DistEnv::node).
 template <typename F>
 void on_ranks(int world, F fn, int per_node = 0) {
   if (per_node <= 0) per_node = world;

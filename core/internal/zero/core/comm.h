@@ -73,6 +73,9 @@ struct CommBytes {
 inline CommBytes operator-(CommBytes a, CommBytes b) {
   return {a.within_node - b.within_node, a.across_nodes - b.across_nodes};
 }
+inline CommBytes operator+(CommBytes a, CommBytes b) {
+  return {a.within_node + b.within_node, a.across_nodes + b.across_nodes};
+}
 
 class Comm {
  public:
@@ -96,10 +99,11 @@ class Comm {
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   const DistEnv& env() const { return env_; }
-  /// This rank's node (DistEnv::node), and that of the rank after it, whom
-  /// a ring sends to.
+  /// This rank's node (DistEnv::node), and those of the ranks after and
+  /// before it, whom a ring sends to (NOTE [bytes across nodes]).
   int node() const { return env_.node; }
   int next_node() const { return next_node_; }
+  int previous_node() const { return previous_node_; }
   /// What this rank's data collectives sent since the Comm was made.
   CommBytes bytes_sent() const {
     return {within_.load(std::memory_order_relaxed), across_.load(std::memory_order_relaxed)};
@@ -146,8 +150,10 @@ class Comm {
   Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
        at::Device device);
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
-  /// Counts `bytes` sent to the next rank (NOTE [bytes across nodes]).
-  void count_sent(int64_t bytes);
+  /// Counts `bytes` sent to a rank on `node` (NOTE [bytes across nodes]).
+  void count_sent(int64_t bytes, int node);
+  /// Where a ring all-reduce sends: Gloo's to the rank before, NCCL's after.
+  int all_reduce_neighbour() const;
   static std::unique_ptr<Comm> make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
@@ -160,7 +166,7 @@ class Comm {
   at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
   std::shared_ptr<detail::Liveness> live_;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
-  int next_node_ = 0;
+  int next_node_ = 0, previous_node_ = 0;
   std::atomic<int64_t> within_{0}, across_{0};
 };
 
