@@ -231,7 +231,8 @@ void CommWork::wait() {
 
 Comm::Comm(DistEnv env, c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
            at::Device device)
-    : env_(std::move(env)), store_(std::move(store)), backend_(std::move(backend)), device_(device) {}
+    : env_(std::move(env)), store_(std::move(store)), backend_(std::move(backend)), device_(device),
+      gloo_(backend_->getBackendName() == "gloo") {}
 
 Comm::~Comm() {
   // NOTE [failed collectives]: after a failure (or a work abandoned while
@@ -509,7 +510,7 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
 // mpirun --map-by node) cross at every link. Not counted: the control
 // group's exchanges and the store's checks, a few bytes a step. The engine
 // counts from the end of initialize, leaving out what loading a checkpoint
-// or weights sends (Engine::Impl::comm_bytes_at_init, comm_bytes_uncounted);
+// or weights sends (Engine::Impl::comm_bytes_uncounted);
 // evaluation between steps counts toward the steps. The run summary
 // (rank_figures, traffic_per_step: summed over ranks) and the run report
 // (this rank's) give each kind per step.
@@ -530,7 +531,7 @@ CommWork Comm::all_reduce_sum(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
-  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), all_reduce_neighbour());
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), (gloo_ ? previous_node_ : next_node_));
   return wrap(backend_->allreduce(ts, o), "all_reduce", tensor);
 }
 
@@ -538,7 +539,7 @@ CommWork Comm::all_reduce_max(at::Tensor& tensor) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MAX;
-  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), all_reduce_neighbour());
+  count_sent(ring_bytes(static_cast<int64_t>(tensor.nbytes()), env_.world_size, 2), (gloo_ ? previous_node_ : next_node_));
   return wrap(backend_->allreduce(ts, o), "all_reduce(max)", tensor);
 }
 
@@ -548,13 +549,11 @@ CommWork Comm::reduce_scatter_sum(at::Tensor& output, const at::Tensor& input) {
   c10d::ReduceScatterOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   count_sent(ring_bytes(static_cast<int64_t>(input.nbytes()), env_.world_size, reduce_scatter_copies_input() ? 2 : 1),
-             all_reduce_neighbour());
+             (gloo_ ? previous_node_ : next_node_));
   return wrap(backend_->_reduce_scatter_base(output, in, o), "reduce_scatter", input);
 }
 
-bool Comm::reduce_scatter_copies_input() const { return backend_->getBackendName() == "gloo"; }
-
-int Comm::all_reduce_neighbour() const { return reduce_scatter_copies_input() ? previous_node_ : next_node_; }
+bool Comm::reduce_scatter_copies_input() const { return gloo_; }
 
 CommWork Comm::all_gather(at::Tensor& output, const at::Tensor& input) {
   ZERO_CHECK(output.numel() == input.numel() * env_.world_size, "all_gather sizes");

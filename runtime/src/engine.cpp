@@ -427,7 +427,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   s.phase_start = Clock::now();
   s.window_start = Clock::now();
-  if (s.comm) s.comm_bytes_at_init = s.comm->bytes_sent();
+  if (s.comm) s.comm_bytes_uncounted = s.comm->bytes_sent();  // initialize's: not a step's
   try {  // NOTE [run report]
     start_trace(s);
     s.reporter = detail::RunReporter::start(s);

@@ -71,8 +71,7 @@ struct Engine::Impl : detail::RunContext {
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
   int64_t steps_this_run = 0;  // since initialize (global_steps also counts a resumed checkpoint's)
-  CommBytes comm_bytes_at_init;    // what initialize sent (NOTE [bytes across nodes])
-  CommBytes comm_bytes_uncounted;  // and what loads sent since
+  CommBytes comm_bytes_uncounted;  // what initialize and loads sent (NOTE [bytes across nodes])
   /// Leaves what a load sends out of the steps' bytes, for its scope.
   struct UncountedTraffic {
     Impl& s;
@@ -86,7 +85,7 @@ struct Engine::Impl : detail::RunContext {
   };
   /// What this rank's collectives sent for its steps (and evaluation between them).
   CommBytes step_traffic() const {
-    return comm ? comm->bytes_sent() - comm_bytes_at_init - comm_bytes_uncounted : CommBytes{};
+    return comm ? comm->bytes_sent() - comm_bytes_uncounted : CommBytes{};
   }
   int64_t skipped_steps = 0;
   int64_t applied_steps = 0;

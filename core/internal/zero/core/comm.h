@@ -152,8 +152,6 @@ class Comm {
   CommWork wrap(c10::intrusive_ptr<c10d::Work> work, const std::string& op, const at::Tensor& t);
   /// Counts `bytes` sent to a rank on `node` (NOTE [bytes across nodes]).
   void count_sent(int64_t bytes, int node);
-  /// Where a ring all-reduce sends: Gloo's to the rank before, NCCL's after.
-  int all_reduce_neighbour() const;
   static std::unique_ptr<Comm> make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
@@ -166,6 +164,7 @@ class Comm {
   at::Device device_;  // where the data collectives' tensors live (NCCL: CUDA)
   std::shared_ptr<detail::Liveness> live_;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+  bool gloo_;  // the backend is Gloo (its all-reduce sends to the rank before: NOTE [bytes across nodes])
   int next_node_ = 0, previous_node_ = 0;
   std::atomic<int64_t> within_{0}, across_{0};
 };
