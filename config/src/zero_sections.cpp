@@ -197,6 +197,8 @@ void read_zero_fields(Section& zs, Config& config) {
   zs.read_bool("ignore_unused_parameters", z.ignore_unused_parameters);
   zs.read_bool("round_robin_gradients", z.round_robin_gradients);
   zs.read_int("zero_hpz_partition_size", z.zero_hpz_partition_size, Range::at_least(0));
+  zs.read_bool("zero_quantized_weights", z.zero_quantized_weights);
+  zs.read_int("zero_quantized_weights_block_size", z.zero_quantized_weights_block_size, Range::at_least(4));
 
   // Deprecated keys (rules 3.4).
   read_deprecated_offload(zs, "cpu_offload", "offload_optimizer", z.offload_optimizer.device,
@@ -228,7 +230,7 @@ void read_zero_fields(Section& zs, Config& config) {
 
   // Valid keys that zero does not store. Booleans are type-checked; the ones
   // that would change training are refused by features.cpp.
-  for (const char* key : {"legacy_stage1", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+  for (const char* key : {"legacy_stage1", "zero_quantized_nontrainable_weights",
                           "zero_quantized_gradients", "mics_hierarchical_params_gather", "memory_efficient_linear",
                           "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
                           "enable_sanity_checks", "save_muon_momentum_buffer_in_memory"}) {
@@ -258,6 +260,24 @@ void read_zero_fields(Section& zs, Config& config) {
       ctx.problem(path, "expected 1.0 with offload_param (zero keeps a device share of the optimizer states only "
                         "where the parameter shards stay on the device)" + got);
   }
+  // ZeRO++ (NOTE [quantized gather], NOTE [hpZ]): stage 3's gathers.
+  if (z.zero_quantized_weights_block_size % 4 != 0)
+    ctx.problem(zs.path_of("zero_quantized_weights_block_size"),
+                "expected a multiple of 4 (a block's codes are followed by its 4-byte scale); got " +
+                    std::to_string(z.zero_quantized_weights_block_size));
+  if (!stage3) {
+    if (z.zero_quantized_weights)
+      ctx.warn(zs.path_of("zero_quantized_weights"),
+               "has no effect below stage 3 (stage is " + std::to_string(z.stage) + "): no parameters are gathered");
+    if (z.zero_hpz_partition_size > 1)
+      ctx.warn(zs.path_of("zero_hpz_partition_size"),
+               "has no effect below stage 3 (stage is " + std::to_string(z.stage) + "): no parameters are gathered");
+  }
+  if (z.zero_hpz_partition_size > 1 && ctx.options().world_size > 1 &&
+      ctx.options().world_size % z.zero_hpz_partition_size != 0)
+    ctx.problem(zs.path_of("zero_hpz_partition_size"),
+                "expected a divisor of the world size " + std::to_string(ctx.options().world_size) +
+                    " (the ranks of a node); got " + std::to_string(z.zero_hpz_partition_size));
   // NOTE [state placement]: zero's own key.
   if (z.offload_optimizer.max_in_cpu > 0 && z.offload_optimizer.device != OffloadDevice::kNvme)
     ctx.warn(zs.path_of("offload_optimizer.max_in_cpu"),

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <cstdlib>
@@ -403,10 +404,9 @@ std::unique_ptr<Comm> Comm::join(c10::intrusive_ptr<c10d::Store> store, const Di
   return comm;
 }
 
-std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
+c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const DistEnv& env, at::Device device) {
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>("zero/pg", store);
-  c10::intrusive_ptr<c10d::Backend> backend;
-  const bool loopback = is_loopback(env.master_addr);
   const bool nccl = device.is_cuda() && env.backend != "gloo";
   if (env.backend == "nccl" && !device.is_cuda()) {
     throw ConfigError({"ZERO_DIST_BACKEND=nccl: NCCL communicates CUDA tensors, but this rank trains on " +
@@ -417,19 +417,22 @@ std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const Di
 #ifdef USE_C10D_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = env.timeout;
-      backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(backend_store, env.rank, env.world_size, opts);
+      return c10::make_intrusive<c10d::ProcessGroupNCCL>(backend_store, env.rank, env.world_size, opts);
 #else
       throw UnsupportedError("this LibTorch has no NCCL; CUDA tensors cannot be communicated");
 #endif
-    } else {
-      backend = make_gloo(backend_store, env, loopback);
     }
+    return make_gloo(backend_store, env, is_loopback(env.master_addr));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw CommunicationError(std::string("creating the ") + (nccl ? "NCCL" : "Gloo") +
                              " process group failed on rank " + std::to_string(env.rank) + ": " + error_text(e));
   }
+}
+
+std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
+  auto backend = make_backend(store, env, device);
   std::unique_ptr<Comm> comm(new Comm(env, store, backend, device));
   if (env.world_size > 1) {
     // Each rank's node through the store: a ring's next and previous ranks
@@ -515,7 +518,40 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
 // (rank_figures, traffic_per_step: summed over ranks) and the run report
 // (this rank's) give each kind per step.
 void Comm::count_sent(int64_t bytes, int node) {
-  (node == env_.node ? within_ : across_).fetch_add(bytes, std::memory_order_relaxed);
+  (node == env_.node ? counts_->within : counts_->across).fetch_add(bytes, std::memory_order_relaxed);
+}
+
+std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::string& name) {
+  const auto me = std::find(ranks.begin(), ranks.end(), env_.rank);
+  ZERO_CHECK(me != ranks.end() && std::is_sorted(ranks.begin(), ranks.end()) && ranks.front() >= 0 &&
+                 ranks.back() < env_.world_size,
+             "a subgroup holds this rank, in increasing order");
+  DistEnv sub = env_;
+  sub.rank = static_cast<int>(me - ranks.begin());
+  sub.world_size = static_cast<int>(ranks.size());
+  // Each group's keys apart: its first rank names it within the partition.
+  auto store = c10::make_intrusive<c10d::PrefixStore>("zero/group/" + name + "/" + std::to_string(ranks.front()),
+                                                      store_);
+  std::unique_ptr<Comm> comm(new Comm(sub, store, make_backend(store, sub, device_), device_));
+  comm->live_ = live_;  // names ranks by their place in the world
+  comm->failed_ = failed_;
+  comm->counts_ = counts_;
+  if (sub.world_size > 1) {
+    // The neighbours' nodes, which make() published for the world.
+    try {
+      auto node_of = [&](int r) {
+        const auto v = store_->get("zero/node/" + std::to_string(r));
+        return std::stoi(std::string(v.begin(), v.end()));
+      };
+      const size_t i = static_cast<size_t>(sub.rank), n = ranks.size();
+      comm->next_node_ = node_of(ranks[(i + 1) % n]);
+      comm->previous_node_ = node_of(ranks[(i + n - 1) % n]);
+    } catch (const std::exception& e) {
+      throw CommunicationError("reading the nodes of subgroup " + name + "'s ranks from the store failed on rank " +
+                               std::to_string(env_.rank) + ": " + error_text(e));
+    }
+  }
+  return comm;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 #include "zero/partition/stage3.h"
 
 #include <chrono>
+#include <numeric>
 #include <optional>
 #include <unordered_map>
 
@@ -77,6 +78,18 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
       clock_(device) {
   ZERO_CHECK(params_.stage3(), "the stage-3 coordinator needs stage-3 parameters");
   if (comm_ != nullptr) world_size_ = comm_->world_size();
+  const int64_t k = options_.hpz_partition_size;
+  if (k > 1 && world_size_ > 1) {
+    // NOTE [hpZ]: groups of k consecutive ranks.
+    if (world_size_ % k != 0) {
+      throw ConfigError({"zero_optimization.zero_hpz_partition_size: expected a divisor of the world size " +
+                         std::to_string(world_size_) + " (the ranks of a node); got " + std::to_string(k)});
+    }
+    const int first = static_cast<int>(comm_->rank() / k * k);
+    std::vector<int> ranks(static_cast<size_t>(k));
+    std::iota(ranks.begin(), ranks.end(), first);
+    hpz_comm_ = comm_->subgroup(ranks, "hpz");
+  }
   groups_.resize(params_.groups().size());
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
@@ -102,15 +115,26 @@ Stage3Coordinator::~Stage3Coordinator() {
 // shard has a layer's time to arrive. Launch points depend on the events
 // only, never on when a read finishes: every rank launches its collectives
 // in the same order (NOTE [parameter swapping]).
-void Stage3Coordinator::issue(size_t g, bool prefetch) {
+void Stage3Coordinator::issue(size_t g, bool prefetch, bool exact) {
   auto& grp = groups_[g];
   ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
   const auto& info = params_.groups()[g];
   const at::Tensor& full = params_.full(g);
   const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
-  grp.bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters, nbytes,
-                              "gathered parameters of " + (info.name.empty() ? std::string("group 0") : info.name));
+  const std::string name = info.name.empty() ? std::string("group 0") : info.name;
+  grp.bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters, nbytes, "gathered parameters of " + name);
   set_storage_bytes(full, static_cast<size_t>(nbytes));
+  const bool collective = world_size_ > 1 && comm_ != nullptr;
+  // NOTE [hpZ]: the node's copy holds what the last gather brought, which an
+  // exact gather takes only when that one was exact.
+  grp.from_secondary = collective && grp.secondary.defined() && !(exact && grp.secondary_quantized);
+  // NOTE [quantized gather]: layers only; group 0 is gathered once a step, exact.
+  grp.quantized = collective && options_.quantize_weights && g != 0 && !exact && !grp.from_secondary;
+  if (grp.quantized) {
+    const int64_t payload = quantized_payload_bytes(params_.groups()[g].chunk_numel, options_.quant_block);
+    grp.buffer_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kCommBuffers, payload * (world_size_ + 1),
+                                            "quantized gather (qwZ) of " + name);
+  }
   grp.state = State::kInFlight;
   grp.launched = false;
   grp.prefetched = prefetch;
@@ -120,7 +144,7 @@ void Stage3Coordinator::issue(size_t g, bool prefetch) {
   }
   ++gathers_;
   if (prefetch) ++prefetched_;
-  if (swapper_ != nullptr) {
+  if (swapper_ != nullptr && !grp.from_secondary) {
     swapper_->start_read(g, /*may_wait=*/true);
     swapper_->hold(g);  // a queued gather's shard is not dropped for another read
   }
@@ -147,7 +171,7 @@ void Stage3Coordinator::launch(size_t g) {
   const at::Tensor& full = params_.full(g);
   // offload_param: the partition lives in host memory (or on disk, read by
   // now); the copy to the device is part of the gather.
-  if (swapper_ != nullptr) {
+  if (swapper_ != nullptr && !grp.from_secondary) {
     const auto t0 = std::chrono::steady_clock::now();
     swapper_->wait_read(g);
     read_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -161,19 +185,38 @@ void Stage3Coordinator::launch(size_t g) {
     // Paired with an exchange of the group's id (NOTE [stage-3 trace]).
     grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" +
                                                                    describe(g) + ")");
-    grp.done = stream_.run([&] {
-      if (from_host) {
-        grp.send = at::empty({chunk.numel()}, full.options());
-        grp.shard_copy = stream_.copy(grp.send, chunk, /*host_source=*/true);
-        grp.shard_copy.block_current();  // on the CPU (kDeferred), the copy happens here
-      } else {
-        grp.send = chunk;
-      }
-      at::Tensor out = full;
-      grp.work = comm_->all_gather(out, grp.send);
-    });
+    grp.done = stream_.run([&] { launch_collective(g, chunk, from_host); });
   }
   grp.launched = true;
+}
+
+// Group g's all-gather, on the gather stream: from the node's copy (hpZ),
+// or from the shard, quantized (qwZ) or not.
+void Stage3Coordinator::launch_collective(size_t g, const at::Tensor& chunk, bool from_host) {
+  auto& grp = groups_[g];
+  at::Tensor out = params_.full(g);
+  if (grp.from_secondary) {
+    grp.send = grp.secondary;
+    grp.work = hpz_comm_->all_gather(out, grp.send);
+    return;
+  }
+  if (from_host) {
+    grp.send = at::empty({chunk.numel()}, out.options());
+    grp.shard_copy = stream_.copy(grp.send, chunk, /*host_source=*/true);
+    grp.shard_copy.block_current();  // on the CPU (kDeferred), the copy happens here
+  } else {
+    grp.send = chunk;
+  }
+  if (!grp.quantized) {
+    grp.work = comm_->all_gather(out, grp.send);
+    return;
+  }
+  const int64_t payload = quantized_payload_bytes(chunk.numel(), options_.quant_block);
+  at::Tensor codes = at::empty({payload}, out.options().dtype(at::kByte));
+  quantize_shard(grp.send, codes, options_.quant_block);
+  grp.send = codes;
+  grp.received = at::empty({payload * world_size_}, codes.options());
+  grp.work = comm_->all_gather(grp.received, grp.send);
 }
 
 void Stage3Coordinator::wait(size_t g) {
@@ -186,10 +229,42 @@ void Stage3Coordinator::wait(size_t g) {
   if (grp.send.defined() && !grp.send.is_same(params_.part(g))) stream_.record_on_current(grp.send);
   grp.send = at::Tensor();
   // Sent: the shard's buffer is free once the copy out of it has ended.
-  if (swapper_ != nullptr) swapper_->release(g, grp.shard_copy);
-  if (swapper_ != nullptr && swapper_->on_disk(g)) grp.shard_copy = StreamEvent();
+  if (swapper_ != nullptr && !grp.from_secondary) {
+    swapper_->release(g, grp.shard_copy);
+    if (swapper_->on_disk(g)) grp.shard_copy = StreamEvent();
+  }
   grp.state = State::kGathered;
   bind(g);
+  keep_secondary(g);
+}
+
+// NOTE [hpZ]: a layer's first gather after the parameters changed leaves
+// this rank's part of it in the node's copy.
+void Stage3Coordinator::keep_secondary(size_t g) {
+  auto& grp = groups_[g];
+  if (hpz_comm_ == nullptr || g == 0 || grp.secondary.defined()) return;
+  const at::Tensor& full = params_.full(g);
+  const int64_t n = full.numel() / hpz_comm_->world_size();
+  grp.secondary_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters,
+                                             n * static_cast<int64_t>(full.element_size()),
+                                             "hpZ secondary partition of " + params_.groups()[g].name);
+  grp.secondary = full.narrow(0, hpz_comm_->rank() * n, n).clone();
+  grp.secondary_quantized = grp.quantized;
+}
+
+void Stage3Coordinator::drop_secondaries() {
+  for (auto& grp : groups_) {
+    ZERO_CHECK(!(grp.state == State::kInFlight && grp.from_secondary), "hpZ copy dropped while gathered from");
+    grp.secondary = at::Tensor();
+    grp.secondary_bytes = LedgerReservation();
+  }
+}
+
+int64_t Stage3Coordinator::secondary_bytes() const {
+  int64_t total = 0;
+  for (const auto& grp : groups_)
+    if (grp.secondary.defined()) total += grp.secondary.numel() * static_cast<int64_t>(grp.secondary.element_size());
+  return total;
 }
 
 // The host-side part of waiting for group g's gather: the id check, then the
@@ -216,6 +291,15 @@ void Stage3Coordinator::finish(size_t g) {
   if (grp.work.pending()) grp.work.wait();
   grp.done.block_current();
   grp.done = StreamEvent();
+  if (grp.received.defined()) {
+    // NOTE [quantized gather]: decoded on the compute stream, which now
+    // waits for the gather; the payloads go when it gets past the decoding.
+    at::Tensor full = params_.full(g);
+    dequantize_gathered(grp.received, full, world_size_, options_.quant_block);
+    stream_.record_on_current(grp.received);
+    grp.received = at::Tensor();
+    grp.buffer_bytes = LedgerReservation();
+  }
 }
 
 std::string Stage3Coordinator::describe(int64_t g) const {
@@ -251,6 +335,7 @@ void Stage3Coordinator::release(size_t g) {
   if (grp.state == State::kInFlight) wait(g);  // the collective still writes into it
   set_storage_bytes(params_.full(g), 0);
   grp.bytes = LedgerReservation();
+  grp.buffer_bytes = LedgerReservation();
   grp.state = State::kReleased;
   if (g != 0) live_ -= numel(g);
   // During backward, autograd still checks gradients against the parameters'
@@ -430,6 +515,7 @@ void Stage3Coordinator::end_backward() {
 }
 
 void Stage3Coordinator::after_step() {
+  drop_secondaries();  // the shards changed
   release(0);
   issue(0, false);
   wait(0);
@@ -443,8 +529,15 @@ void Stage3Coordinator::wait_shard_copies(size_t g) {
 }
 
 void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {
+  // The values as the shards hold them, not qwZ's approximation (gathered
+  // now, or through hpZ's copy of it).
+  const auto& had = groups_[g];
+  if (had.state != State::kReleased && (had.quantized || (had.from_secondary && had.secondary_quantized))) {
+    ZERO_CHECK(had.users == 0, "a layer in use is gathered exactly");
+    release(g);
+  }
   const bool was_released = groups_[g].state == State::kReleased;
-  if (was_released) issue(g, false);
+  if (was_released) issue(g, false, /*exact=*/true);
   wait(g);
   ++groups_[g].users;
   try {

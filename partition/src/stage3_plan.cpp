@@ -196,6 +196,9 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
   b.layout.options.prefetch_bucket_numel = c.zero.prefetch_bucket_size;
   b.layout.options.max_live_numel = c.zero.max_live_parameters;
   b.layout.options.max_reuse_distance = c.zero.max_reuse_distance;
+  b.layout.options.quantize_weights = c.zero.zero_quantized_weights;
+  b.layout.options.quant_block = c.zero.zero_quantized_weights_block_size;
+  b.layout.options.hpz_partition_size = c.zero.zero_hpz_partition_size;
   const auto& op = c.zero.offload_param;
   b.layout.offload_param = op.device != config::OffloadDevice::kNone;
   b.layout.pin_param = op.pin_memory;

@@ -67,6 +67,7 @@
 #include <map>
 
 #include "zero/partition/gradient_reducer.h"
+#include "zero/partition/quantized_gather.h"
 #include "zero/partition/stage3_rules.h"
 
 namespace zero {
@@ -405,7 +406,13 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   worker makes (ProcessGroupGloo's allgather), as large as the layer: it
 //   lives while the worker runs the collective, beside whatever the
 //   training thread holds then (so when depends on the machine's load), and
-//   is counted at the peak.
+//   is counted at the peak. With zero_hpz_partition_size k > 1 (NOTE
+//   [hpZ]), a k-th of every layer, p x layer / k each, on the device from
+//   the first forward after a step to the step (not at rest: the step drops
+//   them). With zero_quantized_weights (NOTE [quantized
+//   gather]) a gather in flight also holds its payloads, this rank's and
+//   the N gathered (N + 1 of the largest layer's shard's), and Gloo's copy
+//   is of the N payloads rather than of the layer.
 // - Offloaded optimizer: two pinned pieces of at most host_staging_numel
 //   elements (the largest chunk when smaller) for the reduced gradients (g),
 //   and two for the new values going to the device (p) unless stage 3's
@@ -465,9 +472,15 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
                                                                   z.max_live_parameters - largest_group)) / largest_group;
     gathered = p * std::min(layer_total, live * largest_group);
     if (off_param) gathered += p * (largest_group / N);  // the shard's device copy being sent
-    if (!nccl && N > 1) gathered += p * largest_group;    // Gloo's flat copy of the output
+    const bool quantized = z.zero_quantized_weights && N > 1;
+    const int64_t payload =
+        quantized ? partition::quantized_payload_bytes(largest_group / N, z.zero_quantized_weights_block_size) : 0;
+    if (quantized) gathered += (N + 1) * payload;  // NOTE [quantized gather]
+    if (!nccl && N > 1) gathered += quantized ? N * payload : p * largest_group;  // Gloo's flat copy of the output
   }
   e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));
+  if (z.stage == 3 && z.zero_hpz_partition_size > 1 && N > 1)
+    for (size_t i = 1; i < lay.groups.size(); ++i) e.device_buffers += p * (lay.groups[i] / z.zero_hpz_partition_size);
   // (None with ratio 0, when every group stays on the device: NOTE [partial offload].)
   if (off_opt && (z.stage != 3 || z.offload_optimizer.ratio > 0)) {
     int64_t chunk = 0;

@@ -209,12 +209,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"partial_offload_param",
                 R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}, "offload_param": {"device": "cpu"}})",
                 "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_param"},
-        BadCase{"quantized_weights", R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true})",
-                "zero_optimization.zero_quantized_weights: ZeRO++ quantized weights is not implemented"},
+        BadCase{"quantized_weights_block", R"("zero_optimization": {"stage": 3, "zero_quantized_weights_block_size": 10})",
+                "zero_optimization.zero_quantized_weights_block_size: expected a multiple of 4"},
         BadCase{"quantized_gradients", R"("zero_optimization": {"stage": 3, "zero_quantized_gradients": true})",
                 "zero_optimization.zero_quantized_gradients: ZeRO++ quantized gradients is not implemented"},
-        BadCase{"hpz", R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8})",
-                "zero_optimization.zero_hpz_partition_size: ZeRO++ hierarchical partitioning (hpZ) is not implemented"},
         BadCase{"mics", R"("zero_optimization": {"stage": 3, "mics_shard_size": 8})",
                 "zero_optimization.mics_shard_size: MiCS sharding is not implemented"},
         BadCase{"sequence_parallel", R"("sequence_parallel_size": 4)",
@@ -348,6 +346,34 @@ TEST(StatePlacement, RatioAndMaxInCpuWithNvme) {
       with(R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "max_in_cpu": 5000}})"));
   EXPECT_TRUE(has_warning(cpu, "zero_optimization.offload_optimizer.max_in_cpu: has no effect without "
                                "offload_optimizer.device \"nvme\"")) << joined(cpu.warnings);
+}
+
+// ZeRO++'s qwZ and hpZ (NOTE [quantized gather], NOTE [hpZ]): read at stage
+// 3, said to do nothing below it; hpZ's groups divide the world.
+TEST(ZeroPlusPlus, QuantizedWeightsAndHpzAreReadAndChecked) {
+  const Config c = load_string(with(
+      R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_weights_block_size": 512})"));
+  EXPECT_TRUE(c.zero.zero_quantized_weights);
+  EXPECT_EQ(c.zero.zero_hpz_partition_size, 2);
+  EXPECT_EQ(c.zero.zero_quantized_weights_block_size, 512);
+  EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
+  EXPECT_EQ(load_string(with(R"("zero_optimization": {"stage": 3})")).zero.zero_quantized_weights_block_size, 8000);
+  const Config stage2 = load_string(
+      with(R"("zero_optimization": {"stage": 2, "zero_quantized_weights": true, "zero_hpz_partition_size": 2})"));
+  EXPECT_TRUE(has_warning(stage2, "zero_optimization.zero_quantized_weights: has no effect below stage 3"))
+      << joined(stage2.warnings);
+  EXPECT_TRUE(has_warning(stage2, "zero_optimization.zero_hpz_partition_size: has no effect below stage 3"))
+      << joined(stage2.warnings);
+  const Config frozen = load_string(
+      with(R"("zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": true})"));
+  EXPECT_TRUE(has_warning(frozen, "zero_optimization.zero_quantized_nontrainable_weights"))
+      << joined(frozen.warnings);
+  const auto problems = problems_of(with(R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3})"), 4);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_NE(problems[0].find("zero_optimization.zero_hpz_partition_size: expected a divisor of the world size 4"),
+            std::string::npos)
+      << problems[0];
+  EXPECT_TRUE(problems_of(with(R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2})"), 4).empty());
 }
 
 // NOTE [device gradients]: zero's own key; without a partition offloaded

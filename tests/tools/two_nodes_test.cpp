@@ -4,6 +4,7 @@
 // one node of 4 ranks, its ranks write one checkpoint into one shared folder
 // (committed once, by rank 0), and that checkpoint resumes on one node of 2
 // ranks.
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +99,75 @@ TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
   EXPECT_EQ(r["world_size"], 2);
   EXPECT_EQ(r["steps"], 16);
   EXPECT_TRUE(r["resumed"].get<bool>());
+}
+
+// ZeRO++ on two nodes of 2 ranks (NOTE [hpZ], NOTE [quantized gather]):
+// hpZ trains to the bits of one node of 4 without it, its backward gathers
+// staying in the node; qwZ sends a quarter of fp32's gather bytes, and its
+// loss stays near the exact run's. (stage3_max_reuse_distance 0: each layer
+// is gathered again for backward, as in a model larger than the distance.)
+// A checkpoint of a run with both keys
+// resumes without them, and one without them resumes with them.
+TEST(TwoNodesZeroPlusPlus, HpzEqualsOneNodeQwzSendsLessAndCheckpointsCrossTheKeys) {
+  TempDir dir;
+  auto config = [&](const std::string& name, const std::string& keys) {
+    return write(dir, "config_" + name + ".json",
+                 R"({"train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                     "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                           "stage3_max_reuse_distance": 0)" +
+                     keys + "}}");
+  };
+  const std::string plain = config("plain", ""), hpz = config("hpz", R"(, "zero_hpz_partition_size": 2)"),
+                    both = config("both", R"(, "zero_hpz_partition_size": 2, "zero_quantized_weights": true)");
+  const std::string model = " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 ";
+  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
+  auto one_node = [&](int ranks, const std::string& cfg, const std::string& name, const std::string& extra) {
+    const Outcome o = run(env + kBin + "zero launch --nproc_per_node " + std::to_string(ranks) + " -- " + kBin +
+                              "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json"),
+                          300);
+    EXPECT_EQ(o.code, 0) << o.out;
+    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+  };
+  auto two_nodes = [&](const std::string& cfg, const std::string& name, const std::string& extra) {
+    const int port = free_port();
+    auto node = [&](int k) {
+      return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
+             " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + kBin +
+             "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json");
+    };
+    Outcome second;
+    std::thread other([&] { second = run(node(1), 300); });
+    const Outcome first = run(node(0), 300);
+    other.join();
+    EXPECT_EQ(first.code, 0) << first.out;
+    EXPECT_EQ(second.code, 0) << second.out;
+    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+  };
+  const std::string ck_plain = dir.file("ck_plain"), ck_both = dir.file("ck_both");
+  const auto ref = one_node(4, plain, "ref", "--stop_after_steps 8 --save_dir " + ck_plain);
+  const auto base = two_nodes(plain, "base", "--stop_after_steps 8");
+  const auto h = two_nodes(hpz, "hpz", "--stop_after_steps 8");
+  const auto q = two_nodes(both, "both", "--stop_after_steps 8 --save_dir " + ck_both);
+  if (HasFailure()) return;
+  EXPECT_EQ(h["loss_curve"], ref["loss_curve"]);
+  EXPECT_EQ(h["param_l2"].get<double>(), ref["param_l2"].get<double>());
+  const double across_base = base["collective_bytes_per_step"]["across_nodes"].get<double>();
+  const double across_hpz = h["collective_bytes_per_step"]["across_nodes"].get<double>();
+  const double across_both = q["collective_bytes_per_step"]["across_nodes"].get<double>();
+  // Backward's gathers, about a quarter of the bytes, stay in the node; then
+  // qwZ's gathers send a quarter of their fp32 bytes.
+  EXPECT_LT(across_hpz, 0.85 * across_base) << h["collective_bytes_per_step"] << base["collective_bytes_per_step"];
+  EXPECT_LT(across_both, 0.85 * across_hpz) << q["collective_bytes_per_step"];
+  const double loss_ref = ref["loss_curve"].back().get<double>(), loss_q = q["loss_curve"].back().get<double>();
+  EXPECT_LT(std::abs(loss_q - loss_ref), 0.02 * loss_ref) << loss_q << " against " << loss_ref;
+  EXPECT_NE(q["loss_curve"], ref["loss_curve"]) << "nothing was quantized";
+
+  // Across the keys, both ways, to the end of the schedule.
+  const auto without = one_node(2, plain, "without", "--resume " + ck_both);
+  EXPECT_EQ(without["steps"], 16);
+  const auto with = two_nodes(both, "with", "--resume " + ck_plain);
+  EXPECT_EQ(with["steps"], 16);
+  EXPECT_TRUE(with["resumed"].get<bool>());
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, TwoNodes, testing::Values(0, 1, 2, 3),

@@ -194,7 +194,14 @@ struct ZeroConfig {
   bool allgather_sequential = false;
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
+  /// ZeRO++ (stage 3). hpZ: groups of this many consecutive ranks keep a
+  /// secondary partition, so later gathers stay in the group (NOTE [hpZ]).
   int64_t zero_hpz_partition_size = 1;
+  /// qwZ: layers' gathers send block-quantized int8 weights (NOTE
+  /// [quantized gather]), in blocks of zero_quantized_weights_block_size
+  /// elements (zero's own key; DeepSpeed's 8000 by default).
+  bool zero_quantized_weights = false;
+  int64_t zero_quantized_weights_block_size = 8000;
 };
 
 /// `aio` section (NVMe swapping). intra_op_parallelism also read from the

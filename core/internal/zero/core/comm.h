@@ -106,7 +106,7 @@ class Comm {
   int previous_node() const { return previous_node_; }
   /// What this rank's data collectives sent since the Comm was made.
   CommBytes bytes_sent() const {
-    return {within_.load(std::memory_order_relaxed), across_.load(std::memory_order_relaxed)};
+    return {counts_->within.load(std::memory_order_relaxed), counts_->across.load(std::memory_order_relaxed)};
   }
 
   /// In-place sum over ranks.
@@ -138,6 +138,15 @@ class Comm {
   Exchange start_exchange(int64_t value, const std::string& what);
   std::vector<int64_t> finish(Exchange& exchange);
 
+  /// A Comm over some of this one's ranks: `ranks` holds this rank, in
+  /// increasing order. Every rank calls it at the same point, each with the
+  /// ranks of its own group, the groups a partition of the world (a node's
+  /// ranks, a MiCS shard group); `name` tells the partitions apart. The
+  /// subgroup's ranks are positions in `ranks`; its collectives count their
+  /// bytes into this Comm's (bytes_sent), and a failure of either fails both.
+  /// Throws zero::CommunicationError when its backend cannot be made.
+  std::unique_ptr<Comm> subgroup(const std::vector<int>& ranks, const std::string& name);
+
   /// Fails on every rank, with a message naming `what` and the ranks that
   /// differ, unless all ranks pass the same `value` (compared through the
   /// store: keep it short, e.g. a hash). `detail`, when given, is the text the
@@ -153,6 +162,8 @@ class Comm {
   /// Counts `bytes` sent to a rank on `node` (NOTE [bytes across nodes]).
   void count_sent(int64_t bytes, int node);
   static std::unique_ptr<Comm> make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device);
+  static c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const DistEnv& env, at::Device device);
   static c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                      const DistEnv& env, bool loopback);
 
@@ -166,7 +177,10 @@ class Comm {
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   bool gloo_;  // the backend is Gloo (its all-reduce sends to the rank before: NOTE [bytes across nodes])
   int next_node_ = 0, previous_node_ = 0;
-  std::atomic<int64_t> within_{0}, across_{0};
+  struct Counts {
+    std::atomic<int64_t> within{0}, across{0};
+  };
+  std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();  // a subgroup shares its parent's
 };
 
 }  // namespace zero

@@ -58,6 +58,24 @@
 // after that copy has ended: the swapper gets the copy's event with
 // release(), and the optimizer step waits for it before writing a shard
 // (wait_shard_copies).
+//
+// NOTE [hpZ]
+// ZeRO++'s hierarchical partitioning (zero_hpz_partition_size = k): ranks
+// form groups of k consecutive ranks (a node's, under the launchers zero
+// reads) with a Comm of their own (Comm::subgroup). The first gather of a
+// layer after the parameters changed (an optimizer step, a load) is the
+// world's; it leaves this rank's k-th of the gathered tensor in the group's
+// secondary partition. Every later gather of that layer, backward's above
+// all, all-gathers the secondary partition within the group: the same
+// values (qwZ's, when the first gather was quantized; an exact gather,
+// with_gathered, does not take those), so backward computes with what
+// forward did, and the bits equal a run without hpZ whenever qwZ is off. The
+// secondary partitions cost 1/k of the layers' gathered bytes in the compute
+// dtype, on the device, from the first forward after a step until the next
+// step (the ledger: "hpZ secondary partition"; the estimator counts them).
+// Every rank decides which gather it takes from the same events, so the
+// collectives pair up. DeepSpeed keeps its secondary quantized under qwZ;
+// zero keeps the decoded values, so within the node nothing is quantized twice.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +96,7 @@
 #include "zero/core/trace.h"
 #include "zero/partition/flat_parameters.h"
 #include "zero/partition/param_swapper.h"
+#include "zero/partition/quantized_gather.h"
 #include "zero/partition/ungathered_use.h"
 
 namespace zero::partition {
@@ -92,6 +111,13 @@ struct Stage3Options {
   /// On the CPU: CopyMode::kDeferred makes the shard copies wait for their
   /// events (tests, NOTE [device streams]).
   CopyMode copy_mode = CopyMode::kImmediate;
+  /// zero_quantized_weights (qwZ): layers' gathers send block-quantized int8
+  /// weights of `quant_block` elements a scale (NOTE [quantized gather]).
+  bool quantize_weights = false;
+  int64_t quant_block = kDefaultQuantBlock;
+  /// zero_hpz_partition_size (hpZ): groups of this many consecutive ranks
+  /// keep a secondary partition of each layer gathered (NOTE [hpZ]).
+  int64_t hpz_partition_size = 1;
 };
 
 /// One layer: a module whose forward runs through zero::layer_forward.
@@ -140,6 +166,8 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   void set_before_gather(std::function<void()> fn) { before_gather_ = std::move(fn); }
 
   const std::vector<Stage3Unit>& units() const { return units_; }
+  /// hpZ: bytes of the secondary partitions held now.
+  int64_t secondary_bytes() const;
   /// Elements gathered now in layer groups (group 0 not counted), and the peak.
   int64_t live_numel() const { return live_; }
   int64_t peak_live_numel() const { return peak_live_; }
@@ -164,6 +192,13 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
     CommWork work;
     Comm::Exchange check;  // the group ids all ranks gather with it
     at::Tensor send;
+    bool quantized = false;       // the gather in flight (or done) is qwZ's
+    bool from_secondary = false;  // the gather in flight is hpZ's, within the node
+    at::Tensor received;          // qwZ: the payloads gathered, until decoded
+    LedgerReservation buffer_bytes;  // qwZ: its payloads in flight
+    at::Tensor secondary;         // hpZ: this rank's part of the node's copy
+    bool secondary_quantized = false;  // ... of qwZ's values
+    LedgerReservation secondary_bytes;
     StreamEvent done;        // the end of the gather's work on the gather stream
     StreamEvent shard_copy;  // the end of the last copy out of the host shard
     LedgerReservation bytes;
@@ -178,9 +213,12 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   std::string describe(int64_t g) const;
   void on_event(Event e);
   void acquire(size_t unit, bool traced);
-  void issue(size_t g, bool prefetch);
+  void issue(size_t g, bool prefetch, bool exact = false);
   void launch_queued(std::optional<size_t> until);
   void launch(size_t g);
+  void launch_collective(size_t g, const at::Tensor& chunk, bool from_host);
+  void keep_secondary(size_t g);
+  void drop_secondaries();
   void wait(size_t g);
   void finish(size_t g);
   void bind(size_t g);
@@ -201,6 +239,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   Stage3Options options_;
   at::Device device_;
   Comm* comm_;
+  std::unique_ptr<Comm> hpz_comm_;  // hpZ: this rank's group of consecutive ranks
   MemoryLedger& ledger_;
   ParamSwapper* swapper_;
   int64_t world_size_ = 1;

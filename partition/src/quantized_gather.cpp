@@ -1,0 +1,47 @@
+// NOTE [quantized gather] in quantized_gather.h.
+#include "zero/partition/quantized_gather.h"
+
+#include <ATen/ATen.h>
+
+#include "zero/core/error.h"
+
+namespace zero::partition {
+namespace {
+int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+// The codes take n bytes, rounded up to 4 so that the scales after them are aligned.
+int64_t codes_bytes(int64_t n) { return (n + 3) / 4 * 4; }
+}  // namespace
+
+int64_t quantized_payload_bytes(int64_t shard_numel, int64_t block) {
+  ZERO_CHECK(block > 0 && block % 4 == 0, "the quantization block is a positive multiple of 4");
+  return codes_bytes(shard_numel) + blocks_of(shard_numel, block) * 4;
+}
+
+void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block) {
+  const int64_t n = shard.numel(), blocks = blocks_of(n, block);
+  ZERO_CHECK(payload.scalar_type() == at::kByte && payload.numel() == quantized_payload_bytes(n, block),
+             "quantized payload size");
+  at::Tensor x = at::zeros({blocks * block}, shard.options().dtype(at::kFloat));
+  x.narrow(0, 0, n).copy_(shard.reshape({-1}));
+  x = x.view({blocks, block});
+  const at::Tensor scale = x.abs().amax(1).div_(127.0);
+  // A block of zeros has scale 0: its codes are 0 (not 0/0).
+  const at::Tensor divisor = at::where(scale > 0, scale, at::ones_like(scale)).unsqueeze(1);
+  const at::Tensor codes = x.div(divisor).round_().clamp_(-127, 127).to(at::kChar);
+  payload.narrow(0, 0, n).view(at::kChar).copy_(codes.view({-1}).narrow(0, 0, n));
+  payload.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).copy_(scale);
+}
+
+void dequantize_gathered(const at::Tensor& gathered, at::Tensor& full, int64_t world_size, int64_t block) {
+  const int64_t n = full.numel() / world_size, blocks = blocks_of(n, block);
+  const int64_t bytes = quantized_payload_bytes(n, block);
+  ZERO_CHECK(full.numel() == n * world_size && gathered.numel() == bytes * world_size, "quantized gather sizes");
+  const at::Tensor rows = gathered.view({world_size, bytes});
+  // The short last block's codes padded with zeros, to multiply block by block.
+  const at::Tensor codes = at::constant_pad_nd(rows.narrow(1, 0, n).view(at::kChar).to(at::kFloat), {0, blocks * block - n});
+  const at::Tensor scales = rows.narrow(1, codes_bytes(n), blocks * 4).view(at::kFloat).unsqueeze(2);
+  const at::Tensor values = codes.view({world_size, blocks, block}).mul_(scales).view({world_size, blocks * block});
+  full.view({world_size, n}).copy_(values.narrow(1, 0, n));
+}
+
+}  // namespace zero::partition

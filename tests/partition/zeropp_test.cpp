@@ -1,0 +1,179 @@
+// ZeRO++'s qwZ and hpZ on stage 3's coordinator, 4 ranks as threads on 2
+// nodes of 2 (ranks.h): the quantized gather's error against its arithmetic
+// (NOTE [quantized gather]), its bytes, and the secondary partition's gathers
+// staying in the node with the bits of the first gather (NOTE [hpZ]).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+
+#include "ranks.h"
+#include "zero/partition/flat_parameters.h"
+#include "zero/partition/quantized_gather.h"
+#include "zero/partition/stage3.h"
+
+namespace zero::partition {
+namespace {
+
+constexpr int kWorld = 4, kPerNode = 2;
+
+// A layer whose rows differ in scale by 10^3, so that blocks have their own
+// maxima; the same values on every rank.
+struct Layer {
+  torch::nn::Linear linear{torch::nn::LinearOptions(48, 50)};
+  at::Tensor exact;  // its parameters laid end to end, before partitioning
+  MemoryLedger ledger;
+  std::unique_ptr<FlatParameters> flat;
+  std::shared_ptr<Stage3Coordinator> coordinator;
+
+  Layer(Comm& comm, Stage3Options options) {
+    {
+      // Not from the random generator, which the ranks' threads share.
+      at::NoGradGuard no_grad;
+      const at::Tensor rows = at::pow(10.0, at::linspace(-2, 1, 50)).unsqueeze(1);
+      linear->weight.copy_(at::sin(at::arange(50 * 48, at::kFloat) * 0.37f).view({50, 48}) * rows);
+      linear->bias.copy_(at::cos(at::arange(50, at::kFloat) * 1.3f));
+    }
+    exact = at::cat({linear->weight.detach().reshape(-1), linear->bias.detach()});
+    std::vector<GroupSpec> groups(2);
+    groups[1].name = "fc";
+    for (const auto& p : linear->named_parameters()) groups[1].params.emplace_back(p.key(), p.value());
+    flat = std::make_unique<FlatParameters>(std::move(groups), at::kFloat, at::kCPU, comm.world_size(), comm.rank(),
+                                            Tier::kDevice, ledger);
+    Stage3Unit unit{"fc", linear.ptr(), {1}};
+    options.prefetch_bucket_numel = 0;
+    options.max_reuse_distance = 0;  // released after each use: every use gathers
+    coordinator = Stage3Coordinator::create(*flat, {unit}, options, at::kCPU, &comm, ledger);
+  }
+  at::Tensor gathered() const {
+    return at::cat({linear->weight.detach().reshape(-1), linear->bias.detach()}).clone();
+  }
+};
+
+// Each element of the gathered layer is within half a quantization step of
+// its value, max|x| / 254 of its block (a rank's chunk cut in blocks), plus
+// fp32's rounding of code * scale; every rank decodes the same bits; the
+// all-gather sends codes and scales, a quarter of the fp32 bytes and 4 a
+// block; an exact gather (what saving the model reads) is the shards' values.
+TEST(QuantizedGather, EachElementIsWithinHalfAStepOfItsBlock) {
+  constexpr int64_t kBlock = 64;
+  std::vector<at::Tensor> seen(kWorld);
+  std::mutex mu;
+  testing::on_ranks(
+      kWorld,
+      [&](int rank, Comm& comm) {
+        Stage3Options o;
+        o.quantize_weights = true;
+        o.quant_block = kBlock;
+        Layer layer(comm, o);
+        const auto& info = layer.flat->groups()[1];
+        const CommBytes before = comm.bytes_sent();
+        layer.coordinator->pre_forward(0);
+        const CommBytes sent = comm.bytes_sent() - before;
+        const at::Tensor got = layer.gathered();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          seen[static_cast<size_t>(rank)] = got;
+        }
+        // The bound, block by block of each rank's chunk.
+        at::Tensor padded = at::zeros({info.padded_numel});
+        padded.narrow(0, 0, layer.exact.numel()).copy_(layer.exact);
+        const int64_t chunk = info.chunk_numel, blocks = (chunk + kBlock - 1) / kBlock;
+        at::Tensor bound = at::empty_like(padded);
+        for (int64_t r = 0; r < kWorld; ++r)
+          for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t begin = r * chunk + b * kBlock, len = std::min(kBlock, chunk - b * kBlock);
+            const at::Tensor x = padded.narrow(0, begin, len);
+            bound.narrow(0, begin, len).fill_(x.abs().max().item<float>() / 254.0f);
+          }
+        bound = bound.narrow(0, 0, layer.exact.numel());
+        const at::Tensor err = (got - layer.exact).abs();
+        const at::Tensor slack = bound * 1e-6 + layer.exact.abs() * 1.2e-7;  // fp32's rounding of q * s
+        EXPECT_TRUE(at::all(err <= bound + slack).item<bool>())
+            << "rank " << rank << ": worst excess " << (err - bound).max().item<float>();
+        EXPECT_GT(err.max().item<float>(), 0.0f) << "nothing was quantized";
+        const int64_t payload = quantized_payload_bytes(chunk, kBlock);
+        EXPECT_EQ(payload, chunk + blocks * 4);
+        EXPECT_EQ(sent.within_node + sent.across_nodes, payload * kWorld * (kWorld - 1) / kWorld);
+        EXPECT_LT(payload * 3, chunk * 4) << "the codes are not much smaller than fp32";
+        layer.coordinator->post_forward(0);
+        layer.coordinator->end_backward();
+        layer.coordinator->with_gathered(1, [&] { EXPECT_TRUE(at::equal(layer.gathered(), layer.exact)); });
+      },
+      kPerNode);
+  for (int r = 1; r < kWorld; ++r) EXPECT_TRUE(at::equal(seen[0], seen[static_cast<size_t>(r)])) << "rank " << r;
+}
+
+// A block of zeros has codes 0 and scale 0; a shard's last block may be
+// short; the payloads of several ranks decode each into its place.
+TEST(QuantizedGather, ZeroBlocksAndAShortLastBlock) {
+  const int64_t n = 10, block = 4;
+  at::Tensor a = at::tensor({0.f, 0.f, 0.f, 0.f, 1.f, -2.f, 0.5f, 0.25f, 3.f, -3.f});
+  at::Tensor b = at::zeros({n});
+  const int64_t bytes = quantized_payload_bytes(n, block);
+  EXPECT_EQ(bytes, 3 * 4 + 3 * 4);
+  at::Tensor gathered = at::empty({2 * bytes}, at::kByte);
+  at::Tensor pa = gathered.narrow(0, 0, bytes), pb = gathered.narrow(0, bytes, bytes);
+  quantize_shard(a, pa, block);
+  quantize_shard(b, pb, block);
+  at::Tensor full = at::full({2 * n}, 9.f);
+  dequantize_gathered(gathered, full, 2, block);
+  EXPECT_TRUE(at::equal(full.narrow(0, 10, 10), b));
+  EXPECT_TRUE(at::equal(full.narrow(0, 0, 4), at::zeros({4})));
+  EXPECT_EQ(full[5].item<float>(), -2.f);
+  EXPECT_EQ(full[8].item<float>(), 3.f);
+  EXPECT_EQ(full[9].item<float>(), -3.f);
+  EXPECT_NEAR(full[6].item<float>(), 0.5f, 2.f / 254);
+}
+
+// hpZ over nodes of 2: backward's gather of the layer comes from the node's
+// secondary partition, sends nothing across nodes, and gives the bits the
+// forward's gather gave (qwZ's values too: nothing is quantized twice); the
+// secondary partition is a half of the layer, in the ledger, until the step.
+class Hpz : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Hpz, BackwardGathersStayInTheNodeWithTheForwardBits) {
+  const bool quantized = GetParam();
+  testing::on_ranks(
+      kWorld,
+      [&](int rank, Comm& comm) {
+        Stage3Options o;
+        o.hpz_partition_size = kPerNode;
+        o.quantize_weights = quantized;
+        o.quant_block = 64;
+        Layer layer(comm, o);
+        const int64_t at_rest = layer.ledger.get(Tier::kDevice, Kind::kParameters).current_bytes;
+        const CommBytes start = comm.bytes_sent();
+        layer.coordinator->pre_forward(0);
+        const CommBytes forward = comm.bytes_sent() - start;
+        const at::Tensor first = layer.gathered();
+        layer.coordinator->post_forward(0);
+        const int64_t half = layer.flat->groups()[1].padded_numel / kPerNode * 4;
+        EXPECT_EQ(layer.coordinator->secondary_bytes(), half);
+        EXPECT_EQ(layer.ledger.get(Tier::kDevice, Kind::kParameters).current_bytes, at_rest + half)
+            << "the shards, group 0 and the secondary partition; the layer released";
+        if (comm.next_node() != comm.node()) EXPECT_GT(forward.across_nodes, 0);  // the ring's link between nodes
+        const CommBytes mid = comm.bytes_sent();
+        layer.coordinator->pre_backward(0);
+        const CommBytes backward = comm.bytes_sent() - mid;
+        EXPECT_TRUE(at::equal(layer.gathered(), first)) << "rank " << rank;
+        EXPECT_EQ(backward.across_nodes, 0);
+        EXPECT_EQ(backward.within_node, layer.flat->groups()[1].padded_numel * 4 / kPerNode);
+        if (!quantized) EXPECT_TRUE(at::equal(first, layer.exact));
+        layer.coordinator->post_backward(0);
+        layer.coordinator->end_backward();
+        EXPECT_EQ(layer.coordinator->secondary_bytes(), half) << "kept for the next micro-step";
+        layer.coordinator->after_step();
+        EXPECT_EQ(layer.coordinator->secondary_bytes(), 0) << "the step changed the shards";
+      },
+      kPerNode);
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantized, Hpz, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "QwZ" : "Exact"; });
+
+}  // namespace
+}  // namespace zero::partition
