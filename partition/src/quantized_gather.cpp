@@ -1,6 +1,8 @@
 // NOTE [quantized gather] in quantized_gather.h.
 #include "zero/partition/quantized_gather.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "zero/core/error.h"
@@ -10,16 +12,22 @@ namespace {
 int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 // The codes take n bytes, rounded up to 4 so that the scales after them are aligned.
 int64_t codes_bytes(int64_t n) { return (n + 3) / 4 * 4; }
+
+// A block no longer than the shard's codes: a large block size costs no
+// padding (the same on every rank: the shards are of one size).
+int64_t block_for(int64_t n, int64_t block) {
+  ZERO_CHECK(block > 0 && block % 4 == 0, "the quantization block is a positive multiple of 4");
+  return std::max<int64_t>(4, std::min(block, codes_bytes(n)));
+}
 }  // namespace
 
 int64_t quantized_payload_bytes(int64_t shard_numel, int64_t block) {
-  ZERO_CHECK(block > 0 && block % 4 == 0, "the quantization block is a positive multiple of 4");
-  return codes_bytes(shard_numel) + blocks_of(shard_numel, block) * 4;
+  return codes_bytes(shard_numel) + blocks_of(shard_numel, block_for(shard_numel, block)) * 4;
 }
 
-void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block) {
-  const int64_t n = shard.numel(), blocks = blocks_of(n, block);
-  ZERO_CHECK(payload.scalar_type() == at::kByte && payload.numel() == quantized_payload_bytes(n, block),
+void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block_size) {
+  const int64_t n = shard.numel(), block = block_for(n, block_size), blocks = blocks_of(n, block);
+  ZERO_CHECK(payload.scalar_type() == at::kByte && payload.numel() == quantized_payload_bytes(n, block_size),
              "quantized payload size");
   at::Tensor x = at::zeros({blocks * block}, shard.options().dtype(at::kFloat));
   x.narrow(0, 0, n).copy_(shard.reshape({-1}));
@@ -32,16 +40,18 @@ void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block)
   payload.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).copy_(scale);
 }
 
-void dequantize_gathered(const at::Tensor& gathered, at::Tensor& full, int64_t world_size, int64_t block) {
-  const int64_t n = full.numel() / world_size, blocks = blocks_of(n, block);
-  const int64_t bytes = quantized_payload_bytes(n, block);
+void dequantize_gathered(const at::Tensor& gathered, at::Tensor& full, int64_t world_size, int64_t block_size) {
+  const int64_t n = full.numel() / world_size, block = block_for(n, block_size), blocks = blocks_of(n, block);
+  const int64_t bytes = quantized_payload_bytes(n, block_size);
   ZERO_CHECK(full.numel() == n * world_size && gathered.numel() == bytes * world_size, "quantized gather sizes");
-  const at::Tensor rows = gathered.view({world_size, bytes});
-  // The short last block's codes padded with zeros, to multiply block by block.
-  const at::Tensor codes = at::constant_pad_nd(rows.narrow(1, 0, n).view(at::kChar).to(at::kFloat), {0, blocks * block - n});
-  const at::Tensor scales = rows.narrow(1, codes_bytes(n), blocks * 4).view(at::kFloat).unsqueeze(2);
-  const at::Tensor values = codes.view({world_size, blocks, block}).mul_(scales).view({world_size, blocks * block});
-  full.view({world_size, n}).copy_(values.narrow(1, 0, n));
+  // A rank's shard at a time: the fp32 temporaries are a shard's, not the layer's.
+  for (int64_t r = 0; r < world_size; ++r) {
+    const at::Tensor row = gathered.narrow(0, r * bytes, bytes);
+    // The short last block's codes padded with zeros, to multiply block by block.
+    const at::Tensor codes = at::constant_pad_nd(row.narrow(0, 0, n).view(at::kChar).to(at::kFloat), {0, blocks * block - n});
+    const at::Tensor scales = row.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).unsqueeze(1);
+    full.narrow(0, r * n, n).copy_(codes.view({blocks, block}).mul_(scales).view({-1}).narrow(0, 0, n));
+  }
 }
 
 }  // namespace zero::partition

@@ -243,6 +243,9 @@ void Stage3Coordinator::wait(size_t g) {
 void Stage3Coordinator::keep_secondary(size_t g) {
   auto& grp = groups_[g];
   if (hpz_comm_ == nullptr || g == 0 || grp.secondary.defined()) return;
+  // Under qwZ an exact gather (with_gathered: saving) leaves no copy, so that
+  // training computes with qwZ's values whether or not a run saves.
+  if (options_.quantize_weights && !grp.quantized) return;
   const at::Tensor& full = params_.full(g);
   const int64_t n = full.numel() / hpz_comm_->world_size();
   grp.secondary_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters,
@@ -439,6 +442,7 @@ void Stage3Coordinator::read_ahead() {
   for (size_t i = cursor_; i < trace_.size(); ++i) {
     for (size_t g : units_[trace_[i].unit].groups) {
       if (groups_[g].state != State::kReleased || !swapper_->on_disk(g)) continue;
+      if (groups_[g].secondary.defined()) continue;  // NOTE [hpZ]: its gather reads no shard
       if (!swapper_->start_read(g, /*may_wait=*/false)) return;
     }
   }

@@ -166,6 +166,9 @@ TEST_P(Hpz, BackwardGathersStayInTheNodeWithTheForwardBits) {
         layer.coordinator->post_backward(0);
         layer.coordinator->end_backward();
         EXPECT_EQ(layer.coordinator->secondary_bytes(), half) << "kept for the next micro-step";
+        // What saving reads is the shards' values, not the node's copy of qwZ's.
+        layer.coordinator->with_gathered(1, [&] { EXPECT_TRUE(at::equal(layer.gathered(), layer.exact)); });
+        EXPECT_EQ(layer.coordinator->secondary_bytes(), half);
         layer.coordinator->after_step();
         EXPECT_EQ(layer.coordinator->secondary_bytes(), 0) << "the step changed the shards";
       },
