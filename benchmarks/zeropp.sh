@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# ZeRO++ on two nodes (issue 38; NOTE [quantized gather], NOTE [hpZ]): the
-# bytes that cross the nodes a step, and the loss of a text model, with
-# zero_quantized_weights (qwZ) and zero_hpz_partition_size (hpZ) against the
-# same run without them. Every run is stage 3 on two nodes of 2 ranks
+# ZeRO++ on two nodes (issue 38; NOTE [quantized gather], NOTE [hpZ], NOTE
+# [quantized gradients]): the bytes that cross the nodes a step, and the
+# loss of a text model, with zero_quantized_weights (qwZ),
+# zero_hpz_partition_size (hpZ) and zero_quantized_gradients (qgZ), alone and
+# all three ("all"), against the same run without them. Every run is stage 3 on two nodes of 2 ranks
 # (`zero launch --nnodes 2` twice, on loopback), the reference one node of 4.
 #
 # 1. Bytes: minGPT (4 layers of width 128, 797K parameters) on the addition
-#    task, 6 steps of 32 samples, fp32 and bf16, with no key, qwZ, hpZ and
-#    both. The summaries give each step's bytes summed over the ranks; hpZ
+#    task, 6 steps of 32 samples, fp32 and bf16, with no key, each key, and
+#    all three. The summaries give each step's bytes summed over the ranks; hpZ
 #    without qwZ must train to the bits of one node of 4. Every config sets
 #    stage3_max_reuse_distance 0, so that backward gathers each layer again,
 #    as it does in a model larger than the default distance (1e9 elements).
 # 2. Loss: after --loss-steps (200) steps of a character-level minGPT on
 #    this repository's docs (a text model), and of the Llama program (2
 #    layers of benchmarks/configs/llama_small_config.json, byte tokens of the
-#    same text), qwZ's final loss against the exact run's.
+#    same text), qwZ's loss against the exact run's: the last step's, and
+#    the mean of the last 20 steps' (one batch's loss is noisy).
 #
 #   benchmarks/zeropp.sh [--loss-steps N] [--skip-loss] [--out DIR] [--bin DIR]
 #
@@ -51,7 +53,8 @@ keys_of() {
     none) echo "" ;;
     qwz) echo ', "zero_quantized_weights": true' ;;
     hpz) echo ', "zero_hpz_partition_size": 2' ;;
-    both) echo ', "zero_quantized_weights": true, "zero_hpz_partition_size": 2' ;;
+    qgz) echo ', "zero_quantized_gradients": true' ;;
+    all) echo ', "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_gradients": true' ;;
   esac
 }
 config() {  # config FILE PRECISION KEYS
@@ -85,7 +88,7 @@ for precision in fp32 bf16; do
   echo "bytes, $precision: 1 node x 4 ranks, no key" >&2
   env OMP_NUM_THREADS=1 "$bin/zero" launch --nproc_per_node 4 -- "${train[@]}" --config "$work/none_$precision.json" \
     --summary-json "$ref" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
-  for keys in none qwz hpz both; do
+  for keys in none qwz hpz qgz all; do
     config "$work/${keys}_$precision.json" "$precision" "$keys"
     echo "bytes, $precision: 2 nodes x 2 ranks, $keys" >&2
     two_nodes "$work/log" "${train[@]}" --config "$work/${keys}_$precision.json" \
@@ -105,7 +108,7 @@ EOF
   mkdir -p "$work/llama"
   python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=2; json.dump(c, open(sys.argv[2], "w"))' \
     "$here/configs/llama_small_config.json" "$work/llama/config.json"
-  for keys in none qwz both; do
+  for keys in none qwz qgz all; do
     cfg="$work/loss_$keys.json"
     config "$cfg" bf16 "$keys"
     echo "loss, minGPT on text, $loss_steps steps: $keys" >&2
@@ -131,7 +134,8 @@ for r in rows:
     t = s["collective_bytes_per_step"]
     rec = {"kind": kind, "precision": precision, "keys": keys, "num_parameters": s["num_parameters"],
            "within_node": t["within_node"], "across_nodes": t["across_nodes"],
-           "median_step_s": statistics.median(s["step_time_s"]), "final_loss": s["loss_curve"][-1]}
+           "median_step_s": statistics.median(s["step_time_s"]), "final_loss": s["loss_curve"][-1],
+           "last20_loss": statistics.mean(s["loss_curve"][-20:]), "loss_curve": s["loss_curve"]}
     if kind == "bytes":
         a = json.load(open(ref))
         rec["same_bits_as_one_node"] = a["loss_curve"] == s["loss_curve"] and a["param_l2"] == s["param_l2"]
@@ -141,16 +145,18 @@ for r in rows:
         bytes_rows.append(f"| {precision} | {keys} | {mb(t['within_node'])} | {mb(t['across_nodes'])} | {ratio:.2f} "
                           f"| {rec['median_step_s'] * 1e3:.0f} | {'yes' if rec['same_bits_as_one_node'] else 'no'} |")
     else:
-        if keys == "none": exact_loss[kind] = rec["final_loss"]
-        rec["loss_vs_none"] = rec["final_loss"] / exact_loss[kind] - 1
+        if keys == "none": exact_loss[kind] = (rec["final_loss"], rec["last20_loss"])
+        rec["loss_vs_none"] = rec["final_loss"] / exact_loss[kind][0] - 1
+        rec["last20_vs_none"] = rec["last20_loss"] / exact_loss[kind][1] - 1
         loss_rows.append(f"| {kind} | {keys} | {len(s['loss_curve'])} | {rec['final_loss']:.4f} | {rec['loss_vs_none'] * 100:+.2f}% "
+                         f"| {rec['last20_loss']:.4f} | {rec['last20_vs_none'] * 100:+.2f}% "
                          f"| {mb(t['across_nodes'])} | {rec['median_step_s'] * 1e3:.0f} |")
     records.append(rec)
 md = ("| precision | keys | MB a step within | MB a step across | across / none | step ms | bits of 1x4 |\n"
       "|---|---|---|---|---|---|---|\n" + "\n".join(bytes_rows) + "\n")
 if loss_rows:
-    md += ("\n| program | keys | steps | final loss | against none | MB a step across | step ms |\n"
-           "|---|---|---|---|---|---|---|\n" + "\n".join(loss_rows) + "\n")
+    md += ("\n| program | keys | steps | last loss | against none | mean of the last 20 | against none "
+           "| MB a step across | step ms |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(loss_rows) + "\n")
 open(f"{out}/zeropp.md", "w").write(md)
 json.dump(records, open(f"{out}/zeropp.json", "w"), indent=2)
 print(md, end="")

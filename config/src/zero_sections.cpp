@@ -198,6 +198,7 @@ void read_zero_fields(Section& zs, Config& config) {
   zs.read_bool("round_robin_gradients", z.round_robin_gradients);
   zs.read_int("zero_hpz_partition_size", z.zero_hpz_partition_size, Range::at_least(0));
   zs.read_bool("zero_quantized_weights", z.zero_quantized_weights);
+  zs.read_bool("zero_quantized_gradients", z.zero_quantized_gradients);
   zs.read_int("zero_quantized_weights_block_size", z.zero_quantized_weights_block_size, Range::at_least(4));
 
   // Deprecated keys (rules 3.4).
@@ -231,7 +232,7 @@ void read_zero_fields(Section& zs, Config& config) {
   // Valid keys that zero does not store. Booleans are type-checked; the ones
   // that would change training are refused by features.cpp.
   for (const char* key : {"legacy_stage1", "zero_quantized_nontrainable_weights",
-                          "zero_quantized_gradients", "mics_hierarchical_params_gather", "memory_efficient_linear",
+                          "mics_hierarchical_params_gather", "memory_efficient_linear",
                           "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
                           "enable_sanity_checks", "save_muon_momentum_buffer_in_memory"}) {
     bool unused = false;
@@ -272,6 +273,10 @@ void read_zero_fields(Section& zs, Config& config) {
     if (z.zero_hpz_partition_size > 1)
       ctx.warn(zs.path_of("zero_hpz_partition_size"),
                "has no effect below stage 3 (stage is " + std::to_string(z.stage) + "): no parameters are gathered");
+    if (z.zero_quantized_gradients)
+      ctx.warn(zs.path_of("zero_quantized_gradients"),
+               "has no effect below stage 3 (stage is " + std::to_string(z.stage) + "): ZeRO++ quantizes stage 3's "
+               "gradient reduction");
   }
   if (z.zero_hpz_partition_size > 1 && ctx.options().world_size > 1 &&
       ctx.options().world_size % z.zero_hpz_partition_size != 0)

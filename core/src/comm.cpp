@@ -503,6 +503,7 @@ Comm::Exchange Comm::start_exchange(int64_t value, const std::string& what) {
 //   all_reduce, N bytes:             2 N (P-1)/P
 //   broadcast, N bytes:              N to the rank after, but for the rank
 //                                    before the root (a chain from the root)
+//   all_to_all, input N bytes:       N/P to each other rank, straight
 // Under the launchers zero reads a node's ranks are consecutive, so a ring
 // in rank order crosses between nodes once a node, whichever way it turns:
 // the sums over ranks are what crosses. Which rank's bytes cross is the
@@ -534,6 +535,8 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
                                                       store_);
   std::unique_ptr<Comm> comm(new Comm(sub, store, make_backend(store, sub, device_), device_));
   comm->live_ = live_;  // names ranks by their place in the world
+  comm->world_store_ = world_store_ ? world_store_ : store_;
+  comm->world_ranks_ = ranks;
   comm->failed_ = failed_;
   comm->counts_ = counts_;
   if (sub.world_size > 1) {
@@ -596,6 +599,38 @@ CommWork Comm::all_gather(at::Tensor& output, const at::Tensor& input) {
   at::Tensor in = input;
   count_sent(ring_bytes(static_cast<int64_t>(output.nbytes()), env_.world_size, 1), next_node_);
   return wrap(backend_->_allgather_base(output, in), "all_gather", output);
+}
+
+const std::vector<int>& Comm::nodes() {
+  if (!nodes_.empty()) return nodes_;
+  const auto& store = world_store_ ? world_store_ : store_;
+  try {
+    for (int r = 0; r < env_.world_size; ++r) {
+      const int w = world_ranks_.empty() ? r : world_ranks_[static_cast<size_t>(r)];
+      const auto v = store->get("zero/node/" + std::to_string(w));
+      nodes_.push_back(std::stoi(std::string(v.begin(), v.end())));
+    }
+  } catch (const std::exception& e) {
+    nodes_.clear();
+    throw CommunicationError("reading the ranks' nodes from the store failed on rank " + std::to_string(env_.rank) +
+                             ": " + error_text(e));
+  }
+  return nodes_;
+}
+
+CommWork Comm::all_to_all(at::Tensor& output, const at::Tensor& input) {
+  const int64_t world = env_.world_size;
+  ZERO_CHECK(output.numel() == input.numel() && input.numel() % world == 0, "all_to_all sizes");
+  // Each rank sends its chunk straight to its owner (NOTE [bytes across nodes]).
+  if (world > 1) {
+    const auto& node = nodes();
+    const int64_t piece = static_cast<int64_t>(input.nbytes()) / world;
+    for (int r = 0; r < world; ++r)
+      if (r != env_.rank) count_sent(piece, node[static_cast<size_t>(r)]);
+  }
+  at::Tensor in = input;
+  std::vector<int64_t> even;  // empty: equal splits
+  return wrap(backend_->alltoall_base(output, in, even, even), "all_to_all", input);
 }
 
 CommWork Comm::broadcast(at::Tensor& tensor, int root) {

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "zero/core/error.h"
+#include "zero/partition/quantized_reduce.h"
 #include "zero/core/trace.h"
 
 namespace zero::partition {
@@ -103,6 +104,8 @@ class ReduceScatterReducer final : public GradientReducer {
       : GradientReducer(params, comm, ledger, copies, options), store_(store) {
     ZERO_CHECK(store_.has_grads(), "stages 2-3 need the store's gradient partition");
     staging_.resize(params_.groups().size());
+    if (options_.quantize_gradients && distributed())
+      qgz_ = std::make_unique<QuantizedReduceScatter>(*comm_, options_.quant_block);
   }
 
   void begin_backward(bool) override {
@@ -171,9 +174,18 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor send = dtype == st.scalar_type() ? st : st.to(dtype);
     if (options_.pre_scale != 1.0) send.mul_(options_.pre_scale);
     Scatter s{g, at::Tensor(), at::Tensor(), CommWork()};
-    // The bucket is scratch: where a reduce-scatter would copy it whole
-    // (Gloo), it is all-reduced in place (Comm::reduce_scatter_copies_input).
-    if (options_.reduce_scatter && !comm_->reduce_scatter_copies_input()) {
+    if (qgz_ != nullptr) {
+      // NOTE [quantized gradients]: the first hop goes out now, the second
+      // when the reduction is finished.
+      s.out = chunks_.take(group.chunk_numel, dtype);
+      s.quantized = qgz_->start(send);
+      s.payload_bytes = LedgerAlloc::reserve(
+          ledger_, Tier::kDevice, Kind::kCommBuffers,
+          static_cast<int64_t>(s.quantized.sent.nbytes() + s.quantized.received.nbytes()),
+          "quantized gradient payloads (qgZ)");
+    } else if (options_.reduce_scatter && !comm_->reduce_scatter_copies_input()) {
+      // The bucket is scratch: where a reduce-scatter would copy it whole
+      // (Gloo), it is all-reduced in place (Comm::reduce_scatter_copies_input).
       s.out = chunks_.take(group.chunk_numel, dtype);
       s.work = comm_->reduce_scatter_sum(s.out, send);
     } else {  // reduce_scatter false: all-reduce the bucket, keep this rank's chunk
@@ -189,7 +201,12 @@ class ReduceScatterReducer final : public GradientReducer {
   void finish(bool all) {
     while (!scatters_.empty()) {
       auto& s = scatters_.front();
-      clock_.time([&] { s.work.wait(); }, "wait for a reduction");
+      if (s.quantized.chunk > 0) {
+        clock_.time([&] { qgz_->finish(s.quantized, s.out); }, "wait for a reduction");
+        s.payload_bytes = LedgerReservation();
+      } else {
+        clock_.time([&] { s.work.wait(); }, "wait for a reduction");
+      }
       if (!goes_to_host(s.group)) {
         store_.grad(s.group).add_(s.out);
         release(s.group);
@@ -323,6 +340,8 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor out;    // this rank's reduced chunk
     at::Tensor whole;  // reduce_scatter false: the all-reduced bucket
     CommWork work;
+    QuantizedReduceScatter::Pending quantized = {};  // qgZ: between its hops
+    LedgerReservation payload_bytes = {};
   };
   struct HostGrad {
     size_t group;
@@ -337,6 +356,7 @@ class ReduceScatterReducer final : public GradientReducer {
   Pool buckets_{*this, "stage-2 gradient bucket"};
   Pool chunks_{*this, "stage-2 reduced chunk"};
   std::deque<Scatter> scatters_;     // collectives in flight
+  std::unique_ptr<QuantizedReduceScatter> qgz_;  // zero_quantized_gradients
   HostRing ring_;
   std::deque<HostGrad> to_host_;
 };

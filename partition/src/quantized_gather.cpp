@@ -40,18 +40,22 @@ void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block_
   payload.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).copy_(scale);
 }
 
+at::Tensor decode_payload(const at::Tensor& payload, int64_t n, int64_t block_size) {
+  const int64_t block = block_for(n, block_size), blocks = blocks_of(n, block);
+  ZERO_CHECK(payload.numel() == quantized_payload_bytes(n, block_size), "quantized payload size");
+  // The short last block's codes padded with zeros, to multiply block by block.
+  const at::Tensor codes = at::constant_pad_nd(payload.narrow(0, 0, n).view(at::kChar).to(at::kFloat), {0, blocks * block - n});
+  const at::Tensor scales = payload.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).unsqueeze(1);
+  return codes.view({blocks, block}).mul_(scales).view({-1}).narrow(0, 0, n);
+}
+
 void dequantize_gathered(const at::Tensor& gathered, at::Tensor& full, int64_t world_size, int64_t block_size) {
-  const int64_t n = full.numel() / world_size, block = block_for(n, block_size), blocks = blocks_of(n, block);
+  const int64_t n = full.numel() / world_size;
   const int64_t bytes = quantized_payload_bytes(n, block_size);
   ZERO_CHECK(full.numel() == n * world_size && gathered.numel() == bytes * world_size, "quantized gather sizes");
   // A rank's shard at a time: the fp32 temporaries are a shard's, not the layer's.
-  for (int64_t r = 0; r < world_size; ++r) {
-    const at::Tensor row = gathered.narrow(0, r * bytes, bytes);
-    // The short last block's codes padded with zeros, to multiply block by block.
-    const at::Tensor codes = at::constant_pad_nd(row.narrow(0, 0, n).view(at::kChar).to(at::kFloat), {0, blocks * block - n});
-    const at::Tensor scales = row.narrow(0, codes_bytes(n), blocks * 4).view(at::kFloat).unsqueeze(1);
-    full.narrow(0, r * n, n).copy_(codes.view({blocks, block}).mul_(scales).view({-1}).narrow(0, 0, n));
-  }
+  for (int64_t r = 0; r < world_size; ++r)
+    full.narrow(0, r * n, n).copy_(decode_payload(gathered.narrow(0, r * bytes, bytes), n, block_size));
 }
 
 }  // namespace zero::partition

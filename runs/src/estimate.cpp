@@ -391,7 +391,9 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   and one spare (fewer when there are fewer groups), each the largest
 //   group (stage 3: the largest layer) in g bytes; under NCCL each of the two
 //   reductions also writes into a chunk (group / N), unless reduce_scatter is
-//   false (an all-reduce in place, as under Gloo). Stages 0 and 1 all-reduce
+//   false (an all-reduce in place, as under Gloo); with
+//   zero_quantized_gradients at stage 3, each of the two also holds its
+//   first hop's int8 payloads, sent and received. Stages 0 and 1 all-reduce
 //   the flat gradients in place.
 // - Stage 3's gathered layers, in p bytes, with offload_param a device copy
 //   of the shard being sent. When stage3_max_reuse_distance spans the
@@ -461,8 +463,14 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
   if (z.stage >= 2) {
     // reduce_scatter false all-reduces the bucket in place, as Gloo always does.
     const int64_t chunks = nccl && N > 1 && z.reduce_scatter ? g * (largest_group / N) : 0;
-    buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * chunks;
-    in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks);
+    // qgZ (stage 3, NOTE [quantized gradients]): a reduction in flight also
+    // holds its first hop's payloads, sent and received (int8 and a scale a
+    // block: about the bucket's elements in bytes, each).
+    const int64_t qg = z.stage == 3 && z.zero_quantized_gradients && N > 1
+                           ? 2 * partition::quantized_payload_bytes(largest_group, z.zero_quantized_weights_block_size)
+                           : 0;
+    buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * (chunks + qg);
+    in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks + qg);
   }
   bool kept = false;  // gathered layers stay for backward
   if (z.stage == 3 && largest_group > 0) {

@@ -311,6 +311,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   if (s.config.prescale_gradients) zo.reduction.pre_scale = 1.0 / static_cast<double>(s.dist.world_size);
   else if (s.config.gradient_predivide_factor != 1.0) zo.reduction.pre_scale = 1.0 / s.config.gradient_predivide_factor;
   zo.reduction.reduce_scatter = s.config.zero.reduce_scatter;
+  // ZeRO++'s qgZ is stage 3's (NOTE [quantized gradients]); below it the config warns.
+  zo.reduction.quantize_gradients = s.config.zero.stage == 3 && s.config.zero.zero_quantized_gradients;
+  zo.reduction.quant_block = s.config.zero.zero_quantized_weights_block_size;
   zo.reduction.reuse_buckets = s.config.zero.contiguous_gradients;
   zo.average_gradients = s.config.gradient_allreduce_op != "sum";
   zo.compute_dtype = s.dtype;

@@ -211,8 +211,6 @@ INSTANTIATE_TEST_SUITE_P(
                 "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_param"},
         BadCase{"quantized_weights_block", R"("zero_optimization": {"stage": 3, "zero_quantized_weights_block_size": 10})",
                 "zero_optimization.zero_quantized_weights_block_size: expected a multiple of 4"},
-        BadCase{"quantized_gradients", R"("zero_optimization": {"stage": 3, "zero_quantized_gradients": true})",
-                "zero_optimization.zero_quantized_gradients: ZeRO++ quantized gradients is not implemented"},
         BadCase{"mics", R"("zero_optimization": {"stage": 3, "mics_shard_size": 8})",
                 "zero_optimization.mics_shard_size: MiCS sharding is not implemented"},
         BadCase{"sequence_parallel", R"("sequence_parallel_size": 4)",
@@ -348,21 +346,25 @@ TEST(StatePlacement, RatioAndMaxInCpuWithNvme) {
                                "offload_optimizer.device \"nvme\"")) << joined(cpu.warnings);
 }
 
-// ZeRO++'s qwZ and hpZ (NOTE [quantized gather], NOTE [hpZ]): read at stage
+// ZeRO++'s qwZ, hpZ and qgZ (NOTE [quantized gather], NOTE [hpZ], NOTE
+// [quantized gradients]): read at stage
 // 3, said to do nothing below it; hpZ's groups divide the world.
 TEST(ZeroPlusPlus, QuantizedWeightsAndHpzAreReadAndChecked) {
   const Config c = load_string(with(
-      R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_weights_block_size": 512})"));
+      R"("zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_weights_block_size": 512, "zero_quantized_gradients": true})"));
   EXPECT_TRUE(c.zero.zero_quantized_weights);
+  EXPECT_TRUE(c.zero.zero_quantized_gradients);
   EXPECT_EQ(c.zero.zero_hpz_partition_size, 2);
   EXPECT_EQ(c.zero.zero_quantized_weights_block_size, 512);
   EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
   EXPECT_EQ(load_string(with(R"("zero_optimization": {"stage": 3})")).zero.zero_quantized_weights_block_size, 8000);
   const Config stage2 = load_string(
-      with(R"("zero_optimization": {"stage": 2, "zero_quantized_weights": true, "zero_hpz_partition_size": 2})"));
+      with(R"("zero_optimization": {"stage": 2, "zero_quantized_weights": true, "zero_hpz_partition_size": 2, "zero_quantized_gradients": true})"));
   EXPECT_TRUE(has_warning(stage2, "zero_optimization.zero_quantized_weights: has no effect below stage 3"))
       << joined(stage2.warnings);
   EXPECT_TRUE(has_warning(stage2, "zero_optimization.zero_hpz_partition_size: has no effect below stage 3"))
+      << joined(stage2.warnings);
+  EXPECT_TRUE(has_warning(stage2, "zero_optimization.zero_quantized_gradients: has no effect below stage 3"))
       << joined(stage2.warnings);
   const Config frozen = load_string(
       with(R"("zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": true})"));

@@ -8,11 +8,13 @@
 #include <mutex>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/nn/modules/linear.h>
 
 #include "ranks.h"
 #include "zero/partition/flat_parameters.h"
 #include "zero/partition/quantized_gather.h"
+#include "zero/partition/quantized_reduce.h"
 #include "zero/partition/stage3.h"
 
 namespace zero::partition {
@@ -127,6 +129,64 @@ TEST(QuantizedGather, ZeroBlocksAndAShortLastBlock) {
   EXPECT_EQ(full[8].item<float>(), 3.f);
   EXPECT_EQ(full[9].item<float>(), -3.f);
   EXPECT_NEAR(full[6].item<float>(), 0.5f, 2.f / 254);
+}
+
+// qgZ's two hops (NOTE [quantized gradients]) on 2 nodes of 2 ranks: each
+// rank's reduced chunk is the sum over the 4 ranks within the bound of the
+// arithmetic: each source's first-hop quantization (max|x| / 254 of its
+// block) plus each node's second-hop one (of its partial sum); only the
+// second hop crosses nodes, one int8 chunk to the other node.
+TEST(QuantizedGradients, TwoHopsSumWithinTheQuantizationBound) {
+  constexpr int64_t kChunk = 300, kBlock = 64, M = kWorld / kPerNode, L = kPerNode;
+  // Rank s's bucket: kWorld chunks, scales apart by 10^3 across it.
+  auto input = [](int64_t s) {
+    const at::Tensor i = at::arange(kWorld * kChunk, at::kFloat);
+    return at::sin(i * 0.11f + static_cast<float>(s)) * at::pow(10.0, at::linspace(-2, 1, kWorld * kChunk));
+  };
+  // The error bound of each element of chunk r.
+  auto bound_of = [&](int64_t r) {
+    const int64_t m = r / L, l = r % L;
+    at::Tensor total = at::zeros({kChunk});
+    auto block_max = [&](const at::Tensor& row) {  // max|x| of each element's block in `row`
+      at::Tensor out = at::empty_like(row);
+      for (int64_t b = 0; b < row.numel(); b += kBlock) {
+        const int64_t len = std::min(kBlock, row.numel() - b);
+        out.narrow(0, b, len).fill_(row.narrow(0, b, len).abs().max().item<float>());
+      }
+      return out;
+    };
+    for (int64_t node = 0; node < M; ++node) {
+      at::Tensor hop1 = at::zeros({kChunk}), partial = at::zeros({kChunk});
+      for (int64_t peer = 0; peer < L; ++peer) {
+        // Source node*L + peer sends local rank l the chunks m'' L + l, one row.
+        const at::Tensor in = input(node * L + peer).view({M, L, kChunk});
+        const at::Tensor row = in.select(1, l).reshape({-1});
+        hop1 += block_max(row).narrow(0, m * kChunk, kChunk) / 254;
+        partial += in[m][l];
+      }
+      total += hop1 + block_max(partial.abs() + hop1) / 254;
+    }
+    return total;
+  };
+  testing::on_ranks(
+      kWorld,
+      [&](int rank, Comm& comm) {
+        QuantizedReduceScatter q(comm, kBlock);
+        at::Tensor exact = at::zeros({kChunk});
+        for (int64_t s = 0; s < kWorld; ++s) exact += input(s).narrow(0, rank * kChunk, kChunk);
+        const CommBytes before = comm.bytes_sent();
+        auto pending = q.start(input(rank));
+        at::Tensor out = at::empty({kChunk});
+        q.finish(pending, out);
+        const CommBytes sent = comm.bytes_sent() - before;
+        const at::Tensor err = (out - exact).abs(), bound = bound_of(rank);
+        EXPECT_TRUE(at::all(err <= bound * 1.0001 + exact.abs() * 1e-6).item<bool>())
+            << "rank " << rank << ": worst excess " << (err - bound).max().item<float>();
+        EXPECT_GT(err.max().item<float>(), 0.0f) << "nothing was quantized";
+        EXPECT_EQ(sent.across_nodes, (M - 1) * quantized_payload_bytes(kChunk, kBlock));
+        EXPECT_EQ(sent.within_node, (L - 1) * quantized_payload_bytes(M * kChunk, kBlock));
+      },
+      kPerNode);
 }
 
 // hpZ over nodes of 2: backward's gather of the layer comes from the node's

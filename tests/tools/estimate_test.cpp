@@ -105,9 +105,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_fp32", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
         Case{"stage3_bf16", "bf16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
         // ZeRO++ at rest: the step drops hpZ's secondary partitions (NOTE [hpZ]).
-        Case{"stage3_bf16_hpz_qwz", "bf16",
+        Case{"stage3_bf16_zeropp", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "zero_hpz_partition_size": 2,
-                 "zero_quantized_weights": true})"},
+                 "zero_quantized_weights": true, "zero_quantized_gradients": true})"},
         Case{"stage3_fp16", "fp16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
         Case{"stage3_fp32_cpu_cpu", "fp32",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
@@ -248,11 +248,13 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"stage3_fp32", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
                                             "stage3_prefetch_bucket_size": 100000, "stage3_max_live_parameters": 400000})"},
         PeakCase{"stage3_fp32_prefetch_all", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
-        // ZeRO++ (NOTE [hpZ], NOTE [quantized gather]): the secondary
-        // partitions (a half of every layer here) and the payloads in flight.
-        PeakCase{"stage3_fp32_hpz_qwz", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
-                                                   "stage3_prefetch_bucket_size": 100000, "stage3_max_live_parameters": 400000,
-                                                   "zero_hpz_partition_size": 2, "zero_quantized_weights": true})"},
+        // ZeRO++ (NOTE [hpZ], NOTE [quantized gather], NOTE [quantized
+        // gradients]): the secondary partitions (a half of every layer here)
+        // and the payloads in flight.
+        PeakCase{"stage3_fp32_zeropp", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                                                  "stage3_prefetch_bucket_size": 100000, "stage3_max_live_parameters": 400000,
+                                                  "zero_hpz_partition_size": 2, "zero_quantized_weights": true,
+                                                  "zero_quantized_gradients": true})"},
         PeakCase{"stage3_fp32_cpu_cpu", "fp32",
                  R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
                      "offload_param": {"device": "cpu"}})"},

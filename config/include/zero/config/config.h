@@ -202,6 +202,9 @@ struct ZeroConfig {
   /// elements (zero's own key; DeepSpeed's 8000 by default).
   bool zero_quantized_weights = false;
   int64_t zero_quantized_weights_block_size = 8000;
+  /// qgZ: gradients reduced in two quantized hops, within the node then
+  /// across (NOTE [quantized gradients]), in blocks of the same size.
+  bool zero_quantized_gradients = false;
 };
 
 /// `aio` section (NVMe swapping). intra_op_parallelism also read from the

@@ -123,6 +123,9 @@ class Comm {
   bool reduce_scatter_copies_input() const;
   /// output: world_size * input.numel() elements, rank r's input at chunk r.
   CommWork all_gather(at::Tensor& output, const at::Tensor& input);
+  /// input and output: world_size equal chunks; input's chunk r goes to
+  /// rank r, and output's chunk r comes from rank r.
+  CommWork all_to_all(at::Tensor& output, const at::Tensor& input);
   CommWork broadcast(at::Tensor& tensor, int root);
   void barrier();
   /// Every rank's `value`, by rank, through a separate small-message group
@@ -177,6 +180,12 @@ class Comm {
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   bool gloo_;  // the backend is Gloo (its all-reduce sends to the rank before: NOTE [bytes across nodes])
   int next_node_ = 0, previous_node_ = 0;
+  /// Every rank's node, by this Comm's ranks: read from the store when an
+  /// all-to-all first needs it (each rank sends to every other).
+  const std::vector<int>& nodes();
+  std::vector<int> nodes_;
+  c10::intrusive_ptr<c10d::Store> world_store_;  // where make() published the nodes
+  std::vector<int> world_ranks_;                 // a subgroup's ranks in the world (empty: the world)
   struct Counts {
     std::atomic<int64_t> within{0}, across{0};
   };

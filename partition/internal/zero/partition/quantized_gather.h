@@ -35,6 +35,9 @@ int64_t quantized_payload_bytes(int64_t shard_numel, int64_t block);
 /// quantized_payload_bytes), on the shard's device.
 void quantize_shard(const at::Tensor& shard, at::Tensor& payload, int64_t block);
 
+/// One payload of `n` elements decoded, in fp32.
+at::Tensor decode_payload(const at::Tensor& payload, int64_t n, int64_t block);
+
 /// Decodes `gathered` (world_size payloads back to back) into `full`
 /// (world_size shards of `full.numel() / world_size` elements).
 void dequantize_gathered(const at::Tensor& gathered, at::Tensor& full, int64_t world_size, int64_t block);
