@@ -527,6 +527,10 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
   ZERO_CHECK(me != ranks.end() && std::is_sorted(ranks.begin(), ranks.end()) && ranks.front() >= 0 &&
                  ranks.back() < env_.world_size,
              "a subgroup holds this rank, in increasing order");
+  // The members' places in the world (this Comm may be a subgroup itself).
+  std::vector<int> world(ranks);
+  if (!world_ranks_.empty())
+    for (int& r : world) r = world_ranks_[static_cast<size_t>(r)];
   DistEnv sub = env_;
   sub.rank = static_cast<int>(me - ranks.begin());
   sub.world_size = static_cast<int>(ranks.size());
@@ -536,19 +540,19 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
   std::unique_ptr<Comm> comm(new Comm(sub, store, make_backend(store, sub, device_), device_));
   comm->live_ = live_;  // names ranks by their place in the world
   comm->world_store_ = world_store_ ? world_store_ : store_;
-  comm->world_ranks_ = ranks;
+  comm->world_ranks_ = world;
   comm->failed_ = failed_;
   comm->counts_ = counts_;
   if (sub.world_size > 1) {
     // The neighbours' nodes, which make() published for the world.
     try {
       auto node_of = [&](int r) {
-        const auto v = store_->get("zero/node/" + std::to_string(r));
+        const auto v = comm->world_store_->get("zero/node/" + std::to_string(r));
         return std::stoi(std::string(v.begin(), v.end()));
       };
-      const size_t i = static_cast<size_t>(sub.rank), n = ranks.size();
-      comm->next_node_ = node_of(ranks[(i + 1) % n]);
-      comm->previous_node_ = node_of(ranks[(i + n - 1) % n]);
+      const size_t i = static_cast<size_t>(sub.rank), n = world.size();
+      comm->next_node_ = node_of(world[(i + 1) % n]);
+      comm->previous_node_ = node_of(world[(i + n - 1) % n]);
     } catch (const std::exception& e) {
       throw CommunicationError("reading the nodes of subgroup " + name + "'s ranks from the store failed on rank " +
                                std::to_string(env_.rank) + ": " + error_text(e));

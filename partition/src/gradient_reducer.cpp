@@ -170,7 +170,8 @@ class ReduceScatterReducer final : public GradientReducer {
       }
       return;
     }
-    const at::ScalarType dtype = options_.comm_dtype.value_or(options_.accum_dtype);
+    // qgZ sends int8 codes of the bucket as it is (NOTE [quantized gradients]).
+    const at::ScalarType dtype = qgz_ != nullptr ? st.scalar_type() : options_.comm_dtype.value_or(options_.accum_dtype);
     at::Tensor send = dtype == st.scalar_type() ? st : st.to(dtype);
     if (options_.pre_scale != 1.0) send.mul_(options_.pre_scale);
     Scatter s{g, at::Tensor(), at::Tensor(), CommWork()};
@@ -178,11 +179,9 @@ class ReduceScatterReducer final : public GradientReducer {
       // NOTE [quantized gradients]: the first hop goes out now, the second
       // when the reduction is finished.
       s.out = chunks_.take(group.chunk_numel, dtype);
+      s.payload_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kCommBuffers,
+                                             qgz_->payload_bytes(send.numel()), "quantized gradient payloads (qgZ)");
       s.quantized = qgz_->start(send);
-      s.payload_bytes = LedgerAlloc::reserve(
-          ledger_, Tier::kDevice, Kind::kCommBuffers,
-          static_cast<int64_t>(s.quantized.sent.nbytes() + s.quantized.received.nbytes()),
-          "quantized gradient payloads (qgZ)");
     } else if (options_.reduce_scatter && !comm_->reduce_scatter_copies_input()) {
       // The bucket is scratch: where a reduce-scatter would copy it whole
       // (Gloo), it is all-reduced in place (Comm::reduce_scatter_copies_input).

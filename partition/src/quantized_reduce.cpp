@@ -53,6 +53,11 @@ QuantizedReduceScatter::QuantizedReduceScatter(Comm& world, int64_t block) : wor
   if (nodes_ > 1) cross_ = world.subgroup(cross, "qgz_cross");
 }
 
+int64_t QuantizedReduceScatter::payload_bytes(int64_t numel) const {
+  const int64_t row = quantized_payload_bytes(numel / per_node_, block_) * per_node_;
+  return node_ != nullptr ? 2 * row : row;  // one rank a node receives what it sent
+}
+
 QuantizedReduceScatter::Pending QuantizedReduceScatter::start(const at::Tensor& input) {
   const int64_t P = nodes_ * per_node_;
   ZERO_CHECK(input.numel() % P == 0, "quantized reduce-scatter: the bucket is whole chunks");

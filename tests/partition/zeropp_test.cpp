@@ -131,17 +131,21 @@ TEST(QuantizedGather, ZeroBlocksAndAShortLastBlock) {
   EXPECT_NEAR(full[6].item<float>(), 0.5f, 2.f / 254);
 }
 
-// qgZ's two hops (NOTE [quantized gradients]) on 2 nodes of 2 ranks: each
-// rank's reduced chunk is the sum over the 4 ranks within the bound of the
-// arithmetic: each source's first-hop quantization (max|x| / 254 of its
-// block) plus each node's second-hop one (of its partial sum); only the
-// second hop crosses nodes, one int8 chunk to the other node.
-TEST(QuantizedGradients, TwoHopsSumWithinTheQuantizationBound) {
-  constexpr int64_t kChunk = 300, kBlock = 64, M = kWorld / kPerNode, L = kPerNode;
-  // Rank s's bucket: kWorld chunks, scales apart by 10^3 across it.
-  auto input = [](int64_t s) {
-    const at::Tensor i = at::arange(kWorld * kChunk, at::kFloat);
-    return at::sin(i * 0.11f + static_cast<float>(s)) * at::pow(10.0, at::linspace(-2, 1, kWorld * kChunk));
+// qgZ's two hops (NOTE [quantized gradients]) on M nodes of L ranks (2 x 2,
+// 3 x 2, 2 x 3, one node of 4, 4 nodes of one): each rank's reduced chunk
+// is the sum over the ranks within the bound of the arithmetic: each
+// source's first-hop quantization (max|x| / 254 of its block) plus each
+// node's second-hop one (of its partial sum); only the second hop crosses
+// nodes, one int8 chunk to each other node.
+class QuantizedGradients : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(QuantizedGradients, TwoHopsSumWithinTheQuantizationBound) {
+  const int world = GetParam().first, per_node = GetParam().second;
+  const int64_t kChunk = 300, kBlock = 64, M = world / per_node, L = per_node;
+  // Rank s's bucket: `world` chunks, scales apart by 10^3 across it.
+  auto input = [&](int64_t s) {
+    const at::Tensor i = at::arange(world * kChunk, at::kFloat);
+    return at::sin(i * 0.11f + static_cast<float>(s)) * at::pow(10.0, at::linspace(-2, 1, world * kChunk));
   };
   // The error bound of each element of chunk r.
   auto bound_of = [&](int64_t r) {
@@ -169,11 +173,11 @@ TEST(QuantizedGradients, TwoHopsSumWithinTheQuantizationBound) {
     return total;
   };
   testing::on_ranks(
-      kWorld,
+      world,
       [&](int rank, Comm& comm) {
         QuantizedReduceScatter q(comm, kBlock);
         at::Tensor exact = at::zeros({kChunk});
-        for (int64_t s = 0; s < kWorld; ++s) exact += input(s).narrow(0, rank * kChunk, kChunk);
+        for (int64_t s = 0; s < world; ++s) exact += input(s).narrow(0, rank * kChunk, kChunk);
         const CommBytes before = comm.bytes_sent();
         auto pending = q.start(input(rank));
         at::Tensor out = at::empty({kChunk});
@@ -186,8 +190,16 @@ TEST(QuantizedGradients, TwoHopsSumWithinTheQuantizationBound) {
         EXPECT_EQ(sent.across_nodes, (M - 1) * quantized_payload_bytes(kChunk, kBlock));
         EXPECT_EQ(sent.within_node, (L - 1) * quantized_payload_bytes(M * kChunk, kBlock));
       },
-      kPerNode);
+      per_node);
 }
+
+INSTANTIATE_TEST_SUITE_P(Nodes, QuantizedGradients,
+                         ::testing::Values(std::pair{4, 2}, std::pair{6, 2}, std::pair{6, 3}, std::pair{4, 4},
+                                           std::pair{4, 1}),
+                         [](const ::testing::TestParamInfo<std::pair<int, int>>& i) {
+                           return std::to_string(i.param.first / i.param.second) + "x" +
+                                  std::to_string(i.param.second);
+                         });
 
 // hpZ over nodes of 2: backward's gather of the layer comes from the node's
 // secondary partition, sends nothing across nodes, and gives the bits the

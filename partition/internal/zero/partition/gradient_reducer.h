@@ -98,7 +98,7 @@ struct ReductionOptions {
   /// goes to the host in pieces, so the buffers stay this size whatever the
   /// buckets (8M elements: 32 MiB in fp32).
   int64_t host_staging_numel = int64_t{1} << 23;
-  /// zero_quantized_gradients (qgZ, stages 2-3 with more than one rank): each
+  /// zero_quantized_gradients (qgZ, stage 3 with more than one rank): each
   /// bucket is reduced in two quantized hops, within the node then across
   /// (NOTE [quantized gradients]), in blocks of `quant_block` elements.
   bool quantize_gradients = false;

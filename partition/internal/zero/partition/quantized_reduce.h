@@ -17,6 +17,9 @@
 // of each block, of the values it sent; the sums are fp32. One node (M = 1)
 // skips the second hop, one rank a node (L = 1) the first. The bytes are
 // those of the all-to-alls (Comm::all_to_all), counted as each rank sends.
+// The bucket is quantized from, and the sum written in, the gradient
+// accumulation dtype: communication_data_type does not apply (the wire is
+// int8), nor does reduce_scatter false.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,9 @@ class QuantizedReduceScatter {
   /// the same point). Throws ConfigError when the ranks a node do not divide
   /// the world.
   QuantizedReduceScatter(Comm& world, int64_t block);
+  /// Bytes of the first hop's payloads, sent and received, for a bucket of
+  /// `numel` elements (what the ledger counts while it is in flight).
+  int64_t payload_bytes(int64_t numel) const;
   /// A reduction between its two hops.
   struct Pending {
     CommWork work;  // the first hop, in flight
