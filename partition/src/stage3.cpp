@@ -243,6 +243,9 @@ void Stage3Coordinator::wait(size_t g) {
 void Stage3Coordinator::keep_secondary(size_t g) {
   auto& grp = groups_[g];
   if (hpz_comm_ == nullptr || g == 0 || grp.secondary.defined()) return;
+  // Only for training: a gather under no_grad (evaluation, saving) has no
+  // backward to serve, and would hold the copy past the step.
+  if (!in_backward_ && !at::GradMode::is_enabled()) return;
   // Under qwZ an exact gather (with_gathered: saving) leaves no copy, so that
   // training computes with qwZ's values whether or not a run saves.
   if (options_.quantize_weights && !grp.quantized) return;

@@ -7,6 +7,8 @@
 // (requantized, widened or narrowed) at another.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -503,16 +505,25 @@ TEST(SixteenBitGradients, Stage3KeepsTheComputeDtypeOnEveryTier) {
 // Against an fp32 master and states on the same data (bf16 compute both):
 // 30 steps with a bf16 master, stochastically rounded, and bf16 states end
 // at the fp32 run's loss within 5%, as does the mixed case (fp32 states).
+// The loss compared is the mean over the last 5 steps' batches (the same
+// batches in every run): one batch of 16 samples is too noisy a reading
+// (on an AVX-512 Xeon, whose ATen bf16 kernels round otherwise than AVX2's,
+// the bf16 run's last batch alone was 6.0% above the fp32 run's; the mean of
+// the five, 1.6%).
 TEST(SixteenBitMaster, TrainsAsAnFp32MasterWithinRounding) {
+  auto tail = [](const Run8& r) {
+    return std::accumulate(r.losses.end() - 5, r.losses.end(), 0.0) / 5;
+  };
   const Run8 f = run_8bit(config_16(R"({"stage": 2})", ""), 30);
   const Run8 b = run_8bit(config_16(R"({"stage": 2})"), 30);
   const Run8 mixed = run_8bit(config_16(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
                                         R"(, "bf16_master_weights_and_grads": true)"),
                               30);
-  std::printf("after 30 steps: loss fp32 master %.4f, bf16 master + states %.4f, bf16 master + fp32 states %.4f\n",
-              f.losses.back(), b.losses.back(), mixed.losses.back());
-  EXPECT_NEAR(b.losses.back(), f.losses.back(), 0.05 * f.losses.back());
-  EXPECT_NEAR(mixed.losses.back(), f.losses.back(), 0.05 * f.losses.back());
+  std::printf("after 30 steps, the last 5 steps' mean loss: fp32 master %.4f, bf16 master + states %.4f, bf16 "
+              "master + fp32 states %.4f\n",
+              tail(f), tail(b), tail(mixed));
+  EXPECT_NEAR(tail(b), tail(f), 0.05 * tail(f));
+  EXPECT_NEAR(tail(mixed), tail(f), 0.05 * tail(f));
   EXPECT_LT(b.losses.back(), b.losses.front());
 }
 

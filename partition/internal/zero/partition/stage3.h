@@ -71,11 +71,11 @@
 // with_gathered, does not take those), so backward computes with what
 // forward did, and the bits equal a run without hpZ whenever qwZ is off. The
 // secondary partitions cost 1/k of the layers' gathered bytes in the compute
-// dtype, on the device, from a layer's first gather after a step (forward's,
-// or evaluation's) until the next step (the ledger: "hpZ secondary
-// partition"; the estimator counts them at the peak). Under qwZ an exact
-// gather (with_gathered, for saving) leaves no copy, so a run that saves
-// trains as one that does not; read_ahead reads no shard from disk for a
+// dtype, on the device, from a layer's first training gather after a step
+// (a gather under no_grad, evaluation's or saving's, leaves none) until the
+// next step (the ledger: "hpZ secondary partition"; the estimator counts
+// them at the peak). Under qwZ an exact gather leaves no copy either, so a
+// run that saves trains as one that does not; read_ahead reads no shard from disk for a
 // layer whose next gather is from the copy.
 // Every rank decides which gather it takes from the same events, so the
 // collectives pair up. DeepSpeed keeps its secondary quantized under qwZ;
