@@ -431,6 +431,14 @@ c10::intrusive_ptr<c10d::Backend> Comm::make_backend(const c10::intrusive_ptr<c1
   }
 }
 
+namespace {
+// World rank r's node, as make() published it (NOTE [bytes across nodes]).
+int node_in_store(c10d::Store& store, int r) {
+  const auto v = store.get("zero/node/" + std::to_string(r));
+  return std::stoi(std::string(v.begin(), v.end()));
+}
+}  // namespace
+
 std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const DistEnv& env, at::Device device) {
   auto backend = make_backend(store, env, device);
   std::unique_ptr<Comm> comm(new Comm(env, store, backend, device));
@@ -439,12 +447,8 @@ std::unique_ptr<Comm> Comm::make(c10::intrusive_ptr<c10d::Store> store, const Di
     // are the ones this rank's bytes go to (NOTE [bytes across nodes]).
     try {
       store->set("zero/node/" + std::to_string(env.rank), std::to_string(env.node));
-      auto node_of = [&](int r) {
-        const auto v = store->get("zero/node/" + std::to_string(r));
-        return std::stoi(std::string(v.begin(), v.end()));
-      };
-      comm->next_node_ = node_of((env.rank + 1) % env.world_size);
-      comm->previous_node_ = node_of((env.rank + env.world_size - 1) % env.world_size);
+      comm->next_node_ = node_in_store(*store, (env.rank + 1) % env.world_size);
+      comm->previous_node_ = node_in_store(*store, (env.rank + env.world_size - 1) % env.world_size);
     } catch (const std::exception& e) {
       throw CommunicationError("reading the neighbouring ranks' nodes from the store failed on rank " +
                                std::to_string(env.rank) + ": " + error_text(e));
@@ -546,13 +550,9 @@ std::unique_ptr<Comm> Comm::subgroup(const std::vector<int>& ranks, const std::s
   if (sub.world_size > 1) {
     // The neighbours' nodes, which make() published for the world.
     try {
-      auto node_of = [&](int r) {
-        const auto v = comm->world_store_->get("zero/node/" + std::to_string(r));
-        return std::stoi(std::string(v.begin(), v.end()));
-      };
       const size_t i = static_cast<size_t>(sub.rank), n = world.size();
-      comm->next_node_ = node_of(world[(i + 1) % n]);
-      comm->previous_node_ = node_of(world[(i + n - 1) % n]);
+      comm->next_node_ = node_in_store(*comm->world_store_, world[(i + 1) % n]);
+      comm->previous_node_ = node_in_store(*comm->world_store_, world[(i + n - 1) % n]);
     } catch (const std::exception& e) {
       throw CommunicationError("reading the nodes of subgroup " + name + "'s ranks from the store failed on rank " +
                                std::to_string(env_.rank) + ": " + error_text(e));
@@ -610,9 +610,7 @@ const std::vector<int>& Comm::nodes() {
   const auto& store = world_store_ ? world_store_ : store_;
   try {
     for (int r = 0; r < env_.world_size; ++r) {
-      const int w = world_ranks_.empty() ? r : world_ranks_[static_cast<size_t>(r)];
-      const auto v = store->get("zero/node/" + std::to_string(w));
-      nodes_.push_back(std::stoi(std::string(v.begin(), v.end())));
+      nodes_.push_back(node_in_store(*store, world_ranks_.empty() ? r : world_ranks_[static_cast<size_t>(r)]));
     }
   } catch (const std::exception& e) {
     nodes_.clear();
