@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -362,6 +363,13 @@ Config load_file(const std::string& path, const LoadOptions& options) {
   }
   ::close(fd);
   return load_string(text, options, path);
+}
+
+int64_t partition_ranks(const Config& c) {
+  const int64_t world = std::max<int64_t>(1, c.world_size);
+  const int64_t s = c.zero.mics_shard_size;
+  if (c.zero.stage < 2 || s <= 0 || s >= world || world % s != 0) return world;  // (the config refuses a non-divisor)
+  return s;
 }
 
 std::string describe(const Config& config) {

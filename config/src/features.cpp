@@ -53,7 +53,6 @@ constexpr FeatureRule kFeatures[] = {
     {"compression_training", When::kPresent, 0, Severity::kError, "compression training",
      "no compression_training section"},
     {"hybrid_engine.enabled", When::kTrue, 0, Severity::kError, "the hybrid engine", "false"},
-    {"zero_optimization.mics_shard_size", When::kAbove, 0, Severity::kError, "MiCS sharding", "-1"},
     {"sequence_parallel_size", When::kAbove, 1, Severity::kError, "sequence parallelism", "1"},
     {"aio.use_gds", When::kTrue, 0, Severity::kError, "GPUDirect Storage", "false"},
     // Warnings: accepted and ignored, the math is unchanged.

@@ -200,6 +200,8 @@ void read_zero_fields(Section& zs, Config& config) {
   zs.read_bool("zero_quantized_weights", z.zero_quantized_weights);
   zs.read_bool("zero_quantized_gradients", z.zero_quantized_gradients);
   zs.read_int("zero_quantized_weights_block_size", z.zero_quantized_weights_block_size, Range::at_least(4));
+  zs.read_int("mics_shard_size", z.mics_shard_size, Range::at_least(-1));
+  zs.read_bool("mics_hierarchical_params_gather", z.mics_hierarchical_params_gather);
 
   // Deprecated keys (rules 3.4).
   read_deprecated_offload(zs, "cpu_offload", "offload_optimizer", z.offload_optimizer.device,
@@ -231,15 +233,13 @@ void read_zero_fields(Section& zs, Config& config) {
 
   // Valid keys that zero does not store. Booleans are type-checked; the ones
   // that would change training are refused by features.cpp.
-  for (const char* key : {"legacy_stage1", "zero_quantized_nontrainable_weights",
-                          "mics_hierarchical_params_gather", "memory_efficient_linear",
+  for (const char* key : {"legacy_stage1", "zero_quantized_nontrainable_weights", "memory_efficient_linear",
                           "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings",
                           "enable_sanity_checks", "save_muon_momentum_buffer_in_memory"}) {
     bool unused = false;
     zs.read_bool(key, unused, {}, /*record=*/false);
   }
   int64_t unused_int = 0;
-  zs.read_int("mics_shard_size", unused_int, std::nullopt, {}, /*record=*/false);
   zs.read_int({"stage3_partition_stream_chunk_size", "partition_stream_chunk_size"}, unused_int, Range::at_least(0),
               {}, /*record=*/false);
   zs.known({"zeropp_loco_param", "leaf_module", "zenflow"});
@@ -283,6 +283,35 @@ void read_zero_fields(Section& zs, Config& config) {
     ctx.problem(zs.path_of("zero_hpz_partition_size"),
                 "expected a divisor of the world size " + std::to_string(ctx.options().world_size) +
                     " (the ranks of a node); got " + std::to_string(z.zero_hpz_partition_size));
+  // NOTE [MiCS]: shard groups of consecutive ranks, at stages 2 and 3.
+  if (z.mics_shard_size > 0) {
+    const std::string path = zs.path_of("mics_shard_size");
+    const int64_t world = ctx.options().world_size;
+    if (z.stage < 2) {
+      ctx.warn(path, "has no effect below stage 2 (stage is " + std::to_string(z.stage) +
+                         "): zero shards the gradients and optimizer states within MiCS groups at stages 2 and 3");
+    } else if (world > 1 && (z.mics_shard_size > world || world % z.mics_shard_size != 0)) {
+      ctx.problem(path, "expected a divisor of the world size " + std::to_string(world) +
+                            " (the ranks each shard group partitions the model states across); got " +
+                            std::to_string(z.mics_shard_size));
+    }
+    if (z.stage >= 2) {
+      // Both define which ranks hold a partition's copy; ZeRO++'s gradient
+      // hops are over the world's nodes, not a shard group's.
+      if (z.zero_hpz_partition_size > 1 && stage3)
+        ctx.problem(zs.path_of("zero_hpz_partition_size"),
+                    "expected 1 with mics_shard_size (MiCS already keeps each layer's partition within a shard "
+                    "group, whose gathers stay there); got " + std::to_string(z.zero_hpz_partition_size));
+      if (z.zero_quantized_gradients && stage3)
+        ctx.problem(zs.path_of("zero_quantized_gradients"),
+                    "expected false with mics_shard_size (zero's quantized two-hop reduction is over the world's "
+                    "nodes; MiCS reduces within the shard group, then across its replicas); got true");
+    }
+  }
+  if (z.mics_hierarchical_params_gather && !(stage3 && z.mics_shard_size > 0))
+    ctx.warn(zs.path_of("mics_hierarchical_params_gather"),
+             "has no effect without mics_shard_size at stage 3 (stage is " + std::to_string(z.stage) +
+                 "): it shapes the gathers of a MiCS shard group's layers");
   // NOTE [state placement]: zero's own key.
   if (z.offload_optimizer.max_in_cpu > 0 && z.offload_optimizer.device != OffloadDevice::kNvme)
     ctx.warn(zs.path_of("offload_optimizer.max_in_cpu"),

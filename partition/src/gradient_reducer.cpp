@@ -99,17 +99,21 @@ class AllReduceReducer final : public GradientReducer {
 // store's gradient partition.
 class ReduceScatterReducer final : public GradientReducer {
  public:
-  ReduceScatterReducer(FlatParameters& params, StateStore& store, Comm* comm, MemoryLedger& ledger,
+  ReduceScatterReducer(FlatParameters& params, StateStore& store, Comm* comm, Comm* replicas, MemoryLedger& ledger,
                        CopyStream& copies, ReductionOptions options)
-      : GradientReducer(params, comm, ledger, copies, options), store_(store) {
+      : GradientReducer(params, comm, ledger, copies, options),
+        store_(store),
+        replicas_(replicas != nullptr && replicas->world_size() > 1 ? replicas : nullptr) {
     ZERO_CHECK(store_.has_grads(), "stages 2-3 need the store's gradient partition");
     staging_.resize(params_.groups().size());
     if (options_.quantize_gradients && distributed())
       qgz_ = std::make_unique<QuantizedReduceScatter>(*comm_, options_.quant_block);
+    ZERO_CHECK(qgz_ == nullptr || replicas_ == nullptr, "qgZ with MiCS replicas (the config refuses it)");
   }
 
-  void begin_backward(bool) override {
+  void begin_backward(bool boundary) override {
     reducing_ = true;
+    boundary_ = boundary;
     std::fill(ready_.begin(), ready_.end(), 0);
     next_launch_ = 0;
   }
@@ -137,6 +141,11 @@ class ReduceScatterReducer final : public GradientReducer {
 
   void wait_all() override {
     finish(true);
+    for (auto& p : partition_sums_) {
+      clock_.time([&] { p.work.wait(); }, "wait for a reduction across the replicas");
+      if (p.sent.defined()) p.range.copy_(p.sent);  // back from the communication dtype
+    }
+    partition_sums_.clear();
     while (!to_host_.empty()) add_host();
   }
 
@@ -153,13 +162,14 @@ class ReduceScatterReducer final : public GradientReducer {
   // Pinned buffers for reduced chunks on their way to the host, and so the
   // copies in flight (NOTE [offload transfers]).
   static constexpr size_t kHostBuffers = 2;
+  struct Scatter;  // a bucket's reduction in flight (below)
 
   void launch(size_t g) override {
     const trace::Span span("reduce", "reduce gradients", static_cast<int64_t>(g));
     const auto& group = params_.groups()[g];
     at::Tensor& st = staging_[g];
     if (!st.defined()) st = take_bucket(g);  // no gradient of this group here; others may have
-    if (!distributed()) {
+    if (!distributed() && replicas_ == nullptr) {
       if (options_.pre_scale != 1.0) st.mul_(options_.pre_scale);
       if (goes_to_host(g)) {  // the bucket is the owned chunk: to the host as it is
         to_host(g, st, /*recycle=*/st);
@@ -175,7 +185,10 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor send = dtype == st.scalar_type() ? st : st.to(dtype);
     if (options_.pre_scale != 1.0) send.mul_(options_.pre_scale);
     Scatter s{g, at::Tensor(), at::Tensor(), CommWork()};
-    if (qgz_ != nullptr) {
+    if (!distributed()) {  // NOTE [MiCS]: a partition of one rank; the bucket is its chunk
+      s.whole = send;
+      s.out = send;
+    } else if (qgz_ != nullptr) {
       // NOTE [quantized gradients]: the first hop goes out now, the second
       // when the reduction is finished.
       s.out = chunks_.take(group.chunk_numel, dtype);
@@ -193,35 +206,76 @@ class ReduceScatterReducer final : public GradientReducer {
       s.out = s.whole.narrow(0, comm_->rank() * group.chunk_numel, group.chunk_numel);
     }
     scatters_.push_back(std::move(s));
-    // Bound the bucket memory: at most two in flight.
-    while (scatters_.size() > 2) finish(false);
+    // Bound the bucket memory: at most two in flight, in either hop.
+    while (scatters_.size() + replicating_.size() > 2) finish(false);
   }
 
+  // Takes the oldest reduction in flight one hop further (all: every one to
+  // its end), in launch order: the first hop's wait, then, for a chunk bound
+  // for the host under MiCS, the start of the replicas' sum (NOTE [MiCS]),
+  // whose wait lands it.
   void finish(bool all) {
-    while (!scatters_.empty()) {
-      auto& s = scatters_.front();
-      if (s.quantized.chunk > 0) {
-        clock_.time([&] { qgz_->finish(s.quantized, s.out); }, "wait for a reduction");
-        s.payload_bytes = LedgerReservation();
+    while (!replicating_.empty() || !scatters_.empty()) {
+      if (!replicating_.empty()) {
+        Scatter& s = replicating_.front();
+        clock_.time([&] { s.work.wait(); }, "wait for a reduction across the replicas");
+        land(s);
+        replicating_.pop_front();
       } else {
-        clock_.time([&] { s.work.wait(); }, "wait for a reduction");
+        Scatter& s = scatters_.front();
+        if (s.quantized.chunk > 0) {
+          clock_.time([&] { qgz_->finish(s.quantized, s.out); }, "wait for a reduction");
+          s.payload_bytes = LedgerReservation();
+        } else {
+          clock_.time([&] { s.work.wait(); }, "wait for a reduction");
+        }
+        if (replicas_ != nullptr && goes_to_host(s.group)) {
+          s.work = replicas_->all_reduce_sum(s.out);
+          replicating_.push_back(std::move(s));
+        } else {
+          land(s);
+        }
+        scatters_.pop_front();
       }
-      if (!goes_to_host(s.group)) {
-        store_.grad(s.group).add_(s.out);
-        release(s.group);
-        if (!s.whole.defined()) chunks_.give(s.out);
-      } else if (s.whole.defined() && s.whole.is_same(staging_[s.group])) {
-        // All-reduced in place: the bucket is what goes to the host.
-        to_host(s.group, s.out, /*recycle=*/staging_[s.group]);
-        staging_[s.group].reset();
-      } else {
-        // The reduced chunk goes to the host: back to its pool once copied.
-        to_host(s.group, s.out, /*recycle=*/s.whole.defined() ? at::Tensor() : s.out, /*chunk=*/!s.whole.defined());
-        release(s.group);
-      }
-      scatters_.pop_front();
       if (!all) break;
     }
+  }
+
+  // A reduced chunk, summed over every rank that reduces it: into the
+  // device's partition (at the boundary under MiCS, the partition then
+  // summed across the replicas), or on its way to the host's.
+  void land(Scatter& s) {
+    if (!goes_to_host(s.group)) {
+      store_.grad(s.group).add_(s.out);
+      if (replicas_ != nullptr && boundary_) sum_partition(s.group);
+      release(s.group);
+      if (!s.whole.defined()) chunks_.give(s.out);
+    } else if (s.whole.defined() && s.whole.is_same(staging_[s.group])) {
+      // All-reduced in place: the bucket is what goes to the host.
+      to_host(s.group, s.out, /*recycle=*/staging_[s.group]);
+      staging_[s.group].reset();
+    } else {
+      // The reduced chunk goes to the host: back to its pool once copied.
+      to_host(s.group, s.out, /*recycle=*/s.whole.defined() ? at::Tensor() : s.out, /*chunk=*/!s.whole.defined());
+      release(s.group);
+    }
+  }
+
+  // NOTE [MiCS]: group g's partition on the device, accumulated over the
+  // window's micro-steps, all-reduced across the replicas in place (in the
+  // communication dtype, through a copy, when one is set).
+  void sum_partition(size_t g) {
+    PartitionSum p;
+    p.range = store_.grad(g);
+    if (options_.comm_dtype && *options_.comm_dtype != p.range.scalar_type()) {
+      p.sent = LedgerAlloc::empty(ledger_, p.range.numel(), *options_.comm_dtype, p.range.device(), Tier::kDevice,
+                                  Kind::kCommBuffers, "MiCS replica sum of a gradient partition");
+      p.sent.copy_(p.range);
+      p.work = replicas_->all_reduce_sum(p.sent);
+    } else {
+      p.work = replicas_->all_reduce_sum(p.range);
+    }
+    partition_sums_.push_back(std::move(p));
   }
 
   // Whether group g's reduced chunk goes to the host: offloaded, and its
@@ -350,7 +404,16 @@ class ReduceScatterReducer final : public GradientReducer {
     at::Tensor recycle;
     bool chunk = false;  // `recycle` is a reduced chunk (else a bucket)
   };
+  struct PartitionSum {
+    at::Tensor range;  // a group's gradient partition
+    at::Tensor sent;   // its copy in the communication dtype (or undefined)
+    CommWork work;
+  };
   StateStore& store_;
+  Comm* replicas_;               // NOTE [MiCS] (null without replicas)
+  bool boundary_ = false;        // this micro-step ends the accumulation window
+  std::deque<Scatter> replicating_;  // chunks for the host, being summed across the replicas
+  std::vector<PartitionSum> partition_sums_;  // the boundary's, in flight
   std::vector<at::Tensor> staging_;  // per group, while in use
   Pool buckets_{*this, "stage-2 gradient bucket"};
   Pool chunks_{*this, "stage-2 reduced chunk"};
@@ -376,8 +439,9 @@ GradientReducer::GradientReducer(FlatParameters& params, Comm* comm, MemoryLedge
 
 std::unique_ptr<GradientReducer> GradientReducer::create(int stage, FlatParameters& params, StateStore& store,
                                                          Comm* comm, MemoryLedger& ledger, CopyStream& copies,
-                                                         ReductionOptions options) {
-  if (stage >= 2) return std::make_unique<ReduceScatterReducer>(params, store, comm, ledger, copies, options);
+                                                         ReductionOptions options, Comm* replicas) {
+  if (stage >= 2) return std::make_unique<ReduceScatterReducer>(params, store, comm, replicas, ledger, copies, options);
+  ZERO_CHECK(replicas == nullptr, "MiCS replicas at stages 2-3 (NOTE [MiCS])");
   return std::make_unique<AllReduceReducer>(params, comm, ledger, copies, options);
 }
 

@@ -90,6 +90,7 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
     std::iota(ranks.begin(), ranks.end(), first);
     hpz_comm_ = comm_->subgroup(ranks, "hpz");
   }
+  if (options_.hierarchical_gather && world_size_ > 1) make_hierarchy();
   groups_.resize(params_.groups().size());
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
@@ -208,7 +209,7 @@ void Stage3Coordinator::launch_collective(size_t g, const at::Tensor& chunk, boo
     grp.send = chunk;
   }
   if (!grp.quantized) {
-    grp.work = comm_->all_gather(out, grp.send);
+    all_gather(grp, out, grp.send);
     return;
   }
   const int64_t payload = quantized_payload_bytes(chunk.numel(), options_.quant_block);
@@ -216,7 +217,52 @@ void Stage3Coordinator::launch_collective(size_t g, const at::Tensor& chunk, boo
   quantize_shard(grp.send, codes, options_.quant_block);
   grp.send = codes;
   grp.received = at::empty({payload * world_size_}, codes.options());
-  grp.work = comm_->all_gather(grp.received, grp.send);
+  all_gather(grp, grp.received, grp.send);
+}
+
+void Stage3Coordinator::all_gather(Group& grp, at::Tensor& out, const at::Tensor& in) {
+  if (across_comm_ == nullptr) {
+    grp.work = comm_->all_gather(out, in);
+    return;
+  }
+  // NOTE [hierarchical gather].
+  const int64_t c = in.numel(), m = across_comm_->world_size(), l = within_comm_->world_size();
+  grp.staged = LedgerAlloc::empty(ledger_, m * c, in.scalar_type(), in.device(), Tier::kDevice, Kind::kCommBuffers,
+                                  "hierarchical gather's shards from the other nodes");
+  CommWork across = across_comm_->all_gather(grp.staged, in);
+  across.wait();
+  for (int64_t j = 0; j < m; ++j) {
+    at::Tensor block = out.narrow(0, j * l * c, l * c);
+    grp.hops.push_back(within_comm_->all_gather(block, grp.staged.narrow(0, j * c, c)));
+  }
+}
+
+void Stage3Coordinator::make_hierarchy() {
+  const std::vector<int> nodes = comm_->nodes();  // the same on every rank: so is the decision
+  const int s = static_cast<int>(nodes.size());
+  int per_node = 1;
+  while (per_node < s && nodes[static_cast<size_t>(per_node)] == nodes[0]) ++per_node;
+  bool blocks = s % per_node == 0;
+  std::set<int> seen;
+  for (int b = 0; blocks && b < s; b += per_node) {
+    const int node = nodes[static_cast<size_t>(b)];
+    blocks = seen.insert(node).second;
+    for (int r = b; blocks && r < b + per_node; ++r) blocks = nodes[static_cast<size_t>(r)] == node;
+  }
+  if (!blocks || per_node == s) {
+    if (comm_->rank() == 0)  // (each shard group's first rank)
+      log::info(std::string("zero_optimization.mics_hierarchical_params_gather: ") +
+                (per_node == s ? "the ranks that partition the layers are on one node"
+                               : "the ranks that partition the layers are not in blocks of equal size, one a node") +
+                "; their gathers go in one hop");
+    return;
+  }
+  const int me = comm_->rank(), across_n = s / per_node;
+  std::vector<int> across, within;
+  for (int j = 0; j < across_n; ++j) across.push_back(me % per_node + j * per_node);
+  for (int i = 0; i < per_node; ++i) within.push_back(me / per_node * per_node + i);
+  across_comm_ = comm_->subgroup(across, "mics-across");
+  within_comm_ = comm_->subgroup(within, "mics-within");
 }
 
 void Stage3Coordinator::wait(size_t g) {
@@ -228,6 +274,8 @@ void Stage3Coordinator::wait(size_t g) {
   // which now waits for the all-gather, gets there (NOTE [device streams]).
   if (grp.send.defined() && !grp.send.is_same(params_.part(g))) stream_.record_on_current(grp.send);
   grp.send = at::Tensor();
+  if (grp.staged.defined()) stream_.record_on_current(grp.staged);
+  grp.staged = at::Tensor();
   // Sent: the shard's buffer is free once the copy out of it has ended.
   if (swapper_ != nullptr && !grp.from_secondary) {
     swapper_->release(g, grp.shard_copy);
@@ -285,6 +333,7 @@ void Stage3Coordinator::finish(size_t g) {
       // This rank's gathers no longer pair with the others': give them all up.
       for (auto& other : groups_) {
         other.work.abandon();
+        for (auto& hop : other.hops) hop.abandon();
         other.check.work.abandon();
       }
       throw Error(ErrorKind::kCommunication,
@@ -295,6 +344,8 @@ void Stage3Coordinator::finish(size_t g) {
     }
   }
   if (grp.work.pending()) grp.work.wait();
+  for (auto& hop : grp.hops) hop.wait();
+  grp.hops.clear();
   grp.done.block_current();
   grp.done = StreamEvent();
   if (grp.received.defined()) {

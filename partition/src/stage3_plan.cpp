@@ -199,6 +199,7 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
   b.layout.options.quantize_weights = c.zero.zero_quantized_weights;
   b.layout.options.quant_block = c.zero.zero_quantized_weights_block_size;
   b.layout.options.hpz_partition_size = c.zero.zero_hpz_partition_size;
+  b.layout.options.hierarchical_gather = c.zero.mics_hierarchical_params_gather && c.zero.mics_shard_size > 0;
   const auto& op = c.zero.offload_param;
   b.layout.offload_param = op.device != config::OffloadDevice::kNone;
   b.layout.pin_param = op.pin_memory;
@@ -216,7 +217,7 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
     // budget in group order for the rest (NOTE [stage-3 plan]).
     InCpuBudget fresh_budget(op.max_in_cpu);
     InCpuBudget& budget = init != nullptr ? init->in_cpu : fresh_budget;
-    const int64_t ws = std::max<int64_t>(1, c.world_size);
+    const int64_t ws = config::partition_ranks(c);  // NOTE [MiCS]: a shard group's
     p.in_memory.assign(1, true);  // group 0: always gathered, never on disk
     std::unordered_set<const void*> counted;
     for (size_t g = 1; g < b.layout.groups.size(); ++g) {

@@ -68,19 +68,22 @@ std::optional<at::ScalarType> communication_dtype(const config::Config& c) {
 
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                              std::unique_ptr<optim::FlatOptimizer> optimizer,
-                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
+                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm, Comm* replicas)
     : options_(options),
       optimizer_(std::move(optimizer)),
       comm_(comm),
+      replicas_(replicas),
       ledger_(ledger),
       copies_(options.device, options.copy_mode),
       gather_clock_(options.device) {
   ZERO_CHECK(optimizer_ != nullptr, "an optimizer is required");
   ZERO_CHECK(options_.stage >= 0 && options_.stage <= 2, "stage 0, 1 or 2 (stage 3 takes a Stage3Layout)");
+  ZERO_CHECK(replicas == nullptr || options_.stage >= 2, "MiCS replicas at stages 2-3 (NOTE [MiCS])");
   if (comm_ != nullptr) {
     world_size_ = comm_->world_size();
     rank_ = comm_->rank();
   }
+  grad_ranks_ = world_size_ * (replicas_ != nullptr ? replicas_->world_size() : 1);
   // Stage 0 replicates everything: its layout has one partition.
   const int64_t layout_ws = options_.stage == 0 ? 1 : world_size_;
   flat_ = std::make_unique<FlatParameters>(named_params, options_.compute_dtype, options_.device,
@@ -89,10 +92,11 @@ ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor
 }
 
 ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOptimizer> optimizer,
-                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm)
+                             ZeroOptimizerOptions options, MemoryLedger& ledger, Comm* comm, Comm* replicas)
     : options_(options),
       optimizer_(std::move(optimizer)),
       comm_(comm),
+      replicas_(replicas),
       ledger_(ledger),
       copies_(options.device, options.copy_mode),
       gather_clock_(options.device) {
@@ -102,6 +106,7 @@ ZeroOptimizer::ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOpt
     world_size_ = comm_->world_size();
     rank_ = comm_->rank();
   }
+  grad_ranks_ = world_size_ * (replicas_ != nullptr ? replicas_->world_size() : 1);
   if (layout.nvme_param) layout.offload_param = true;
   const Tier tier = !layout.offload_param ? Tier::kDevice : layout.pin_param ? Tier::kPinnedHost : Tier::kHost;
   try {
@@ -181,7 +186,7 @@ void ZeroOptimizer::init(Stage3Layout* layout) {
   ro.accum_dtype = options_.grad_accum_dtype;
   ro.to_host = options_.offload_optimizer;
   ro.pin_memory = options_.pin_memory;
-  reducer_ = GradientReducer::create(options_.stage, *flat_, *store_, comm_, ledger_, copies_, ro);
+  reducer_ = GradientReducer::create(options_.stage, *flat_, *store_, comm_, ledger_, copies_, ro, replicas_);
   if (options_.super_offload) spec_init(layout);
 
   const auto& slots = flat_->slots();
@@ -210,9 +215,7 @@ void ZeroOptimizer::begin_backward(bool boundary, const std::optional<PlannedSte
   if (boundary && planned && spec_) {
     std::lock_guard<std::mutex> lock(spec_->mu);
     spec_->plan = *planned;
-    spec_->combined = planned->loss_scale *
-                      (options_.average_gradients ? static_cast<double>(world_size_) : 1.0) *
-                      options_.reduction.pre_scale;
+    spec_->combined = planned->loss_scale * average_factor();
     spec_->ready.clear();
     spec_->notified = 0;
     spec_->groups_done = 0;
@@ -296,7 +299,8 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   reducer_->wait_all();
   StepOutcome out;
   const size_t n_groups = flat_->groups().size();
-  // Sum of squares of the owned gradients, over all ranks when partitioned.
+  // Sum of squares of the owned gradients, over the partition's ranks (NOTE
+  // [MiCS]: every replica holds the same sums).
   // Gradients owned on the host (offloaded, on a GPU run) are summed there
   // and moved once: a scalar per group from pageable memory would make the
   // stream wait once per group.
@@ -324,8 +328,7 @@ StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_sca
   const double total_sumsq = sumsq.item<double>();
   // Reductions summed over ranks after the pre-scale: the rest of the
   // average (NOTE [gradient path]) joins the unscale.
-  const double scale_total = loss_scale * (options_.average_gradients ? static_cast<double>(world_size_) : 1.0) *
-                             options_.reduction.pre_scale;
+  const double scale_total = loss_scale * average_factor();
   out.grad_norm = std::sqrt(total_sumsq) / scale_total;
   if (!std::isfinite(total_sumsq) && options_.check_overflow) {
     if (speculated) {

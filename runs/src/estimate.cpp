@@ -108,7 +108,7 @@ struct Layout {
 
 Layout layout_of(const config::Config& c, const std::vector<ParameterShape>& params) {
   const auto& z = c.zero;
-  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t N = config::partition_ranks(c);  // NOTE [MiCS]: a shard group's ranks
   const int64_t layout_ranks = z.stage == 0 ? 1 : N;
   Layout out;
   auto& groups = out.groups;
@@ -181,7 +181,7 @@ std::vector<ParameterShape> parameters_of_size(int64_t num_parameters) { return 
 
 MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<ParameterShape>& params) {
   const auto& z = c.zero;
-  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t N = config::partition_ranks(c);  // NOTE [MiCS]: a shard group's ranks
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
   const bool master16 = sixteen_bit_master(c);
   const int64_t master_bytes = master16 ? 2 : 4;
@@ -444,7 +444,7 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
   e.states = estimate_model_states(c, params);
   e.activations = activations.device;
   e.host_activations = activations.host;
-  const int64_t N = std::max<int64_t>(1, c.world_size);
+  const int64_t N = config::partition_ranks(c);  // NOTE [MiCS]: a shard group's ranks
   const int64_t p = c.fp16.enabled || c.bf16.enabled ? 2 : 4;
   const int64_t g = grad_bytes(c);
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
@@ -484,6 +484,13 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     const int64_t payload =
         quantized ? partition::quantized_payload_bytes(largest_group / N, z.zero_quantized_weights_block_size) : 0;
     if (quantized) gathered += (N + 1) * payload;  // NOTE [quantized gather]
+    // NOTE [hierarchical gather]: a gather in flight stages M of the N
+    // shards (or payloads), M the nodes; the config does not say how many
+    // ranks a node has, and the estimate takes two or more (M at most N / 2).
+    if (z.mics_hierarchical_params_gather && z.mics_shard_size > 0 && N > 2) {
+      const int64_t shard = quantized ? payload : p * (largest_group / N);
+      gathered += std::max<int64_t>(1, std::min(layer_total, live * largest_group) / largest_group) * (N / 2) * shard;
+    }
     if (!nccl && N > 1) gathered += quantized ? N * payload : p * largest_group;  // Gloo's flat copy of the output
   }
   e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));

@@ -349,6 +349,25 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   zo.super_offload = oo.super_offload && s.config.zero.stage == 3 && oo.device == config::OffloadDevice::kCpu &&
                      s.config.zero.offload_param.device == config::OffloadDevice::kNone && !zo.grads_on_device &&
                      zo.offload_ratio > 0.0;  // ratio 0: nothing on the host to speculate (the config warns)
+  // NOTE [MiCS]: the states partitioned within shard groups of consecutive
+  // ranks, replicated across them.
+  Comm* partition_comm = s.comm.get();
+  Comm* replica_comm = nullptr;
+  if (const int64_t shard = config::partition_ranks(s.config); s.comm && shard < s.dist.world_size) {
+    const int first = static_cast<int>(s.dist.rank / shard * shard), index = static_cast<int>(s.dist.rank % shard);
+    std::vector<int> group, replicas;
+    for (int r = first; r < first + shard; ++r) group.push_back(r);
+    for (int r = index; r < s.dist.world_size; r += static_cast<int>(shard)) replicas.push_back(r);
+    if (shard > 1) s.mics_shard = s.comm->subgroup(group, "mics-shard");
+    s.mics_replicas = s.comm->subgroup(replicas, "mics-replicas");
+    partition_comm = s.mics_shard.get();
+    replica_comm = s.mics_replicas.get();
+    if (s.dist.rank == 0)
+      log::info("MiCS: the model states are partitioned within " + std::to_string(s.dist.world_size / shard) +
+                " groups of " + std::to_string(shard) + " consecutive ranks (zero_optimization.mics_shard_size) and "
+                "replicated across them; each bucket's gradients are reduced within the group, then summed across "
+                "the " + std::to_string(s.dist.world_size / shard) + " replicas");
+  }
   if (s.config.zero.stage == 3) {
     auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
                                     "rank" + std::to_string(s.dist.rank) + "-params");
@@ -374,7 +393,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     // NVMe budget while the optimizer's swap files are made.
     if (init != nullptr) init->swap_disk = {};
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
+        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), partition_comm,
+        replica_comm);
     if (init != nullptr) {  // the shards now live in the partition (or its swap file)
       init->built.layers.clear();
       init->built.swap_file.reset();
@@ -382,7 +402,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     }
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.comm.get());
+        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), partition_comm, replica_comm);
   }
   if (s.optimizer->speculates() && s.dist.rank == 0)
     log::info("offload_optimizer.super_offload: each sub-group's CPU step begins during the boundary backward, as "

@@ -177,7 +177,7 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   }
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
   ckpt::check_saved_states(tag_dir, meta, *reader);
-  const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
+  const int64_t layout_rank = opt.partition_rank();
   const auto& groups = store.sub_groups();
   // fp32 states by element ranges, at any world size; block-wise ones
   // (8-bit Adam's) below.
@@ -557,7 +557,7 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
                    "as transformers does; the file's other copy is left out");
   }
 
-  const int64_t layout_rank = flat.world_size() == 1 ? 0 : s.dist.rank;
+  const int64_t layout_rank = opt.partition_rank();
   const auto& groups = store.sub_groups();
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];

@@ -193,7 +193,11 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   const auto& flat = opt.parameters();
   const auto& store = opt.store();
   const int64_t partitions = flat.world_size();
+  // The ranks of the first shard group write the partitions (NOTE [MiCS]:
+  // the other replicas hold the same values); the others their RNG states.
   const bool holds_partition = rank < partitions;
+  ZERO_CHECK(!holds_partition || opt.partition_rank() == (partitions == 1 ? 0 : rank),
+             "the first ranks hold the partitions of their number");
 
   // This rank's file: its partition of every state, its RNG states.
   ckpt::Layout layout;

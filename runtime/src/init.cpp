@@ -121,10 +121,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
     numel += p.numel();
   }
   if (layer.params.empty()) return;
-  const int64_t ws = s.ctx.dist.world_size;
+  // NOTE [MiCS]: partitioned across the rank's shard group.
+  const int64_t ws = config::partition_ranks(s.ctx.config);
   const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
   const int64_t chunk_numel = padded / ws;
-  const int64_t begin = s.ctx.dist.rank * chunk_numel;
+  const int64_t begin = s.ctx.dist.rank % ws * chunk_numel;
   std::vector<at::Tensor> values;
   for (const auto& p : layer.params) values.push_back(p.detach());
   // offload_param nvme: shards within max_in_cpu stay in host memory, in the

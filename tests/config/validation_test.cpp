@@ -211,8 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "zero_optimization.offload_optimizer.ratio: expected 1.0 with offload_param"},
         BadCase{"quantized_weights_block", R"("zero_optimization": {"stage": 3, "zero_quantized_weights_block_size": 10})",
                 "zero_optimization.zero_quantized_weights_block_size: expected a multiple of 4"},
-        BadCase{"mics", R"("zero_optimization": {"stage": 3, "mics_shard_size": 8})",
-                "zero_optimization.mics_shard_size: MiCS sharding is not implemented"},
+        BadCase{"mics_negative", R"("zero_optimization": {"stage": 3, "mics_shard_size": -2})",
+                "zero_optimization.mics_shard_size: expected an integer >= -1; got -2"},
         BadCase{"sequence_parallel", R"("sequence_parallel_size": 4)",
                 "sequence_parallel_size: sequence parallelism is not implemented"},
         BadCase{"elasticity", R"("elasticity": {"enabled": true, "max_train_batch_size": 4})",
@@ -376,6 +376,47 @@ TEST(ZeroPlusPlus, QuantizedWeightsAndHpzAreReadAndChecked) {
             std::string::npos)
       << problems[0];
   EXPECT_TRUE(problems_of(with(R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2})"), 4).empty());
+}
+
+// NOTE [MiCS]: the shard size divides the world; below stage 2 it warns, and
+// with ZeRO++'s hpZ or qgZ at stage 3 it is refused; the hierarchical
+// gather warns without MiCS at stage 3. The partition spans a shard group.
+TEST(MicsConfig, ShardSizeIsReadAndChecked) {
+  LoadOptions four;
+  four.world_size = 4;
+  const Config c = load_string(
+      with(R"("zero_optimization": {"stage": 3, "mics_shard_size": 2, "mics_hierarchical_params_gather": true})"),
+      four);
+  EXPECT_EQ(c.zero.mics_shard_size, 2);
+  EXPECT_TRUE(c.zero.mics_hierarchical_params_gather);
+  EXPECT_TRUE(c.warnings.empty()) << joined(c.warnings);
+  EXPECT_EQ(partition_ranks(c), 2);
+  EXPECT_EQ(partition_ranks(load_string(with(R"("zero_optimization": {"stage": 2})"), four)), 4);
+  EXPECT_EQ(partition_ranks(load_string(with(R"("zero_optimization": {"stage": 2, "mics_shard_size": 4})"), four)), 4);
+  EXPECT_EQ(partition_ranks(load_string(with(R"("zero_optimization": {"stage": 2, "mics_shard_size": 1})"), four)), 1);
+  EXPECT_EQ(load_string(with(R"("zero_optimization": {"stage": 3})")).zero.mics_shard_size, -1);
+
+  const Config stage1 = load_string(with(R"("zero_optimization": {"stage": 1, "mics_shard_size": 2})"), four);
+  EXPECT_TRUE(has_warning(stage1, "zero_optimization.mics_shard_size: has no effect below stage 2")) << joined(stage1.warnings);
+  EXPECT_EQ(partition_ranks(stage1), 4);
+  const Config flat = load_string(with(R"("zero_optimization": {"stage": 2, "mics_hierarchical_params_gather": true})"));
+  EXPECT_TRUE(has_warning(flat, "zero_optimization.mics_hierarchical_params_gather: has no effect without "
+                                "mics_shard_size at stage 3"))
+      << joined(flat.warnings);
+
+  auto problems = problems_of(with(R"("zero_optimization": {"stage": 3, "mics_shard_size": 3})"), 4);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  EXPECT_NE(problems[0].find("zero_optimization.mics_shard_size: expected a divisor of the world size 4"),
+            std::string::npos) << problems[0];
+  problems = problems_of(with(R"("zero_optimization": {"stage": 2, "mics_shard_size": 8})"), 4);
+  ASSERT_EQ(problems.size(), 1u) << joined(problems);
+  problems = problems_of(with(R"("zero_optimization": {"stage": 3, "mics_shard_size": 2, "zero_hpz_partition_size": 2,
+                                 "zero_quantized_gradients": true, "zero_quantized_weights": true})"), 4);
+  ASSERT_EQ(problems.size(), 2u) << joined(problems);
+  EXPECT_NE(joined(problems).find("zero_optimization.zero_hpz_partition_size: expected 1 with mics_shard_size"),
+            std::string::npos) << joined(problems);
+  EXPECT_NE(joined(problems).find("zero_optimization.zero_quantized_gradients: expected false with mics_shard_size"),
+            std::string::npos) << joined(problems);
 }
 
 // NOTE [device gradients]: zero's own key; without a partition offloaded

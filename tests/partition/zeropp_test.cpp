@@ -250,5 +250,48 @@ TEST_P(Hpz, BackwardGathersStayInTheNodeWithTheForwardBits) {
 INSTANTIATE_TEST_SUITE_P(Quantized, Hpz, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "QwZ" : "Exact"; });
 
+// NOTE [hierarchical gather] on 2 nodes of 2: the layer's bits are a flat
+// gather's (qwZ's decoded values too); each rank sends one shard across
+// nodes, where the flat ring sends three from the rank at a node's edge and
+// none from the other, and the two within-node gathers send the rest.
+class HierarchicalGather : public ::testing::TestWithParam<bool> {};
+
+TEST_P(HierarchicalGather, TheBitsOfAFlatGatherOneShardARankAcrossNodes) {
+  const bool quantized = GetParam();
+  testing::on_ranks(
+      kWorld,
+      [&](int rank, Comm& comm) {
+        std::vector<at::Tensor> gathered;
+        std::vector<CommBytes> bytes;
+        at::Tensor exact;
+        for (const bool hierarchical : {false, true}) {
+          Stage3Options o;
+          o.hierarchical_gather = hierarchical;
+          o.quantize_weights = quantized;
+          o.quant_block = 64;
+          Layer layer(comm, o);
+          const CommBytes start = comm.bytes_sent();
+          layer.coordinator->pre_forward(0);
+          bytes.push_back(comm.bytes_sent() - start);
+          gathered.push_back(layer.gathered());
+          layer.coordinator->post_forward(0);
+          if (hierarchical && !quantized)  // the other node's shard and this rank's, staged
+            EXPECT_GE(layer.ledger.get(Tier::kDevice, Kind::kCommBuffers).peak_bytes,
+                      2 * layer.flat->groups()[1].chunk_numel * 4);
+          exact = layer.exact;
+        }
+        EXPECT_TRUE(at::equal(gathered[0], gathered[1])) << "rank " << rank;
+        if (!quantized) EXPECT_TRUE(at::equal(gathered[1], exact));
+        const int64_t sent = bytes[0].within_node + bytes[0].across_nodes;  // a flat ring: 3 shards
+        EXPECT_EQ(bytes[1].across_nodes, sent / 3) << "rank " << rank << ": one shard across";
+        EXPECT_EQ(bytes[1].within_node, 2 * sent / 3) << "rank " << rank << ": one shard within, per node's block";
+        EXPECT_EQ(bytes[0].across_nodes, comm.next_node() != comm.node() ? sent : 0);
+      },
+      kPerNode);
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantized, HierarchicalGather, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "QwZ" : "Exact"; });
+
 }  // namespace
 }  // namespace zero::partition

@@ -108,6 +108,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"stage3_bf16_zeropp", "bf16",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "zero_hpz_partition_size": 2,
                  "zero_quantized_weights": true, "zero_quantized_gradients": true})"},
+        // NOTE [MiCS]: states partitioned within shard groups of 2 of the 4
+        // ranks; and a shard group of one rank (every rank holds them all).
+        Case{"stage3_fp32_mics", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                                             "mics_shard_size": 2})", 4},
+        Case{"stage2_bf16_mics_one", "bf16", R"({"stage": 2, "mics_shard_size": 1})"},
         Case{"stage3_fp16", "fp16", R"({"stage": 3, "stage3_param_persistence_threshold": 1000})"},
         Case{"stage3_fp32_cpu_cpu", "fp32",
              R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
@@ -258,6 +263,10 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"stage3_fp32_cpu_cpu", "fp32",
                  R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
                      "offload_param": {"device": "cpu"}})"},
+        // NOTE [MiCS]: a shard group of one rank holds every layer whole.
+        PeakCase{"stage3_fp32_mics_one", "fp32", R"({"stage": 3, "stage3_param_persistence_threshold": 1000,
+                                                    "stage3_prefetch_bucket_size": 100000, "mics_shard_size": 1,
+                                                    "stage3_max_live_parameters": 400000})"},
         PeakCase{"stage3_fp32_cpu_ckpt", "fp32",
                  R"({"stage": 3, "stage3_param_persistence_threshold": 1000, "offload_optimizer": {"device": "cpu"},
                      "offload_param": {"device": "cpu"}})", true},

@@ -172,6 +172,95 @@ TEST(TwoNodesZeroPlusPlus, HpzEqualsOneNodeQuantizedKeysSendLessCheckpointsCross
   EXPECT_TRUE(with["resumed"].get<bool>());
 }
 
+// MiCS on two nodes of 2 ranks (NOTE [MiCS]), minGPT: with a shard group a
+// node, stages 2 and 3 train as one node of 4 (within the rounding of the
+// sums' other order) while only the replicas' sum of the gradients crosses
+// the nodes; a shard group of the 4 ranks with the hierarchical gather
+// (NOTE [hierarchical gather]) trains to the bits of one node of 4 and sends
+// less across. A checkpoint of a MiCS run resumes on one node of 2 without
+// it, and one without it resumes under MiCS.
+TEST(TwoNodesMics, ShardGroupsInTheNodeCrossOnlyTheReplicasSumHierarchicalIsExactCheckpointsCrossTheKey) {
+  TempDir dir;
+  auto config = [&](const std::string& name, int stage, const std::string& keys) {
+    return write(dir, "config_" + name + ".json",
+                 R"({"train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+                     "zero_optimization": {"stage": )" + std::to_string(stage) +
+                     R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)" + keys + "}}");
+  };
+  const std::string plain3 = config("plain3", 3, ""), plain2 = config("plain2", 2, ""),
+                    mics3 = config("mics3", 3, R"(, "mics_shard_size": 2)"),
+                    mics2 = config("mics2", 2, R"(, "mics_shard_size": 2)"),
+                    hier = config("hier", 3, R"(, "mics_shard_size": 4, "mics_hierarchical_params_gather": true)");
+  const std::string model = " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 ";
+  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
+  auto one_node = [&](int ranks, const std::string& cfg, const std::string& name, const std::string& extra) {
+    const Outcome o = run(env + kBin + "zero launch --nproc_per_node " + std::to_string(ranks) + " -- " + kBin +
+                              "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json"),
+                          300);
+    EXPECT_EQ(o.code, 0) << o.out;
+    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+  };
+  auto two_nodes = [&](const std::string& cfg, const std::string& name, const std::string& extra) {
+    const int port = free_port();
+    auto node = [&](int k) {
+      return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
+             " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + kBin +
+             "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json");
+    };
+    Outcome second;
+    std::thread other([&] { second = run(node(1), 300); });
+    const Outcome first = run(node(0), 300);
+    other.join();
+    EXPECT_EQ(first.code, 0) << first.out;
+    EXPECT_EQ(second.code, 0) << second.out;
+    return std::pair{nlohmann::json::parse(read_text(dir.file(name + ".json"))), first.out};
+  };
+  auto across = [](const nlohmann::json& j) { return j["collective_bytes_per_step"]["across_nodes"].get<double>(); };
+  // Each step's loss within 0.1% of the reference's: only the order of the sums differs.
+  auto near = [](const nlohmann::json& got, const nlohmann::json& want) {
+    if (got["loss_curve"].size() != want["loss_curve"].size()) return false;
+    for (size_t i = 0; i < got["loss_curve"].size(); ++i) {
+      const double a = got["loss_curve"][i].get<double>(), b = want["loss_curve"][i].get<double>();
+      if (std::abs(a - b) > 1e-3 * std::abs(b)) return false;
+    }
+    return std::abs(got["param_l2"].get<double>() - want["param_l2"].get<double>()) <=
+           1e-4 * want["param_l2"].get<double>();
+  };
+  const std::string ck_plain = dir.file("ck_plain"), ck_mics = dir.file("ck_mics");
+  const auto ref3 = one_node(4, plain3, "ref3", "--stop_after_steps 8 --save_dir " + ck_plain);
+  const auto ref2 = one_node(4, plain2, "ref2", "--stop_after_steps 8");
+  const auto [base3, base3_log] = two_nodes(plain3, "base3", "--stop_after_steps 8");
+  const auto [base2, base2_log] = two_nodes(plain2, "base2", "--stop_after_steps 8");
+  const auto [m3, m3_log] = two_nodes(mics3, "mics3", "--stop_after_steps 8 --save_dir " + ck_mics);
+  const auto [m2, m2_log] = two_nodes(mics2, "mics2", "--stop_after_steps 8");
+  const auto [h, h_log] = two_nodes(hier, "hier", "--stop_after_steps 8");
+  if (HasFailure()) return;
+  EXPECT_TRUE(has(m3_log, "MiCS: the model states are partitioned within 2 groups of 2 consecutive ranks")) << m3_log;
+  EXPECT_TRUE(near(m3, ref3)) << m3["loss_curve"] << " against " << ref3["loss_curve"];
+  EXPECT_TRUE(near(m2, ref2)) << m2["loss_curve"] << " against " << ref2["loss_curve"];
+  // Stage 3's gathers and the first hop stay in the node: what crosses is
+  // each rank's half of every bucket, summed in a ring of 2.
+  EXPECT_LT(across(m3), 0.5 * across(base3)) << m3["collective_bytes_per_step"] << base3["collective_bytes_per_step"];
+  EXPECT_LT(across(m2), 0.6 * across(base2)) << m2["collective_bytes_per_step"] << base2["collective_bytes_per_step"];
+  // The gathers' values are the shards' in either hop: the same bits.
+  EXPECT_EQ(h["loss_curve"], ref3["loss_curve"]);
+  EXPECT_EQ(h["param_l2"].get<double>(), ref3["param_l2"].get<double>());
+  EXPECT_LT(across(h), across(base3)) << h["collective_bytes_per_step"] << base3["collective_bytes_per_step"];
+
+  // Across the key, both ways, to the end of the schedule.
+  const auto without = one_node(2, plain3, "without", "--resume " + ck_mics);
+  EXPECT_EQ(without["steps"], 16);
+  EXPECT_TRUE(without["resumed"].get<bool>());
+  const auto [with, with_log] = two_nodes(mics3, "with", "--resume " + ck_plain);
+  EXPECT_EQ(with["steps"], 16);
+  EXPECT_TRUE(with["resumed"].get<bool>());
+  // The MiCS checkpoint holds one replica's partitions: 2, by ranks 0 and 1.
+  const auto meta = nlohmann::json::parse(read_text(ck_mics + "/global_step8/meta.json"));
+  EXPECT_EQ(meta["world_size"], 4);
+  const Outcome verify = run(kBin + "zero checkpoint verify '" + ck_mics + "'");
+  EXPECT_EQ(verify.code, 0) << verify.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Stages, TwoNodes, testing::Values(0, 1, 2, 3),
                          [](const testing::TestParamInfo<int>& i) { return "Stage" + std::to_string(i.param); });
 

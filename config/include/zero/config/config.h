@@ -205,6 +205,14 @@ struct ZeroConfig {
   /// qgZ: gradients reduced in two quantized hops, within the node then
   /// across (NOTE [quantized gradients]), in blocks of the same size.
   bool zero_quantized_gradients = false;
+  /// MiCS (stages 2-3, NOTE [MiCS]): the model states are partitioned
+  /// within groups of this many consecutive ranks and replicated across the
+  /// groups; -1 (or 0): every rank's partition is the world's.
+  int64_t mics_shard_size = -1;
+  /// MiCS at stage 3: a layer's gather over a shard group that spans nodes
+  /// goes in two hops, across the nodes (one shard a rank), then within each
+  /// node.
+  bool mics_hierarchical_params_gather = false;
 };
 
 /// `aio` section (NVMe swapping). intra_op_parallelism also read from the
@@ -305,6 +313,10 @@ Config load_file(const std::string& path, const LoadOptions& options = {});
 /// Same, from JSON text; `name` stands in for the file name in messages.
 Config load_string(const std::string& json_text, const LoadOptions& options = {},
                    const std::string& name = "<string>");
+
+/// The ranks a partition of the model states spans (NOTE [MiCS]): the
+/// world, or a MiCS shard group (mics_shard_size at stages 2-3).
+int64_t partition_ranks(const Config& config);
 
 /// Human-readable listing of the resolved config: one line per value with its
 /// origin (given, default, derived), then the warnings.

@@ -150,6 +150,12 @@ class Comm {
   /// Throws zero::CommunicationError when its backend cannot be made.
   std::unique_ptr<Comm> subgroup(const std::vector<int>& ranks, const std::string& name);
 
+  /// Every rank's node (DistEnv::node), by this Comm's ranks: read from the
+  /// store the first time (an all-to-all, which sends to every rank, or a
+  /// caller forming groups by node), then kept. Throws
+  /// zero::CommunicationError when the store cannot be read.
+  const std::vector<int>& nodes();
+
   /// Fails on every rank, with a message naming `what` and the ranks that
   /// differ, unless all ranks pass the same `value` (compared through the
   /// store: keep it short, e.g. a hash). `detail`, when given, is the text the
@@ -180,9 +186,6 @@ class Comm {
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   bool gloo_;  // the backend is Gloo (its all-reduce sends to the rank before: NOTE [bytes across nodes])
   int next_node_ = 0, previous_node_ = 0;
-  /// Every rank's node, by this Comm's ranks: read from the store when an
-  /// all-to-all first needs it (each rank sends to every other).
-  const std::vector<int>& nodes();
   std::vector<int> nodes_;
   c10::intrusive_ptr<c10d::Store> world_store_;  // where make() published the nodes
   std::vector<int> world_ranks_;                 // a subgroup's ranks in the world (empty: the world)

@@ -108,10 +108,14 @@ struct ReductionOptions {
 class GradientReducer {
  public:
   /// The reducer of `stage` (NOTE [gradient path]). `store` holds the
-  /// gradient partition at stages 2-3; `comm` may be null (one process);
-  /// `copies` moves reduced chunks to the host. All must outlive it.
+  /// gradient partition at stages 2-3; `comm` may be null (one process, or
+  /// a partition of one rank); `copies` moves reduced chunks to the host.
+  /// `replicas` (stages 2-3, may be null): the ranks holding this rank's
+  /// partition too, across which the reduced chunks are summed as well
+  /// (NOTE [MiCS]). All must outlive it.
   static std::unique_ptr<GradientReducer> create(int stage, FlatParameters& params, StateStore& store, Comm* comm,
-                                                 MemoryLedger& ledger, CopyStream& copies, ReductionOptions options);
+                                                 MemoryLedger& ledger, CopyStream& copies, ReductionOptions options,
+                                                 Comm* replicas = nullptr);
   virtual ~GradientReducer() = default;
 
   /// Before a micro-step's backward; `boundary`: the last one before a step.

@@ -80,6 +80,28 @@
 // Every rank decides which gather it takes from the same events, so the
 // collectives pair up. DeepSpeed keeps its secondary quantized under qwZ;
 // zero keeps the decoded values, so within the node nothing is quantized twice.
+//
+// NOTE [hierarchical gather]
+// mics_hierarchical_params_gather (NOTE [MiCS]): when the coordinator's
+// ranks (a MiCS shard group, or the world) sit on M nodes of L consecutive
+// ranks each, a layer's gather goes in two hops. First across the nodes,
+// among the M ranks of one local index l: each sends its shard once, and
+// receives the shards r = jL + l of the other nodes into a staging buffer of
+// M shards ("hierarchical gather's shards from the other nodes", a comm
+// buffer of the ledger, held until the gather is waited for). Then within
+// the node, M all-gathers of L shards each, block j from staged shard j,
+// straight into the gathered tensor, in rank order (no copy to reorder).
+// Each rank sends M - 1 shards across nodes, every rank alike, where a
+// ring over all S = M L ranks sends S - 1 from the one rank at each node's
+// edge and none from the others: the shards leaving a node fall from S - 1
+// to S - L, and the busiest rank's from S - 1 to M - 1, the load spread
+// over the node's ranks (and their links). The values are the shards' (or qwZ's
+// payloads, gathered the same way), so the bits equal a flat gather's. The
+// first hop is waited for where the second is launched, on the gather
+// stream: on a GPU the stream waits and the host goes on, while Gloo's
+// wait blocks the training thread for the first hop (a prefetch, too). Other
+// placements (a shard group on one node, nodes of unequal rank counts, ranks
+// not in node order) gather flat, with a note in the log.
 #pragma once
 
 #include <cstdint>
@@ -122,6 +144,9 @@ struct Stage3Options {
   /// zero_hpz_partition_size (hpZ): groups of this many consecutive ranks
   /// keep a secondary partition of each layer gathered (NOTE [hpZ]).
   int64_t hpz_partition_size = 1;
+  /// mics_hierarchical_params_gather: layers' gathers cross the nodes first,
+  /// a shard a rank, then go within each node (NOTE [hierarchical gather]).
+  bool hierarchical_gather = false;
 };
 
 /// One layer: a module whose forward runs through zero::layer_forward.
@@ -203,6 +228,8 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
     at::Tensor secondary;         // hpZ: this rank's part of the node's copy
     bool secondary_quantized = false;  // ... of qwZ's values
     LedgerReservation secondary_bytes;
+    std::vector<CommWork> hops;   // NOTE [hierarchical gather]: the within-node gathers
+    at::Tensor staged;            // ... and the other nodes' shards they send
     StreamEvent done;        // the end of the gather's work on the gather stream
     StreamEvent shard_copy;  // the end of the last copy out of the host shard
     LedgerReservation bytes;
@@ -221,6 +248,13 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   void launch_queued(std::optional<size_t> until);
   void launch(size_t g);
   void launch_collective(size_t g, const at::Tensor& chunk, bool from_host);
+  /// All-gathers `in` (a shard, or qwZ's payload) into `out` over the
+  /// coordinator's ranks: one collective into grp.work, or the two hops of
+  /// NOTE [hierarchical gather].
+  void all_gather(Group& grp, at::Tensor& out, const at::Tensor& in);
+  /// NOTE [hierarchical gather]: the groups of the two hops, when the ranks'
+  /// nodes allow them.
+  void make_hierarchy();
   void keep_secondary(size_t g);
   void drop_secondaries();
   void wait(size_t g);
@@ -244,6 +278,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   at::Device device_;
   Comm* comm_;
   std::unique_ptr<Comm> hpz_comm_;  // hpZ: this rank's group of consecutive ranks
+  std::unique_ptr<Comm> across_comm_, within_comm_;  // NOTE [hierarchical gather]
   MemoryLedger& ledger_;
   ParamSwapper* swapper_;
   int64_t world_size_ = 1;

@@ -173,17 +173,54 @@ struct StepOutcome {
   double grad_norm = 0;   // global L2 norm of the averaged, unscaled gradients
 };
 
+// NOTE [MiCS]
+// mics_shard_size = S (stages 2-3) partitions the model states within
+// groups of S consecutive ranks, the shard groups, and replicates them
+// across the N / S groups: rank r holds partition r mod S, as do the other
+// ranks of its replica group {r mod S, r mod S + S, ...}. The engine gives
+// the ZeroOptimizer the shard group as its `comm` (none when S is 1) and
+// the replica group as `replicas`; everything that partitions (the flat
+// layout, the stores, the step's gathers, stage 3's shards and gathers, the
+// gradient norm, which every replica computes alike) works on the shard
+// group alone, while the average divides by all N ranks' gradients. A
+// bucket is reduced in two hops: reduce-scattered within the shard group
+// as ever, then summed across the replica group (GradientReducer):
+//   - a gradient partition on the device accumulates the first hop's
+//     chunks over the micro-steps, and the boundary micro-step all-reduces
+//     each group's partition across the replicas as its chunk lands there
+//     (DeepSpeed's MiCS does the same, at the boundary);
+//   - a chunk bound for host memory (optimizer offload) is all-reduced
+//     across the replicas on the device before it goes down, every
+//     micro-step: host memory is where NCCL cannot reach, and the CPU's
+//     step (NOTE [speculative step] too) reads final gradients there.
+//     DeepSpeed refuses MiCS with offload.
+// The replica hop runs in the communication dtype when one is set, like
+// the first. With S consecutive ranks a node (a launcher's usual
+// placement), the partitions' gathers (stage 3's layers, stage 2's new
+// values) and the first hop stay within the node; only the replica hop, a
+// rank's chunk of each bucket, crosses nodes. A shard group spanning nodes
+// can gather its layers in two hops instead (mics_hierarchical_params_gather,
+// NOTE [hierarchical gather] in stage3.h). Sums are the same as a run of
+// N ranks without MiCS up to the order of the additions (the bits equal
+// where the order is: a shard group of the whole world, or replicas that
+// saw the same data, whose sum doubles exactly). Checkpoints hold one
+// replica's partitions, written by the ranks of the first shard group, at
+// S partitions: they load at any other world size, MiCS or not (NOTE
+// [checkpoint mapping]).
 class ZeroOptimizer {
  public:
   /// Takes over `named_params` (rebinding them into a flat buffer) and creates
   /// the states of `optimizer` for the owned partition, all through `ledger`.
-  /// `comm` may be null for one process; otherwise it must outlive this object.
+  /// `comm` may be null for one process; otherwise it must outlive this
+  /// object. `replicas` (MiCS, NOTE [MiCS]; may be null): the ranks that
+  /// hold this rank's partition too, with `comm` the ranks it is partitioned
+  /// across (null when it is not); it must outlive this object.
   ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,
                 std::unique_ptr<optim::FlatOptimizer> optimizer, ZeroOptimizerOptions options,
-                MemoryLedger& ledger, Comm* comm);
+                MemoryLedger& ledger, Comm* comm, Comm* replicas = nullptr);
   /// Stage 3 (options.stage must be 3).
   ZeroOptimizer(Stage3Layout layout, std::unique_ptr<optim::FlatOptimizer> optimizer, ZeroOptimizerOptions options,
-                MemoryLedger& ledger, Comm* comm);
+                MemoryLedger& ledger, Comm* comm, Comm* replicas = nullptr);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -267,6 +304,9 @@ class ZeroOptimizer {
   void on_grad_ready(size_t index, const at::Tensor& grad);
 
   const FlatParameters& parameters() const { return *flat_; }
+  /// The partition this rank holds (its rank in the partition's group;
+  /// 0 when there is one partition).
+  int64_t partition_rank() const { return flat_->world_size() == 1 ? 0 : rank_; }
   int64_t num_parameters() const { return flat_->numel(); }
   /// L2 norm of all parameters (the compute-dtype values the model sees), in fp32.
   double parameter_l2() const;
@@ -430,9 +470,15 @@ class ZeroOptimizer {
   ZeroOptimizerOptions options_;
   std::unique_ptr<optim::FlatOptimizer> optimizer_;
   Comm* comm_;
+  Comm* replicas_;  // NOTE [MiCS]
   MemoryLedger& ledger_;
-  int64_t world_size_ = 1;
+  int64_t world_size_ = 1;  // the ranks of a partition (comm_'s)
   int64_t rank_ = 0;
+  int64_t grad_ranks_ = 1;  // the ranks whose gradients are summed: world_size_ times the replicas'
+  /// What remains of the average after the reductions' pre-scale (NOTE [gradient path]).
+  double average_factor() const {
+    return (options_.average_gradients ? static_cast<double>(grad_ranks_) : 1.0) * options_.reduction.pre_scale;
+  }
   std::unique_ptr<FlatParameters> flat_;
   CopyStream copies_;        // NOTE [offload transfers]
   std::unique_ptr<StateStore> store_;
