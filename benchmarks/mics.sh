@@ -50,8 +50,9 @@ done
 mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# shellcheck source=benchmarks/two_nodes_lib.sh
+. "$here/two_nodes_lib.sh"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 keys_of() {
   case "$1" in
     none) echo "" ;;
@@ -66,19 +67,6 @@ config() {  # config FILE STAGE PRECISION KEYS
 {"train_batch_size": 32, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
  "zero_optimization": {"stage": $2, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0$(keys_of "$4")}$extra}
 EOF
-}
-two_nodes() {  # two_nodes LOG COMMAND...: the command on 2 nodes x 2 ranks
-  local log=$1 port other
-  shift
-  port=$(free_port)
-  node() {
-    env OMP_NUM_THREADS=1 "$bin/zero" launch --nnodes 2 --node_rank "$1" --nproc_per_node 2 \
-      --master_addr 127.0.0.1 --master_port "$port" -- "${@:2}"
-  }
-  node 1 "$@" >"$log.1" 2>&1 &
-  other=$!
-  node 0 "$@" >"$log.0" 2>&1 || { kill "$other" 2>/dev/null; wait "$other" 2>/dev/null; cat "$log.0" >&2; exit 1; }
-  wait "$other" || { cat "$log.1" >&2; exit 1; }
 }
 
 # 1. Bytes.
@@ -105,15 +93,7 @@ done
 
 # 2. Loss.
 if [ "$skip_loss" = 0 ]; then
-  cat "$root"/docs/*.md "$root"/README.md >"$work/text.txt"
-  python3 - "$work/text.txt" "$work/tokens.bin" <<'EOF'
-import struct, sys
-data = open(sys.argv[1], "rb").read()
-open(sys.argv[2], "wb").write(struct.pack("<%dH" % len(data), *data))  # byte tokens, under the vocabulary's 1024
-EOF
-  mkdir -p "$work/llama"
-  python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["num_hidden_layers"]=2; json.dump(c, open(sys.argv[2], "w"))' \
-    "$here/configs/llama_small_config.json" "$work/llama/config.json"
+  text_data "$work"
   for keys in none shard2; do
     cfg="$work/loss_$keys.json"
     config "$cfg" 3 bf16 "$keys"

@@ -1,6 +1,7 @@
 // NOTE [gradient path] in gradient_reducer.h.
 #include "zero/partition/gradient_reducer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <ATen/ATen.h>
@@ -106,6 +107,7 @@ class ReduceScatterReducer final : public GradientReducer {
         replicas_(replicas != nullptr && replicas->world_size() > 1 ? replicas : nullptr) {
     ZERO_CHECK(store_.has_grads(), "stages 2-3 need the store's gradient partition");
     staging_.resize(params_.groups().size());
+    unsummed_.assign(params_.groups().size(), 0);
     if (options_.quantize_gradients && distributed())
       qgz_ = std::make_unique<QuantizedReduceScatter>(*comm_, options_.quant_block);
     ZERO_CHECK(qgz_ == nullptr || replicas_ == nullptr, "qgZ with MiCS replicas (the config refuses it)");
@@ -141,12 +143,18 @@ class ReduceScatterReducer final : public GradientReducer {
 
   void wait_all() override {
     finish(true);
-    for (auto& p : partition_sums_) {
-      clock_.time([&] { p.work.wait(); }, "wait for a reduction across the replicas");
-      if (p.sent.defined()) p.range.copy_(p.sent);  // back from the communication dtype
-    }
-    partition_sums_.clear();
+    settle_partition_sums(0);
     while (!to_host_.empty()) add_host();
+  }
+
+  // NOTE [MiCS]: a device partition accumulated in a window whose boundary
+  // micro-step ran no backward is summed across the replicas now.
+  void before_step() override {
+    wait_all();
+    if (replicas_ == nullptr) return;
+    for (size_t g = 0; g < unsummed_.size(); ++g)
+      if (unsummed_[g]) sum_partition(g);
+    settle_partition_sums(0);
   }
 
   at::Tensor owned(size_t g) const override { return store_.grad(g); }
@@ -154,6 +162,7 @@ class ReduceScatterReducer final : public GradientReducer {
 
   void zero() override {
     wait_all();
+    std::fill(unsummed_.begin(), unsummed_.end(), 0);
     store_.zero_grads();
     for (size_t g = 0; g < staging_.size(); ++g) release(g);
   }
@@ -206,8 +215,14 @@ class ReduceScatterReducer final : public GradientReducer {
       s.out = s.whole.narrow(0, comm_->rank() * group.chunk_numel, group.chunk_numel);
     }
     scatters_.push_back(std::move(s));
-    // Bound the bucket memory: at most two in flight, in either hop.
-    while (scatters_.size() + replicating_.size() > 2) finish(false);
+    // Bound the bucket memory: at most two buckets in flight (a reduction
+    // past its first hop holds only its chunk, unless the chunk is part of
+    // the bucket: an all-reduce in place), and two chunks in the second.
+    auto buckets = [&] {
+      return scatters_.size() + static_cast<size_t>(std::count_if(replicating_.begin(), replicating_.end(),
+                                                                  [](const Scatter& r) { return r.whole.defined(); }));
+    };
+    while (buckets() > 2 || replicating_.size() > 2) finish(false);
   }
 
   // Takes the oldest reduction in flight one hop further (all: every one to
@@ -231,6 +246,7 @@ class ReduceScatterReducer final : public GradientReducer {
         }
         if (replicas_ != nullptr && goes_to_host(s.group)) {
           s.work = replicas_->all_reduce_sum(s.out);
+          if (!s.whole.defined()) release(s.group);  // the chunk is its own: the bucket is free
           replicating_.push_back(std::move(s));
         } else {
           land(s);
@@ -247,7 +263,10 @@ class ReduceScatterReducer final : public GradientReducer {
   void land(Scatter& s) {
     if (!goes_to_host(s.group)) {
       store_.grad(s.group).add_(s.out);
-      if (replicas_ != nullptr && boundary_) sum_partition(s.group);
+      if (replicas_ != nullptr) {
+        if (boundary_) sum_partition(s.group);
+        else unsummed_[s.group] = 1;
+      }
       release(s.group);
       if (!s.whole.defined()) chunks_.give(s.out);
     } else if (s.whole.defined() && s.whole.is_same(staging_[s.group])) {
@@ -265,6 +284,7 @@ class ReduceScatterReducer final : public GradientReducer {
   // window's micro-steps, all-reduced across the replicas in place (in the
   // communication dtype, through a copy, when one is set).
   void sum_partition(size_t g) {
+    unsummed_[g] = 0;
     PartitionSum p;
     p.range = store_.grad(g);
     if (options_.comm_dtype && *options_.comm_dtype != p.range.scalar_type()) {
@@ -276,6 +296,18 @@ class ReduceScatterReducer final : public GradientReducer {
       p.work = replicas_->all_reduce_sum(p.range);
     }
     partition_sums_.push_back(std::move(p));
+    // The copies in the communication dtype: two at a time, as buckets.
+    if (options_.comm_dtype) settle_partition_sums(2);
+  }
+
+  // Waits for the oldest replica sums of partitions until at most `keep` are in flight.
+  void settle_partition_sums(size_t keep) {
+    while (partition_sums_.size() > keep) {
+      PartitionSum& p = partition_sums_.front();
+      clock_.time([&] { p.work.wait(); }, "wait for a reduction across the replicas");
+      if (p.sent.defined()) p.range.copy_(p.sent);  // back from the communication dtype
+      partition_sums_.pop_front();
+    }
   }
 
   // Whether group g's reduced chunk goes to the host: offloaded, and its
@@ -413,7 +445,8 @@ class ReduceScatterReducer final : public GradientReducer {
   Comm* replicas_;               // NOTE [MiCS] (null without replicas)
   bool boundary_ = false;        // this micro-step ends the accumulation window
   std::deque<Scatter> replicating_;  // chunks for the host, being summed across the replicas
-  std::vector<PartitionSum> partition_sums_;  // the boundary's, in flight
+  std::deque<PartitionSum> partition_sums_;  // the boundary's, in flight
+  std::vector<char> unsummed_;  // per group: a device partition accumulated since the replicas' last sum
   std::vector<at::Tensor> staging_;  // per group, while in use
   Pool buckets_{*this, "stage-2 gradient bucket"};
   Pool chunks_{*this, "stage-2 reduced chunk"};

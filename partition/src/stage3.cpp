@@ -209,7 +209,7 @@ void Stage3Coordinator::launch_collective(size_t g, const at::Tensor& chunk, boo
     grp.send = chunk;
   }
   if (!grp.quantized) {
-    all_gather(grp, out, grp.send);
+    all_gather(g, out, grp.send);
     return;
   }
   const int64_t payload = quantized_payload_bytes(chunk.numel(), options_.quant_block);
@@ -217,10 +217,11 @@ void Stage3Coordinator::launch_collective(size_t g, const at::Tensor& chunk, boo
   quantize_shard(grp.send, codes, options_.quant_block);
   grp.send = codes;
   grp.received = at::empty({payload * world_size_}, codes.options());
-  all_gather(grp, grp.received, grp.send);
+  all_gather(g, grp.received, grp.send);
 }
 
-void Stage3Coordinator::all_gather(Group& grp, at::Tensor& out, const at::Tensor& in) {
+void Stage3Coordinator::all_gather(size_t g, at::Tensor& out, const at::Tensor& in) {
+  auto& grp = groups_[g];
   if (across_comm_ == nullptr) {
     grp.work = comm_->all_gather(out, in);
     return;
@@ -229,6 +230,10 @@ void Stage3Coordinator::all_gather(Group& grp, at::Tensor& out, const at::Tensor
   const int64_t c = in.numel(), m = across_comm_->world_size(), l = within_comm_->world_size();
   grp.staged = LedgerAlloc::empty(ledger_, m * c, in.scalar_type(), in.device(), Tier::kDevice, Kind::kCommBuffers,
                                   "hierarchical gather's shards from the other nodes");
+  // The first hop is waited for here: the ranks' ids first, so that ranks
+  // gathering different layers fail naming them, not inside a hop of
+  // mismatched sizes.
+  check_pairing(g);
   CommWork across = across_comm_->all_gather(grp.staged, in);
   across.wait();
   for (int64_t j = 0; j < m; ++j) {
@@ -249,11 +254,13 @@ void Stage3Coordinator::make_hierarchy() {
     blocks = seen.insert(node).second;
     for (int r = b; blocks && r < b + per_node; ++r) blocks = nodes[static_cast<size_t>(r)] == node;
   }
-  if (!blocks || per_node == s) {
+  if (!blocks || per_node == s || per_node == 1) {
     if (comm_->rank() == 0)  // (each shard group's first rank)
       log::info(std::string("zero_optimization.mics_hierarchical_params_gather: ") +
-                (per_node == s ? "the ranks that partition the layers are on one node"
-                               : "the ranks that partition the layers are not in blocks of equal size, one a node") +
+                (per_node == s   ? "the ranks that partition the layers are on one node"
+                 : per_node == 1 ? "the ranks that partition the layers are one a node (the gather across the nodes "
+                                   "is the whole gather)"
+                                 : "the ranks that partition the layers are not in blocks of equal size, one a node") +
                 "; their gathers go in one hop");
     return;
   }
@@ -326,23 +333,7 @@ int64_t Stage3Coordinator::secondary_bytes() const {
 // then the compute stream waits for the gather stream's part.
 void Stage3Coordinator::finish(size_t g) {
   auto& grp = groups_[g];
-  if (grp.check.work.pending()) {
-    const auto ids = comm_->finish(grp.check);
-    for (size_t r = 0; r < ids.size(); ++r) {
-      if (ids[r] == static_cast<int64_t>(g)) continue;
-      // This rank's gathers no longer pair with the others': give them all up.
-      for (auto& other : groups_) {
-        other.work.abandon();
-        for (auto& hop : other.hops) hop.abandon();
-        other.check.work.abandon();
-      }
-      throw Error(ErrorKind::kCommunication,
-                  "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
-                      describe(g) + " while rank " + std::to_string(r) + " gathers " + describe(ids[r]) +
-                      "; every rank must run the same layers in the same order (a branch that depends on each "
-                      "rank's data?)");
-    }
-  }
+  check_pairing(g);
   if (grp.work.pending()) grp.work.wait();
   for (auto& hop : grp.hops) hop.wait();
   grp.hops.clear();
@@ -356,6 +347,28 @@ void Stage3Coordinator::finish(size_t g) {
     stream_.record_on_current(grp.received);
     grp.received = at::Tensor();
     grp.buffer_bytes = LedgerReservation();
+  }
+}
+
+// Group g's exchange of ids (NOTE [stage-3 trace]), once: every rank must
+// be gathering the same group.
+void Stage3Coordinator::check_pairing(size_t g) {
+  auto& grp = groups_[g];
+  if (!grp.check.work.pending()) return;
+  const auto ids = comm_->finish(grp.check);
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (ids[r] == static_cast<int64_t>(g)) continue;
+    // This rank's gathers no longer pair with the others': give them all up.
+    for (auto& other : groups_) {
+      other.work.abandon();
+      for (auto& hop : other.hops) hop.abandon();
+      other.check.work.abandon();
+    }
+    throw Error(ErrorKind::kCommunication,
+                "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
+                    describe(g) + " while rank " + std::to_string(r) + " gathers " + describe(ids[r]) +
+                    "; every rank must run the same layers in the same order (a branch that depends on each "
+                    "rank's data?)");
   }
 }
 

@@ -296,7 +296,7 @@ at::Tensor ZeroOptimizer::group_sum_of_squares(size_t g) const { return sum_of_s
 
 StepOutcome ZeroOptimizer::step(const optim::StepParams& params, double loss_scale, double clip) {
   at::NoGradGuard no_grad;
-  reducer_->wait_all();
+  reducer_->before_step();
   StepOutcome out;
   const size_t n_groups = flat_->groups().size();
   // Sum of squares of the owned gradients, over the partition's ranks (NOTE

@@ -394,7 +394,11 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
 //   false (an all-reduce in place, as under Gloo); with
 //   zero_quantized_gradients at stage 3, each of the two also holds its
 //   first hop's int8 payloads, sent and received. Stages 0 and 1 all-reduce
-//   the flat gradients in place.
+//   the flat gradients in place. With mics_shard_size (NOTE [MiCS]) N is
+//   the shard group's ranks throughout, and under NCCL with the optimizer
+//   offloaded two more chunks may wait in the replicas' sum; with
+//   mics_hierarchical_params_gather a gather in flight stages M of its N
+//   shards (NOTE [hierarchical gather]).
 // - Stage 3's gathered layers, in p bytes, with offload_param a device copy
 //   of the shard being sent. When stage3_max_reuse_distance spans the
 //   layers, forward's layers stay gathered for backward, as many as
@@ -469,8 +473,15 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     const int64_t qg = z.stage == 3 && z.zero_quantized_gradients && N > 1
                            ? 2 * partition::quantized_payload_bytes(largest_group, z.zero_quantized_weights_block_size)
                            : 0;
-    buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * (chunks + qg);
-    in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks + qg);
+    // NOTE [MiCS]: under NCCL, chunks bound for host memory wait in the
+    // replicas' sum once their buckets are free, two at most.
+    const bool replicas = N < std::max<int64_t>(1, c.world_size);
+    const int64_t summing = replicas && off_opt && nccl && z.reduce_scatter && N > 1
+                                ? std::min<int64_t>(2, n_groups) * g * (largest_group / N)
+                                : 0;
+    buckets = std::min<int64_t>(4, n_groups) * g * largest_group + std::min<int64_t>(2, n_groups) * (chunks + qg) +
+              summing;
+    in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks + qg) + summing;
   }
   bool kept = false;  // gathered layers stay for backward
   if (z.stage == 3 && largest_group > 0) {
@@ -486,7 +497,8 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     if (quantized) gathered += (N + 1) * payload;  // NOTE [quantized gather]
     // NOTE [hierarchical gather]: a gather in flight stages M of the N
     // shards (or payloads), M the nodes; the config does not say how many
-    // ranks a node has, and the estimate takes two or more (M at most N / 2).
+    // ranks a node has, and the estimate takes two or more (M at most N / 2;
+    // one rank a node gathers flat).
     if (z.mics_hierarchical_params_gather && z.mics_shard_size > 0 && N > 2) {
       const int64_t shard = quantized ? payload : p * (largest_group / N);
       gathered += std::max<int64_t>(1, std::min(layer_total, live * largest_group) / largest_group) * (N / 2) * shard;

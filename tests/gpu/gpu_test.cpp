@@ -10,6 +10,7 @@
 //   - save_16bit_model read by Python's torch;
 //   - NCCL at world size 1; CopyStream and WaitClock on a CUDA stream;
 //   - two ranks sharing the GPU through Gloo with CUDA tensors, against one;
+//   - MiCS's shard and replica groups, 4 ranks as threads sharing the GPU;
 //   - ZERO_TRACE and the run report on the card.
 // The optimizers' device paths are in gpu_optim_test.cpp, the tools that
 // start processes in gpu_tools_test.cpp; what they share in gpu_util.h.
@@ -27,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,6 +52,8 @@
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/zero.h"
 #include "gpu_util.h"
+#include "mics_harness.h"
+#include "ranks.h"
 
 namespace {
 
@@ -336,6 +340,44 @@ TEST(GpuComm, NcclAtWorldSizeOne) {
   comm->broadcast(b, 0).wait();
   comm->barrier();
   EXPECT_EQ(comm->exchange(7, "test")[0], 7);
+}
+
+// NOTE [MiCS] on the card: 4 ranks as threads share the GPU through Gloo
+// (CUDA tensors), on 2 nodes of 2, each case against its shard group alone,
+// bit for bit as on the CPU (tests/partition/mics_test.cpp): stage 3 with
+// the optimizer offloaded (the replicas' sum of a CUDA chunk before it goes
+// to the host), stage 2 accumulating on the device (the boundary's sum of a
+// CUDA partition), and the hierarchical gather on the gather stream.
+TEST(GpuMics, ReplicasOfTheSameDataStepToTheBitsOfTheirShardGroupAlone) {
+  REQUIRE_CUDA();
+  using namespace zero::partition::mics_test;
+  constexpr int kSteps = 2;
+  for (const Case& c : {Case{"stage3_offload", 3, true}, Case{"stage2_accumulating", 2, false, 2},
+                        Case{"stage3_hierarchical", 3, false, 1, 4, 4, false, true}}) {
+    SCOPED_TRACE(c.name);
+    std::vector<Trained> alone(static_cast<size_t>(c.shard));
+    std::mutex mu;
+    zero::testing::on_ranks(
+        c.shard,
+        [&](int rank, zero::Comm& comm) {
+          zero::MemoryLedger ledger;
+          Trained t = train(c, &comm, nullptr, rank, kSteps, ledger, kCuda);
+          std::lock_guard<std::mutex> lock(mu);
+          alone[static_cast<size_t>(rank)] = t;
+        },
+        0, kCuda);
+    zero::testing::on_ranks(
+        c.world,
+        [&](int rank, zero::Comm& world) {
+          MicsGroups groups(world, c.shard);
+          zero::MemoryLedger ledger;
+          const Trained got = train(c, groups.partition, groups.replicas.get(), rank % c.shard, kSteps, ledger, kCuda);
+          const Trained& want = alone[static_cast<size_t>(rank % c.shard)];
+          EXPECT_TRUE(torch::equal(got.params, want.params)) << "rank " << rank;
+          EXPECT_EQ(got.norms, want.norms) << "rank " << rank;
+        },
+        2, kCuda);
+  }
 }
 
 TEST(GpuStreams, ACopyStreamCopyIsOrderedAndItsHostBufferReusable) {

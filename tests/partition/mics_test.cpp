@@ -11,131 +11,33 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
-#include <numeric>
 
 #include <ATen/ATen.h>
-#include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 
+#include "mics_harness.h"
 #include "ranks.h"
-#include "zero/core/memory_ledger.h"
-#include "zero/optim/flat_optimizer.h"
-#include "zero/partition/zero_optimizer.h"
 
 namespace zero::partition {
 namespace {
 
-const std::vector<int64_t> kSizes = {300, 1000, 50};  // with 600-element buckets: three groups
-
-// The parameters, the same on every rank, in a module (stage 3's layer).
-struct Net : torch::nn::Module {
-  Net() {
-    for (size_t i = 0; i < kSizes.size(); ++i)
-      register_parameter("p" + std::to_string(i), at::linspace(-1, 1, kSizes[i], at::kFloat));
-  }
-};
-
-config::OptimizerConfig adamw() {
-  config::OptimizerConfig c;
-  c.type = config::OptimizerType::kAdamW;
-  c.lr = 1e-2;
-  c.weight_decay = 0.01;
-  return c;
-}
-
-struct Case {
-  std::string name;
-  int stage = 2;
-  bool offload = false;
-  int micro_steps = 1;  // a window's micro-steps
-  int shard = 2;        // mics_shard_size
-  int world = 4;
-};
-
-// Rank `data`'s gradient of parameter i at micro-step t: low bits set.
-at::Tensor grad_of(int data, size_t i, int t) {
-  auto gen = at::detail::createCPUGenerator(100000 * static_cast<uint64_t>(t) + 1000 * static_cast<uint64_t>(data) + i + 1);
-  return at::randn({kSizes[i]}, gen) + 1.0 / 3.0;
-}
-
-// Trains `steps` steps on one rank: its partition comm and replicas (MiCS:
-// the shard and replica groups), the gradients of rank `data`. Returns its
-// parameters: stage 2's (every one, in slot order), stage 3's shards.
-at::Tensor train(const Case& c, Comm* comm, Comm* replicas, int data, int steps, MemoryLedger& ledger) {
-  ZeroOptimizerOptions o;
-  o.stage = c.stage;
-  o.bucket_numel = 600;
-  o.offload_optimizer = c.offload;
-  o.copy_mode = CopyMode::kDeferred;  // every transfer waits for its event, as on a GPU
-  std::unique_ptr<ZeroOptimizer> opt;
-  auto net = std::make_shared<Net>();
-  if (c.stage == 3) {
-    Stage3Layout layout;
-    layout.groups.resize(2);
-    layout.groups[1].name = "net";
-    for (const auto& p : net->named_parameters()) layout.groups[1].params.emplace_back(p.key(), p.value());
-    layout.units.push_back({"net", net, {1}});
-    opt = std::make_unique<ZeroOptimizer>(std::move(layout), optim::FlatOptimizer::create(adamw()), o, ledger, comm,
-                                          replicas);
-  } else {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (const auto& p : net->named_parameters()) named.emplace_back(p.key(), p.value());
-    opt = std::make_unique<ZeroOptimizer>(named, optim::FlatOptimizer::create(adamw()), o, ledger, comm, replicas);
-  }
-  for (int64_t step = 1; step <= steps; ++step) {
-    for (int t = 0; t < c.micro_steps; ++t) {
-      opt->begin_backward(/*boundary=*/t + 1 == c.micro_steps);
-      for (size_t i = kSizes.size(); i-- > 0;)
-        opt->on_grad_ready(i, grad_of(data, i, static_cast<int>(step) * c.micro_steps + t));
-      opt->end_backward();
-    }
-    opt->step({step, 1e-2, 0.9, 0.999}, static_cast<double>(c.micro_steps), /*clip=*/0.5);
-  }
-  const auto& flat = opt->parameters();
-  if (c.stage < 3) {  // the parameters without the layout's padding (which depends on the partitions)
-    std::vector<at::Tensor> values;
-    for (const auto& slot : flat.slots()) values.push_back(flat.flat().narrow(0, slot.offset, slot.numel));
-    return at::cat(values);
-  }
-  std::vector<at::Tensor> parts;
-  for (size_t g = 1; g < flat.groups().size(); ++g) parts.push_back(flat.part(g).clone());
-  return at::cat(parts);
-}
-
-// This rank's MiCS groups, as the engine makes them: shard groups of
-// consecutive ranks, replicas across them (none when the shard is the world;
-// no shard group when it is one rank).
-struct MicsGroups {
-  std::unique_ptr<Comm> shard, replicas;
-  Comm* partition = nullptr;
-  MicsGroups(Comm& world, int shard_size) {
-    const int r = world.rank(), first = r / shard_size * shard_size;
-    std::vector<int> group(static_cast<size_t>(shard_size)), reps;
-    std::iota(group.begin(), group.end(), first);
-    for (int q = r % shard_size; q < world.world_size(); q += shard_size) reps.push_back(q);
-    if (shard_size > 1) shard = world.subgroup(group, "mics-shard");
-    replicas = world.subgroup(reps, "mics-replicas");
-    partition = shard.get();
-  }
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using namespace mics_test;
 
 class Mics : public ::testing::TestWithParam<Case> {};
 
 // Replicas fed the same gradients as the ranks of the first shard group:
-// the parameters are bit for bit those of that shard group trained alone,
-// on every rank (each replica steps the same values).
+// the parameters and every step's gradient norm (the average over all
+// ranks, summed over the shard group) are bit for bit those of that shard
+// group trained alone, on every rank (each replica steps the same values).
 TEST_P(Mics, ReplicasOfTheSameDataStepToTheBitsOfTheirShardGroupAlone) {
   const Case c = GetParam();
   constexpr int kSteps = 3;
-  std::vector<at::Tensor> alone(static_cast<size_t>(c.shard));
+  std::vector<Trained> alone(static_cast<size_t>(c.shard));
   std::mutex mu;
   auto run_alone = [&](int rank, Comm* comm) {
     MemoryLedger ledger;
-    at::Tensor p = train(c, comm, nullptr, rank, kSteps, ledger);
+    Trained t = train(c, comm, nullptr, rank, kSteps, ledger);
     std::lock_guard<std::mutex> lock(mu);
-    alone[static_cast<size_t>(rank)] = p;
+    alone[static_cast<size_t>(rank)] = t;
   };
   if (c.shard == 1) run_alone(0, nullptr);
   else testing::on_ranks(c.shard, [&](int rank, Comm& comm) { run_alone(rank, &comm); });
@@ -144,46 +46,55 @@ TEST_P(Mics, ReplicasOfTheSameDataStepToTheBitsOfTheirShardGroupAlone) {
       [&](int rank, Comm& world) {
         MicsGroups groups(world, c.shard);
         MemoryLedger ledger;
-        const at::Tensor got = train(c, groups.partition, groups.replicas.get(), rank % c.shard, kSteps, ledger);
-        EXPECT_TRUE(at::equal(got, alone[static_cast<size_t>(rank % c.shard)]))
-            << "rank " << rank << ": " << (got - alone[static_cast<size_t>(rank % c.shard)]).abs().max().item<float>();
+        const Trained got = train(c, groups.partition, groups.replicas.get(), rank % c.shard, kSteps, ledger);
+        const Trained& want = alone[static_cast<size_t>(rank % c.shard)];
+        EXPECT_TRUE(at::equal(got.params, want.params))
+            << "rank " << rank << ": " << (got.params - want.params).abs().max().item<float>();
+        EXPECT_EQ(got.norms, want.norms) << "rank " << rank;
       },
       2);
 }
 
-// Every rank's own gradients: the parameters are those of 4 ranks without
-// MiCS, within the rounding of the sums' other order.
+// Every rank's own gradients: the parameters and the norms are those of 4
+// ranks without MiCS, within the rounding of the sums' other order.
 TEST_P(Mics, TrainsAsTheWholeWorldWithoutMics) {
   const Case c = GetParam();
   constexpr int kSteps = 3;
-  std::vector<at::Tensor> plain(static_cast<size_t>(c.world));
+  std::vector<Trained> plain(static_cast<size_t>(c.world));
   std::mutex mu;
   testing::on_ranks(c.world, [&](int rank, Comm& comm) {
     MemoryLedger ledger;
-    at::Tensor p = train(c, &comm, nullptr, rank, kSteps, ledger);
+    Trained t = train(c, &comm, nullptr, rank, kSteps, ledger);
     std::lock_guard<std::mutex> lock(mu);
-    plain[static_cast<size_t>(rank)] = p;
+    plain[static_cast<size_t>(rank)] = t;
   });
   testing::on_ranks(
       c.world,
       [&](int rank, Comm& world) {
         MicsGroups groups(world, c.shard);
         MemoryLedger ledger;
-        const at::Tensor got = train(c, groups.partition, groups.replicas.get(), rank, kSteps, ledger);
+        const Trained trained = train(c, groups.partition, groups.replicas.get(), rank, kSteps, ledger);
+        const at::Tensor& got = trained.params;
         // The same elements: stage 2's parameters; stage 3's shards are a
         // shard group's S-th against the world's N-th.
-        at::Tensor want = plain[static_cast<size_t>(rank)];
+        at::Tensor want = plain[static_cast<size_t>(rank)].params;
         if (c.stage == 3) {
           const int64_t n = got.numel();
           std::vector<at::Tensor> all;
-          for (const auto& t : plain) all.push_back(t);
+          for (const auto& t : plain) all.push_back(t.params);
           want = at::cat(all).narrow(0, rank % c.shard * n, n);
         }
+        for (int i = 0; i < kSteps; ++i)
+          EXPECT_NEAR(trained.norms[static_cast<size_t>(i)], plain[0].norms[static_cast<size_t>(i)],
+                      1e-6 * plain[0].norms[static_cast<size_t>(i)])
+              << "rank " << rank << " step " << i + 1;
         ASSERT_EQ(got.sizes(), want.sizes());
         EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "rank " << rank << ": "
                                                          << (got - want).abs().max().item<float>();
-        EXPECT_FALSE(at::equal(got, train(c, groups.partition, nullptr, rank, kSteps, ledger)))
-            << "without the replicas' sum each shard group trains on its own data";
+        if (c.shard < c.world) {
+          EXPECT_FALSE(at::equal(got, train(c, groups.partition, nullptr, rank, kSteps, ledger).params))
+              << "without the replicas' sum each shard group trains on its own data";
+        }
       },
       2);
 }
@@ -193,7 +104,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"Stage2", 2}, Case{"Stage3", 3}, Case{"Stage2Offload", 2, true},
                       Case{"Stage3Offload", 3, true}, Case{"Stage2Accumulating", 2, false, 2},
                       Case{"Stage3OffloadAccumulating", 3, true, 2}, Case{"Stage2ShardOfOne", 2, false, 1, 1, 2},
-                      Case{"Stage3ShardOfOneOffload", 3, true, 1, 1, 2}),
+                      Case{"Stage3ShardOfOneOffload", 3, true, 1, 1, 2},
+                      Case{"Stage2BoundaryWithoutBackward", 2, false, 2, 2, 4, true},
+                      Case{"Stage3HierarchicalGather", 3, false, 1, 4, 4, false, true},
+                      Case{"Stage3HierarchicalGatherOffload", 3, true, 1, 4, 4, false, true}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 // With shard groups one node each, the gradients cross nodes only in the

@@ -275,13 +275,16 @@ TEST_P(HierarchicalGather, TheBitsOfAFlatGatherOneShardARankAcrossNodes) {
           bytes.push_back(comm.bytes_sent() - start);
           gathered.push_back(layer.gathered());
           layer.coordinator->post_forward(0);
-          if (hierarchical && !quantized)  // the other node's shard and this rank's, staged
+          if (hierarchical && !quantized) {  // the other node's shard and this rank's, staged
             EXPECT_GE(layer.ledger.get(Tier::kDevice, Kind::kCommBuffers).peak_bytes,
                       2 * layer.flat->groups()[1].chunk_numel * 4);
+          }
           exact = layer.exact;
         }
         EXPECT_TRUE(at::equal(gathered[0], gathered[1])) << "rank " << rank;
-        if (!quantized) EXPECT_TRUE(at::equal(gathered[1], exact));
+        if (!quantized) {
+          EXPECT_TRUE(at::equal(gathered[1], exact));
+        }
         const int64_t sent = bytes[0].within_node + bytes[0].across_nodes;  // a flat ring: 3 shards
         EXPECT_EQ(bytes[1].across_nodes, sent / 3) << "rank " << rank << ": one shard across";
         EXPECT_EQ(bytes[1].within_node, 2 * sent / 3) << "rank " << rank << ": one shard within, per node's block";

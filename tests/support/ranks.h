@@ -17,8 +17,10 @@ namespace zero::testing {
 /// Runs fn(rank, comm) on `world` ranks, one thread each; rethrows the first
 /// exception a rank threw once every thread has ended. With per_node > 0
 /// the ranks sit on nodes of per_node ranks each, in order (DistEnv::node).
+/// On a CUDA `device` the ranks share it through Gloo (NCCL takes one rank
+/// a device).
 template <typename F>
-void on_ranks(int world, F fn, int per_node = 0) {
+void on_ranks(int world, F fn, int per_node = 0, at::Device device = at::kCPU) {
   if (per_node <= 0) per_node = world;
   // c10d's flight recorder is one per process, and its record of a
   // collective is not safe from several process groups' threads at once (a
@@ -39,7 +41,8 @@ void on_ranks(int world, F fn, int per_node = 0) {
         env.local_world_size = per_node;
         env.node = r / per_node;
         env.timeout = std::chrono::milliseconds(60000);
-        auto comm = Comm::join(store, env, at::kCPU);
+        if (device.is_cuda()) env.backend = "gloo";
+        auto comm = Comm::join(store, env, device);
         fn(r, *comm);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();

@@ -19,6 +19,38 @@ namespace {
 
 class TwoNodes : public testing::TestWithParam<int> {};
 
+const std::string kEnv = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
+
+// `zero launch --nproc_per_node ranks -- mingpt ARGS --summary-json DIR/NAME.json`:
+// the summary (a failed run is a test failure, and an empty summary).
+nlohmann::json mingpt_on_one_node(const TempDir& dir, int ranks, const std::string& args, const std::string& name) {
+  const Outcome o = run(kEnv + kBin + "zero launch --nproc_per_node " + std::to_string(ranks) + " -- " + kBin +
+                            "mingpt " + args + " --summary-json " + dir.file(name + ".json"),
+                        300);
+  EXPECT_EQ(o.code, 0) << o.out;
+  return o.code == 0 ? nlohmann::json::parse(read_text(dir.file(name + ".json"))) : nlohmann::json::object();
+}
+
+// The same on two nodes of 2 ranks (two agents on loopback): the summary
+// and node 0's output.
+std::pair<nlohmann::json, std::string> mingpt_on_two_nodes(const TempDir& dir, const std::string& args,
+                                                           const std::string& name) {
+  const int port = free_port();
+  auto node = [&](int k) {
+    return kEnv + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
+           " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + kBin +
+           "mingpt " + args + " --summary-json " + dir.file(name + ".json");
+  };
+  Outcome second;
+  std::thread other([&] { second = run(node(1), 300); });
+  const Outcome first = run(node(0), 300);
+  other.join();
+  EXPECT_EQ(first.code, 0) << first.out;
+  EXPECT_EQ(second.code, 0) << second.out;
+  const bool ok = first.code == 0 && second.code == 0;
+  return {ok ? nlohmann::json::parse(read_text(dir.file(name + ".json"))) : nlohmann::json::object(), first.out};
+}
+
 TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
   const int stage = GetParam();
   TempDir dir;
@@ -30,7 +62,7 @@ TEST_P(TwoNodes, EqualOneNodeBitForBitSaveOnceAndResumeOnTwoRanks) {
   const std::string train = kBin + "mingpt --config " + config +
                             " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 "
                             "--stop_after_steps 8 ";
-  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
+  const std::string& env = kEnv;
 
   const Outcome one = run(env + kBin + "zero launch --nproc_per_node 4 -- " + train + "--summary-json " +
                           dir.file("one.json"), 300);
@@ -121,28 +153,11 @@ TEST(TwoNodesZeroPlusPlus, HpzEqualsOneNodeQuantizedKeysSendLessCheckpointsCross
                     both = config("both", R"(, "zero_hpz_partition_size": 2, "zero_quantized_weights": true,
                                               "zero_quantized_gradients": true)");
   const std::string model = " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 ";
-  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
   auto one_node = [&](int ranks, const std::string& cfg, const std::string& name, const std::string& extra) {
-    const Outcome o = run(env + kBin + "zero launch --nproc_per_node " + std::to_string(ranks) + " -- " + kBin +
-                              "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json"),
-                          300);
-    EXPECT_EQ(o.code, 0) << o.out;
-    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+    return mingpt_on_one_node(dir, ranks, "--config " + cfg + model + extra, name);
   };
   auto two_nodes = [&](const std::string& cfg, const std::string& name, const std::string& extra) {
-    const int port = free_port();
-    auto node = [&](int k) {
-      return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
-             " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + kBin +
-             "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json");
-    };
-    Outcome second;
-    std::thread other([&] { second = run(node(1), 300); });
-    const Outcome first = run(node(0), 300);
-    other.join();
-    EXPECT_EQ(first.code, 0) << first.out;
-    EXPECT_EQ(second.code, 0) << second.out;
-    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+    return mingpt_on_two_nodes(dir, "--config " + cfg + model + extra, name).first;
   };
   const std::string ck_plain = dir.file("ck_plain"), ck_both = dir.file("ck_both");
   const auto ref = one_node(4, plain, "ref", "--stop_after_steps 8 --save_dir " + ck_plain);
@@ -192,28 +207,11 @@ TEST(TwoNodesMics, ShardGroupsInTheNodeCrossOnlyTheReplicasSumHierarchicalIsExac
                     mics2 = config("mics2", 2, R"(, "mics_shard_size": 2)"),
                     hier = config("hier", 3, R"(, "mics_shard_size": 4, "mics_hierarchical_params_gather": true)");
   const std::string model = " --n_layer 2 --n_embd 32 --n_head 2 --limit_train_batches 8 --max_epochs 2 ";
-  const std::string env = "env -u OMP_NUM_THREADS OMP_NUM_THREADS=1 ZERO_COMM_TIMEOUT_S=120 ";
   auto one_node = [&](int ranks, const std::string& cfg, const std::string& name, const std::string& extra) {
-    const Outcome o = run(env + kBin + "zero launch --nproc_per_node " + std::to_string(ranks) + " -- " + kBin +
-                              "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json"),
-                          300);
-    EXPECT_EQ(o.code, 0) << o.out;
-    return nlohmann::json::parse(read_text(dir.file(name + ".json")));
+    return mingpt_on_one_node(dir, ranks, "--config " + cfg + model + extra, name);
   };
   auto two_nodes = [&](const std::string& cfg, const std::string& name, const std::string& extra) {
-    const int port = free_port();
-    auto node = [&](int k) {
-      return env + kBin + "zero launch --nnodes 2 --node_rank " + std::to_string(k) +
-             " --nproc_per_node 2 --master_addr 127.0.0.1 --master_port " + std::to_string(port) + " -- " + kBin +
-             "mingpt --config " + cfg + model + extra + " --summary-json " + dir.file(name + ".json");
-    };
-    Outcome second;
-    std::thread other([&] { second = run(node(1), 300); });
-    const Outcome first = run(node(0), 300);
-    other.join();
-    EXPECT_EQ(first.code, 0) << first.out;
-    EXPECT_EQ(second.code, 0) << second.out;
-    return std::pair{nlohmann::json::parse(read_text(dir.file(name + ".json"))), first.out};
+    return mingpt_on_two_nodes(dir, "--config " + cfg + model + extra, name);
   };
   auto across = [](const nlohmann::json& j) { return j["collective_bytes_per_step"]["across_nodes"].get<double>(); };
   // Each step's loss within 0.1% of the reference's: only the order of the sums differs.
@@ -254,9 +252,16 @@ TEST(TwoNodesMics, ShardGroupsInTheNodeCrossOnlyTheReplicasSumHierarchicalIsExac
   const auto [with, with_log] = two_nodes(mics3, "with", "--resume " + ck_plain);
   EXPECT_EQ(with["steps"], 16);
   EXPECT_TRUE(with["resumed"].get<bool>());
-  // The MiCS checkpoint holds one replica's partitions: 2, by ranks 0 and 1.
+  // The MiCS checkpoint holds one replica's partitions: 2, by ranks 0 and
+  // 1; ranks 2 and 3 wrote their RNG states alone.
   const auto meta = nlohmann::json::parse(read_text(ck_mics + "/global_step8/meta.json"));
   EXPECT_EQ(meta["world_size"], 4);
+  EXPECT_EQ(meta["layout"]["partitions"], 2) << meta["layout"];
+  const auto& files = meta["files"];
+  const double part0 = files["rank00000.safetensors"]["bytes"].get<double>();
+  for (const char* name : {"rank00002.safetensors", "rank00003.safetensors"})
+    EXPECT_LT(files[name]["bytes"].get<double>(), 0.1 * part0) << name << ": " << files;
+  EXPECT_NEAR(files["rank00001.safetensors"]["bytes"].get<double>(), part0, 0.05 * part0) << files;
   const Outcome verify = run(kBin + "zero checkpoint verify '" + ck_mics + "'");
   EXPECT_EQ(verify.code, 0) << verify.out;
 }

@@ -127,6 +127,10 @@ class GradientReducer {
   virtual void end_backward() = 0;
   /// Waits for the collectives and copies in flight. Throws CommunicationError.
   virtual void wait_all() = 0;
+  /// At step(), before the gradients are read: waits as wait_all, and
+  /// finishes any reduction the window's micro-steps left (NOTE [MiCS]: the
+  /// replicas' sum of a partition whose boundary ran no backward).
+  virtual void before_step() { wait_all(); }
   /// This rank's reduced gradient of group g: the sum over ranks of its
   /// chunk, times pre_scale. On the device, or in host memory when the
   /// reduced chunks go to the host.

@@ -99,9 +99,11 @@
 // payloads, gathered the same way), so the bits equal a flat gather's. The
 // first hop is waited for where the second is launched, on the gather
 // stream: on a GPU the stream waits and the host goes on, while Gloo's
-// wait blocks the training thread for the first hop (a prefetch, too). Other
-// placements (a shard group on one node, nodes of unequal rank counts, ranks
-// not in node order) gather flat, with a note in the log.
+// wait blocks the training thread for the first hop (a prefetch, too), and
+// the exchange of layer ids (NOTE [stage-3 trace]) is finished before it.
+// Other placements (a shard group on one node, one rank a node, nodes of
+// unequal rank counts, ranks not in node order) gather flat, with a note in
+// the log.
 #pragma once
 
 #include <cstdint>
@@ -251,7 +253,10 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   /// All-gathers `in` (a shard, or qwZ's payload) into `out` over the
   /// coordinator's ranks: one collective into grp.work, or the two hops of
   /// NOTE [hierarchical gather].
-  void all_gather(Group& grp, at::Tensor& out, const at::Tensor& in);
+  void all_gather(size_t g, at::Tensor& out, const at::Tensor& in);
+  /// Finishes group g's exchange of ids; throws CommunicationError when the
+  /// ranks gather different groups (NOTE [stage-3 trace]).
+  void check_pairing(size_t g);
   /// NOTE [hierarchical gather]: the groups of the two hops, when the ranks'
   /// nodes allow them.
   void make_hierarchy();

@@ -188,7 +188,8 @@ struct StepOutcome {
 //   - a gradient partition on the device accumulates the first hop's
 //     chunks over the micro-steps, and the boundary micro-step all-reduces
 //     each group's partition across the replicas as its chunk lands there
-//     (DeepSpeed's MiCS does the same, at the boundary);
+//     (DeepSpeed's MiCS does the same, at the boundary; a window whose
+//     boundary ran no backward has its partitions summed at step());
 //   - a chunk bound for host memory (optimizer offload) is all-reduced
 //     across the replicas on the device before it goes down, every
 //     micro-step: host memory is where NCCL cannot reach, and the CPU's
