@@ -227,13 +227,13 @@ void Stage3Coordinator::all_gather(size_t g, at::Tensor& out, const at::Tensor& 
     return;
   }
   // NOTE [hierarchical gather].
-  const int64_t c = in.numel(), m = across_comm_->world_size(), l = within_comm_->world_size();
-  grp.staged = LedgerAlloc::empty(ledger_, m * c, in.scalar_type(), in.device(), Tier::kDevice, Kind::kCommBuffers,
-                                  "hierarchical gather's shards from the other nodes");
   // The first hop is waited for here: the ranks' ids first, so that ranks
   // gathering different layers fail naming them, not inside a hop of
   // mismatched sizes.
   check_pairing(g);
+  const int64_t c = in.numel(), m = across_comm_->world_size(), l = within_comm_->world_size();
+  grp.staged = LedgerAlloc::empty(ledger_, m * c, in.scalar_type(), in.device(), Tier::kDevice, Kind::kCommBuffers,
+                                  "hierarchical gather's shards from the other nodes");
   CommWork across = across_comm_->all_gather(grp.staged, in);
   across.wait();
   for (int64_t j = 0; j < m; ++j) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -64,6 +65,25 @@ at::ScalarType master_dtype(const config::Config& c) {
 std::optional<at::ScalarType> communication_dtype(const config::Config& c) {
   if (!c.communication_data_type) return std::nullopt;
   return dtype_from_name(*c.communication_data_type);
+}
+
+MicsGroups make_mics_groups(Comm& world, int64_t shard) {
+  const int n = world.world_size(), s = static_cast<int>(shard);
+  ZERO_CHECK(s >= 1 && n % s == 0, "a MiCS shard group's size divides the world's");
+  MicsGroups out;
+  if (s == n) {
+    out.partition = &world;
+    return out;
+  }
+  const int first = world.rank() / s * s;
+  std::vector<int> group(static_cast<size_t>(s)), replicas;
+  std::iota(group.begin(), group.end(), first);
+  for (int r = world.rank() % s; r < n; r += s) replicas.push_back(r);
+  if (s > 1) out.shard = world.subgroup(group, "mics-shard");
+  out.replica_group = world.subgroup(replicas, "mics-replicas");
+  out.partition = out.shard.get();
+  out.replicas = out.replica_group.get();
+  return out;
 }
 
 ZeroOptimizer::ZeroOptimizer(const std::vector<std::pair<std::string, at::Tensor>>& named_params,

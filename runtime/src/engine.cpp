@@ -351,17 +351,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                      zo.offload_ratio > 0.0;  // ratio 0: nothing on the host to speculate (the config warns)
   // NOTE [MiCS]: the states partitioned within shard groups of consecutive
   // ranks, replicated across them.
-  Comm* partition_comm = s.comm.get();
-  Comm* replica_comm = nullptr;
+  s.mics.partition = s.comm.get();
   if (const int64_t shard = config::partition_ranks(s.config); s.comm && shard < s.dist.world_size) {
-    const int first = static_cast<int>(s.dist.rank / shard * shard), index = static_cast<int>(s.dist.rank % shard);
-    std::vector<int> group, replicas;
-    for (int r = first; r < first + shard; ++r) group.push_back(r);
-    for (int r = index; r < s.dist.world_size; r += static_cast<int>(shard)) replicas.push_back(r);
-    if (shard > 1) s.mics_shard = s.comm->subgroup(group, "mics-shard");
-    s.mics_replicas = s.comm->subgroup(replicas, "mics-replicas");
-    partition_comm = s.mics_shard.get();
-    replica_comm = s.mics_replicas.get();
+    s.mics = partition::make_mics_groups(*s.comm, shard);
     if (s.dist.rank == 0)
       log::info("MiCS: the model states are partitioned within " + std::to_string(s.dist.world_size / shard) +
                 " groups of " + std::to_string(shard) + " consecutive ranks (zero_optimization.mics_shard_size) and "
@@ -393,8 +385,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     // NVMe budget while the optimizer's swap files are made.
     if (init != nullptr) init->swap_disk = {};
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), partition_comm,
-        replica_comm);
+        std::move(b.layout), optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.mics.partition,
+        s.mics.replicas);
     if (init != nullptr) {  // the shards now live in the partition (or its swap file)
       init->built.layers.clear();
       init->built.swap_file.reset();
@@ -402,7 +394,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     }
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
-        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), partition_comm, replica_comm);
+        named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.mics.partition, s.mics.replicas);
   }
   if (s.optimizer->speculates() && s.dist.rank == 0)
     log::info("offload_optimizer.super_offload: each sub-group's CPU step begins during the boundary backward, as "

@@ -46,9 +46,7 @@ inline double seconds_since(Clock::time_point t) { return std::chrono::duration<
 // device, dtypes, ledger) and the parts it drives.
 struct Engine::Impl : detail::RunContext {
   std::unique_ptr<Comm> comm;  // first of the parts: destroyed after everything that uses it
-  // NOTE [MiCS]: this rank's shard group (none when it is the world or one
-  // rank) and replica group, over `comm`; the optimizer uses them.
-  std::unique_ptr<Comm> mics_shard, mics_replicas;
+  partition::MicsGroups mics;  // NOTE [MiCS]: over `comm`; the optimizer uses them
   std::shared_ptr<torch::nn::Module> model;
   MemoryLedger& ledger() const { return *RunContext::ledger; }
   std::unique_ptr<partition::ZeroOptimizer> optimizer;

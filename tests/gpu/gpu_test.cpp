@@ -369,9 +369,9 @@ TEST(GpuMics, ReplicasOfTheSameDataStepToTheBitsOfTheirShardGroupAlone) {
     zero::testing::on_ranks(
         c.world,
         [&](int rank, zero::Comm& world) {
-          MicsGroups groups(world, c.shard);
+          const auto groups = zero::partition::make_mics_groups(world, c.shard);
           zero::MemoryLedger ledger;
-          const Trained got = train(c, groups.partition, groups.replicas.get(), rank % c.shard, kSteps, ledger, kCuda);
+          const Trained got = train(c, groups.partition, groups.replicas, rank % c.shard, kSteps, ledger, kCuda);
           const Trained& want = alone[static_cast<size_t>(rank % c.shard)];
           EXPECT_TRUE(torch::equal(got.params, want.params)) << "rank " << rank;
           EXPECT_EQ(got.norms, want.norms) << "rank " << rank;

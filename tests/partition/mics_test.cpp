@@ -44,9 +44,9 @@ TEST_P(Mics, ReplicasOfTheSameDataStepToTheBitsOfTheirShardGroupAlone) {
   testing::on_ranks(
       c.world,
       [&](int rank, Comm& world) {
-        MicsGroups groups(world, c.shard);
+        const MicsGroups groups = make_mics_groups(world, c.shard);
         MemoryLedger ledger;
-        const Trained got = train(c, groups.partition, groups.replicas.get(), rank % c.shard, kSteps, ledger);
+        const Trained got = train(c, groups.partition, groups.replicas, rank % c.shard, kSteps, ledger);
         const Trained& want = alone[static_cast<size_t>(rank % c.shard)];
         EXPECT_TRUE(at::equal(got.params, want.params))
             << "rank " << rank << ": " << (got.params - want.params).abs().max().item<float>();
@@ -71,9 +71,9 @@ TEST_P(Mics, TrainsAsTheWholeWorldWithoutMics) {
   testing::on_ranks(
       c.world,
       [&](int rank, Comm& world) {
-        MicsGroups groups(world, c.shard);
+        const MicsGroups groups = make_mics_groups(world, c.shard);
         MemoryLedger ledger;
-        const Trained trained = train(c, groups.partition, groups.replicas.get(), rank, kSteps, ledger);
+        const Trained trained = train(c, groups.partition, groups.replicas, rank, kSteps, ledger);
         const at::Tensor& got = trained.params;
         // The same elements: stage 2's parameters; stage 3's shards are a
         // shard group's S-th against the world's N-th.
@@ -118,7 +118,7 @@ TEST(MicsBytes, OnlyTheReplicasSumCrossesNodes) {
   testing::on_ranks(
       4,
       [&](int rank, Comm& world) {
-        MicsGroups groups(world, 2);
+        const MicsGroups groups = make_mics_groups(world, 2);
         MemoryLedger ledger;
         ZeroOptimizerOptions o;
         o.stage = 2;
@@ -127,7 +127,7 @@ TEST(MicsBytes, OnlyTheReplicasSumCrossesNodes) {
         std::vector<std::pair<std::string, at::Tensor>> named;
         for (const auto& p : net->named_parameters()) named.emplace_back(p.key(), p.value());
         ZeroOptimizer opt(named, optim::FlatOptimizer::create(adamw()), o, ledger, groups.partition,
-                          groups.replicas.get());
+                          groups.replicas);
         const CommBytes start = world.bytes_sent();
         opt.begin_backward(true);
         for (size_t i = kSizes.size(); i-- > 0;) opt.on_grad_ready(i, grad_of(rank, i, 0));

@@ -1,12 +1,11 @@
 // What the MiCS tests share (tests/partition/mics_test.cpp on the CPU,
 // tests/gpu/gpu_test.cpp on the card): a small model, its gradients, one
-// rank's training with a partition comm and replicas (NOTE [MiCS]), and the
-// groups the engine makes.
+// rank's training with a partition comm and replicas (NOTE [MiCS]; the
+// groups come from make_mics_groups, as the engine's).
 #pragma once
 
 #include <memory>
 #include <ostream>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -114,23 +113,5 @@ inline Trained train(const Case& c, Comm* comm, Comm* replicas, int data, int st
   out.params = at::cat(parts).cpu();
   return out;
 }
-
-// This rank's MiCS groups, as the engine makes them: shard groups of
-// consecutive ranks, replicas across them (none when the shard is the world;
-// no shard group when it is one rank).
-struct MicsGroups {
-  std::unique_ptr<Comm> shard, replicas;
-  Comm* partition = nullptr;
-  MicsGroups(Comm& world, int shard_size) {
-    const int r = world.rank(), first = r / shard_size * shard_size;
-    std::vector<int> group(static_cast<size_t>(shard_size)), reps;
-    std::iota(group.begin(), group.end(), first);
-    for (int q = r % shard_size; q < world.world_size(); q += shard_size) reps.push_back(q);
-    if (shard_size > 1) shard = world.subgroup(group, "mics-shard");
-    replicas = world.subgroup(reps, "mics-replicas");
-    partition = shard.get();
-  }
-};
-
 
 }  // namespace zero::partition::mics_test

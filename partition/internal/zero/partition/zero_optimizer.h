@@ -179,10 +179,11 @@ struct StepOutcome {
 // across the N / S groups: rank r holds partition r mod S, as do the other
 // ranks of its replica group {r mod S, r mod S + S, ...}. The engine gives
 // the ZeroOptimizer the shard group as its `comm` (none when S is 1) and
-// the replica group as `replicas`; everything that partitions (the flat
-// layout, the stores, the step's gathers, stage 3's shards and gathers, the
-// gradient norm, which every replica computes alike) works on the shard
-// group alone, while the average divides by all N ranks' gradients. A
+// the replica group as `replicas` (make_mics_groups); everything that
+// partitions (the flat layout, the stores, the step's gathers, stage 3's
+// shards and gathers, the gradient norm, which every replica computes
+// alike) works on the shard group alone, while the average divides by all
+// N ranks' gradients. A
 // bucket is reduced in two hops: reduce-scattered within the shard group
 // as ever, then summed across the replica group (GradientReducer):
 //   - a gradient partition on the device accumulates the first hop's
@@ -506,6 +507,20 @@ class ZeroOptimizer {
   std::unique_ptr<ParamSwapper> param_swapper_;  // after flat_, before stage3_ (which uses it)
   std::shared_ptr<Stage3Coordinator> stage3_;     // after flat_: destroyed before it (autograd holds it weakly)
 };
+
+/// NOTE [MiCS]: the groups a ZeroOptimizer partitions and replicates over.
+/// `partition` is what it takes as its comm, `replicas` as its replicas.
+struct MicsGroups {
+  std::unique_ptr<Comm> shard, replica_group;  // owned here (none when not needed)
+  Comm* partition = nullptr;                   // the shard group; the world itself, or none for one rank
+  Comm* replicas = nullptr;                    // the replica group; none without replicas
+};
+/// This rank's groups for shard groups of `shard` consecutive ranks of
+/// `world` (which must divide its size): a shard group of one rank has no
+/// Comm, and a shard of the whole world is `world` with no replicas. Every
+/// rank calls it at the same point (Comm::subgroup). Throws
+/// CommunicationError when a group cannot be made.
+MicsGroups make_mics_groups(Comm& world, int64_t shard);
 
 /// The compute dtype a config asks for: fp16, bf16 or fp32.
 at::ScalarType compute_dtype(const config::Config& config);
