@@ -60,7 +60,13 @@ tables), or for one.
                              configuration's peak of a step is then printed
                              (and bounded by the budgets); alone, the model is
                              the report's parameters
-  --ranks-per-node G --nodes M   G x M ranks (default 1 x 1)
+  --ranks-per-node G --nodes M   G x M ranks (default 1 x 1); on M > 1 nodes
+                             of G > 1 ranks, each configuration at stages
+                             2-3 also with its states sharded within a node
+                             (mics_shard_size G), and at stage 3 with a
+                             secondary partition in the node
+                             (zero_hpz_partition_size G), alone and with
+                             ZeRO++'s quantized collectives (qwZ, qgZ)
   --precision fp32|fp16|bf16 compute precision (default bf16)
   --stage S                  only stage S, with:
   --offload-optimizer none|cpu|nvme  --offload-param none|cpu|nvme
@@ -113,6 +119,11 @@ struct Setup {
   std::string offload_optimizer = "none", offload_param = "none";
   int optim_bits = 32;  // Adam's moments: 32, 16 (bf16, with a bf16 master: NOTE [16-bit master]) or 8
   bool master16 = false;  // a master in the 16-bit compute dtype (always with optim_bits 16)
+  // On more than one node (NOTE [MiCS], NOTE [hpZ]): the states within
+  // shard groups of `mics` ranks; stage 3's secondary partition over `hpz`;
+  // ZeRO++'s quantized gathers and gradients.
+  int64_t mics = 0, hpz = 0;
+  bool quantized = false;
 };
 
 // A parameter count: decimal digits with an optional fraction and exponent
@@ -173,6 +184,9 @@ std::optional<int64_t> parse_bytes(const std::string& s) { return zero::parse_by
 
 config::Config config_for(const Setup& s, const std::string& precision, int64_t world) {
   nlohmann::json z = {{"stage", s.stage}};
+  if (s.mics) z["mics_shard_size"] = s.mics;
+  if (s.hpz) z["zero_hpz_partition_size"] = s.hpz;
+  if (s.quantized) z["zero_quantized_weights"] = z["zero_quantized_gradients"] = true;
   if (s.offload_optimizer != "none")
     z["offload_optimizer"] = {{"device", s.offload_optimizer}, {"nvme_path", "/nvme"}};
   if (s.offload_param != "none") z["offload_param"] = {{"device", s.offload_param}, {"nvme_path", "/nvme"}};
@@ -460,6 +474,28 @@ int estimate(const std::vector<std::string>& args) {
           if (bits == 8) b.name += master16 ? " + " + precision + " master and 8-bit states" : " + 8-bit states";
           if (bits == 16) b.name += " + bf16 master and states";
           setups.push_back({b, config_for(b, precision, world)});
+          // More than one node of several ranks: each configuration at
+          // stages 2-3 with the model states sharded within a node (MiCS,
+          // replicated across the nodes), and at stage 3 with hpZ's
+          // secondary partition in the node, alone and with ZeRO++'s
+          // quantized collectives (whose buffers are in the peak).
+          if (nodes > 1 && per_node > 1 && b.stage >= 2) {
+            std::vector<Setup> keyed;
+            Setup m = b;
+            m.mics = per_node;
+            m.name += " + mics_shard_size " + std::to_string(per_node);
+            keyed.push_back(m);
+            if (b.stage == 3) {
+              Setup h = b;
+              h.hpz = per_node;
+              h.name += " + zero_hpz_partition_size " + std::to_string(per_node);
+              keyed.push_back(h);
+              h.quantized = true;
+              h.name += ", qwZ, qgZ";
+              keyed.push_back(h);
+            }
+            for (const Setup& k : keyed) setups.push_back({k, config_for(k, precision, world)});
+          }
         }
       }
     }
@@ -604,6 +640,10 @@ int estimate(const std::vector<std::string>& args) {
                             {"offload_optimizer", setup.offload_optimizer},
                             {"offload_param", setup.offload_param},
                             {"optim_bits", setup.optim_bits},
+                            {"mics_shard_size", std::max<int64_t>(0, cfg.zero.mics_shard_size)},
+                            {"zero_hpz_partition_size", cfg.zero.zero_hpz_partition_size},
+                            {"zero_quantized_weights", cfg.zero.zero_quantized_weights},
+                            {"zero_quantized_gradients", cfg.zero.zero_quantized_gradients},
                             {"master", setup.master16 ? std::string(cfg.fp16.enabled ? "fp16" : "bf16") : std::string("fp32")},
                             {"device", to_json(e.device)},
                             {"host", to_json(e.host)},

@@ -93,7 +93,8 @@ behind in their process groups are killed when the ranks exit. SIGINT and
 SIGTERM are passed on to the ranks, SIGHUP as SIGTERM; a launcher that is
 killed outright ends its ranks too (each gets SIGTERM). Several nodes: run
 one launcher per node with the same --nnodes, --master_addr (node 0's
-address) and --master_port, and each node's --node_rank.
+address) and --master_port, and each node's --node_rank; or, to try a
+multi-node config on one machine, one launcher with --emulate_nodes.
 
 options:
   --nproc_per_node N      ranks to start on this node (default 1)
@@ -103,6 +104,12 @@ options:
   --master_addr ADDR      MASTER_ADDR (default 127.0.0.1; required with --nnodes)
   --master_port PORT      MASTER_PORT (default: one node, a free port on
                           127.0.0.1; several, 29500 as torchrun's)
+  --emulate_nodes         start every node's ranks here, over loopback: rank R
+                          is on node R / nproc_per_node (its GROUP_RANK, as that
+                          node's own launcher would give it), so the node-aware
+                          keys (zero_hpz_partition_size, mics_shard_size, the
+                          bytes across nodes) act as on --nnodes machines; not
+                          with --node_rank or --master_addr
   --kill-timeout SECONDS  SIGTERM-to-SIGKILL grace period (default 5)
   -h, --help              this text
 )";
@@ -410,6 +417,7 @@ struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
+  bool emulate_nodes = false;  // every node's ranks on this machine
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;
   milliseconds kill_timeout = kDefaultKillTimeout;
@@ -447,7 +455,7 @@ std::string canonical(const std::string& option) {
 
 LaunchOptions parse_options(const std::vector<std::string>& args) {
   const std::vector<std::string> kNames = {"--nproc_per_node", "--nnodes", "--node_rank", "--master_addr",
-                                           "--master_port", "--kill-timeout", "--help"};
+                                           "--master_port", "--kill-timeout", "--emulate_nodes", "--help"};
   std::vector<std::string> given;
   LaunchOptions options;
   size_t i = 0;
@@ -478,6 +486,11 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
     }
     if (std::find(given.begin(), given.end(), *known) != given.end()) throw UsageError(*known + " given twice: give it once");
     given.push_back(*known);
+    if (*known == "--emulate_nodes") {  // a flag
+      if (eq != std::string::npos) throw UsageError("--emulate_nodes takes no value; got \"" + arg + "\"");
+      options.emulate_nodes = true;
+      continue;
+    }
     std::string value;
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
@@ -501,7 +514,11 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
       options.kill_timeout = parse_seconds(*known, value);
     }
   }
-  if (options.nnodes > 1 && std::find(given.begin(), given.end(), "--master_addr") == given.end())
+  auto was_given = [&](const char* name) { return std::find(given.begin(), given.end(), name) != given.end(); };
+  if (options.emulate_nodes && (was_given("--node_rank") || was_given("--master_addr")))
+    throw UsageError(std::string("--emulate_nodes starts every node here, on 127.0.0.1: drop ") +
+                     (was_given("--node_rank") ? "--node_rank" : "--master_addr"));
+  if (options.nnodes > 1 && !options.emulate_nodes && !was_given("--master_addr"))
     throw UsageError("--nnodes " + std::to_string(options.nnodes) +
                      ": give --master_addr, node 0's address, the same on every node (127.0.0.1 when the nodes are "
                      "one machine)");
@@ -577,18 +594,28 @@ int run(const LaunchOptions& options) {
   const int local_world = options.nproc_per_node;
   const int world_size = options.nnodes * local_world;
   const int first_rank = options.node_rank * local_world;
+  // The ranks this launcher starts: its node's, or with --emulate_nodes every node's.
+  const int started = options.emulate_nodes ? world_size : local_world;
   // One node picks a free port; the nodes of a job must agree on one, so
   // without --master_port they take torchrun's default.
-  const int port = options.master_port ? *options.master_port : options.nnodes > 1 ? 29500 : pick_free_port();
+  const int port = options.master_port                              ? *options.master_port
+                   : options.nnodes > 1 && !options.emulate_nodes ? 29500
+                                                                    : pick_free_port();
 
   std::vector<std::string> base_env = inherited_environment();
+  // Emulated nodes: ZERO_NODE_ID, which overrides GROUP_RANK, would put every rank on one node.
+  if (options.emulate_nodes)
+    base_env.erase(std::remove_if(base_env.begin(), base_env.end(),
+                                  [](const std::string& e) { return e.rfind("ZERO_NODE_ID=", 0) == 0; }),
+                   base_env.end());
   // Configuration from the environment belongs to distributed start-up (STYLE.md); this is it.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cpus = usable_cpus();
-    const int threads = std::max(1, cpus / local_world);
+    const int threads = std::max(1, cpus / started);
     pump.message("OMP_NUM_THREADS is not set; setting it to " + std::to_string(threads) + " for each rank (" +
-                 std::to_string(cpus) + " CPUs / " + std::to_string(local_world) +
-                 " ranks on this node); set it yourself to choose another value");
+                 std::to_string(cpus) + " CPUs / " + std::to_string(started) +
+                 (options.emulate_nodes ? " ranks of every node on this machine" : " ranks on this node") +
+                 "); set it yourself to choose another value");
     base_env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
   }
   auto add = [](std::vector<std::string>& env, const std::string& name, const std::string& value) {
@@ -596,20 +623,20 @@ int run(const LaunchOptions& options) {
   };
   add(base_env, "WORLD_SIZE", std::to_string(world_size));
   add(base_env, "LOCAL_WORLD_SIZE", std::to_string(local_world));
-  add(base_env, "GROUP_RANK", std::to_string(options.node_rank));
   add(base_env, "GROUP_WORLD_SIZE", std::to_string(options.nnodes));
   add(base_env, "ROLE_WORLD_SIZE", std::to_string(world_size));
   add(base_env, "MASTER_ADDR", options.master_addr);
   add(base_env, "MASTER_PORT", std::to_string(port));
 
   std::vector<ChildProcess> ranks;
-  ranks.reserve(static_cast<size_t>(local_world));
+  ranks.reserve(static_cast<size_t>(started));
   std::optional<int> exit_code;  // the first failure's
-  for (int local = 0; local < local_world; ++local) {
-    const int rank = first_rank + local;
+  for (int k = 0; k < started; ++k) {
+    const int rank = first_rank + k;
     std::vector<std::string> env = base_env;
     add(env, "RANK", std::to_string(rank));
-    add(env, "LOCAL_RANK", std::to_string(local));
+    add(env, "LOCAL_RANK", std::to_string(rank % local_world));
+    add(env, "GROUP_RANK", std::to_string(rank / local_world));
     add(env, "ROLE_RANK", std::to_string(rank));
     const std::string which = "rank " + std::to_string(rank);
     Pipe out = make_pipe(which + "'s stdout");

@@ -36,6 +36,23 @@
 // program does not say its tokens per sample) is written as ds_config.json;
 // --exhaustive measures every candidate that fits instead (the benchmark of
 // the tuner: its choice against the fastest of the whole grid).
+// On nodes (--nodes M): every run is M nodes of --ranks ranks, emulated on
+// this machine (zero launch --emulate_nodes: each rank's node as its own
+// launcher would give it), the budgets per rank. After the buckets, the
+// winner is run with each key of more than one node that applies to its
+// stage (comm_variants, tune_plan.h): mics_shard_size of a node at stages
+// 2-3 (the model states partitioned within the node, replicated across),
+// zero_hpz_partition_size of a node at stage 3, and with
+// --allow-quantized-communication qwZ with each, and qwZ + hpZ + qgZ; each
+// estimated first (MiCS holds a node's share of the states, hpZ a
+// secondary partition). Loopback has no network: a run's step here prices
+// no bytes across nodes, so with --inter-node-bandwidth B (each rank's: a
+// NIC a GPU) the bytes that the busiest node's ranks send across nodes a
+// step (the runs' own counters, NOTE [bytes across nodes]) at --ranks x B
+// are added to its step, as if nothing overlapped them (a node's bytes, not
+// a rank's: Gloo's ring puts them on one rank, NCCL spreads them over the
+// node's NICs);
+// without it the ranking is of this machine alone, and says so.
 // Runs, configs, logs and swap files live in scratch folders (under $TMPDIR
 // and under --nvme-path) that go when the tuner ends, Ctrl-C included.
 #include <sys/statvfs.h>
@@ -100,8 +117,28 @@ swap files are removed however it ends.
                              folder under DIR; the config written names DIR
   --nvme-bytes B             NVMe budget per rank (default: DIR's free space
                              shared by the ranks)
-  --ranks N                  ranks on this machine (default 1; at most 4 per
-                             processor unless --oversubscribe)
+  --ranks N                  ranks on this machine, or a node with --nodes
+                             (default 1; at most 4 per processor in all
+                             unless --oversubscribe)
+  --nodes M                  M nodes of --ranks ranks, emulated here (zero
+                             launch --emulate_nodes, over loopback): the
+                             per-rank budgets, the keys of more than one node
+                             and their bytes across nodes as on M machines.
+                             The winner is then tried with each key that
+                             applies to its stage: mics_shard_size (a node)
+                             at stages 2-3, zero_hpz_partition_size (a node)
+                             at stage 3 (default 1)
+  --inter-node-bandwidth B   with --nodes: bytes a second each rank can send
+                             to other nodes (25GB: a 200 Gb/s NIC a rank):
+                             each run is ranked by its step here plus the
+                             bytes its busiest node sends across a step at
+                             --ranks x B, none of it overlapped (without it,
+                             by its step here alone: loopback, no network)
+  --allow-quantized-communication
+                             with --nodes: also try ZeRO++'s quantized
+                             collectives on the winner at stage 3 (qwZ with
+                             MiCS or hpZ, and qwZ + hpZ + qgZ), which change
+                             the numerics
   --config FILE              base config: its optimizer, scheduler, clipping,
                              precision and other keys are kept, the tuned
                              keys replaced (default: AdamW, clipping 1.0)
@@ -153,6 +190,12 @@ swap files are removed however it ends.
 
 std::string mib(int64_t b) { return format_bytes(b); }
 
+std::string fixed(double x, int digits) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
 }  // namespace
 
 int tune(const std::vector<std::string>& args) {
@@ -170,12 +213,14 @@ int tune(const std::vector<std::string>& args) {
   std::optional<std::set<int>> offload;
   int64_t trials = 8;
   double run_timeout = 600;
+  std::optional<int64_t> bandwidth;
   bool exhaustive = false, oversubscribe = false, force = false;
   const std::vector<std::string> known = {
       "--model", "--n_head", "--device-memory", "--host-memory", "--nvme-path", "--nvme-bytes", "--ranks",
       "--config", "--precision", "--device", "--micro-batches", "--stages", "--offload", "--checkpointing",
       "--bucket-sizes", "--steps", "--trials", "--run-timeout", "--exhaustive", "--out", "--json", "--trainer",
-      "--oversubscribe", "--allow-low-precision-states", "--force", "--ratios", "--gradients"};
+      "--oversubscribe", "--allow-low-precision-states", "--force", "--ratios", "--gradients", "--nodes",
+      "--inter-node-bandwidth", "--allow-quantized-communication"};
   std::set<std::string> seen;
   std::vector<std::string> program;
   bool checkpointing_given = false;
@@ -198,8 +243,8 @@ int tune(const std::vector<std::string>& args) {
       (a == "--exhaustive" ? exhaustive : a == "--force" ? force : oversubscribe) = true;
       continue;
     }
-    if (a == "--allow-low-precision-states") {
-      plan.low_precision_states = true;
+    if (a == "--allow-low-precision-states" || a == "--allow-quantized-communication") {
+      (a == "--allow-low-precision-states" ? plan.low_precision_states : plan.quantized_communication) = true;
       continue;
     }
     if (i + 1 >= n_options) return fail(a + ": expected a value");
@@ -217,10 +262,14 @@ int tune(const std::vector<std::string>& args) {
       (a == "--device-memory" ? device_budget : a == "--host-memory" ? host_budget : nvme_budget) = *b;
     } else if (a == "--nvme-path") {
       plan.nvme_path = v;
-    } else if (a == "--ranks" || a == "--steps" || a == "--trials") {
-      auto x = parse_positive(v, a == "--ranks" ? 1024 : 1000);
+    } else if (a == "--ranks" || a == "--steps" || a == "--trials" || a == "--nodes") {
+      auto x = parse_positive(v, a == "--ranks" || a == "--nodes" ? 1024 : 1000);
       if (!x) return fail(a + ": expected a positive integer; got \"" + v + "\"");
-      (a == "--ranks" ? plan.ranks : a == "--steps" ? plan.steps : trials) = *x;
+      (a == "--ranks" ? plan.ranks : a == "--steps" ? plan.steps : a == "--nodes" ? plan.nodes : trials) = *x;
+    } else if (a == "--inter-node-bandwidth") {
+      bandwidth = parse_byte_size(v);
+      if (!bandwidth || *bandwidth <= 0)
+        return fail("--inter-node-bandwidth: expected bytes a second such as 25GB or 1.2e10; got \"" + v + "\"");
     } else if (a == "--run-timeout") {
       const auto x = parse_run_timeout(v);
       if (!x) return fail("--run-timeout: expected seconds, 0 to 1e7 (0: no limit); got \"" + v + "\"");
@@ -307,7 +356,14 @@ int tune(const std::vector<std::string>& args) {
     program[0] = found;
     if (!checkpointing_given) checkpointing = {0};
   }
-  if (const std::string problem = zero::runs::too_many_ranks("--ranks", plan.ranks, oversubscribe); !problem.empty())
+  if (plan.nodes == 1 && bandwidth) return fail("--inter-node-bandwidth goes with --nodes M (M > 1)");
+  if (plan.nodes == 1 && plan.quantized_communication)
+    return fail("--allow-quantized-communication goes with --nodes M (M > 1): ZeRO++'s quantized collectives are "
+                "for the traffic between nodes");
+  if (bandwidth) plan.inter_node_bandwidth = static_cast<double>(*bandwidth);
+  if (const std::string problem = zero::runs::too_many_ranks(plan.nodes > 1 ? "--ranks x --nodes" : "--ranks",
+                                                             plan.world(), oversubscribe);
+      !problem.empty())
     return fail(problem);
   // The outputs come at the end of a long search: checked now. None may be
   // what the search reads (NOTE [outputs and inputs]); the default --out
@@ -361,13 +417,13 @@ int tune(const std::vector<std::string>& args) {
       if (!ckpt::is_folder(plan.nvme_path))
         return fail("--nvme-path " + plan.nvme_path + ": is a file; expected a folder on the NVMe drive (the runs' swap "
                     "files go in a scratch folder made there)");
-      plan.nvme_budget = nvme_budget.value_or(free_bytes(plan.nvme_path) / plan.ranks);
+      plan.nvme_budget = nvme_budget.value_or(free_bytes(plan.nvme_path) / plan.world());
     }
     // The base config, checked as `zero config check` does.
     if (!config_path.empty()) {
       const std::string text = ckpt::read_small_file(config_path);
       config::LoadOptions lo;
-      lo.world_size = plan.ranks;
+      lo.world_size = plan.world();
       lo.auto_stand_ins = true;
       // The batch is the tuner's to set (each candidate's micro-batch): a
       // base config without one is checked with the first it tries.
@@ -415,6 +471,7 @@ int tune(const std::vector<std::string>& args) {
       zero::runs::ProbeRun run;
       run.launcher = launcher;
       run.nproc = plan.ranks;
+      run.nnodes = plan.nodes;
       run.report_path = scratch.path() + "/" + tag + ".report";
       run.log_path = scratch.path() + "/" + tag + ".log";
       run.timeout_s = run_timeout;
@@ -485,10 +542,10 @@ int tune(const std::vector<std::string>& args) {
         return 1;
       }
       config::LoadOptions lo;
-      lo.world_size = plan.ranks;
+      lo.world_size = plan.world();
       lo.auto_stand_ins = true;
       const auto dcfg = config::load_string(cfg.dump(), lo, "zero tune (its first run)");
-      const int64_t base = estimate_peak(dcfg, shapes, Activations{}, plan.on_cuda && plan.ranks > 1).device();
+      const int64_t base = estimate_peak(dcfg, shapes, Activations{}, plan.on_cuda && plan.world() > 1).device();
       activation_per_sample = static_cast<double>(std::max<int64_t>(0, r.peak_device - base)) /
                               static_cast<double>(d.micro_batch);
       std::fprintf(stderr, " %zu parameter tensors; %s of activations a sample (device peak %s); %.1f s\n",
@@ -509,7 +566,7 @@ int tune(const std::vector<std::string>& args) {
     // 1. The grid, and what fits by the estimate.
     std::vector<Candidate> all = grid_candidates(plan, {stages, *offload, checkpointing, micro_batches, bucket_sizes},
                                                  shapes, activation_per_sample);
-    const int64_t fitting = std::count_if(all.begin(), all.end(), [](const Candidate& c) { return c.fits; });
+    int64_t fitting = std::count_if(all.begin(), all.end(), [](const Candidate& c) { return c.fits; });
     char what[160];
     if (plan.program.empty())
       std::snprintf(what, sizeof what, "mingpt:%lld,%lld,%lld,%lld (%s parameters, n_head %lld)",
@@ -519,10 +576,17 @@ int tune(const std::vector<std::string>& args) {
     else
       std::snprintf(what, sizeof what, "%s (%s parameters)", plan.program[0].c_str(),
                     human_count(static_cast<double>(num_parameters)).c_str());
-    std::fprintf(stderr, "zero tune: %s on %lld rank(s), %s, %s; per rank: device %s, host %s%s\n", what,
-                 static_cast<long long>(plan.ranks), plan.on_cuda ? "cuda" : "cpu", plan.precision.c_str(),
+    const std::string where =
+        plan.nodes > 1 ? std::to_string(plan.nodes) + " nodes x " + std::to_string(plan.ranks) +
+                             " ranks (emulated here: zero launch --emulate_nodes)"
+                       : std::to_string(plan.ranks) + " rank(s)";
+    std::fprintf(stderr, "zero tune: %s on %s, %s, %s; per rank: device %s, host %s%s\n", what, where.c_str(),
+                 plan.on_cuda ? "cuda" : "cpu", plan.precision.c_str(),
                  mib(plan.device_budget).c_str(), mib(plan.host_budget).c_str(),
                  plan.nvme_path.empty() ? "" : (", nvme " + mib(plan.nvme_budget) + " under " + plan.nvme_path).c_str());
+    if (plan.nodes > 1 && plan.inter_node_bandwidth <= 0)
+      std::fprintf(stderr, "zero tune: the nodes share this machine's loopback, which prices no bytes across nodes: the "
+                           "runs are ranked by their step here alone (--inter-node-bandwidth B adds the bytes at B)\n");
     std::fprintf(stderr, "zero tune: %zu candidates; %lld fit the estimate\n", all.size(), static_cast<long long>(fitting));
     if (fitting == 0) {
       std::fprintf(stderr,
@@ -553,6 +617,11 @@ int tune(const std::vector<std::string>& args) {
           c.run.message = off + "\n";
         }
       }
+      // --inter-node-bandwidth: the busiest node's bytes across, at its
+      // ranks' bandwidth, while nothing else runs (loopback's own time stays
+      // in the step).
+      if (plan.inter_node_bandwidth > 0)
+        c.network_s = c.run.busiest_node_across_per_step / (plan.inter_node_bandwidth * static_cast<double>(plan.ranks));
       run_seconds += c.run.seconds;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char eta[96];
@@ -561,9 +630,17 @@ int tune(const std::vector<std::string>& args) {
       switch (c.run.outcome) {
         case zero::runs::ProbeResult::Outcome::kTrained:
           c.status = Status::kTrained;
-          std::fprintf(stderr, " %.0f %s (step %.3f s) | peak device %s (estimate %s), host %s (%s) | %.1f s | %s\n",
-                       c.rate(), c.run.tokens_per_step > 0 ? "tokens/s" : "samples/s", c.run.step_s, mib(c.run.peak_device).c_str(), mib(c.estimate.device()).c_str(),
-                       mib(c.run.peak_host).c_str(), mib(c.estimate.host()).c_str(), c.run.seconds, eta);
+          std::fprintf(stderr, " %.0f %s (step %.3f s%s) | peak device %s (estimate %s), host %s (%s)%s | %.1f s | %s\n",
+                       c.rate(), c.run.tokens_per_step > 0 ? "tokens/s" : "samples/s", c.run.step_s,
+                       c.network_s > 0 ? (" + " + fixed(c.network_s, 3) + " s across nodes").c_str() : "",
+                       mib(c.run.peak_device).c_str(), mib(c.estimate.device()).c_str(), mib(c.run.peak_host).c_str(),
+                       mib(c.estimate.host()).c_str(),
+                       plan.nodes > 1 ? (" | across nodes " + mib(static_cast<int64_t>(c.run.across_nodes_per_step)) +
+                                         " a step (busiest node " +
+                                         mib(static_cast<int64_t>(c.run.busiest_node_across_per_step)) + ")")
+                                            .c_str()
+                                      : "",
+                       c.run.seconds, eta);
           break;
         case zero::runs::ProbeResult::Outcome::kOutOfMemory:
           c.status = Status::kOutOfMemory;
@@ -660,6 +737,20 @@ int tune(const std::vector<std::string>& args) {
         for (size_t i = 0; i < others.size(); ++i) measure(*others[i], static_cast<int64_t>(others.size() - i - 1));
       }
     }
+    // NOTE [config tuner], on nodes: the winner (its buckets chosen) with
+    // each key of more than one node that applies to its stage. The keys
+    // change what crosses the nodes, a little memory and, quantized, the
+    // numerics: refinements of the chosen setup, as the buckets are.
+    if (plan.nodes > 1)
+      if (const Candidate* best = best_trained()) {
+        auto variants = comm_variants(plan, *best, shapes, activation_per_sample);
+        const int64_t fit = std::count_if(variants.begin(), variants.end(), [](const Candidate& c) { return c.fits; });
+        fitting += fit;
+        for (auto& v : variants) all.push_back(std::move(v));
+        int64_t left = fit;
+        for (size_t i = all.size() - variants.size(); i < all.size(); ++i)
+          if (all[i].fits) measure(all[i], --left);
+      }
 
     // The table, the winner, the files.
     std::vector<const Candidate*> ran;
@@ -672,17 +763,20 @@ int tune(const std::vector<std::string>& args) {
     const Candidate* best = best_trained();
     const char* unit = best != nullptr && best->run.tokens_per_step == 0 ? "samples/s" : "tokens/s";
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%-54s %5s %11s %11s %11s %11s %8s %10s %7s\n", "candidate (run order)", "run", "est device",
-                "peak device", "est host", "peak host", "step s", unit, "vs best");
+    std::printf("%-54s %5s %11s %11s %11s %11s %8s %10s %7s%s\n", "candidate (run order)", "run", "est device",
+                "peak device", "est host", "peak host", "step s", unit, "vs best",
+                plan.nodes > 1 ? "  across nodes a step" : "");
     for (const Candidate* c : ran) {
       std::string name = family_name(kFamilies[c->family]);
       if (c->ratio < 1.0) name += ", ratio " + ratio_text(c->ratio);
       if (c->checkpointing) name += std::string(", ckpt ") + kCheckpointName[c->checkpointing];
+      if (c->keys.any()) name += ", " + comm_keys_name(c->keys);
       name += ", mb " + std::to_string(c->micro_batch) + ", b " + human_count(static_cast<double>(c->bucket));
       if (c->status == Status::kTrained)
-        std::printf("%-54s %5d %11s %11s %11s %11s %8.3f %10.0f %6.1f%%\n", name.c_str(), c->order,
+        std::printf("%-54s %5d %11s %11s %11s %11s %8.3f %10.0f %6.1f%%%s\n", name.c_str(), c->order,
                     mib(c->estimate.device()).c_str(), mib(c->run.peak_device).c_str(), mib(c->estimate.host()).c_str(),
-                    mib(c->run.peak_host).c_str(), c->run.step_s, c->rate(), 100.0 * c->rate() / best->rate());
+                    mib(c->run.peak_host).c_str(), c->step_s(), c->rate(), 100.0 * c->rate() / best->rate(),
+                    plan.nodes > 1 ? ("  " + mib(static_cast<int64_t>(c->run.across_nodes_per_step))).c_str() : "");
       else
         std::printf("%-54s %5d %11s %11s %11s %11s  %s\n", name.c_str(), c->order, mib(c->estimate.device()).c_str(), "-",
                     mib(c->estimate.host()).c_str(), "-", status_name(c->status));
@@ -695,7 +789,7 @@ int tune(const std::vector<std::string>& args) {
     }
     ckpt::write_file_atomically(out_path, candidate_config(plan, *best, plan.nvme_path).dump(2) + "\n");
     std::printf("best: %s: %.0f %s (step %.3f s, %lld %s); written to %s%s\n", describe(*best).c_str(), best->rate(),
-                unit, best->run.step_s,
+                unit, best->step_s(),
                 static_cast<long long>(best->run.tokens_per_step > 0 ? best->run.tokens_per_step : best->run.samples_per_step),
                 best->run.tokens_per_step > 0 ? "tokens" : "samples",
                 out_path.c_str(),
@@ -713,7 +807,11 @@ int tune(const std::vector<std::string>& args) {
                                          {"vocab_size", plan.vocab}, {"block_size", plan.block},
                                          {"num_parameters", num_parameters}}
                         : nlohmann::json{{"program", plan.program}, {"num_parameters", num_parameters}}},
-          {"ranks", plan.ranks},
+          {"ranks", plan.world()},
+          {"nodes", plan.nodes},
+          {"ranks_per_node", plan.ranks},
+          {"inter_node_bandwidth", plan.inter_node_bandwidth > 0 ? nlohmann::json(plan.inter_node_bandwidth)
+                                                                 : nlohmann::json(nullptr)},
           {"device", plan.on_cuda ? "cuda" : "cpu"},
           {"precision", plan.precision},
           {"budgets_bytes", {{"device", plan.device_budget}, {"host", plan.host_budget},
@@ -725,7 +823,7 @@ int tune(const std::vector<std::string>& args) {
           {"runs", runs},
           {"seconds", secs},
           {"best", {{"run_order", best->order}, {"tokens_per_s", best->tokens_per_s()},
-                    {"samples_per_s", best->run.samples_per_s()}, {"config", out_path}}}};
+                    {"samples_per_s", best->samples_per_s()}, {"config", out_path}}}};
       ckpt::write_file_atomically(json_path, report.dump(2) + "\n");
     }
     return 0;

@@ -39,6 +39,16 @@ std::string family_name(const Family& f) {
   return s;
 }
 
+std::string comm_keys_name(const CommKeys& k) {
+  std::string s;
+  auto add = [&](const std::string& part) { s += (s.empty() ? "" : " + ") + part; };
+  if (k.mics) add("mics_shard_size " + std::to_string(k.mics));
+  if (k.hpz) add("hpZ " + std::to_string(k.hpz));
+  if (k.qwz) add("qwZ");
+  if (k.qgz) add("qgZ");
+  return s;
+}
+
 const char* status_name(Status s) {
   switch (s) {
     case Status::kNotRun: return "not run";
@@ -80,6 +90,7 @@ std::string describe(const Candidate& c) {
   if (c.ratio < 1.0) s += ", offload ratio " + ratio_text(c.ratio);
   if (c.max_in_cpu > 0) s += ", " + human_count(static_cast<double>(c.max_in_cpu)) + " in host memory";
   if (c.grads_on_device) s += ", gradients on the device";
+  if (c.keys.any()) s += ", " + comm_keys_name(c.keys);
   s += ", micro-batch " + std::to_string(c.micro_batch) + ", buckets " + human_count(static_cast<double>(c.bucket));
   return s;
 }
@@ -169,20 +180,31 @@ nlohmann::json report_row(const Plan& plan, const Candidate& c) {
                         {"master", c.master16 ? plan.precision : std::string("fp32")},
                         {"micro_batch", c.micro_batch},
                         {"bucket_size", c.bucket},
+                        {"mics_shard_size", c.keys.mics},
+                        {"zero_hpz_partition_size", c.keys.hpz},
+                        {"zero_quantized_weights", c.keys.qwz},
+                        {"zero_quantized_gradients", c.keys.qgz},
                         {"estimate_bytes",
                          {{"device", c.estimate.device()}, {"host", c.estimate.host()}, {"nvme", c.estimate.nvme()}}},
                         {"fits_estimate", c.fits},
                         {"status", status_name(c.status)},
                         {"run_order", c.order}};
-  if (c.status == Status::kTrained)
+  if (c.status == Status::kTrained) {
     row["measured"] = {{"step_time_s", c.run.step_s},
                        {"step_times_s", c.run.step_times},
                        {"tokens_per_step", c.run.tokens_per_step},
                        {"tokens_per_s", c.tokens_per_s()},
                        {"samples_per_step", c.run.samples_per_step},
-                       {"samples_per_s", c.run.samples_per_s()},
+                       {"samples_per_s", c.samples_per_s()},
                        {"peak_bytes", {{"device", c.run.peak_device}, {"host", c.run.peak_host}, {"nvme", c.run.peak_nvme}}},
                        {"run_s", c.run.seconds}};
+    if (plan.nodes > 1) {
+      row["measured"]["bytes_per_step"] = {{"within_node", c.run.within_node_per_step},
+                                           {"across_nodes", c.run.across_nodes_per_step},
+                                           {"busiest_node_across_nodes", c.run.busiest_node_across_per_step}};
+      row["measured"]["network_s"] = c.network_s;  // with --inter-node-bandwidth; tokens_per_s counts it
+    }
+  }
   else if (c.order)
     row["error"] = c.run.message;
   return row;
@@ -204,6 +226,17 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
                         "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
                         "prefetch_bucket_size", "max_live_parameters", "max_reuse_distance"})
     z.erase(k);
+  // On more than one node the keys are the tuner's dimensions: each
+  // candidate has its own, the base config's go.
+  if (plan.nodes > 1) {
+    for (const char* k : {"mics_shard_size", "mics_hierarchical_params_gather", "zero_hpz_partition_size",
+                          "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"})
+      z.erase(k);
+    if (c.keys.mics) z["mics_shard_size"] = c.keys.mics;
+    if (c.keys.hpz) z["zero_hpz_partition_size"] = c.keys.hpz;
+    if (c.keys.qwz) z["zero_quantized_weights"] = true;
+    if (c.keys.qgz) z["zero_quantized_gradients"] = true;
+  }
   z["stage"] = f.stage;
   z["reduce_bucket_size"] = c.bucket;
   z["allgather_bucket_size"] = c.bucket;
@@ -223,7 +256,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
     z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};
     if (f.param == 2) {
       // The swap buffers hold this rank's shard of the largest layer.
-      const int64_t shard = (plan.largest_layer + plan.ranks - 1) / plan.ranks;
+      const int64_t shard = (plan.largest_layer + plan.world() - 1) / plan.world();
       const int64_t buffer = round2(static_cast<double>(shard) * 1.05 + 4096);
       z["offload_param"].update({{"nvme_path", nvme_path}, {"buffer_count", 5}, {"buffer_size", buffer},
                                  {"max_in_cpu", buffer}});
@@ -300,6 +333,78 @@ int64_t fill_host_budget(config::Config c, const std::vector<ParameterShape>& sh
   return hi;
 }
 
+void estimate_candidate(const Plan& plan, Candidate& c, const std::vector<ParameterShape>& shapes,
+                        double activation_per_sample) {
+  const Family& fam = kFamilies[c.family];
+  c.max_in_cpu = 0;  // filled below
+  config::LoadOptions lo;
+  lo.world_size = plan.world();
+  lo.auto_stand_ins = true;
+  const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
+                                       lo, "zero tune (" + describe(c) + ")");
+  const bool nccl = plan.on_cuda && plan.world() > 1;
+  auto estimate_of = [&](const config::Config& cf) {
+    if (plan.program.empty()) {
+      MinGPTWorkload w;
+      w.n_layer = plan.n_layer;
+      w.n_embd = plan.n_embd;
+      w.n_head = plan.n_head;
+      w.vocab_size = plan.vocab;
+      w.block_size = plan.block;
+      w.micro_batch = c.micro_batch;
+      w.checkpointing = c.checkpointing > 0;
+      return estimate_peak(cf, w, nccl);
+    }
+    // The activations measured in the first run, per sample.
+    Activations a;
+    a.device = static_cast<int64_t>(activation_per_sample * static_cast<double>(c.micro_batch));
+    return estimate_peak(cf, shapes, a, nccl);
+  };
+  c.estimate = estimate_of(cfg);
+  // NOTE [state placement]: with the optimizer on NVMe, host memory
+  // keeps as many of the offloaded groups as its budget holds: the
+  // same model with less to read and write each step.
+  if (fam.opt == 2 && c.estimate.host() <= plan.host_budget) {
+    config::Config filled = cfg;
+    filled.zero.offload_optimizer.max_in_cpu = fill_host_budget(
+        cfg, shapes, plan.host_budget, [&](const config::Config& f) { return estimate_of(f).host(); });
+    if (filled.zero.offload_optimizer.max_in_cpu > 0) {
+      c.max_in_cpu = filled.zero.offload_optimizer.max_in_cpu;
+      c.estimate = estimate_of(filled);
+    }
+  }
+  c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
+           (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
+  c.status = c.fits ? Status::kNotRun : Status::kDoesNotFit;
+}
+
+std::vector<Candidate> comm_variants(const Plan& plan, const Candidate& winner, const std::vector<ParameterShape>& shapes,
+                                     double activation_per_sample) {
+  std::vector<Candidate> out;
+  const int stage = kFamilies[winner.family].stage;
+  if (plan.nodes < 2 || plan.ranks < 2 || stage < 2) return out;
+  const int64_t node = plan.ranks;
+  std::vector<CommKeys> sets = {{node, 0, false, false}};  // MiCS: the states within a node, replicated across
+  if (stage == 3) {
+    sets.push_back({0, node, false, false});  // hpZ: backward's gathers within the node
+    if (plan.quantized_communication) {
+      sets.push_back({node, 0, true, false});
+      sets.push_back({0, node, true, false});
+      sets.push_back({0, node, true, true});
+    }
+  }
+  for (const CommKeys& k : sets) {
+    Candidate c = winner;
+    c.keys = k;
+    c.run = {};
+    c.order = 0;
+    c.network_s = 0;
+    estimate_candidate(plan, c, shapes, activation_per_sample);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<Candidate> grid_candidates(const Plan& plan, const Grid& g, const std::vector<ParameterShape>& shapes,
                                        double activation_per_sample) {
   std::vector<Candidate> all;
@@ -333,44 +438,7 @@ std::vector<Candidate> grid_candidates(const Plan& plan, const Grid& g, const st
           c.checkpointing = ck;
           c.micro_batch = mb;
           c.bucket = bucket;
-          config::LoadOptions lo;
-          lo.world_size = plan.ranks;
-          lo.auto_stand_ins = true;
-          const auto cfg = config::load_string(candidate_config(plan, c, plan.nvme_path.empty() ? "/nvme" : plan.nvme_path).dump(),
-                                               lo, "zero tune (" + describe(c) + ")");
-          auto estimate_of = [&](const config::Config& cf) {
-            if (plan.program.empty()) {
-              MinGPTWorkload w;
-              w.n_layer = plan.n_layer;
-              w.n_embd = plan.n_embd;
-              w.n_head = plan.n_head;
-              w.vocab_size = plan.vocab;
-              w.block_size = plan.block;
-              w.micro_batch = mb;
-              w.checkpointing = ck > 0;
-              return estimate_peak(cf, w, /*nccl=*/plan.on_cuda && plan.ranks > 1);
-            }
-            // The activations measured in the first run, per sample.
-            Activations a;
-            a.device = static_cast<int64_t>(activation_per_sample * static_cast<double>(mb));
-            return estimate_peak(cf, shapes, a, /*nccl=*/plan.on_cuda && plan.ranks > 1);
-          };
-          c.estimate = estimate_of(cfg);
-          // NOTE [state placement]: with the optimizer on NVMe, host memory
-          // keeps as many of the offloaded groups as its budget holds: the
-          // same model with less to read and write each step.
-          if (fam.opt == 2 && c.estimate.host() <= plan.host_budget) {
-            config::Config filled = cfg;
-            filled.zero.offload_optimizer.max_in_cpu = fill_host_budget(
-                cfg, shapes, plan.host_budget, [&](const config::Config& f) { return estimate_of(f).host(); });
-            if (filled.zero.offload_optimizer.max_in_cpu > 0) {
-              c.max_in_cpu = filled.zero.offload_optimizer.max_in_cpu;
-              c.estimate = estimate_of(filled);
-            }
-          }
-          c.fits = c.estimate.device() <= plan.device_budget && c.estimate.host() <= plan.host_budget &&
-                   (fam.opt != 2 && fam.param != 2 ? c.estimate.nvme() == 0 : c.estimate.nvme() <= plan.nvme_budget);
-          if (!c.fits) c.status = Status::kDoesNotFit;
+          estimate_candidate(plan, c, shapes, activation_per_sample);
           all.push_back(std::move(c));
         }
   }

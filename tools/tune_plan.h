@@ -34,6 +34,20 @@ extern const std::vector<Family> kFamilies;
 
 std::string family_name(const Family& f);
 
+/// The keys of more than one node (NOTE [config tuner], on nodes): MiCS
+/// (mics_shard_size: the model states partitioned within a node), hpZ
+/// (zero_hpz_partition_size: stage 3's secondary partition in the node), and
+/// ZeRO++'s quantized collectives (zero_quantized_weights,
+/// zero_quantized_gradients). None set: the plain collectives.
+struct CommKeys {
+  int64_t mics = 0, hpz = 0;
+  bool qwz = false, qgz = false;
+  bool any() const { return mics > 0 || hpz > 0 || qwz || qgz; }
+  bool operator==(const CommKeys& o) const { return mics == o.mics && hpz == o.hpz && qwz == o.qwz && qgz == o.qgz; }
+};
+/// "mics_shard_size 2", "hpZ 2 + qwZ + qgZ", "" for none.
+std::string comm_keys_name(const CommKeys& k);
+
 enum class Status { kNotRun, kDoesNotFit, kDominated, kTrained, kOutOfMemory, kFailed, kTimedOut };
 const char* status_name(Status s);
 
@@ -56,15 +70,24 @@ struct Candidate {
   /// offloaded: NOTE [device gradients]).
   bool grads_on_device = false;
   int64_t micro_batch = 1, bucket = 0;
+  /// On more than one node: the keys tried on the winner (none in the grid).
+  CommKeys keys;
+  /// --inter-node-bandwidth: the seconds a step's bytes across nodes take
+  /// (the busiest node's, measured, at its ranks' bandwidth), added to the
+  /// measured step (0 without).
+  double network_s = 0;
   PeakEstimate estimate;
   bool fits = false;
   Status status = Status::kNotRun;
   zero::runs::ProbeResult run;
   int order = 0;  // 1-based position among the runs (0: not run)
-  double tokens_per_s() const { return run.tokens_per_s(); }
+  /// The step the runs are ranked by: measured, plus network_s.
+  double step_s() const { return run.step_s + network_s; }
+  double tokens_per_s() const { return step_s() > 0 ? static_cast<double>(run.tokens_per_step) / step_s() : 0; }
+  double samples_per_s() const { return step_s() > 0 ? static_cast<double>(run.samples_per_step) / step_s() : 0; }
   // What the runs are ranked by: tokens per second where the program says
   // its tokens per sample (InitOptions::tokens_per_sample), else samples.
-  double rate() const { return run.tokens_per_step > 0 ? run.tokens_per_s() : run.samples_per_s(); }
+  double rate() const { return run.tokens_per_step > 0 ? tokens_per_s() : samples_per_s(); }
   // The work that costs time besides the model's own, per component; 8-bit
   // or bf16 states count as one (their numerics differ from the base config's), so
   // they are proposed only where they fit what fp32 states do not, or take a
@@ -107,7 +130,15 @@ int64_t round2(double x);
 
 struct Plan {
   int64_t n_layer = 0, n_embd = 0, vocab = 0, block = 0, n_head = 1;
-  int64_t ranks = 1;
+  int64_t ranks = 1;  // per node
+  /// --nodes: nodes of `ranks` ranks, emulated on this machine (zero launch
+  /// --emulate_nodes); more than one makes the keys of CommKeys dimensions.
+  int64_t nodes = 1;
+  int64_t world() const { return ranks * nodes; }
+  /// --inter-node-bandwidth, bytes a second each rank sends to other nodes
+  /// (0: runs are ranked by their step here alone).
+  double inter_node_bandwidth = 0;
+  bool quantized_communication = false;  // --allow-quantized-communication: qwZ and qgZ too
   int64_t device_budget = 0, host_budget = 0, nvme_budget = 0;
   std::string nvme_path;  // the user's (written into the winner); empty: no NVMe
   std::string precision;  // fp32 | fp16 | bf16
@@ -153,6 +184,19 @@ struct Grid {
 /// filled to the host budget.
 std::vector<Candidate> grid_candidates(const Plan& plan, const Grid& grid, const std::vector<ParameterShape>& shapes,
                                        double activation_per_sample);
+
+/// The candidate's estimated peak under the plan's budgets (`c.estimate`,
+/// `c.fits`, `c.status` kDoesNotFit when over one); with the optimizer on
+/// NVMe, `c.max_in_cpu` filled to the host budget first.
+void estimate_candidate(const Plan& plan, Candidate& c, const std::vector<ParameterShape>& shapes,
+                        double activation_per_sample);
+
+/// On more than one node, the winner with each set of keys that applies
+/// to its stage (MiCS within a node at stages 2-3; at stage 3 hpZ, and with
+/// --allow-quantized-communication qwZ + hpZ and qwZ + hpZ + qgZ), each
+/// estimated; none on one node or one rank a node.
+std::vector<Candidate> comm_variants(const Plan& plan, const Candidate& winner, const std::vector<ParameterShape>& shapes,
+                                     double activation_per_sample);
 
 /// NOTE [state placement]: with the optimizer on NVMe, the largest
 /// offload_optimizer.max_in_cpu under which `host_of(config)` (host bytes,

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -299,7 +300,12 @@ std::vector<std::string> environment_without_protocol() {
 ProbeResult run_probe(const ProbeRun& run) {
   ProbeResult r;
   std::vector<std::string> argv;
-  if (run.nproc > 1) argv = {run.launcher, "launch", "--nproc_per_node", std::to_string(run.nproc), "--"};
+  const int64_t world = run.nproc * run.nnodes;
+  if (run.nnodes > 1)
+    argv = {run.launcher, "launch", "--nnodes", std::to_string(run.nnodes), "--nproc_per_node", std::to_string(run.nproc),
+            "--emulate_nodes", "--"};
+  else if (run.nproc > 1)
+    argv = {run.launcher, "launch", "--nproc_per_node", std::to_string(run.nproc), "--"};
   argv.insert(argv.end(), run.argv.begin(), run.argv.end());
   // This process's environment less the protocol's variables, then the run's.
   std::vector<std::string> env = environment_without_protocol(), told;
@@ -312,7 +318,7 @@ ProbeResult run_probe(const ProbeRun& run) {
   env.insert(env.end(), told.begin(), told.end());
   for (const auto& e : told) r.command += shell_word(e) + " ";
   for (size_t i = 0; i < argv.size(); ++i) r.command += (i ? " " : "") + shell_word(argv[i]);
-  for (int64_t rank = 0; rank < run.nproc; ++rank) std::remove(run_report_path(run.report_path, rank).c_str());
+  for (int64_t rank = 0; rank < world; ++rank) std::remove(run_report_path(run.report_path, rank).c_str());
   const auto t0 = std::chrono::steady_clock::now();
   bool timed_out = false;
   int killed_by = 0;
@@ -331,7 +337,7 @@ ProbeResult run_probe(const ProbeRun& run) {
   // (the launcher's status is the first failing rank's, which may be a
   // peer's that lost it in a collective).
   std::string report_problem;
-  for (int64_t rank = 0; rank < run.nproc; ++rank) {
+  for (int64_t rank = 0; rank < world; ++rank) {
     const std::string path = run_report_path(run.report_path, rank);
     if (!ckpt::path_exists(path)) {
       if (report_problem.empty()) report_problem = "rank " + std::to_string(rank) + " wrote no run report " + path;
@@ -377,6 +383,7 @@ ProbeResult run_probe(const ProbeRun& run) {
   size_t count = 0;
   for (size_t i = r.step_times.size() > 1 ? 1 : 0; i < r.step_times.size(); ++i) sum += r.step_times[i], ++count;
   r.step_s = count ? sum / static_cast<double>(count) : 0;
+  std::map<int64_t, double> node_across;
   for (const auto& rep : r.reports) {
     r.peak_device = std::max(r.peak_device, rep.peak("device"));
     // The peak of pinned and pageable together (older reports: the sum of their peaks).
@@ -384,7 +391,15 @@ ProbeResult run_probe(const ProbeRun& run) {
                                                                            : rep.peak("pinned_host") + rep.peak("host");
     r.peak_host = std::max(r.peak_host, host);
     r.peak_nvme = std::max(r.peak_nvme, rep.peak("nvme"));
+    if (rep.json.contains("collective_bytes")) {
+      const auto& b = rep.json.at("collective_bytes");
+      const double across = b.value("across_nodes_per_step", 0.0);
+      r.within_node_per_step += b.value("within_node_per_step", 0.0);
+      r.across_nodes_per_step += across;
+      node_across[b.value("node", int64_t{0})] += across;
+    }
   }
+  for (const auto& [node, bytes] : node_across) r.busiest_node_across_per_step = std::max(r.busiest_node_across_per_step, bytes);
   if (run.stop_after_steps && *run.stop_after_steps == 0) {  // a description run: nothing to train
     r.outcome = ProbeResult::Outcome::kTrained;
     return r;

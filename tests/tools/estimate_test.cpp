@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -405,6 +406,64 @@ TEST(Estimate, ThePlannerFindsThePlacementThatFitsTheLargestModel) {
                                                    {"max_in_cpu", np["max_in_cpu"]}};
   expect_fits_up_to(ncfg, np["largest"]["n_layer"].get<int64_t>(),
                     " --device-memory 600MiB --host-memory 300MiB --nvme-bytes 150MiB");
+}
+
+// On 2 nodes of 2 ranks (issue 38) the table has the keys of more than one
+// node as rows: MiCS within a node at stages 2-3 (the states of 2 ranks'
+// partitions, not 4's), hpZ at stage 3 (a secondary partition of the 16-bit
+// parameters over the node's ranks in the peak), alone and with qwZ and
+// qgZ; each row is what `zero estimate --config` gives its keys.
+TEST(Estimate, OnTwoNodesTheKeysOfSeveralNodesAreRows) {
+  TempDir dir;
+  const std::string e = kBin + "zero estimate --model mingpt:4,256,512,64 --ranks-per-node 2 --nodes 2 ";
+  ASSERT_EQ(sh(e + "--json " + dir.file("t.json") + " > " + dir.file("t.log") + " 2>&1"), 0) << read_text(dir.file("t.log"));
+  const auto t = nlohmann::json::parse(read_text(dir.file("t.json")));
+  ASSERT_EQ(t["configurations"].size(), 9u + 3 + 4 * 3) << read_text(dir.file("t.log"));
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto& r : t["configurations"]) rows[r["name"].get<std::string>()] = r;
+  ASSERT_TRUE(rows.count("stage 3 + mics_shard_size 2")) << read_text(dir.file("t.log"));
+  ASSERT_TRUE(rows.count("stage 2 + offload_optimizer cpu + mics_shard_size 2"));
+  ASSERT_TRUE(rows.count("stage 3 + zero_hpz_partition_size 2"));
+  ASSERT_TRUE(rows.count("stage 3 + zero_hpz_partition_size 2, qwZ, qgZ"));
+  EXPECT_FALSE(rows.count("stage 1 + mics_shard_size 2")) << "MiCS is of stages 2-3";
+  const auto& plain = rows["stage 3"];
+  const auto& mics = rows["stage 3 + mics_shard_size 2"];
+  const auto& hpz = rows["stage 3 + zero_hpz_partition_size 2"];
+  const auto& zpp = rows["stage 3 + zero_hpz_partition_size 2, qwZ, qgZ"];
+  EXPECT_EQ(mics["mics_shard_size"], 2);
+  EXPECT_EQ(zpp["zero_quantized_gradients"], true);
+  const double n = t["num_parameters"].get<double>();
+  // fp32 Adam's 12 bytes a parameter over 2 ranks instead of 4.
+  EXPECT_NEAR(mics["device"]["optimizer_states"].get<double>() - plain["device"]["optimizer_states"].get<double>(),
+              12.0 * n / 4, 0.01 * 12.0 * n / 4);
+  // hpZ: the same model states; the secondary partition in the peak (bf16:
+  // 2 bytes a parameter over the node's 2 ranks, of the parameters that are
+  // partitioned: not those under stage3_param_persistence_threshold).
+  EXPECT_EQ(hpz["device"]["total"], plain["device"]["total"]);
+  const double secondary = hpz["peak"]["device"].get<double>() - plain["peak"]["device"].get<double>();
+  EXPECT_GT(secondary, 0.5 * n / 2) << "most of the parameters are in layers above the threshold";
+  EXPECT_LE(secondary, 2.0 * n / 2);
+  EXPECT_GT(zpp["peak"]["device"].get<double>(), hpz["peak"]["device"].get<double>()) << "the int8 payloads";
+  // The rows are what --config gives the same keys.
+  for (const auto& [keys, row] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {R"("mics_shard_size": 2)", mics},
+           {R"("zero_hpz_partition_size": 2, "zero_quantized_weights": true, "zero_quantized_gradients": true)", zpp}}) {
+    std::ofstream(dir.file("c.json")) << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3, )"
+                                      << keys << "}}";
+    ASSERT_EQ(sh(e + "--config " + dir.file("c.json") + " --json " + dir.file("c.out.json") + " > " + dir.file("c.log") +
+                 " 2>&1"),
+              0)
+        << read_text(dir.file("c.log"));
+    const auto c = nlohmann::json::parse(read_text(dir.file("c.out.json")))["configurations"][0];
+    EXPECT_EQ(c["device"], row["device"]) << keys;
+    EXPECT_EQ(c["peak"]["device"], row["peak"]["device"]) << keys;
+  }
+  // One node, or one rank a node: no such rows.
+  ASSERT_EQ(sh(kBin + "zero estimate --model mingpt:4,256,512,64 --ranks-per-node 4 --json " + dir.file("one.json") +
+               " > " + dir.file("one.log") + " 2>&1"),
+            0);
+  EXPECT_EQ(nlohmann::json::parse(read_text(dir.file("one.json")))["configurations"].size(), 9u);
 }
 
 TEST(Estimate, TableAndLargestModelsAndUsageErrors) {

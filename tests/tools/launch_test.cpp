@@ -192,6 +192,38 @@ TEST(Launch, EveryRankGetsTorchrunEnvironmentAndOneFreePort) {
   EXPECT_LE(std::stoi(port), 65535);
 }
 
+// --emulate_nodes: one launcher starts every node's ranks, each with the
+// environment its own node's launcher would give it (GROUP_RANK the node,
+// LOCAL_RANK within it), one free port, and an inherited ZERO_NODE_ID
+// (which would override the node) dropped.
+TEST(Launch, EmulatedNodesGiveEachRankItsNodeAndLocalRank) {
+  TempDir dir;
+  RunOptions o;
+  o.env["ZERO_NODE_ID"] = "7";
+  Result r = run_launch(dir,
+                        sh({"--nnodes", "3", "--nproc_per_node", "2", "--emulate_nodes"},
+                           "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE "
+                           "$MASTER_ADDR $MASTER_PORT node=${ZERO_NODE_ID:-none}\"",
+                           dir),
+                        o);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 6u) << r.out;
+  std::sort(lines.begin(), lines.end());
+  const std::regex line_re(R"(\[rank (\d)\] (\d) (\d) 6 2 (\d) 3 127\.0\.0\.1 (\d+) node=none)");
+  std::string port;
+  for (int rank = 0; rank < 6; ++rank) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(lines[rank], m, line_re)) << lines[rank];
+    EXPECT_EQ(m[2], std::to_string(rank)) << "RANK";
+    EXPECT_EQ(m[3], std::to_string(rank % 2)) << "LOCAL_RANK";
+    EXPECT_EQ(m[4], std::to_string(rank / 2)) << "GROUP_RANK";
+    if (rank == 0) port = m[5];
+    EXPECT_EQ(m[5], port);
+  }
+  EXPECT_NE(port, "29500") << "a free port, not torchrun's multi-node default";
+}
+
 // torchrun's form: the first argument that is not an option starts PROGRAM.
 TEST(Launch, ProgramWithoutDashesAsTorchrunTakesIt) {
   TempDir dir;
@@ -388,6 +420,11 @@ TEST(LaunchOptions, UsageErrorsNameTheOptionAndWhatWasExpected) {
       {{"--nproc_per_node", "--", "/bin/true"}, "--nproc_per_node: expected a value"},
       {{"--nproc_per_node", "2"}, "expected PROGRAM ARGS... (or -- PROGRAM ARGS...) after the options"},
       {{"--nproc_per_node", "2", "--"}, "expected a PROGRAM after --"},
+      {{"--emulate_nodes=1", "--", "/bin/true"}, "--emulate_nodes takes no value; got \"--emulate_nodes=1\""},
+      {{"--nnodes", "2", "--emulate_nodes", "--node_rank", "1", "--", "/bin/true"},
+       "--emulate_nodes starts every node here, on 127.0.0.1: drop --node_rank"},
+      {{"--emulate-nodes", "--master_addr", "10.0.0.1", "--", "/bin/true"},
+       "--emulate_nodes starts every node here, on 127.0.0.1: drop --master_addr"},
   };
   for (const Case& c : cases) {
     testing::internal::CaptureStderr();

@@ -531,6 +531,75 @@ TEST(Tune, APartialOffloadWhereTheDeviceHoldsPartOfTheStates) {
   EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
 }
 
+// On 2 emulated nodes of 2 ranks (issue 38): the winner at stage 3 is run
+// with each key of more than one node; each run's bytes across nodes are
+// its own counters', and with a slow enough network (100 KB/s a rank: the
+// bytes' seconds far beyond any step here, however loaded the machine) the
+// fewest bytes across the busiest node win. The layers are gathered
+// (persistence threshold 0), so hpZ and qwZ change what crosses.
+TEST(Tune, OnTwoNodesTheWinnerIsTriedWithEachKeyAndTheBytesAcrossRankIt) {
+  TempDir dir, tmp;
+  std::ofstream(dir.file("base.json"))
+      << R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+             "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "mics_shard_size": 4}})";
+  const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
+                          "zero tune --model mingpt:2,128,64,64 --config " + dir.file("base.json") +
+                          " --ranks 2 --nodes 2 --device-memory 24MiB --host-memory 1GiB --checkpointing none"
+                          " --micro-batches 2 --steps 2 --gradients host --stages 3 --offload none --bucket-sizes 26000"
+                          " --allow-quantized-communication --inter-node-bandwidth 100KB --out " +
+                          dir.file("ds_config.json") + " --json " + dir.file("report.json") + " > " + dir.file("log") +
+                          " 2>&1";
+  ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
+  const std::string log = read_text(dir.file("log"));
+  EXPECT_NE(log.find("on 2 nodes x 2 ranks (emulated here"), std::string::npos) << log;
+  EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
+  const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
+  EXPECT_EQ(report["nodes"], 2);
+  EXPECT_EQ(report["ranks"], 4);
+  // keys -> the measured row: none, MiCS, hpZ, MiCS + qwZ, hpZ + qwZ, hpZ + qwZ + qgZ.
+  std::map<std::string, nlohmann::json> by_keys;
+  for (const auto& c : report["candidates"]) {
+    ASSERT_EQ(c["status"], "trained") << c.dump();
+    const std::string k = std::to_string(c["mics_shard_size"].get<int>()) + "/" +
+                          std::to_string(c["zero_hpz_partition_size"].get<int>()) + "/" +
+                          (c["zero_quantized_weights"].get<bool>() ? "w" : "-") +
+                          (c["zero_quantized_gradients"].get<bool>() ? "g" : "-");
+    EXPECT_TRUE(by_keys.emplace(k, c).second) << "twice: " << k;
+    EXPECT_LE(c["measured"]["peak_bytes"]["device"].get<int64_t>(), 24 << 20) << c.dump();
+    const auto& b = c["measured"]["bytes_per_step"];
+    EXPECT_NEAR(c["measured"]["network_s"].get<double>(), b["busiest_node_across_nodes"].get<double>() / (2 * 100e3),
+                1e-9)
+        << c.dump();
+  }
+  ASSERT_EQ(by_keys.size(), 6u) << report.dump(1);
+  auto across = [&](const std::string& k) {
+    return by_keys.at(k)["measured"]["bytes_per_step"]["across_nodes"].get<double>();
+  };
+  const double plain = across("0/0/--");
+  EXPECT_GT(plain, 0);
+  EXPECT_LT(across("2/0/--"), 0.5 * plain);         // MiCS: only the replicas' sum crosses
+  EXPECT_LT(across("0/2/--"), 0.9 * plain);         // hpZ: backward's gathers stay in the node
+  EXPECT_LT(across("0/2/w-"), 0.9 * across("0/2/--"));  // qwZ: forward's gathers in int8
+  EXPECT_LT(across("0/2/wg"), 0.5 * across("0/2/w-"));  // qgZ: the gradients in int8, across once
+  EXPECT_EQ(across("2/0/w-"), across("2/0/--"));    // MiCS's gathers never cross: qwZ saves within
+  // The winner sends the fewest bytes across its busiest node, and is written.
+  const auto& fewest = *std::min_element(report["candidates"].begin(), report["candidates"].end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["measured"]["bytes_per_step"]["busiest_node_across_nodes"].get<double>() <
+           b["measured"]["bytes_per_step"]["busiest_node_across_nodes"].get<double>();
+  });
+  EXPECT_EQ(report["best"]["run_order"], fewest["run_order"]);
+  const auto config = nlohmann::json::parse(read_text(dir.file("ds_config.json")));
+  const auto& z = config["zero_optimization"];
+  EXPECT_EQ(z.value("mics_shard_size", 0), fewest["mics_shard_size"].get<int>()) << z.dump();  // the base's 4 gone
+  EXPECT_EQ(z.value("zero_hpz_partition_size", 0), fewest["zero_hpz_partition_size"].get<int>()) << z.dump();
+  EXPECT_EQ(z.value("zero_quantized_weights", false), fewest["zero_quantized_weights"].get<bool>()) << z.dump();
+  EXPECT_EQ(z.value("zero_quantized_gradients", false), fewest["zero_quantized_gradients"].get<bool>()) << z.dump();
+  EXPECT_EQ(sh(kBin + "zero config check " + dir.file("ds_config.json") + " --world-size 4 > " + dir.file("check") +
+               " 2>&1"),
+            0)
+      << read_text(dir.file("check"));
+}
+
 TEST(Tune, UsageErrorsNameTheOption) {
   TempDir dir;
   const std::string t = kBin + "zero tune ";
@@ -548,7 +617,13 @@ TEST(Tune, UsageErrorsNameTheOption) {
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --run-timeout -1", "--run-timeout: expected seconds"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --ratios 0.5,1.5", "--ratios: expected shares in (0, 1]"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --gradients gpu", "--gradients: expected host, device or both; got \"gpu\""},
-           {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"}}) {
+           {"--model mingpt:2,64 --devise-memory 1GiB", "did you mean --device-memory?"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --inter-node-bandwidth 25GB",
+            "--inter-node-bandwidth goes with --nodes M (M > 1)"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --nodes 2 --inter-node-bandwidth fast",
+            "--inter-node-bandwidth: expected bytes a second"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --allow-quantized-communication",
+            "--allow-quantized-communication goes with --nodes M (M > 1)"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
   }

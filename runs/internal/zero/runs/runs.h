@@ -104,7 +104,9 @@ std::string signal_name(int sig);
 /// the environment (NOTE [run report]).
 struct ProbeRun {
   std::string launcher;  // the zero binary
-  int64_t nproc = 1;
+  int64_t nproc = 1;  // ranks a node
+  /// Nodes of nproc ranks, all on this machine (zero launch --emulate_nodes).
+  int64_t nnodes = 1;
   std::vector<std::string> argv;
   std::string report_path, log_path;
   std::optional<int64_t> stop_after_steps;
@@ -129,6 +131,10 @@ struct ProbeResult {
   int64_t samples_per_step = 0;    // the global batch
   int64_t tokens_per_step = 0;     // global batch x tokens per sample (0: the program did not say)
   int64_t peak_device = 0, peak_host = 0, peak_nvme = 0;  // the largest over ranks; host: pinned + pageable
+  /// NOTE [bytes across nodes]: a step's bytes sent within nodes and
+  /// across them, summed over the ranks, and the most that one node's ranks
+  /// sent across together.
+  double within_node_per_step = 0, across_nodes_per_step = 0, busiest_node_across_per_step = 0;
   std::vector<RunReport> reports;  // by rank, when every rank wrote one
   double seconds = 0;              // the run's wall time
   double samples_per_s() const { return step_s > 0 ? static_cast<double>(samples_per_step) / step_s : 0; }
