@@ -33,7 +33,7 @@ done
 [ -x "$bin/zero" ] && [ -x "$bin/mingpt" ] || { echo "tune_nodes.sh: build zero and mingpt first (make build, or --bin DIR)" >&2; exit 1; }
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-grid=(--model mingpt:4,256,512,128 --ranks 2 --nodes 2 --device-memory 96MiB --host-memory 1GiB
+grid=(--model mingpt:4,256,512,128 --ranks 2 --nodes 2 --device-memory 96MiB --host-memory 1GiB --device cpu
   --stages 3 --offload none,cpu --checkpointing none --micro-batches 2,8 --bucket-sizes 4e5 --steps 4
   --gradients host --allow-quantized-communication --force)
 IFS=, read -r -a list <<<"$bandwidths"

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -101,15 +102,20 @@ options:
   --nnodes N              nodes in the job (default 1)
   --node_rank K           this node's index, 0..N-1 (default 0): its ranks are
                           K*nproc_per_node ... (K+1)*nproc_per_node-1
-  --master_addr ADDR      MASTER_ADDR (default 127.0.0.1; required with --nnodes)
-  --master_port PORT      MASTER_PORT (default: one node, a free port on
-                          127.0.0.1; several, 29500 as torchrun's)
+  --master_addr ADDR      MASTER_ADDR (default 127.0.0.1; required with --nnodes
+                          but for --emulate_nodes)
+  --master_port PORT      MASTER_PORT (default: one node or --emulate_nodes, a
+                          free port on 127.0.0.1; several, 29500 as torchrun's)
   --emulate_nodes         start every node's ranks here, over loopback: rank R
                           is on node R / nproc_per_node (its GROUP_RANK, as that
                           node's own launcher would give it), so the node-aware
                           keys (zero_hpz_partition_size, mics_shard_size, the
                           bytes across nodes) act as on --nnodes machines; not
-                          with --node_rank or --master_addr
+                          with --node_rank or --master_addr. On GPUs rank R
+                          takes cuda:LOCAL_RANK, as another node's rank does
+                          (NCCL refuses that: ZERO_DIST_BACKEND=gloo, or the
+                          CPU); the default pinned-memory limit is then half
+                          the memory over one node's ranks, not all of them
   --kill-timeout SECONDS  SIGTERM-to-SIGKILL grace period (default 5)
   -h, --help              this text
 )";
@@ -488,6 +494,10 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
     given.push_back(*known);
     if (*known == "--emulate_nodes") {  // a flag
       if (eq != std::string::npos) throw UsageError("--emulate_nodes takes no value; got \"" + arg + "\"");
+      if (i + 1 < args.size() && !args[i + 1].empty() &&
+          std::all_of(args[i + 1].begin(), args[i + 1].end(), [](unsigned char c) { return std::isdigit(c); }))
+        throw UsageError("--emulate_nodes takes no value; got \"" + args[i + 1] +
+                         "\" after it (the nodes are --nnodes N)");
       options.emulate_nodes = true;
       continue;
     }
@@ -515,6 +525,8 @@ LaunchOptions parse_options(const std::vector<std::string>& args) {
     }
   }
   auto was_given = [&](const char* name) { return std::find(given.begin(), given.end(), name) != given.end(); };
+  if (options.emulate_nodes && options.nnodes == 1)
+    throw UsageError("--emulate_nodes goes with --nnodes N (N > 1): the nodes to start here");
   if (options.emulate_nodes && (was_given("--node_rank") || was_given("--master_addr")))
     throw UsageError(std::string("--emulate_nodes starts every node here, on 127.0.0.1: drop ") +
                      (was_given("--node_rank") ? "--node_rank" : "--master_addr"));

@@ -124,10 +124,12 @@ swap files are removed however it ends.
                              launch --emulate_nodes, over loopback): the
                              per-rank budgets, the keys of more than one node
                              and their bytes across nodes as on M machines.
-                             The winner is then tried with each key that
-                             applies to its stage: mics_shard_size (a node)
-                             at stages 2-3, zero_hpz_partition_size (a node)
-                             at stage 3 (default 1)
+                             With --ranks 2 or more the winner is then tried
+                             with each key that applies to its stage:
+                             mics_shard_size (a node) at stages 2-3,
+                             zero_hpz_partition_size (a node) at stage 3
+                             (default 1; on the CPU: --device cpu on a GPU
+                             machine, the nodes sharing its GPUs otherwise)
   --inter-node-bandwidth B   with --nodes: bytes a second each rank can send
                              to other nodes (25GB: a 200 Gb/s NIC a rank):
                              each run is ranked by its step here plus the
@@ -139,9 +141,13 @@ swap files are removed however it ends.
                              collectives on the winner at stage 3 (qwZ with
                              MiCS or hpZ, and qwZ + hpZ + qgZ), which change
                              the numerics
+  --exhaustive               run every candidate that fits (to check the tuner;
+                             with --nodes the keys still on the winner only)
   --config FILE              base config: its optimizer, scheduler, clipping,
                              precision and other keys are kept, the tuned
-                             keys replaced (default: AdamW, clipping 1.0)
+                             keys replaced (default: AdamW, clipping 1.0);
+                             with --nodes its MiCS and ZeRO++ keys are
+                             replaced too (each candidate has its own)
   --precision fp32|fp16|bf16 (default: the base config's; else bf16 on a GPU,
                              fp32 on the CPU)
   --device cpu|cuda          where the ranks train (default: cuda when there is one)
@@ -156,7 +162,8 @@ swap files are removed however it ends.
                              prefetch bucket (default: 1/16 and 1/4 of the parameters)
   --steps N                  optimizer steps per run, the first untimed (default 4)
   --trials N                 runs of the frontier at most (default 8); the winner's
-                             other bucket sizes are run besides
+                             other bucket sizes, and with --nodes its keys of
+                             several nodes (up to 5 runs), are run besides
   --run-timeout S            a run still going after S seconds is stopped, reported
                              and skipped (default 600; 0: no limit)
   --ratios LIST              offload_optimizer.ratio values to try at stage 3 +
@@ -181,7 +188,6 @@ swap files are removed however it ends.
                              moments under a bf16 or fp16 master (about 2x),
                              which change the numerics; proposed only where
                              fp32 states do not fit or run slower
-  --exhaustive               run every candidate that fits (to check the tuner)
   --out FILE                 the winning config (default ds_config.json)
   --json FILE                every candidate: its estimate, outcome and figures
   --force                    replace an --out or --json file that an earlier
@@ -406,6 +412,13 @@ int tune(const std::vector<std::string>& args) {
   plan.host_budget = *host_budget;
   plan.device = device;
   plan.on_cuda = device ? *device == "cuda" : torch::cuda::is_available();
+  // Emulated nodes share this machine's GPUs: rank R takes cuda:(R mod
+  // --ranks), the device of another node's rank too, which NCCL refuses.
+  if (plan.nodes > 1 && plan.on_cuda)
+    return fail(std::string("--nodes ") + std::to_string(plan.nodes) +
+                ": the nodes are emulated on this machine, where rank R would take cuda:(R mod --ranks), another "
+                "node's rank's GPU too (NCCL refuses two ranks on one GPU); tune them on the CPU: " +
+                (program.empty() ? "--device cpu" : "CUDA_VISIBLE_DEVICES= zero tune ... (the program then trains on the CPU)"));
   if (model && trainer.empty()) trainer = self_dir() + "/mingpt";
   if (model && ::access(trainer.c_str(), X_OK) != 0)
     return fail("the runs train with " + trainer + ", which is not there (build mingpt)");
@@ -437,6 +450,15 @@ int tune(const std::vector<std::string>& args) {
       }
       const auto checked = config::load_string(checked_text, lo, config_path);
       plan.base = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+      if (plan.nodes > 1 && plan.base.contains("zero_optimization") && plan.base["zero_optimization"].is_object()) {
+        std::string dropped;
+        for (const char* k : {"mics_shard_size", "mics_hierarchical_params_gather", "zero_hpz_partition_size",
+                              "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"})
+          if (plan.base["zero_optimization"].contains(k)) dropped += (dropped.empty() ? "" : ", ") + std::string(k);
+        if (!dropped.empty())
+          std::fprintf(stderr, "zero tune: --nodes: the base config's %s are the tuner's to choose: each candidate "
+                               "has its own (none, or the winner's key sets)\n", dropped.c_str());
+      }
       if (!precision) precision = checked.bf16.enabled ? "bf16" : checked.fp16.enabled ? "fp16" : std::optional<std::string>();
       plan.gas = checked.batch.gradient_accumulation_steps;
     } else {
@@ -610,6 +632,12 @@ int tune(const std::vector<std::string>& args) {
                    describe(c).c_str());
       std::fflush(stderr);
       c.run = zero::runs::run_probe(probe_run(tag, cfg_path, c.micro_batch, c.checkpointing, plan.steps, true));
+      if (plan.inter_node_bandwidth > 0 && c.run.outcome == zero::runs::ProbeResult::Outcome::kTrained &&
+          !c.run.bytes_counted) {  // measured, but its bytes across nodes cannot be priced
+        c.run.outcome = zero::runs::ProbeResult::Outcome::kFailed;
+        c.run.message = "a rank's run report has no collective_bytes (a program built with an older zero?), so "
+                        "--inter-node-bandwidth cannot price its bytes across nodes\n";
+      }
       if (!plan.program.empty() && c.run.outcome == zero::runs::ProbeResult::Outcome::kTrained) {
         const std::string off = config_mismatch(c.run.reports.front(), kFamilies[c.family].stage, c.micro_batch);
         if (!off.empty()) {  // measured, but not this candidate
@@ -764,7 +792,8 @@ int tune(const std::vector<std::string>& args) {
     const char* unit = best != nullptr && best->run.tokens_per_step == 0 ? "samples/s" : "tokens/s";
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%-54s %5s %11s %11s %11s %11s %8s %10s %7s%s\n", "candidate (run order)", "run", "est device",
-                "peak device", "est host", "peak host", "step s", unit, "vs best",
+                "peak device", "est host", "peak host", plan.inter_node_bandwidth > 0 ? "step+net" : "step s", unit,
+                "vs best",
                 plan.nodes > 1 ? "  across nodes a step" : "");
     for (const Candidate* c : ran) {
       std::string name = family_name(kFamilies[c->family]);

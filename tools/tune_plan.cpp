@@ -169,6 +169,14 @@ bool written_by_tune(const std::string& path) {
 // outcome and, trained, its figures.
 nlohmann::json report_row(const Plan& plan, const Candidate& c) {
   const Family& f = kFamilies[c.family];
+  // The keys of several nodes in effect: the candidate's, or on one node the
+  // base config's (which candidate_config keeps there); 0 for none.
+  const nlohmann::json z = candidate_config(plan, c, "/nvme")["zero_optimization"];
+  auto size_key = [&](const char* k) {
+    const int64_t v = z.contains(k) && z[k].is_number_integer() ? z[k].get<int64_t>() : 0;
+    return v > 1 || (v == 1 && std::string(k) == "mics_shard_size") ? v : int64_t{0};
+  };
+  auto flag_key = [&](const char* k) { return z.contains(k) && z[k].is_boolean() && z[k].get<bool>(); };
   nlohmann::json row = {{"stage", f.stage},
                         {"offload_optimizer", kLevelName[f.opt]},
                         {"offload_ratio", c.ratio},
@@ -180,10 +188,10 @@ nlohmann::json report_row(const Plan& plan, const Candidate& c) {
                         {"master", c.master16 ? plan.precision : std::string("fp32")},
                         {"micro_batch", c.micro_batch},
                         {"bucket_size", c.bucket},
-                        {"mics_shard_size", c.keys.mics},
-                        {"zero_hpz_partition_size", c.keys.hpz},
-                        {"zero_quantized_weights", c.keys.qwz},
-                        {"zero_quantized_gradients", c.keys.qgz},
+                        {"mics_shard_size", size_key("mics_shard_size")},
+                        {"zero_hpz_partition_size", size_key("zero_hpz_partition_size")},
+                        {"zero_quantized_weights", flag_key("zero_quantized_weights")},
+                        {"zero_quantized_gradients", flag_key("zero_quantized_gradients")},
                         {"estimate_bytes",
                          {{"device", c.estimate.device()}, {"host", c.estimate.host()}, {"nvme", c.estimate.nvme()}}},
                         {"fits_estimate", c.fits},
@@ -255,8 +263,11 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   if (f.param) {
     z["offload_param"] = {{"device", kLevelName[f.param]}, {"pin_memory", true}};
     if (f.param == 2) {
-      // The swap buffers hold this rank's shard of the largest layer.
-      const int64_t shard = (plan.largest_layer + plan.world() - 1) / plan.world();
+      // The swap buffers hold this rank's shard of the largest layer: of
+      // its MiCS shard group's ranks where it has one (config::partition_ranks).
+      const int64_t mics = z.value("mics_shard_size", int64_t{0});
+      const int64_t part = mics > 0 && f.stage >= 2 ? mics : plan.world();
+      const int64_t shard = (plan.largest_layer + part - 1) / part;
       const int64_t buffer = round2(static_cast<double>(shard) * 1.05 + 4096);
       z["offload_param"].update({{"nvme_path", nvme_path}, {"buffer_count", 5}, {"buffer_size", buffer},
                                  {"max_in_cpu", buffer}});

@@ -193,8 +193,8 @@ void estimate_candidate(const Plan& plan, Candidate& c, const std::vector<Parame
 
 /// On more than one node, the winner with each set of keys that applies
 /// to its stage (MiCS within a node at stages 2-3; at stage 3 hpZ, and with
-/// --allow-quantized-communication qwZ + hpZ and qwZ + hpZ + qgZ), each
-/// estimated; none on one node or one rank a node.
+/// --allow-quantized-communication qwZ + MiCS, qwZ + hpZ and qwZ + hpZ +
+/// qgZ), each estimated; none on one node or one rank a node.
 std::vector<Candidate> comm_variants(const Plan& plan, const Candidate& winner, const std::vector<ParameterShape>& shapes,
                                      double activation_per_sample);
 

@@ -391,13 +391,17 @@ ProbeResult run_probe(const ProbeRun& run) {
                                                                            : rep.peak("pinned_host") + rep.peak("host");
     r.peak_host = std::max(r.peak_host, host);
     r.peak_nvme = std::max(r.peak_nvme, rep.peak("nvme"));
-    if (rep.json.contains("collective_bytes")) {
-      const auto& b = rep.json.at("collective_bytes");
-      const double across = b.value("across_nodes_per_step", 0.0);
-      r.within_node_per_step += b.value("within_node_per_step", 0.0);
-      r.across_nodes_per_step += across;
-      node_across[b.value("node", int64_t{0})] += across;
+    const auto b = rep.json.find("collective_bytes");
+    auto number = [&](const char* k) { return b->contains(k) && b->at(k).is_number(); };
+    if (b == rep.json.end() || !b->is_object() || !number("node") || !number("across_nodes_per_step") ||
+        !number("within_node_per_step")) {
+      r.bytes_counted = false;
+      continue;
     }
+    const double across = b->at("across_nodes_per_step").get<double>();
+    r.within_node_per_step += b->at("within_node_per_step").get<double>();
+    r.across_nodes_per_step += across;
+    node_across[b->at("node").get<int64_t>()] += across;
   }
   for (const auto& [node, bytes] : node_across) r.busiest_node_across_per_step = std::max(r.busiest_node_across_per_step, bytes);
   if (run.stop_after_steps && *run.stop_after_steps == 0) {  // a description run: nothing to train

@@ -421,9 +421,12 @@ TEST(LaunchOptions, UsageErrorsNameTheOptionAndWhatWasExpected) {
       {{"--nproc_per_node", "2"}, "expected PROGRAM ARGS... (or -- PROGRAM ARGS...) after the options"},
       {{"--nproc_per_node", "2", "--"}, "expected a PROGRAM after --"},
       {{"--emulate_nodes=1", "--", "/bin/true"}, "--emulate_nodes takes no value; got \"--emulate_nodes=1\""},
+      {{"--nnodes", "2", "--emulate_nodes", "2", "--", "/bin/true"},
+       "--emulate_nodes takes no value; got \"2\" after it (the nodes are --nnodes N)"},
+      {{"--emulate_nodes", "--", "/bin/true"}, "--emulate_nodes goes with --nnodes N (N > 1)"},
       {{"--nnodes", "2", "--emulate_nodes", "--node_rank", "1", "--", "/bin/true"},
        "--emulate_nodes starts every node here, on 127.0.0.1: drop --node_rank"},
-      {{"--emulate-nodes", "--master_addr", "10.0.0.1", "--", "/bin/true"},
+      {{"--nnodes", "2", "--emulate-nodes", "--master_addr", "10.0.0.1", "--", "/bin/true"},
        "--emulate_nodes starts every node here, on 127.0.0.1: drop --master_addr"},
   };
   for (const Case& c : cases) {

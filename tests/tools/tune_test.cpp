@@ -544,7 +544,7 @@ TEST(Tune, OnTwoNodesTheWinnerIsTriedWithEachKeyAndTheBytesAcrossRankIt) {
              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "mics_shard_size": 4}})";
   const std::string cmd = "TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin +
                           "zero tune --model mingpt:2,128,64,64 --config " + dir.file("base.json") +
-                          " --ranks 2 --nodes 2 --device-memory 24MiB --host-memory 1GiB --checkpointing none"
+                          " --ranks 2 --nodes 2 --device cpu --device-memory 24MiB --host-memory 1GiB --checkpointing none"
                           " --micro-batches 2 --steps 2 --gradients host --stages 3 --offload none --bucket-sizes 26000"
                           " --allow-quantized-communication --inter-node-bandwidth 100KB --out " +
                           dir.file("ds_config.json") + " --json " + dir.file("report.json") + " > " + dir.file("log") +
@@ -552,6 +552,7 @@ TEST(Tune, OnTwoNodesTheWinnerIsTriedWithEachKeyAndTheBytesAcrossRankIt) {
   ASSERT_EQ(sh(cmd), 0) << read_text(dir.file("log"));
   const std::string log = read_text(dir.file("log"));
   EXPECT_NE(log.find("on 2 nodes x 2 ranks (emulated here"), std::string::npos) << log;
+  EXPECT_NE(log.find("the base config's mics_shard_size are the tuner's to choose"), std::string::npos) << log;
   EXPECT_TRUE(entries(tmp.path()).empty()) << "left behind in TMPDIR";
   const auto report = nlohmann::json::parse(read_text(dir.file("report.json")));
   EXPECT_EQ(report["nodes"], 2);
@@ -588,6 +589,11 @@ TEST(Tune, OnTwoNodesTheWinnerIsTriedWithEachKeyAndTheBytesAcrossRankIt) {
            b["measured"]["bytes_per_step"]["busiest_node_across_nodes"].get<double>();
   });
   EXPECT_EQ(report["best"]["run_order"], fewest["run_order"]);
+  // Ranked by the measured step plus the bytes' seconds.
+  const auto& fm = fewest["measured"];
+  EXPECT_DOUBLE_EQ(report["best"]["tokens_per_s"].get<double>(),
+                   fm["tokens_per_step"].get<double>() / (fm["step_time_s"].get<double>() + fm["network_s"].get<double>()));
+  EXPECT_GT(fm["bytes_per_step"]["within_node"].get<double>(), 0);
   const auto config = nlohmann::json::parse(read_text(dir.file("ds_config.json")));
   const auto& z = config["zero_optimization"];
   EXPECT_EQ(z.value("mics_shard_size", 0), fewest["mics_shard_size"].get<int>()) << z.dump();  // the base's 4 gone
@@ -598,6 +604,22 @@ TEST(Tune, OnTwoNodesTheWinnerIsTriedWithEachKeyAndTheBytesAcrossRankIt) {
                " 2>&1"),
             0)
       << read_text(dir.file("check"));
+
+  // On one node the base config's keys stay, and the report says they ran.
+  std::ofstream(dir.file("one.json"))
+      << R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+             "zero_optimization": {"stage": 3, "mics_shard_size": 2}})";
+  ASSERT_EQ(sh("TMPDIR=" + tmp.path() + " OMP_NUM_THREADS=1 " + kBin + "zero tune --model mingpt:2,128,64,64 --config " +
+               dir.file("one.json") + " --ranks 2 --device cpu --device-memory 24MiB --host-memory 1GiB"
+               " --checkpointing none --micro-batches 2 --steps 2 --stages 3 --offload none --bucket-sizes 26000 --out " +
+               dir.file("one.config.json") + " --json " + dir.file("one.report.json") + " > " + dir.file("one.log") +
+               " 2>&1"),
+            0)
+      << read_text(dir.file("one.log"));
+  const auto one = nlohmann::json::parse(read_text(dir.file("one.report.json")));
+  ASSERT_EQ(one["candidates"].size(), 1u);
+  EXPECT_EQ(one["candidates"][0]["mics_shard_size"], 2);
+  EXPECT_EQ(nlohmann::json::parse(read_text(dir.file("one.config.json")))["zero_optimization"]["mics_shard_size"], 2);
 }
 
 TEST(Tune, UsageErrorsNameTheOption) {
@@ -623,7 +645,9 @@ TEST(Tune, UsageErrorsNameTheOption) {
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --nodes 2 --inter-node-bandwidth fast",
             "--inter-node-bandwidth: expected bytes a second"},
            {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --allow-quantized-communication",
-            "--allow-quantized-communication goes with --nodes M (M > 1)"}}) {
+            "--allow-quantized-communication goes with --nodes M (M > 1)"},
+           {"--model mingpt:2,64 --device-memory 1GiB --host-memory 1GiB --nodes 2 --device cuda",
+            "tune them on the CPU: --device cpu"}}) {
     EXPECT_EQ(sh(t + args + " > " + dir.file("u.log") + " 2>&1"), 2) << args;
     EXPECT_NE(read_text(dir.file("u.log")).find(message), std::string::npos) << args << "\n" << read_text(dir.file("u.log"));
   }

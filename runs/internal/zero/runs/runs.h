@@ -135,6 +135,9 @@ struct ProbeResult {
   /// across them, summed over the ranks, and the most that one node's ranks
   /// sent across together.
   double within_node_per_step = 0, across_nodes_per_step = 0, busiest_node_across_per_step = 0;
+  /// false when a rank's report has no such counts (a program built with
+  /// an older zero): the sums above then leave it out.
+  bool bytes_counted = true;
   std::vector<RunReport> reports;  // by rank, when every rank wrote one
   double seconds = 0;              // the run's wall time
   double samples_per_s() const { return step_s > 0 ? static_cast<double>(samples_per_step) / step_s : 0; }
