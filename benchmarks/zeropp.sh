@@ -16,9 +16,13 @@
 #    this repository's docs (a text model), and of the Llama program (2
 #    layers of benchmarks/configs/llama_small_config.json, byte tokens of the
 #    same text), qwZ's loss against the exact run's: the last step's, and
-#    the mean of the last 20 steps' (one batch's loss is noisy).
+#    the mean of the last 20 steps' (one batch's loss is noisy). With
+#    --seeds LIST each seed's runs (initialisation; minGPT's data order
+#    too) against that seed's exact run, and each exact run against the
+#    first seed's: the spread that two trajectories have without any key.
 #
-#   benchmarks/zeropp.sh [--loss-steps N] [--skip-loss] [--out DIR] [--bin DIR]
+#   benchmarks/zeropp.sh [--loss-steps N] [--skip-loss] [--skip-bytes] [--seeds LIST]
+#                        [--programs mingpt,llama] [--loss-keys none,qwz,qgz,all] [--out DIR] [--bin DIR]
 #
 # Writes OUT/zeropp.md and OUT/zeropp.json (default OUT build/zeropp).
 set -euo pipefail
@@ -27,19 +31,34 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 loss_steps=200
 skip_loss=0
+skip_bytes=0
+seeds=42
+programs=mingpt,llama
+loss_keys=none,qwz,qgz,all
 out="$root/build/zeropp"
 bin="$root/build/bin"
 while [ $# -gt 0 ]; do
   case "$1" in
     --loss-steps) loss_steps="$2"; shift 2 ;;
     --skip-loss) skip_loss=1; shift ;;
+    --skip-bytes) skip_bytes=1; shift ;;
+    --seeds) seeds="$2"; shift 2 ;;
+    --programs) programs="$2"; shift 2 ;;
+    --loss-keys) loss_keys="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "zeropp.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$loss_steps" in ''|*[!0-9]*) echo "zeropp.sh: --loss-steps $loss_steps: expected a whole number" >&2; exit 2 ;; esac
+case ",$loss_keys," in *,none,*) ;; *) echo "zeropp.sh: --loss-keys $loss_keys: expected none among them (the reference)" >&2; exit 2 ;; esac
+IFS=, read -r -a seed_list <<<"$seeds"
+IFS=, read -r -a program_list <<<"$programs"
+IFS=, read -r -a loss_key_list <<<"$loss_keys"
+for x in "${seed_list[@]}"; do case "$x" in ''|*[!0-9]*) echo "zeropp.sh: --seeds $seeds: expected whole numbers" >&2; exit 2 ;; esac; done
+for x in "${program_list[@]}"; do case "$x" in mingpt|llama) ;; *) echo "zeropp.sh: --programs $programs: expected mingpt, llama" >&2; exit 2 ;; esac; done
+for x in "${loss_key_list[@]}"; do case "$x" in none|qwz|hpz|qgz|all) ;; *) echo "zeropp.sh: --loss-keys $loss_keys: expected none, qwz, hpz, qgz, all" >&2; exit 2 ;; esac; done
 for b in zero mingpt llama; do
   [ -x "$bin/$b" ] || { echo "zeropp.sh: $bin/$b not found; build first (make build)" >&2; exit 2; }
 done
@@ -69,7 +88,9 @@ EOF
 
 # 1. Bytes.
 rows=()
-for precision in fp32 bf16; do
+precisions=(fp32 bf16)
+[ "$skip_bytes" = 0 ] || precisions=()
+for precision in ${precisions[@]+"${precisions[@]}"}; do
   ref="$work/ref_$precision.json"
   config "$work/none_$precision.json" "$precision" none
   train=("$bin/mingpt" --n_layer 4 --n_embd 128 --n_head 4 --limit_train_batches 6 --max_epochs 1 --stop_after_steps 6)
@@ -88,17 +109,23 @@ done
 # 2. Loss.
 if [ "$skip_loss" = 0 ]; then
   text_data "$work"
-  for keys in none qwz qgz all; do
+  for seed in "${seed_list[@]}"; do
+  for keys in "${loss_key_list[@]}"; do
     cfg="$work/loss_$keys.json"
     config "$cfg" bf16 "$keys"
-    echo "loss, minGPT on text, $loss_steps steps: $keys" >&2
-    two_nodes "$work/log" "$bin/mingpt" --config "$cfg" --data "$work/text.txt" --n_layer 4 --n_embd 128 --n_head 4 \
-      --block_size 64 --limit_train_batches "$loss_steps" --max_epochs 1 --summary-json "$work/mingpt_$keys.json"
-    rows+=("mingpt bf16 $keys $work/mingpt_$keys.json -")
-    echo "loss, Llama on text, $loss_steps steps: $keys" >&2
-    two_nodes "$work/log" "$bin/llama" train --model "$work/llama" --config "$cfg" --data "$work/tokens.bin" \
-      --steps "$loss_steps" --batch_size 8 --block_size 64 --precision bf16 --summary-json "$work/llama_$keys.json"
-    rows+=("llama bf16 $keys $work/llama_$keys.json -")
+    for program in "${program_list[@]}"; do
+      echo "loss, $program on text, $loss_steps steps, seed $seed: $keys" >&2
+      summary="$work/${program}_${keys}_$seed.json"
+      if [ "$program" = mingpt ]; then
+        two_nodes "$work/log" "$bin/mingpt" --config "$cfg" --data "$work/text.txt" --n_layer 4 --n_embd 128 --n_head 4 \
+          --block_size 64 --limit_train_batches "$loss_steps" --max_epochs 1 --seed "$seed" --summary-json "$summary"
+      else
+        two_nodes "$work/log" "$bin/llama" train --model "$work/llama" --config "$cfg" --data "$work/tokens.bin" \
+          --steps "$loss_steps" --batch_size 8 --block_size 64 --precision bf16 --seed "$seed" --summary-json "$summary"
+      fi
+      rows+=("$program bf16 $keys $summary - $seed")
+    done
+  done
   done
 fi
 
@@ -108,8 +135,10 @@ out, rows = sys.argv[1], sys.argv[2:]
 records, bytes_rows, loss_rows = [], [], []
 base_across, exact_loss = {}, {}
 def mb(x): return f"{x / 1e6:.2f}"
+first_seed = {}
 for r in rows:
-    kind, precision, keys, path, ref = r.split()
+    kind, precision, keys, path, ref, *seed = r.split()
+    seed = int(seed[0]) if seed else None
     s = json.load(open(path))
     t = s["collective_bytes_per_step"]
     rec = {"kind": kind, "precision": precision, "keys": keys, "num_parameters": s["num_parameters"],
@@ -125,18 +154,31 @@ for r in rows:
         bytes_rows.append(f"| {precision} | {keys} | {mb(t['within_node'])} | {mb(t['across_nodes'])} | {ratio:.2f} "
                           f"| {rec['median_step_s'] * 1e3:.0f} | {'yes' if rec['same_bits_as_one_node'] else 'no'} |")
     else:
-        if keys == "none": exact_loss[kind] = (rec["final_loss"], rec["last20_loss"])
-        rec["loss_vs_none"] = rec["final_loss"] / exact_loss[kind][0] - 1
-        rec["last20_vs_none"] = rec["last20_loss"] / exact_loss[kind][1] - 1
-        loss_rows.append(f"| {kind} | {keys} | {len(s['loss_curve'])} | {rec['final_loss']:.4f} | {rec['loss_vs_none'] * 100:+.2f}% "
-                         f"| {rec['last20_loss']:.4f} | {rec['last20_vs_none'] * 100:+.2f}% "
+        rec["seed"] = seed
+        if keys == "none":
+            exact_loss[(kind, seed)] = (rec["final_loss"], rec["last20_loss"])
+            first_seed.setdefault(kind, exact_loss[(kind, seed)])
+        e, f = exact_loss[(kind, seed)], first_seed[kind]
+        rec["loss_vs_none"] = rec["final_loss"] / e[0] - 1
+        rec["last20_vs_none"] = rec["last20_loss"] / e[1] - 1
+        # The seed control: this seed's exact run against the first seed's.
+        control = ""
+        if keys == "none":
+            rec["loss_vs_first_seed"] = rec["final_loss"] / f[0] - 1
+            rec["last20_vs_first_seed"] = rec["last20_loss"] / f[1] - 1
+            control = f"{rec['loss_vs_first_seed'] * 100:+.2f}% / {rec['last20_vs_first_seed'] * 100:+.2f}%"
+        loss_rows.append(f"| {kind} | {seed} | {keys} | {len(s['loss_curve'])} | {rec['final_loss']:.4f} | {rec['loss_vs_none'] * 100:+.2f}% "
+                         f"| {rec['last20_loss']:.4f} | {rec['last20_vs_none'] * 100:+.2f}% | {control} "
                          f"| {mb(t['across_nodes'])} | {rec['median_step_s'] * 1e3:.0f} |")
     records.append(rec)
-md = ("| precision | keys | MB a step within | MB a step across | across / none | step ms | bits of 1x4 |\n"
-      "|---|---|---|---|---|---|---|\n" + "\n".join(bytes_rows) + "\n")
+md = ""
+if bytes_rows:
+    md += ("| precision | keys | MB a step within | MB a step across | across / none | step ms | bits of 1x4 |\n"
+           "|---|---|---|---|---|---|---|\n" + "\n".join(bytes_rows) + "\n")
 if loss_rows:
-    md += ("\n| program | keys | steps | last loss | against none | mean of the last 20 | against none "
-           "| MB a step across | step ms |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(loss_rows) + "\n")
+    md += ("\n| program | seed | keys | steps | last loss | against none | mean of the last 20 | against none "
+           "| none against the first seed's (last / last 20) | MB a step across | step ms |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(loss_rows) + "\n")
 open(f"{out}/zeropp.md", "w").write(md)
 json.dump(records, open(f"{out}/zeropp.json", "w"), indent=2)
 print(md, end="")
