@@ -480,19 +480,12 @@ int estimate(const std::vector<std::string>& args) {
           // secondary partition in the node, alone and with ZeRO++'s
           // quantized collectives (whose buffers are in the peak).
           if (nodes > 1 && per_node > 1 && b.stage >= 2) {
-            std::vector<Setup> keyed;
-            Setup m = b;
-            m.mics = per_node;
-            m.name += " + mics_shard_size " + std::to_string(per_node);
-            keyed.push_back(m);
+            const std::string g = std::to_string(per_node);
+            std::vector<Setup> keyed{b};
+            keyed[0].mics = per_node, keyed[0].name += " + mics_shard_size " + g;
             if (b.stage == 3) {
-              Setup h = b;
-              h.hpz = per_node;
-              h.name += " + zero_hpz_partition_size " + std::to_string(per_node);
-              keyed.push_back(h);
-              h.quantized = true;
-              h.name += ", qwZ, qgZ";
-              keyed.push_back(h);
+              keyed.push_back(b), keyed[1].hpz = per_node, keyed[1].name += " + zero_hpz_partition_size " + g;
+              keyed.push_back(keyed[1]), keyed[2].quantized = true, keyed[2].name += ", qwZ, qgZ";
             }
             for (const Setup& k : keyed) setups.push_back({k, config_for(k, precision, world)});
           }

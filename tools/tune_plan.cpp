@@ -237,9 +237,7 @@ nlohmann::json candidate_config(const Plan& plan, const Candidate& c, const std:
   // On more than one node the keys are the tuner's dimensions: each
   // candidate has its own, the base config's go.
   if (plan.nodes > 1) {
-    for (const char* k : {"mics_shard_size", "mics_hierarchical_params_gather", "zero_hpz_partition_size",
-                          "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"})
-      z.erase(k);
+    for (const char* k : kCommKeyNames) z.erase(k);
     if (c.keys.mics) z["mics_shard_size"] = c.keys.mics;
     if (c.keys.hpz) z["zero_hpz_partition_size"] = c.keys.hpz;
     if (c.keys.qwz) z["zero_quantized_weights"] = true;

@@ -45,6 +45,11 @@ struct CommKeys {
   bool any() const { return mics > 0 || hpz > 0 || qwz || qgz; }
   bool operator==(const CommKeys& o) const { return mics == o.mics && hpz == o.hpz && qwz == o.qwz && qgz == o.qgz; }
 };
+/// The zero_optimization keys of several nodes: on --nodes M > 1 the
+/// tuner's to choose (a base config's are replaced by each candidate's).
+inline constexpr const char* kCommKeyNames[] = {"mics_shard_size",         "mics_hierarchical_params_gather",
+                                                "zero_hpz_partition_size", "zero_quantized_weights",
+                                                "zero_quantized_nontrainable_weights", "zero_quantized_gradients"};
 /// "mics_shard_size 2", "hpZ 2 + qwZ + qgZ", "" for none.
 std::string comm_keys_name(const CommKeys& k);
 
@@ -153,6 +158,9 @@ struct Plan {
   std::vector<double> ratios{0.25, 0.5, 0.75, 1.0};  // --ratios: stage 3 + optimizer offload's offload_optimizer.ratio
   std::vector<bool> grad_places{false, true};  // --gradients: host (false), device (true)
 };
+
+/// zero tune --help's text (tune_usage.cpp).
+extern const char* const kTuneUsage;
 
 /// The key a tune's files carry (a '_' key: a comment to DeepSpeed and
 /// zero), so that a later tune replaces them and nothing else without --force.
