@@ -60,6 +60,15 @@ tables), or for one.
                              configuration's peak of a step is then printed
                              (and bounded by the budgets); alone, the model is
                              the report's parameters
+  --trainable-params P       with --params: P of the parameters train, the
+                             rest are frozen (no gradient, master or optimizer
+                             state; partitioned at stage 3, NOTE [frozen
+                             groups]); budgets keep the fraction
+  --lora R --lora-targets q_proj,v_proj,...
+                             with --hf-config: LoRA adapters of rank R on the
+                             named projections (default q_proj,v_proj;
+                             all-linear for all seven), the base frozen, as
+                             llama train --lora builds it
   --ranks-per-node G --nodes M   G x M ranks (default 1 x 1); on M > 1 nodes
                              of G > 1 ranks, each configuration at stages
                              2-3 also with its states sharded within a node
@@ -233,7 +242,10 @@ std::vector<ParameterShape> weights_parameters(const std::vector<ckpt::WeightTen
 }
 
 nlohmann::json to_json(const StateBytes& b) {
-  return {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer_states", b.optimizer_states},
+  return {{"parameters", b.parameters},
+          {"gradients", b.gradients},
+          {"optimizer_states", b.optimizer_states},
+          {"frozen_parameters", b.frozen_parameters},
           {"total", b.total()}};
 }
 
@@ -263,7 +275,9 @@ std::optional<std::array<int64_t, 4>> parse_mingpt_model(const std::string& v, s
 }
 
 int estimate(const std::vector<std::string>& args) {
-  std::optional<int64_t> params;
+  std::optional<int64_t> params, trainable_params;
+  models::LoraConfig lora;
+  bool lora_targets_given = false;
   std::optional<std::vector<int64_t>> model;  // L, C, V, T
   int64_t per_node = 1, nodes = 1;
   std::string precision = "bf16", json_path, config_path, hf_config_path, weights_path, calibrate_path;
@@ -295,7 +309,8 @@ int estimate(const std::vector<std::string>& args) {
                                             "--stage", "--offload-optimizer", "--offload-param", "--config",
                                             "--device-memory", "--host-memory", "--nvme-bytes", "--json",
                                             "--micro-batch", "--n_head", "--backend", "--checkpointing",
-                                            "--hf-config", "--weights", "--calibrate", "--optim-bits"};
+                                            "--hf-config", "--weights", "--calibrate", "--optim-bits",
+                                            "--trainable-params", "--lora", "--lora-targets"};
     if (std::find(known.begin(), known.end(), a) == known.end()) {
       const auto near = nearest(a, known);
       return fail(a + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
@@ -323,6 +338,20 @@ int estimate(const std::vector<std::string>& args) {
       if (!params)
         return fail("--params: expected a whole number of parameters in 1..1e16 such as 1.3e9, 1300M or 1.3B; got \"" + v +
                     "\"");
+    } else if (a == "--trainable-params") {
+      trainable_params = parse_count(v);
+      if (!trainable_params)
+        return fail("--trainable-params: expected a whole number of parameters such as 4.2e6, 4200K or 4.2M; got \"" +
+                    v + "\"");
+    } else if (a == "--lora") {
+      auto x = integer(1, 1 << 20);
+      if (!x) return fail("--lora: expected a LoRA rank, an integer in 1.." + std::to_string(1 << 20) + "; got \"" + v + "\"");
+      lora.r = *x;
+    } else if (a == "--lora-targets") {
+      lora.target_modules.clear();
+      std::stringstream ss(v);
+      for (std::string item; std::getline(ss, item, ',');) lora.target_modules.push_back(item);
+      lora_targets_given = true;
     } else if (a == "--model") {
       std::string error;
       auto dims = parse_mingpt_model(v, error);
@@ -376,6 +405,13 @@ int estimate(const std::vector<std::string>& args) {
   if (sources > 1 || (sources == 0 && calibrate_path.empty()))
     return fail("expected one model: --params P, --model mingpt:L,C[,V,T], --hf-config FILE, --weights FILE or "
                 "--calibrate REPORT (its parameters)");
+  if (trainable_params && !params)
+    return fail("--trainable-params goes with --params (with --hf-config, --lora R gives the trainable parameters)");
+  if (trainable_params && params && *trainable_params > *params)
+    return fail("--trainable-params " + given["--trainable-params"] + ": more than --params " + given["--params"]);
+  if ((lora.enabled() || lora_targets_given) && hf_config_path.empty())
+    return fail("--lora and --lora-targets go with --hf-config (a Llama's layers are what the adapters attach to)");
+  if (lora_targets_given && !lora.enabled()) return fail("--lora-targets goes with --lora R");
   if (workload_given && !model)
     return fail("--n_head and --checkpointing describe a minGPT step: they go with --model");
   if (micro_batch_given && !model && calibrate_path.empty())
@@ -502,6 +538,12 @@ int estimate(const std::vector<std::string>& args) {
     if (!hf_config_path.empty()) {
       llama = models::LlamaConfig::from_file(hf_config_path);
       what = "Llama (" + hf_config_path + ")";
+      if (lora.enabled()) {
+        lora.check(*llama, "--lora");
+        std::string targets;
+        for (const auto& t : lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
+        what += " with LoRA r=" + std::to_string(lora.r) + " on " + targets;
+      }
     }
     if (!calibrate_path.empty()) report = read_run_report(calibrate_path);
     if (!weights_path.empty()) {
@@ -525,9 +567,18 @@ int estimate(const std::vector<std::string>& args) {
       if (llama) {
         auto c = *llama;
         c.num_hidden_layers = n;
-        return models::llama_parameters(c);
+        return models::llama_parameters(c, lora);
       }
       if (!fixed.empty()) return fixed;
+      if (trainable_params && params) {  // the fraction held as the model scales
+        const int64_t t = static_cast<int64_t>(std::llround(static_cast<double>(n) *
+                                                            static_cast<double>(*trainable_params) /
+                                                            static_cast<double>(*params)));
+        std::vector<ParameterShape> split;
+        if (n - t > 0) split.push_back({"frozen", n - t, 0, true});
+        if (t > 0) split.push_back({"trainable", t, 0, false});
+        return split;
+      }
       return parameters_of_size(n);
     };
     const int64_t size = model ? (*model)[0] : llama ? llama->num_hidden_layers : params ? *params : 1;
@@ -613,12 +664,21 @@ int estimate(const std::vector<std::string>& args) {
                 static_cast<long long>(first.num_parameters), static_cast<long long>(world),
                 static_cast<long long>(per_node), static_cast<long long>(nodes),
                 config_path.empty() ? precision.c_str() : "as the config says");
-    std::printf("model states per rank (parameters + gradients + optimizer states):\n");
+    int64_t frozen_numel = 0;
+    for (const auto& q : shapes_for(size)) frozen_numel += q.frozen ? q.numel : 0;
+    if (frozen_numel > 0)
+      std::printf("%lld of them frozen (no gradient, master or optimizer state; partitioned at stage 3), %lld "
+                  "trainable\n",
+                  static_cast<long long>(frozen_numel), static_cast<long long>(first.num_parameters - frozen_numel));
+    std::printf(frozen_numel > 0
+                    ? "memory per rank (parameters + gradients + optimizer states + frozen parameters):\n"
+                    : "model states per rank (parameters + gradients + optimizer states):\n");
     int name_width = 68;  // the longest configuration's name, at least
     for (const auto& [setup, cfg] : setups) name_width = std::max(name_width, static_cast<int>(setup.name.size()));
     std::printf("  %-*s %-50s %-50s %-10s%s\n", name_width, "", "device", "host", "nvme",
                 budgets ? "   fits   largest that fits" : "");
     nlohmann::json out = {{"ranks", world}, {"num_parameters", first.num_parameters}, {"model", what},
+                          {"frozen_parameters", frozen_numel},
                           {"configurations", nlohmann::json::array()}};
     if (!calibration.is_null()) out["calibration"] = calibration;
     for (const auto& [setup, cfg] : setups) {
@@ -626,7 +686,8 @@ int estimate(const std::vector<std::string>& args) {
       auto cell = [&](const StateBytes& b) {
         if (b.total() == 0) return std::string("0");
         return format_bytes(b.total()) + " (" + format_bytes(b.parameters) + " + " + format_bytes(b.gradients) + " + " +
-               format_bytes(b.optimizer_states) + ")";
+               format_bytes(b.optimizer_states) + (frozen_numel > 0 ? " + " + format_bytes(b.frozen_parameters) : "") +
+               ")";
       };
       nlohmann::json row = {{"name", setup.name},
                             {"stage", setup.stage},

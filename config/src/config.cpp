@@ -381,8 +381,13 @@ std::string describe(const Config& config) {
   }
   std::string out;
   for (const ResolvedValue& r : config.resolved) {
+    // A default that changed between DeepSpeed versions is said plainly.
+    const std::string note =
+        r.path == "gradient_clipping" && r.origin == Origin::kDefault
+            ? ": DeepSpeed's default since June 2026 (#8068; 0.0, no clipping, before); give 0 to turn clipping off"
+            : "";
     out += r.path + std::string(path_width - r.path.size() + 2, ' ') + r.value +
-           std::string(value_width - r.value.size() + 2, ' ') + "(" + to_string(r.origin) + ")\n";
+           std::string(value_width - r.value.size() + 2, ' ') + "(" + to_string(r.origin) + note + ")\n";
   }
   if (config.warnings.empty()) {
     out += "warnings: none\n";

@@ -36,6 +36,7 @@ const char* to_string(Kind kind) {
     case Kind::kOptimizerStates: return "optimizer_states";
     case Kind::kActivations: return "activations";
     case Kind::kCommBuffers: return "comm_buffers";
+    case Kind::kFrozenParameters: return "frozen_parameters";
   }
   return "?";
 }

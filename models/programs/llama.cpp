@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,11 +40,13 @@ using Json = nlohmann::json;
 const char* kUsage = R"(usage: llama COMMAND [options]
 
   logits --model HF_DIR --tokens 1,2,3,... --out FILE.safetensors [--precision 32|bf16] [--config ds.json]
-         [--device-memory B --host-memory B --nvme-bytes B]
+         [--device-memory B --host-memory B --nvme-bytes B] [--lora R --lora_alpha A --lora_targets LIST]
       The logits of one sequence (tensor "logits", [T, vocab_size], fp32) of
       the model in HF_DIR (its config.json and weights: model.safetensors or
       shards with model.safetensors.index.json). --config: a DeepSpeed config
-      to run it with (default: stage 0, one process).
+      to run it with (default: stage 0, one process). --lora: the model has
+      LoRA adapters (an export of llama train --lora without --merge_lora),
+      run unmerged.
   train --model HF_DIR --config ds_config.json --data TOKENS.bin --steps N [options]
       Trains the model of HF_DIR (its weights if the folder has them, else a
       fresh initialisation from --seed) on a flat file of token ids, on any
@@ -65,6 +69,19 @@ const char* kUsage = R"(usage: llama COMMAND [options]
         --save_dir DIR --save_every N   engine checkpoints (every N steps and at the end)
         --resume DIR            continue from DIR's latest checkpoint (any world size, the same global batch)
         --save_hf OUT_DIR       at the end, the weights as transformers loads them, and config.json
+        --lora R                LoRA adapters of rank R (PEFT's init); the rest of the model is frozen
+                                (partitioned at stage 3, no gradient or optimizer state)
+        --lora_alpha A          LoRA's alpha: the adapters' output times A / R (default 8)
+        --lora_dropout P        dropout on the adapters' input (default 0)
+        --lora_targets LIST     the projections with adapters: q_proj,k_proj,v_proj,o_proj,gate_proj,
+                                up_proj,down_proj, or all-linear (default q_proj,v_proj)
+        --merge_lora            with --save_hf: the adapters folded into the weights (W + B A alpha / R),
+                                a plain Llama transformers loads
+        --trainable REGEX       only parameters whose names match train (with --lora: and the adapters)
+        --freeze REGEX          parameters whose names match are frozen
+        --save_frozen           checkpoints (--save_dir) keep the frozen parameters too; by default a
+                                run with frozen parameters saves without them (exclude_frozen) and a
+                                resume takes them from --model
         --summary-json FILE     the run's summary (rank 0)
         --device-memory B --host-memory B --nvme-bytes B   per-rank budgets (512MiB, 2GiB, 80e9), as mingpt's
 
@@ -114,6 +131,25 @@ double to_double(const std::string& flag, const std::string& v, double lo, doubl
   usage_error(flag + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]; got \"" + v + "\"");
 }
 
+// --lora R [--lora_alpha A] [--lora_dropout P] [--lora_targets LIST]
+// [--merge_lora]: the adapters, checked against `model` when given.
+zero::models::LoraConfig lora_flags(std::map<std::string, std::string>& f,
+                                    const std::optional<zero::models::LlamaConfig>& model) {
+  zero::models::LoraConfig lora;
+  if (f.count("--lora")) lora.r = to_int("--lora", f["--lora"], 1, 1 << 20);
+  if (f.count("--lora_alpha")) lora.alpha = to_double("--lora_alpha", f["--lora_alpha"], 1e-9, 1e9);
+  if (f.count("--lora_dropout")) lora.dropout = to_double("--lora_dropout", f["--lora_dropout"], 0, 0.999);
+  if (f.count("--lora_targets")) {
+    lora.target_modules.clear();
+    std::stringstream ss(f["--lora_targets"]);
+    for (std::string item; std::getline(ss, item, ',');) lora.target_modules.push_back(item);
+  }
+  for (const char* needs : {"--lora_alpha", "--lora_dropout", "--lora_targets", "--merge_lora"})
+    if (f.count(needs) && !lora.enabled()) usage_error(std::string(needs) + " goes with --lora R");
+  if (model && lora.enabled()) lora.check(*model, "--lora");
+  return lora;
+}
+
 // VmHWM or VmRSS of this process, bytes.
 int64_t proc_bytes(const char* key) {
   std::ifstream in("/proc/self/status");
@@ -140,14 +176,16 @@ void apply_budgets(std::map<std::string, std::string>& f, zero::InitOptions& opt
 // The peak is reset first ("5" to /proc/self/clear_refs, Linux 4.0+), so an
 // earlier peak (building the model) cannot hide the load's; where the
 // kernel refuses, the rise is measured above the earlier peak and says so.
-void load_reporting(zero::Engine& engine, const std::string& model) {
+void load_reporting(zero::Engine& engine, const std::string& model, bool lora = false) {
   bool reset = false;
   if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
     reset = std::fputs("5", f) >= 0;
     reset = std::fclose(f) == 0 && reset;
   }
   const int64_t rss = proc_bytes("VmRSS"), hwm = proc_bytes("VmHWM");
-  const auto st = engine.load_weights(model);
+  zero::LoadWeightsOptions o;
+  if (lora) o.keep_missing = [](const std::string& name) { return zero::models::is_lora_parameter(name); };  // fresh adapters
+  const auto st = engine.load_weights(model, o);
   const int64_t rise = std::max<int64_t>(0, proc_bytes("VmHWM") - (reset ? rss : std::max(rss, hwm)));
   std::fprintf(stderr, "llama: load_weights %s: this rank read %lld bytes in %.2f s; its peak resident memory rose %lld bytes%s\n",
                model.c_str(), static_cast<long long>(st.bytes), st.seconds, static_cast<long long>(rise),
@@ -224,7 +262,7 @@ std::string precision_config(const std::string& precision) {
 int logits_command(int argc, char** argv) {
   auto f = parse_flags(argc, argv, 2,
                        {"--model", "--tokens", "--out", "--precision", "--config", "--device-memory", "--host-memory",
-                        "--nvme-bytes"},
+                        "--nvme-bytes", "--lora", "--lora_alpha", "--lora_targets"},
                        {});
   for (const char* need : {"--model", "--tokens", "--out"})
     if (!f.count(need)) usage_error(std::string("logits: ") + need + " is required");
@@ -246,6 +284,7 @@ int logits_command(int argc, char** argv) {
   }
 
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
+  const auto lora = lora_flags(f, cfg);  // an unmerged LoRA export's adapters
   for (int64_t id : ids)
     if (id >= cfg.vocab_size)
       usage_error("--tokens: " + std::to_string(id) + " is not below the model's vocab_size " + std::to_string(cfg.vocab_size));
@@ -276,7 +315,7 @@ int logits_command(int argc, char** argv) {
   const auto resolved =
       config_path.empty() ? zero::config::load_string(ds, lo, "the default config") : zero::config::load_file(ds, lo);
   if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(ds, opts);
-  zero::models::LlamaForCausalLM model(cfg, init.get());
+  zero::models::LlamaForCausalLM model(cfg, init.get(), lora);
   opts.layers = model->stage3_layers();
   // A config without an optimizer section (a trainer's): an optimizer that
   // never steps, so that the engine can be built (NOTE [client optimizer]).
@@ -312,8 +351,9 @@ int train_command(int argc, char** argv) {
                        {"--model", "--config", "--data", "--dtype", "--block_size", "--batch_size", "--steps", "--lr",
                         "--weight_decay", "--precision", "--seed", "--checkpoint", "--save_dir", "--save_every",
                         "--resume", "--save_hf", "--summary-json", "--decay_all", "--device-memory", "--host-memory",
-                        "--nvme-bytes", "--optimizer"},
-                       {"--checkpoint", "--decay_all"});
+                        "--nvme-bytes", "--optimizer", "--lora", "--lora_alpha", "--lora_dropout", "--lora_targets",
+                        "--merge_lora", "--trainable", "--freeze", "--save_frozen"},
+                       {"--checkpoint", "--decay_all", "--merge_lora", "--save_frozen"});
   for (const char* need : {"--model", "--config", "--data", "--steps"})
     if (!f.count(need)) usage_error(std::string("train: ") + need + " is required");
   if (f.count("--optimizer") && f["--optimizer"] != "adamw" && f["--optimizer"] != "adam" && f["--optimizer"] != "adagrad")
@@ -335,7 +375,29 @@ int train_command(int argc, char** argv) {
       usage_error("--precision: expected 32, 16 or bf16; got \"" + *precision + "\"");
   }
 
+  // NOTE [frozen groups]: LoRA freezes everything but the adapters; --trainable
+  // and --freeze choose by name (decided as each layer is built).
+  const auto lora = lora_flags(f, std::nullopt);
+  if (f.count("--merge_lora") && !f.count("--save_hf")) usage_error("--merge_lora goes with --save_hf OUT_DIR");
   zero::InitOptions opts;
+  std::function<bool(const std::string&)> trainable_re, frozen_re;
+  for (const char* flag : {"--trainable", "--freeze"}) {
+    if (!f.count(flag)) continue;
+    try {
+      (std::string(flag) == "--trainable" ? trainable_re : frozen_re) =
+          std::string(flag) == "--trainable" ? zero::trainable_matching({f[flag]}) : zero::frozen_matching({f[flag]});
+    } catch (const zero::ConfigError& e) {
+      usage_error(std::string(flag) + " " + f[flag] + ": not a regular expression (" + e.what() + ")");
+    }
+  }
+  if (trainable_re || frozen_re) {
+    opts.trainable = [trainable_re, frozen_re, with_lora = lora.enabled()](const std::string& name) {
+      if (with_lora && zero::models::is_lora_parameter(name)) return !frozen_re || frozen_re(name);
+      bool t = trainable_re ? trainable_re(name) : !with_lora;
+      if (frozen_re && !frozen_re(name)) t = false;
+      return t;
+    };
+  }
   apply_budgets(f, opts);
   opts.dist = zero::DistEnv::from_environment();
   opts.program_ends_at_stop = true;  // the loop asks engine.stop_requested()
@@ -368,6 +430,7 @@ int train_command(int argc, char** argv) {
     if (const auto p = zero::ckpt::checkpoint_folder_problem("--save_dir", f["--save_dir"]); !p.empty())
       usage_error(rank0 ? p : "rank " + std::to_string(opts.dist->rank) + ": " + p);
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
+  if (lora.enabled()) lora.check(cfg, "--lora");
   // Read now, not after training: the export's config.json is the input's.
   const std::string input_config_text =
       f.count("--save_hf") ? zero::ckpt::read_small_file(model_config_path(f["--model"])) : std::string();
@@ -405,17 +468,28 @@ int train_command(int argc, char** argv) {
     no_decay.match = [&groups_of](const std::string& name, const torch::Tensor&) { return groups_of->no_decay(name); };
     opts.param_groups.push_back(no_decay);
   }
+  // What trains, from the architecture (a model built under Init holds shards only).
+  int64_t trainable_numel = 0, frozen_numel = 0;
+  for (const auto& q : zero::models::llama_parameters(cfg, lora))
+    ((opts.trainable ? opts.trainable(q.name) : !q.frozen) ? trainable_numel : frozen_numel) += q.numel;
+  if (trainable_numel == 0)
+    usage_error(std::string("no parameter trains:") +
+                (f.count("--trainable") ? " --trainable " + f["--trainable"] + " matches none" : "") +
+                (f.count("--freeze") ? " --freeze " + f["--freeze"] + " matches them all" : ""));
   std::unique_ptr<zero::Init> init;
   if (resolved.zero.stage == 3) init = std::make_unique<zero::Init>(config_path, opts);
   torch::manual_seed(seed);
-  zero::models::LlamaForCausalLM model(cfg, init.get());
+  zero::models::LlamaForCausalLM model(cfg, init.get(), lora);
   groups_of = model.ptr();
+  if (opts.trainable && !init)  // (under Init each layer was decided as it was built)
+    for (const auto& item : model->named_parameters(true)) item.value().requires_grad_(opts.trainable(item.key()));
   opts.layers = model->stage3_layers();
   std::unique_ptr<torch::optim::Optimizer> client;
   if (client_only || f.count("--optimizer")) {
     std::vector<torch::Tensor> decay, no_decay;
     for (const auto& item : model->named_parameters(true))
-      (!f.count("--decay_all") && model->no_decay(item.key()) ? no_decay : decay).push_back(item.value());
+      if (item.value().requires_grad())
+        (!f.count("--decay_all") && model->no_decay(item.key()) ? no_decay : decay).push_back(item.value());
     client = zero::detail::program_optimizer("--optimizer", f.count("--optimizer") ? f["--optimizer"] : "adamw",
                                              {{decay, wd}, {no_decay, 0.0}}, lr);
   }
@@ -434,7 +508,7 @@ int train_command(int argc, char** argv) {
   if (f.count("--checkpoint")) model->set_checkpointer(&engine.checkpointer());
   if (f.count("--save_dir")) engine.open_checkpoint_dir(f["--save_dir"]);
   if (has_weights(f["--model"])) {
-    load_reporting(engine, model_folder(f["--model"]));
+    load_reporting(engine, model_folder(f["--model"]), lora.enabled());
   } else if (rank0) {
     std::fprintf(stderr, "llama: %s has no weights: the model starts from a fresh initialisation (--seed %llu)\n",
                  model_folder(f["--model"]).c_str(), static_cast<unsigned long long>(seed));
@@ -456,6 +530,10 @@ int train_command(int argc, char** argv) {
     if (rank0) std::fprintf(stderr, "llama: resumed from %s/%s at step %lld\n", st.dir.c_str(), st.tag.c_str(),
                             static_cast<long long>(start));
   }
+  if (rank0 && frozen_numel > 0)
+    std::fprintf(stderr, "llama: %lld parameters train, %lld are frozen%s\n", static_cast<long long>(trainable_numel),
+                 static_cast<long long>(frozen_numel),
+                 lora.enabled() ? (" (LoRA r=" + std::to_string(lora.r) + ")").c_str() : "");
   if (rank0)
     std::fprintf(stderr,
                  "llama: %lld parameters (%lld layers, hidden %lld, %lld heads / %lld kv) | ZeRO stage %d | %s | "
@@ -469,7 +547,9 @@ int train_command(int argc, char** argv) {
 
   auto save = [&](int64_t step) {
     const Json client = {{"step", step}, {"train_batch_size", G}, {"block_size", T}, {"data", f["--data"]}};
-    const auto st = engine.save_checkpoint(f["--save_dir"], "", client.dump());
+    zero::SaveCheckpointOptions so;
+    so.exclude_frozen = frozen_numel > 0 && !f.count("--save_frozen");
+    const auto st = engine.save_checkpoint(f["--save_dir"], "", client.dump(), so);
     if (rank0) std::fprintf(stderr, "\nllama: saved %s/%s\n", st.dir.c_str(), st.tag.c_str());
   };
   std::vector<double> loss_curve, step_times;
@@ -512,6 +592,7 @@ int train_command(int argc, char** argv) {
   if (f.count("--save_hf")) {
     zero::SaveHfOptions o;
     o.config_json = saved_config(input_config_text, engine.compute_dtype());
+    if (f.count("--merge_lora")) o.lora_scaling = lora.scaling();
     engine.save_hf(f["--save_hf"], o);
     if (rank0) std::fprintf(stderr, "llama: weights and config.json written to %s\n", f["--save_hf"].c_str());
   }
@@ -526,6 +607,8 @@ int train_command(int argc, char** argv) {
                           {"precision", zero::ckpt::dtype_name(engine.compute_dtype())},
                           {"device", engine.device().str()},
                           {"num_parameters", engine.num_parameters()},
+                          {"trainable_parameters", trainable_numel},
+                          {"frozen_parameters", frozen_numel},
                           {"steps", engine.global_steps()},
                           {"skipped_steps", engine.skipped_steps()},
                           {"final_loss", loss_curve.empty() ? NAN : loss_curve.back()},

@@ -1,12 +1,16 @@
 #include "zero/models/llama.h"
 
 #include <cmath>
+#include <map>
+#include <optional>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 
 #include "zero/checkpointing/checkpoint.h"
+#include "zero/core/error.h"
 #include "zero/partition/layer.h"
 #include "zero/runtime/init.h"
 
@@ -19,6 +23,25 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias, double std) {
   torch::nn::init::normal_(l->weight, 0.0, std);
   if (bias) l->bias.zero_();
   return l;
+}
+
+const std::vector<std::string> kProjections = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"};
+
+// A target of `lora`, by the projection's name.
+const LoraConfig* lora_for(const LoraConfig* lora, const std::string& name) {
+  if (lora == nullptr || !lora->enabled()) return nullptr;
+  for (const auto& t : lora->target_modules)
+    if (t == name || t == "all-linear") return lora;
+  return nullptr;
+}
+
+// NOTE [frozen groups]: with LoRA, everything but the adapters is frozen, as
+// each module is built (before zero::Init partitions it).
+void freeze_base(torch::nn::Module& m, const LoraConfig& lora) {
+  if (!lora.enabled()) return;
+  for (const auto& item : m.named_parameters(true))
+    if (!is_lora_parameter("." + item.key())) item.value().requires_grad_(false);
 }
 
 // transformers' rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
@@ -39,13 +62,86 @@ torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+LoraFactorImpl::LoraFactorImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+
+torch::Tensor LoraFactorImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+
+bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+void LoraConfig::check(const LlamaConfig& c, const std::string& where) const {
+  std::vector<std::string> errors;
+  if (r < 1) errors.push_back(where + ": r: expected a rank of at least 1; got " + std::to_string(r));
+  if (!(alpha > 0)) errors.push_back(where + ": alpha: expected a positive number; got " + std::to_string(alpha));
+  if (!(dropout >= 0 && dropout < 1))
+    errors.push_back(where + ": dropout: expected a probability in [0, 1); got " + std::to_string(dropout));
+  if (target_modules.empty())
+    errors.push_back(where + ": target_modules: expected at least one of q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                             "up_proj, down_proj, all-linear");
+  const std::map<std::string, std::pair<int64_t, int64_t>> sides = {
+      {"q_proj", {c.hidden_size, c.num_attention_heads * c.head_dim}},
+      {"k_proj", {c.hidden_size, c.num_key_value_heads * c.head_dim}},
+      {"v_proj", {c.hidden_size, c.num_key_value_heads * c.head_dim}},
+      {"o_proj", {c.num_attention_heads * c.head_dim, c.hidden_size}},
+      {"gate_proj", {c.hidden_size, c.intermediate_size}},
+      {"up_proj", {c.hidden_size, c.intermediate_size}},
+      {"down_proj", {c.intermediate_size, c.hidden_size}}};
+  for (const auto& t : target_modules) {
+    if (t == "all-linear") continue;
+    auto it = sides.find(t);
+    if (it == sides.end()) {
+      std::string hint;
+      for (const auto& [name, io] : sides)
+        if (name.find(t) != std::string::npos || t.find(name) != std::string::npos) hint = "; did you mean " + name + "?";
+      errors.push_back(where + ": target_modules: \"" + t + "\" matches no projection of a Llama layer (q_proj, "
+                       "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; or all-linear)" + hint);
+      continue;
+    }
+    const int64_t side = std::min(it->second.first, it->second.second);
+    if (r > side)
+      errors.push_back(where + ": r: " + std::to_string(r) + " is larger than " + t + " (" +
+                       std::to_string(it->second.first) + " -> " + std::to_string(it->second.second) +
+                       "): a rank of at most " + std::to_string(side) + " there");
+  }
+  if (!errors.empty()) throw ConfigError(errors);
+}
+
+LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias, double std, const LoraConfig* lora,
+                                 at::Generator* gen) {
+  // Built as torch::nn::Linear is, then given transformers' init: the
+  // global generator goes by exactly as it did for the Linear this replaces.
+  torch::nn::Linear base = linear(in, out, with_bias, std);
+  weight = register_parameter("weight", base->weight.detach());
+  if (with_bias) bias = register_parameter("bias", base->bias.detach());
+  if (lora == nullptr || !lora->enabled()) return;
+  // PEFT's init: A = kaiming_uniform(a = sqrt(5)), that is uniform(-1/sqrt(in),
+  // 1/sqrt(in)); B = 0 (the model starts as the base). From the adapters'
+  // own generator, not the global one.
+  torch::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  lora_A = register_module("lora_A", LoraFactor(torch::empty({lora->r, in}).uniform_(
+                                         -bound, bound, gen != nullptr ? std::optional<at::Generator>(*gen) : std::nullopt)));
+  lora_B = register_module("lora_B", LoraFactor(torch::zeros({out, lora->r})));
+  scaling_ = lora->scaling();
+  dropout_ = lora->dropout;
+}
+
+torch::Tensor LlamaLinearImpl::forward(const torch::Tensor& x) {
+  auto y = torch::nn::functional::linear(x, weight, bias);
+  if (!lora_A) return y;
+  const auto in = dropout_ > 0 ? torch::dropout(x, dropout_, is_training()) : x;
+  return y + lora_B->forward(lora_A->forward(in)) * scaling_;
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const LoraConfig* lora, at::Generator* gen)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
   const double std = c.initializer_range;
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, c.attention_bias, std));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std));
-  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias, std));
+  const bool b = c.attention_bias;
+  q_proj = register_module("q_proj", LlamaLinear(c.hidden_size, heads_ * head_dim_, b, std, lora_for(lora, "q_proj"), gen));
+  k_proj = register_module("k_proj", LlamaLinear(c.hidden_size, kv_heads_ * head_dim_, b, std, lora_for(lora, "k_proj"), gen));
+  v_proj = register_module("v_proj", LlamaLinear(c.hidden_size, kv_heads_ * head_dim_, b, std, lora_for(lora, "v_proj"), gen));
+  o_proj = register_module("o_proj", LlamaLinear(heads_ * head_dim_, c.hidden_size, b, std, lora_for(lora, "o_proj"), gen));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -65,20 +161,22 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   return o_proj->forward(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const LoraConfig* lora, at::Generator* gen) {
   const double std = c.initializer_range;
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias, std));
-  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias, std));
+  const bool b = c.mlp_bias;
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  gate_proj = register_module("gate_proj", LlamaLinear(H, I, b, std, lora_for(lora, "gate_proj"), gen));
+  up_proj = register_module("up_proj", LlamaLinear(H, I, b, std, lora_for(lora, "up_proj"), gen));
+  down_proj = register_module("down_proj", LlamaLinear(I, H, b, std, lora_for(lora, "down_proj"), gen));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", LlamaAttention(c));
-  mlp = register_module("mlp", LlamaMLP(c));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const LoraConfig* lora, at::Generator* gen) {
+  self_attn = register_module("self_attn", LlamaAttention(c, lora, gen));
+  mlp = register_module("mlp", LlamaMLP(c, lora, gen));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -88,7 +186,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, Init* init) : config_(c) {
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, Init* init, const LoraConfig& lora) : config_(c) {
   auto embed = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
   if (c.pad_token_id) embed.padding_idx(*c.pad_token_id);
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embed));
@@ -97,14 +195,20 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, Init* init) : config_(c) {
     torch::nn::init::normal_(embed_tokens->weight, 0.0, c.initializer_range);
     if (c.pad_token_id) embed_tokens->weight[*embed_tokens->options.padding_idx()].zero_();
   }
-  if (init != nullptr) init->partition(embed_tokens);
+  freeze_base(*embed_tokens, lora);
+  if (init != nullptr) init->partition(embed_tokens, "model.embed_tokens");
   layers = register_module("layers", torch::nn::ModuleList());
+  // The adapters' own random stream: the base's values are those of a model
+  // built without them.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(lora.seed);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LlamaDecoderLayer layer(c);
-    layers->push_back(init != nullptr ? init->partition(layer) : layer);
+    LlamaDecoderLayer layer(c, &lora, &gen);
+    freeze_base(*layer, lora);
+    layers->push_back(init != nullptr ? init->partition(layer, "model.layers." + std::to_string(i)) : layer);
   }
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  if (init != nullptr) init->partition(norm);
+  freeze_base(*norm, lora);
+  if (init != nullptr) init->partition(norm, "model.norm");
   // Rotary frequencies, as transformers computes them (fp32 from an int64 range).
   const int64_t d = c.head_dim;
   inv_freq_ = 1.0 / torch::pow(torch::tensor(c.rope_theta, torch::kDouble).to(torch::kFloat),
@@ -150,13 +254,16 @@ LlamaTiedHeadImpl::LlamaTiedHeadImpl(const torch::Tensor& w) { weight = register
 
 torch::Tensor LlamaTiedHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, Init* init) : config_(c) {
-  model = register_module("model", LlamaModel(c, init));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, Init* init, const LoraConfig& lora)
+    : config_(c), lora_(lora) {
+  if (lora.enabled()) lora.check(c);
+  model = register_module("model", LlamaModel(c, init, lora));
   if (c.tie_word_embeddings) {
     tied_head = register_module("lm_head", LlamaTiedHead(model->embed_tokens->weight));
   } else {
     lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false, c.initializer_range));
-    if (init != nullptr) init->partition(lm_head);
+    freeze_base(*lm_head, lora);
+    if (init != nullptr) init->partition(lm_head, "lm_head");
   }
 }
 

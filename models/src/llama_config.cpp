@@ -240,9 +240,23 @@ int64_t LlamaConfig::num_parameters() const {
   return vocab_size * C * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + C;
 }
 
-std::vector<ParameterShape> llama_parameters(const LlamaConfig& c) {
+std::vector<ParameterShape> llama_parameters(const LlamaConfig& c, const LoraConfig& lora) {
   std::vector<ParameterShape> out;
-  auto add = [&](const std::string& name, int64_t numel, int layer) { out.push_back({name, numel, layer}); };
+  const bool frozen_base = lora.enabled();
+  auto add = [&](const std::string& name, int64_t numel, int layer) { out.push_back({name, numel, layer, frozen_base}); };
+  // A projection, then its adapters when targeted (in the order LlamaLinear registers them).
+  auto add_projection = [&](const std::string& prefix, const std::string& short_name, int64_t in, int64_t outs,
+                            bool bias, int layer) {
+    add(prefix + ".weight", in * outs, layer);
+    if (bias) add(prefix + ".bias", outs, layer);
+    if (!lora.enabled()) return;
+    for (const auto& t : lora.target_modules) {
+      if (t != short_name && t != "all-linear") continue;
+      out.push_back({prefix + ".lora_A.weight", lora.r * in, layer, false});
+      out.push_back({prefix + ".lora_B.weight", outs * lora.r, layer, false});
+      break;
+    }
+  };
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim;
   add("model.embed_tokens.weight", c.vocab_size * H, 0);
@@ -251,16 +265,11 @@ std::vector<ParameterShape> llama_parameters(const LlamaConfig& c) {
     const int layer = static_cast<int>(l) + 1;
     // In the order the layer registers them: attention, MLP, the two norms.
     for (const auto& [name, in, outs] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
-             {"self_attn.q_proj", H, q}, {"self_attn.k_proj", H, kv}, {"self_attn.v_proj", H, kv},
-             {"self_attn.o_proj", q, H}}) {
-      add(p + name + ".weight", in * outs, layer);
-      if (c.attention_bias) add(p + name + ".bias", outs, layer);
-    }
+             {"q_proj", H, q}, {"k_proj", H, kv}, {"v_proj", H, kv}, {"o_proj", q, H}})
+      add_projection(p + "self_attn." + name, name, in, outs, c.attention_bias, layer);
     for (const auto& [name, in, outs] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
-             {"mlp.gate_proj", H, I}, {"mlp.up_proj", H, I}, {"mlp.down_proj", I, H}}) {
-      add(p + name + ".weight", in * outs, layer);
-      if (c.mlp_bias) add(p + name + ".bias", outs, layer);
-    }
+             {"gate_proj", H, I}, {"up_proj", H, I}, {"down_proj", I, H}})
+      add_projection(p + "mlp." + name, name, in, outs, c.mlp_bias, layer);
     add(p + "input_layernorm.weight", H, layer);
     add(p + "post_attention_layernorm.weight", H, layer);
   }

@@ -59,6 +59,8 @@ FlatParameters::FlatParameters(
     offset = unit;
     groups_.push_back(g);
   }
+  trainable_slots_ = slots_.size();
+  trainable_groups_ = groups_.size();
 
   flat_ = LedgerAlloc::empty(ledger, offset, dtype, device, Tier::kDevice, Kind::kParameters,
                        "flat parameter buffer (" + std::to_string(numel_) + " parameters)");
@@ -112,13 +114,24 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
   int64_t offset = 0;
   for (size_t gi = 0; gi < specs.size(); ++gi) {
     auto& spec = specs[gi];
+    // NOTE [frozen groups]: after every trainable group, so that groups()
+    // is a prefix of all_groups().
+    ZERO_CHECK(spec.frozen || gi == 0 || !specs[gi - 1].frozen, "a trainable group after a frozen one (" + spec.name + ")");
     FlatGroup g;
     g.name = spec.name;
     g.begin = offset;
+    g.frozen = spec.frozen;
     int64_t used = 0;
     for (size_t k = 0; k < spec.params.size(); ++k) {
       const auto& [name, p] = spec.params[k];
-      if (!p.requires_grad()) continue;
+      if (spec.chunk.defined() || spec.chunk_on_disk) {
+        // Made by zero::Init: every parameter is in the chunk, so none may
+        // have changed sides since (the plan refuses that, naming it).
+        ZERO_CHECK(p.requires_grad() != spec.frozen, "parameter " + name + " of a pre-partitioned group changed "
+                   "requires_grad");
+      } else if (p.requires_grad() == spec.frozen) {
+        continue;
+      }
       if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied: first group only
       ParamSlot slot;
       slot.name = name;
@@ -131,11 +144,18 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
       g.slots.push_back(slots_.size());
       slots_.push_back(std::move(slot));
     }
-    numel_ += used;
     g.padded_numel = padded_size(used, world_size);
     g.chunk_numel = g.padded_numel / world_size;
-    g.owned_offset = owned_numel_;
-    owned_numel_ += g.chunk_numel;
+    if (spec.frozen) {
+      frozen_numel_ += used;
+      g.owned_offset = -1;
+    } else {
+      numel_ += used;
+      g.owned_offset = owned_numel_;
+      owned_numel_ += g.chunk_numel;
+      trainable_slots_ = slots_.size();
+      trainable_groups_ = groups_.size() + 1;
+    }
     offset += g.padded_numel;
     groups_.push_back(std::move(g));
   }
@@ -157,8 +177,10 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
         continue;
       }
     }
-    parts_.push_back(LedgerAlloc::empty(ledger, g.chunk_numel, dtype, part_device, partition_tier, Kind::kParameters,
-                                  "stage-3 shard of " + (g.name.empty() ? std::string("group 0") : g.name)));
+    parts_.push_back(LedgerAlloc::empty(ledger, g.chunk_numel, dtype, part_device, partition_tier,
+                                        g.frozen ? Kind::kFrozenParameters : Kind::kParameters,
+                                        std::string(g.frozen ? "stage-3 frozen shard of " : "stage-3 shard of ") +
+                                            (g.name.empty() ? std::string("group 0") : g.name)));
   }
   at::NoGradGuard no_grad;
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
@@ -195,6 +217,7 @@ at::Tensor FlatParameters::chunk_of(const at::Tensor& like_flat, size_t g, int64
 
 at::Tensor FlatParameters::owned_chunk_of(const at::Tensor& like_owned, size_t g) const {
   ZERO_CHECK(like_owned.numel() == owned_numel_, "buffer is not laid out like the owned partition");
+  ZERO_CHECK(!groups_[g].frozen, "a frozen group has no owned chunk");
   return like_owned.narrow(0, groups_[g].owned_offset, groups_[g].chunk_numel);
 }
 

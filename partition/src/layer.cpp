@@ -68,6 +68,28 @@ struct Boundary : torch::autograd::Function<Boundary<kPre>> {
 using PreBackward = Boundary<true>;
 using PostBackward = Boundary<false>;
 
+// NOTE [leaf modules]: on a leaf's outputs, an identity whose backward,
+// which runs before the leaf's own, gives every trainable parameter of the
+// leaf a zero gradient (expanded: no memory). A parameter the leaf used adds
+// its real gradient to it (x + 0 == x); one it did not use gets the zeros,
+// so every parameter's gradient arrives during the leaf's backward on every
+// rank, and the reductions start in the same order everywhere.
+struct LeafGradients : torch::autograd::Function<LeafGradients> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList outputs, at::TensorList params) {
+    ctx->saved_data["outputs"] = static_cast<int64_t>(outputs.size());
+    std::vector<at::Tensor> ps(params.begin(), params.end());
+    ctx->saved_data["params"] = c10::List<at::Tensor>(ps);  // shapes and options only are read
+    return detached(outputs);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t n = ctx->saved_data["outputs"].toInt();
+    variable_list out(grads.begin(), grads.begin() + n);
+    for (const at::Tensor& p : ctx->saved_data["params"].toTensorList().vec())
+      out.push_back(at::zeros({}, p.options()).expand(p.sizes()));
+    return out;
+  }
+};
+
 // Applies F to the tensors of `ts` that need a gradient, in place in `ts`.
 template <typename F>
 void wrap(std::vector<at::Tensor>& ts, const LayerHandle& h) {
@@ -85,9 +107,29 @@ void wrap(std::vector<at::Tensor>& ts, const LayerHandle& h) {
   for (size_t k = 0; k < where.size(); ++k) ts[where[k]] = out[k];
 }
 
+// Every trainable parameter of `module` gets a gradient through `out` (NOTE [leaf modules]).
+void leaf_gradients(const torch::nn::Module& module, std::vector<at::Tensor>& out);
+
 }  // namespace
 
 bool is_layer(const torch::nn::Module& module) { return partition::find_layer(module).coordinator != nullptr; }
+
+namespace {
+constexpr const char* kLeafTag = "_zero_leaf";
+// The mark set_leaf leaves: a child without parameters or buffers, as the
+// coordinator marks its layers (no process-wide table).
+class LeafTagImpl : public torch::nn::Module {};
+}  // namespace
+
+void set_leaf(torch::nn::Module& module) {
+  if (!is_leaf(module)) module.register_module(kLeafTag, std::make_shared<LeafTagImpl>());
+}
+
+bool is_leaf(const torch::nn::Module& module) {
+  const auto children = module.named_children();
+  const auto* tag = children.find(kLeafTag);
+  return tag != nullptr && dynamic_cast<const LeafTagImpl*>(tag->get()) != nullptr;
+}
 
 std::vector<at::Tensor> layer_forward(
     const torch::nn::Module& module, const std::vector<at::Tensor>& inputs,
@@ -101,6 +143,9 @@ std::vector<at::Tensor> layer_forward(
   std::vector<at::Tensor> out;
   try {
     out = fn(in);
+    // NOTE [leaf modules], while the parameters have their shapes (autograd
+    // records each input's).
+    if (grad && h.coordinator->units()[h.unit].leaf) leaf_gradients(module, out);
   } catch (...) {
     h.coordinator->post_forward(h.unit);
     throw;
@@ -109,6 +154,27 @@ std::vector<at::Tensor> layer_forward(
   if (grad) wrap<PreBackward>(out, h);
   return out;
 }
+
+namespace {
+void leaf_gradients(const torch::nn::Module& module, std::vector<at::Tensor>& out) {
+  {
+    variable_list params, outs;
+    std::vector<size_t> where;
+    for (const auto& p : module.parameters(/*recurse=*/true))
+      if (p.requires_grad()) params.push_back(p);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i].defined() && out[i].requires_grad()) {
+        outs.push_back(out[i]);
+        where.push_back(i);
+      }
+    }
+    if (!params.empty() && !outs.empty()) {
+      auto touched = LeafGradients::apply(at::TensorList(outs), at::TensorList(params));
+      for (size_t k = 0; k < where.size(); ++k) out[where[k]] = touched[k];
+    }
+  }
+}
+}  // namespace
 
 at::Tensor layer_forward(const torch::nn::Module& module, const at::Tensor& input,
                          const std::function<at::Tensor(const at::Tensor&)>& fn) {

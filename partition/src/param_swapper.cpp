@@ -37,7 +37,7 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
     throw ConfigError({key + ".buffer_count: expected at least 1 buffer; got " +
                        std::to_string(options_.swap.buffer_count)});
   }
-  const auto& info = params_.groups();
+  const auto& info = params_.all_groups();
   groups_.resize(info.size());
   InCpuBudget budget(options_.max_in_cpu);
   ZERO_CHECK(options_.in_memory.empty() || options_.in_memory.size() == info.size(),
@@ -83,7 +83,14 @@ ParamSwapper::ParamSwapper(FlatParameters& params, ParamSwapOptions options, Mem
                                        {{"params.swp", file_bytes_}})
                 .front();
   }
-  disk_ = LedgerAlloc::reserve(ledger, Tier::kNvme, Kind::kParameters, file_bytes_, "parameter swap file");
+  // NOTE [frozen groups]: the frozen shards' part of the file apart.
+  int64_t frozen_bytes = 0;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (groups_[g].swapped && info[g].frozen) frozen_bytes += groups_[g].bytes;
+  disk_ = LedgerAlloc::reserve(ledger, Tier::kNvme, Kind::kParameters, file_bytes_ - frozen_bytes,
+                               "parameter swap file");
+  frozen_disk_ = LedgerAlloc::reserve(ledger, Tier::kNvme, Kind::kFrozenParameters, frozen_bytes,
+                                      "parameter swap file (frozen shards)");
   int64_t n_swapped = 0;
   for (const auto& gr : groups_) n_swapped += gr.swapped;
   const int64_t count = std::min(options_.swap.buffer_count, n_swapped);
@@ -138,7 +145,7 @@ ParamSwapper::~ParamSwapper() {
 
 void ParamSwapper::point_part_at(size_t g, int slot) {
   const at::Tensor& part = params_.part(g);
-  part.set_(at::from_blob(slots_[static_cast<size_t>(slot)]->buf, {params_.groups()[g].chunk_numel},
+  part.set_(at::from_blob(slots_[static_cast<size_t>(slot)]->buf, {params_.all_groups()[g].chunk_numel},
                           part.options()));
 }
 

@@ -53,11 +53,11 @@ std::shared_ptr<Stage3Coordinator> Stage3Coordinator::create(FlatParameters& par
     c->units_[i].module->register_module(kLayerTag, std::make_shared<LayerTagImpl>(c, i));
   // NOTE [ungathered use]: the layers' parameters (group 0's are always gathered).
   std::unordered_map<const c10::TensorImpl*, UngatheredUseCheck::Param> watched;
-  const auto& slots = c->params_.slots();
-  for (size_t g = 1; g < c->params_.groups().size(); ++g)
-    for (size_t s : c->params_.groups()[g].slots)
+  const auto& slots = c->params_.all_slots();
+  for (size_t g = 1; g < c->params_.all_groups().size(); ++g)
+    for (size_t s : c->params_.all_groups()[g].slots)
       watched.emplace(slots[s].param.unsafeGetTensorImpl(),
-                      UngatheredUseCheck::Param{slots[s].name, c->params_.groups()[g].name});
+                      UngatheredUseCheck::Param{slots[s].name, c->params_.all_groups()[g].name});
   c->use_check_ = std::make_unique<UngatheredUseCheck>(std::move(watched));
   return c;
 }
@@ -91,7 +91,7 @@ Stage3Coordinator::Stage3Coordinator(FlatParameters& params, std::vector<Stage3U
     hpz_comm_ = comm_->subgroup(ranks, "hpz");
   }
   if (options_.hierarchical_gather && world_size_ > 1) make_hierarchy();
-  groups_.resize(params_.groups().size());
+  groups_.resize(params_.all_groups().size());
   for (size_t u = 0; u < units_.size(); ++u)
     for (size_t g : units_[u].groups) ZERO_CHECK(g > 0 && g < groups_.size(), "unit group out of range");
   issue(0, false);
@@ -119,11 +119,12 @@ Stage3Coordinator::~Stage3Coordinator() {
 void Stage3Coordinator::issue(size_t g, bool prefetch, bool exact) {
   auto& grp = groups_[g];
   ZERO_CHECK(grp.state == State::kReleased, "group gathered twice");
-  const auto& info = params_.groups()[g];
+  const auto& info = params_.all_groups()[g];
   const at::Tensor& full = params_.full(g);
   const int64_t nbytes = full.numel() * static_cast<int64_t>(full.element_size());
   const std::string name = info.name.empty() ? std::string("group 0") : info.name;
-  grp.bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters, nbytes, "gathered parameters of " + name);
+  grp.bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, kind_of(g), nbytes,
+                                   std::string(info.frozen ? "gathered frozen parameters of " : "gathered parameters of ") + name);
   set_storage_bytes(full, static_cast<size_t>(nbytes));
   const bool collective = world_size_ > 1 && comm_ != nullptr;
   // NOTE [hpZ]: the node's copy holds what the last gather brought, which an
@@ -132,7 +133,7 @@ void Stage3Coordinator::issue(size_t g, bool prefetch, bool exact) {
   // NOTE [quantized gather]: layers only; group 0 is gathered once a step, exact.
   grp.quantized = collective && options_.quantize_weights && g != 0 && !exact && !grp.from_secondary;
   if (grp.quantized) {
-    const int64_t payload = quantized_payload_bytes(params_.groups()[g].chunk_numel, options_.quant_block);
+    const int64_t payload = quantized_payload_bytes(params_.all_groups()[g].chunk_numel, options_.quant_block);
     grp.buffer_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kCommBuffers, payload * (world_size_ + 1),
                                             "quantized gather (qwZ) of " + name);
   }
@@ -149,6 +150,10 @@ void Stage3Coordinator::issue(size_t g, bool prefetch, bool exact) {
     swapper_->start_read(g, /*may_wait=*/true);
     swapper_->hold(g);  // a queued gather's shard is not dropped for another read
   }
+  // NOTE [stage-3 trace]: the ranks' group ids, checked before the gather
+  // is launched (a prefetched one's exchange has a layer's time to finish).
+  if (world_size_ > 1 && comm_ != nullptr)
+    grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" + describe(g) + ")");
   unlaunched_.push_back(g);
   if (swapper_ == nullptr) launch_queued(g);  // nothing to read: at once, as ever
 }
@@ -183,9 +188,9 @@ void Stage3Coordinator::launch(size_t g) {
     grp.done = stream_.copy(full, chunk, /*host_source=*/from_host);  // the gather of one rank
     if (from_host) grp.shard_copy = grp.done;
   } else {
-    // Paired with an exchange of the group's id (NOTE [stage-3 trace]).
-    grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" +
-                                                                   describe(g) + ")");
+    // Paired with an exchange of the group's id, started when it was issued
+    // and finished before the collective goes out (NOTE [stage-3 trace]).
+    check_pairing(g);
     grp.done = stream_.run([&] { launch_collective(g, chunk, from_host); });
   }
   grp.launched = true;
@@ -306,9 +311,9 @@ void Stage3Coordinator::keep_secondary(size_t g) {
   if (options_.quantize_weights && !grp.quantized) return;
   const at::Tensor& full = params_.full(g);
   const int64_t n = full.numel() / hpz_comm_->world_size();
-  grp.secondary_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, Kind::kParameters,
+  grp.secondary_bytes = LedgerAlloc::reserve(ledger_, Tier::kDevice, kind_of(g),
                                              n * static_cast<int64_t>(full.element_size()),
-                                             "hpZ secondary partition of " + params_.groups()[g].name);
+                                             "hpZ secondary partition of " + params_.all_groups()[g].name);
   grp.secondary = full.narrow(0, hpz_comm_->rank() * n, n).clone();
   grp.secondary_quantized = grp.quantized;
 }
@@ -368,21 +373,25 @@ void Stage3Coordinator::check_pairing(size_t g) {
                 "stage 3: ranks run different layers: rank " + std::to_string(comm_->rank()) + " gathers " +
                     describe(g) + " while rank " + std::to_string(r) + " gathers " + describe(ids[r]) +
                     "; every rank must run the same layers in the same order (a branch that depends on each "
-                    "rank's data?)");
+                    "rank's data?). A module whose parts run by the data, a mixture of experts that skips an expert "
+                    "without tokens say, must be one layer: make it a leaf module (InitOptions::leaf_modules, or "
+                    "zero::set_leaf(module) before initialize; NOTE [leaf modules]), gathered whole whatever runs "
+                    "inside it");
   }
 }
 
 std::string Stage3Coordinator::describe(int64_t g) const {
   if (g < 0 || g >= static_cast<int64_t>(groups_.size())) return "an unknown layer";
   if (g == 0) return "the always-gathered parameters";
-  return "layer " + params_.groups()[static_cast<size_t>(g)].name;
+  const auto& info = params_.all_groups()[static_cast<size_t>(g)];
+  return "layer " + info.name + (info.frozen ? " (its frozen parameters)" : "");
 }
 
 // Points every parameter of group g at its place in the gathered tensor.
 void Stage3Coordinator::bind(size_t g) {
-  const auto& info = params_.groups()[g];
+  const auto& info = params_.all_groups()[g];
   const at::Tensor& full = params_.full(g);
-  const auto& slots = params_.slots();
+  const auto& slots = params_.all_slots();
   for (size_t s : info.slots) {
     const auto& slot = slots[s];
     slot.param.set_data(full.narrow(0, slot.offset - info.begin, slot.numel).view(slot.shape));
@@ -394,8 +403,8 @@ void Stage3Coordinator::bind(size_t g) {
 void Stage3Coordinator::guard(size_t g) {
   auto& grp = groups_[g];
   if (grp.guarded || grp.state != State::kReleased) return;
-  const auto& slots = params_.slots();
-  for (size_t s : params_.groups()[g].slots) slots[s].param.set_data(at::empty({0}, params_.full(g).options()));
+  const auto& slots = params_.all_slots();
+  for (size_t s : params_.all_groups()[g].slots) slots[s].param.set_data(at::empty({0}, params_.full(g).options()));
   grp.guarded = true;
 }
 
@@ -599,7 +608,21 @@ void Stage3Coordinator::wait_shard_copies(size_t g) {
   grp.shard_copy = StreamEvent();
 }
 
-void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {
+void Stage3Coordinator::shards_changed(size_t g) {
+  auto& grp = groups_[g];
+  ZERO_CHECK(grp.users == 0, "a shard written while its layer runs");
+  wait_shard_copies(g);
+  release(g);
+  ZERO_CHECK(!(grp.state == State::kInFlight && grp.from_secondary), "hpZ copy dropped while gathered from");
+  grp.secondary = at::Tensor();
+  grp.secondary_bytes = LedgerReservation();
+  if (g == 0) {  // always gathered
+    issue(0, false);
+    wait(0);
+  }
+}
+
+bool Stage3Coordinator::hold(size_t g) {
   // The values as the shards hold them, not qwZ's approximation (gathered
   // now, or through hpZ's copy of it).
   const auto& had = groups_[g];
@@ -611,15 +634,24 @@ void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn)
   if (was_released) issue(g, false, /*exact=*/true);
   wait(g);
   ++groups_[g].users;
+  return was_released;
+}
+
+void Stage3Coordinator::unhold(size_t g, bool was_released) {
+  ZERO_CHECK(groups_[g].users > 0, "unhold without hold");
+  --groups_[g].users;
+  if (was_released && groups_[g].users == 0) release(g);
+}
+
+void Stage3Coordinator::with_gathered(size_t g, const std::function<void()>& fn) {
+  const bool was_released = hold(g);
   try {
     fn();
   } catch (...) {
-    --groups_[g].users;
-    if (was_released) release(g);
+    unhold(g, was_released);
     throw;
   }
-  --groups_[g].users;
-  if (was_released) release(g);
+  unhold(g, was_released);
 }
 
 }  // namespace zero::partition

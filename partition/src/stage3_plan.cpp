@@ -71,23 +71,39 @@ offload::AioOptions aio_options(const config::AioConfig& a) {
 
 Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const config::Config& c,
                        const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers, Prebuilt* init,
-                       const std::string& swap_tag) {
+                       const std::string& swap_tag,
+                       const std::vector<std::shared_ptr<torch::nn::Module>>& leaf_modules) {
   LayerScan scan;
   for (const auto& m : extra_layers) scan.extra.insert(m.get());
+  std::unordered_set<const torch::nn::Module*> leaves;  // NOTE [leaf modules]
+  for (const auto& m : leaf_modules) leaves.insert(m.get());
+  for (const auto& m : model->modules(/*include_self=*/false))
+    if (is_leaf(*m)) leaves.insert(m.get());  // zero::set_leaf's
+  scan.extra.insert(leaves.begin(), leaves.end());
   if (init != nullptr)
     for (const auto& [m, layer] : init->layers) scan.extra.insert(static_cast<const torch::nn::Module*>(m));
   scan.visit(model, "", nullptr, 0);
   {  // A listed layer that is not part of the model is a mistake worth naming.
     std::unordered_set<const torch::nn::Module*> in_model;
     for (const auto& m : model->modules(/*include_self=*/true)) in_model.insert(m.get());
-    for (size_t i = 0; i < extra_layers.size(); ++i) {
-      if (extra_layers[i] == nullptr || in_model.count(extra_layers[i].get()) == 0) {
-        throw ConfigError({"InitOptions::layers[" + std::to_string(i) +
-                           "]: expected a submodule of the model given to initialize; got " +
-                           (extra_layers[i] == nullptr ? std::string("a null module")
-                                                       : "a " + extra_layers[i]->name() + " outside it")});
+    auto check = [&](const std::vector<std::shared_ptr<torch::nn::Module>>& listed, const char* what) {
+      for (size_t i = 0; i < listed.size(); ++i) {
+        if (listed[i] == nullptr || in_model.count(listed[i].get()) == 0) {
+          throw ConfigError({std::string(what) + "[" + std::to_string(i) +
+                             "]: expected a submodule of the model given to initialize; got " +
+                             (listed[i] == nullptr ? std::string("a null module")
+                                                   : "a " + listed[i]->name() + " outside it")});
+        }
       }
-    }
+    };
+    check(extra_layers, "InitOptions::layers");
+    check(leaf_modules, "InitOptions::leaf_modules");
+  }
+  {  // NOTE [leaf modules]: a leaf inside another layer is part of that layer: fine. A
+     // leaf the model itself is has nothing to gather around.
+    if (is_leaf(*model) || std::find(leaf_modules.begin(), leaf_modules.end(), model) != leaf_modules.end())
+      throw ConfigError({"InitOptions::leaf_modules: expected a submodule of the model; got the model itself (the "
+                         "model's forward is not run through zero::forward: make its blocks leaf modules)"});
   }
   // Before anything of the model changes: a live engine's layers are its own.
   for (const auto& [name, m] : scan.layers) {
@@ -99,14 +115,37 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
     for (const auto& [name, m] : scan.layers) found.insert(m.get());
     for (const auto& [m, layer] : init->layers) {
       if (found.count(m) > 0) continue;
-      throw UsageError("a module partitioned by zero::Init (" + std::to_string(layer.params.size()) +
+      throw UsageError("a module partitioned by zero::Init (" + std::to_string(layer.trainable.params.size() + layer.frozen.params.size()) +
                        " parameters) is not a layer of the model given to initialize: it must be a child of a "
                        "ModuleList or Sequential, or be listed in InitOptions::layers");
     }
   }
 
+  std::unordered_map<const void*, std::string> name_of;  // a parameter's first name
+  for (const auto& item : model->named_parameters(true)) name_of.emplace(id(item.value()), item.key());
+  // NOTE [frozen groups]: zero::Init put each parameter on the side it was
+  // on then; one that changed sides since cannot be laid out as it was.
+  if (init != nullptr) {
+    for (const auto& [m, layer] : init->layers) {
+      for (const auto* grp : {&layer.trainable, &layer.frozen}) {
+        const bool frozen = grp == &layer.frozen;
+        for (const auto& p : grp->params) {
+          if (p.requires_grad() != frozen) continue;
+          auto it = name_of.find(id(p));
+          throw UsageError(
+              "parameter " + (it != name_of.end() ? it->second : std::string("of a layer built under zero::Init")) +
+              (frozen ? " was frozen when zero::Init partitioned it and needs a gradient now"
+                      : " was trainable when zero::Init partitioned it and is frozen now (requires_grad false)") +
+              ": its shard was made with the layer's " + (frozen ? "frozen" : "trainable") +
+              " parameters; say which parameters train before the model is built (InitOptions::trainable, "
+              "zero::trainable_matching), or set requires_grad before Init::partition");
+        }
+      }
+    }
+  }
+
   // Persistent parameters: Init's decisions for the layers it built, the
-  // same rule for the rest (NOTE [stage-3 plan]).
+  // same rule for the rest (NOTE [stage-3 plan]), frozen or not.
   PersistenceRule fresh(c.zero.param_persistence_threshold, c.zero.model_persistence_threshold);
   PersistenceRule& rule = init != nullptr ? init->persistence : fresh;
   std::unordered_set<const void*> built;  // parameters of the layers Init built
@@ -116,7 +155,7 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
   std::unordered_set<const void*> persistent, seen;
   for (const auto& item : model->named_parameters(true)) {
     const auto& p = item.value();
-    if (!p.requires_grad() || !seen.insert(id(p)).second) continue;
+    if (!seen.insert(id(p)).second) continue;
     if (built.count(id(p)) > 0) {
       if (init->partitioned.count(id(p)) == 0) persistent.insert(id(p));  // Init kept it whole
     } else if (rule.keep_whole(p.numel())) {
@@ -125,62 +164,93 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
   }
 
   Stage3Plan b;
-  std::unordered_map<const void*, size_t> group_of;  // parameter -> group
-  std::vector<GroupSpec> layer_groups;
-  std::vector<int64_t> disk_offsets;  // per layer group: where zero::Init wrote its shard, or -1
+  // parameter -> group; a frozen group's index is kFrozen + its place among
+  // the frozen groups until every trainable group is known (they come first).
+  constexpr size_t kFrozen = size_t{1} << 40;
+  std::unordered_map<const void*, size_t> group_of;
+  std::vector<GroupSpec> layer_groups, frozen_groups;
+  // per group: where zero::Init wrote its shard, or -1
+  std::vector<int64_t> disk_offsets, frozen_disk_offsets;
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(scan.layers.size());
   for (size_t u = 0; u < scan.layers.size(); ++u) {
     const auto& [name, m] = scan.layers[u];
-    GroupSpec spec;
-    spec.name = name;
-    int64_t disk_offset = -1;
+    GroupSpec spec, fspec;
+    spec.name = fspec.name = name;
+    fspec.frozen = true;
+    int64_t disk_offset = -1, frozen_disk_offset = -1;
+    auto index_of = [&](bool frozen) {
+      return frozen ? kFrozen + frozen_groups.size() : layer_groups.size() + 1;
+    };
     if (init != nullptr) {
       if (auto it = init->layers.find(m.get()); it != init->layers.end()) {
-        // Built under zero::Init: its shard is made; take the parameters in Init's order.
+        // Built under zero::Init: its shards are made; take the parameters in Init's order.
         auto named = m->named_parameters(true);
-        for (size_t k = 0; k < it->second.params.size(); ++k) {
-          const auto& p = it->second.params[k];
-          std::string pname = name;
-          for (const auto& item : named)
-            if (id(item.value()) == id(p)) pname = join_name(name, item.key());
-          spec.params.emplace_back(pname, p);
-          group_of[id(p)] = layer_groups.size() + 1;
-          b.layer_params += c10::multiply_integers(it->second.shapes[k]);
+        for (const bool frozen : {false, true}) {
+          const PrebuiltGroup& pg = frozen ? it->second.frozen : it->second.trainable;
+          GroupSpec& target = frozen ? fspec : spec;
+          for (size_t k = 0; k < pg.params.size(); ++k) {
+            const auto& p = pg.params[k];
+            std::string pname = name;
+            for (const auto& item : named)
+              if (id(item.value()) == id(p)) pname = join_name(name, item.key());
+            target.params.emplace_back(pname, p);
+            group_of[id(p)] = index_of(frozen);
+            (frozen ? b.frozen_layer_params : b.layer_params) += c10::multiply_integers(pg.shapes[k]);
+          }
+          if (pg.empty()) continue;
+          target.chunk = pg.chunk;
+          target.chunk_on_disk = pg.disk_offset >= 0;
+          target.shapes = pg.shapes;
+          (frozen ? frozen_disk_offset : disk_offset) = pg.disk_offset;
         }
-        spec.chunk = it->second.chunk;
-        spec.chunk_on_disk = it->second.disk_offset >= 0;
-        spec.shapes = it->second.shapes;
-        disk_offset = it->second.disk_offset;
       }
     }
     for (const auto& item : m->named_parameters(true)) {
       const auto& p = item.value();
       layer_params[u].emplace_back(join_name(name, item.key()), p);
-      if (!p.requires_grad() || persistent.count(id(p)) > 0) continue;
+      if (persistent.count(id(p)) > 0) continue;
       if (group_of.count(id(p)) > 0) continue;  // tied to an earlier layer, or built partitioned
-      ZERO_CHECK(!spec.chunk.defined() && !spec.chunk_on_disk, "layer " + name + " mixes partitioned and whole parameters");
-      group_of[id(p)] = layer_groups.size() + 1;
-      spec.params.emplace_back(join_name(name, item.key()), p);
-      b.layer_params += p.numel();
+      const bool frozen = !p.requires_grad();
+      GroupSpec& target = frozen ? fspec : spec;
+      ZERO_CHECK(!target.chunk.defined() && !target.chunk_on_disk, "layer " + name + " mixes partitioned and whole parameters");
+      group_of[id(p)] = index_of(frozen);
+      target.params.emplace_back(join_name(name, item.key()), p);
+      (frozen ? b.frozen_layer_params : b.layer_params) += p.numel();
     }
-    if (spec.params.empty()) continue;
-    disk_offsets.push_back(disk_offset);
-    layer_groups.push_back(std::move(spec));
+    if (!spec.params.empty()) {
+      disk_offsets.push_back(disk_offset);
+      layer_groups.push_back(std::move(spec));
+    }
+    if (!fspec.params.empty()) {
+      frozen_disk_offsets.push_back(frozen_disk_offset);
+      frozen_groups.push_back(std::move(fspec));
+    }
   }
+  // NOTE [frozen groups]: after every trainable group.
+  for (auto& [p, g] : group_of)
+    if (g >= kFrozen) g = g - kFrozen + layer_groups.size() + 1;
+  disk_offsets.insert(disk_offsets.end(), frozen_disk_offsets.begin(), frozen_disk_offsets.end());
   GroupSpec always;
   always.name = "(always gathered)";
+  std::unordered_set<const void*> counted_whole;
   for (const auto& item : model->named_parameters(true)) {
     const auto& p = item.value();
-    if (!p.requires_grad() || group_of.count(id(p)) > 0) continue;
+    if (group_of.count(id(p)) > 0) continue;
+    if (!p.requires_grad()) {  // frozen and whole: not in any group
+      if (counted_whole.insert(id(p)).second) b.frozen_whole_params += p.numel();
+      continue;
+    }
     always.params.emplace_back(item.key(), p);  // FlatParameters drops tied repeats
   }
   b.layout.groups.push_back(std::move(always));
   for (auto& g : layer_groups) b.layout.groups.push_back(std::move(g));
+  for (auto& g : frozen_groups) b.layout.groups.push_back(std::move(g));
   for (const auto& p : b.layout.groups[0].params) b.always_params += p.second.numel();
   for (size_t u = 0; u < scan.layers.size(); ++u) {
     Stage3Unit unit;
     unit.name = scan.layers[u].first;
     unit.module = scan.layers[u].second;
+    unit.leaf = leaves.count(unit.module.get()) > 0;
     for (const auto& [n, p] : layer_params[u]) {
       auto it = group_of.find(id(p));
       if (it != group_of.end() && std::find(unit.groups.begin(), unit.groups.end(), it->second) == unit.groups.end())
@@ -229,7 +299,7 @@ Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const co
       } else {
         int64_t used = 0;
         for (const auto& [n, t] : spec.params)
-          if (t.requires_grad() && counted.insert(id(t)).second) used += t.numel();
+          if (t.requires_grad() != spec.frozen && counted.insert(id(t)).second) used += t.numel();
         p.in_memory.push_back(budget.keep(FlatParameters::padded_size(used, ws) / ws));
       }
     }

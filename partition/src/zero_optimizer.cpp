@@ -443,7 +443,8 @@ void ZeroOptimizer::step_sub_group(size_t k, const at::Tensor& grad, at::Tensor&
     for (const Run& r : runs_[k]) {
       optim::StepParams p = params;
       const GroupHyper& h = groups_[r.group];
-      if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
+      if (h.lr_set) p.lr = *h.lr_set;  // Engine::set_lr's, until the schedule's next step
+      else if (h.lr) p.lr = base_lr_ > 0 ? params.lr * (*h.lr / base_lr_) : *h.lr;
       p.weight_decay = h.weight_decay;
       runs.push_back({r.start, r.numel, p});
     }
@@ -753,6 +754,31 @@ double ZeroOptimizer::parameter_l2() const {
     comm_->all_reduce_sum(sumsq).wait();
   }
   return std::sqrt(sumsq.item<double>());
+}
+
+void ZeroOptimizer::set_values(const std::map<size_t, at::Tensor>& chunks) {
+  at::NoGradGuard no_grad;
+  spec_settle();  // NOTE [speculative step]: the values as they stand
+  const auto& sub_groups = store_->sub_groups();
+  for (const auto& [g, c] : chunks)
+    ZERO_CHECK(g < flat_->groups().size() && c.numel() == flat_->groups()[g].chunk_numel, "set_values: not a chunk");
+  write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>&, LowOut& low) {
+    const auto [g, start, len] = sub_groups[k];
+    if (auto it = chunks.find(g); it != chunks.end()) m.copy_(it->second.reshape({-1}).narrow(0, start, len));
+    if (low.wanted()) write_values_of(m, low);
+  });
+}
+
+void ZeroOptimizer::write_frozen_shard(size_t g, const at::Tensor& values) {
+  ZERO_CHECK(stage3_ != nullptr && g < flat_->all_groups().size() && flat_->all_groups()[g].frozen,
+             "write_frozen_shard: not a frozen group");
+  ZERO_CHECK(values.numel() == flat_->all_groups()[g].chunk_numel, "write_frozen_shard: not a chunk of the group");
+  at::NoGradGuard no_grad;
+  stage3_->shards_changed(g);  // after any gather's copy out of the shard
+  const bool swapped = param_swapper_ != nullptr && param_swapper_->on_disk(g);
+  const at::Tensor& part = swapped ? param_swapper_->begin_update(g) : flat_->part(g);
+  part.copy_(values.reshape({-1}));
+  if (swapped) param_swapper_->end_update(g);
 }
 
 const at::Tensor& ZeroOptimizer::shard(size_t g) const {

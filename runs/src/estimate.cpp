@@ -154,6 +154,46 @@ Layout layout_of(const config::Config& c, const std::vector<ParameterShape>& par
   return out;
 }
 
+std::vector<ParameterShape> trainable_only(const std::vector<ParameterShape>& params) {
+  std::vector<ParameterShape> out;
+  for (const auto& q : params)
+    if (!q.frozen) out.push_back(q);
+  return out;
+}
+
+// NOTE [frozen groups]: the frozen parameters kept whole (every one below
+// stage 3; outside every layer or persistent at stage 3) and, at stage 3,
+// each layer's frozen group, padded. The persistence rule walks every
+// parameter in order, as the plan does.
+struct FrozenLayout {
+  int64_t whole = 0;
+  std::vector<int64_t> groups;
+};
+FrozenLayout frozen_layers(const config::Config& c, const std::vector<ParameterShape>& params) {
+  const auto& z = c.zero;
+  FrozenLayout out;
+  if (z.stage < 3) {
+    for (const auto& q : params)
+      if (q.frozen) out.whole += q.numel;
+    return out;
+  }
+  partition::PersistenceRule keep(z.param_persistence_threshold, z.model_persistence_threshold);
+  std::vector<int64_t> layer_numel;
+  for (const auto& q : params) {
+    const bool whole = keep.keep_whole(q.numel);
+    if (!q.frozen) continue;
+    if (q.layer < 0 || whole) {
+      out.whole += q.numel;
+      continue;
+    }
+    if (static_cast<size_t>(q.layer) >= layer_numel.size()) layer_numel.resize(static_cast<size_t>(q.layer) + 1, 0);
+    layer_numel[static_cast<size_t>(q.layer)] += q.numel;
+  }
+  for (int64_t n : layer_numel)
+    if (n > 0) out.groups.push_back(padded(n, config::partition_ranks(c)));
+  return out;
+}
+
 }  // namespace
 
 std::vector<ParameterShape> mingpt_parameters(int64_t L, int64_t C, int64_t V, int64_t T, bool tie) {
@@ -194,8 +234,9 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
   MemoryEstimate e;
   for (const auto& q : params) e.num_parameters += q.numel;
 
-  // Groups of the flat layout, and this rank's chunk of each.
-  const Layout lay = layout_of(c, params);
+  // Groups of the flat layout (the trainable parameters'), and this rank's
+  // chunk of each; the frozen ones apart (NOTE [frozen groups]).
+  const Layout lay = layout_of(c, trainable_only(params));
   const auto& groups = lay.groups;
   const int64_t group0_whole = lay.group0_whole;
   const int64_t layout_ranks = z.stage == 0 ? 1 : N;
@@ -228,9 +269,30 @@ MemoryEstimate estimate_model_states(const config::Config& c, const std::vector<
           ++disk_groups;
         }
       }
+      // NOTE [frozen groups]: the frozen shards come after every trainable
+      // group, in the same budget and through the same buffers.
+      for (int64_t n : frozen_layers(c, params).groups) {
+        const int64_t chunk = n / N;
+        if (in_cpu.keep(chunk)) {
+          e.host.frozen_parameters += p * chunk;
+        } else {
+          e.nvme.frozen_parameters += aligned(p * chunk);
+          largest = std::max(largest, chunk);
+          ++disk_groups;
+        }
+      }
       if (disk_groups > 0)
         e.host.parameters += std::min<int64_t>(z.offload_param.buffer_count, disk_groups) * aligned(p * largest);
     }
+  }
+  {  // Frozen parameters (NOTE [frozen groups]): whole below stage 3, and
+     // outside the layers or persistent at stage 3; else a shard a layer.
+    const FrozenLayout fl = frozen_layers(c, params);
+    e.device.frozen_parameters += p * fl.whole;
+    int64_t shards = 0;
+    for (int64_t n : fl.groups) shards += n / N;
+    if (z.stage == 3 && !off_param) e.device.frozen_parameters += p * shards;
+    else if (z.stage == 3 && !nvme_param) e.host.frozen_parameters += p * shards;
   }
 
   // Where each group's states are (and, stages 2-3, whether its gradient
@@ -454,16 +516,24 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
   const bool off_opt = z.stage >= 1 && z.offload_optimizer.device != config::OffloadDevice::kNone;
   const bool off_param = z.stage == 3 && z.offload_param.device != config::OffloadDevice::kNone;
 
-  // Buffers.
-  const Layout lay = layout_of(c, params);
+  // Buffers: the gradients' from the trainable parameters' layout; the
+  // gathers' from every parameter's (a layer is gathered whole, its frozen
+  // group with it: NOTE [frozen groups]).
+  const Layout lay = layout_of(c, trainable_only(params));
+  std::vector<ParameterShape> all = params;
+  for (auto& q : all) q.frozen = false;
+  const Layout lay_all = layout_of(c, all);
   const int64_t layout_ranks = z.stage == 0 ? 1 : N;
-  int64_t largest_group = 0;  // stage 3: the largest layer
+  int64_t largest_group = 0;  // stage 3: the largest layer's trainable group
   for (size_t i = z.stage == 3 ? 1 : 0; i < lay.groups.size(); ++i)
     largest_group = std::max(largest_group, lay.groups[i]);
   // Gradient buckets and gathered layers.
-  int64_t buckets = 0, in_flight = 0, gathered = 0, layer_total = 0;
+  int64_t buckets = 0, in_flight = 0, gathered = 0, layer_total = 0, largest_layer = 0;
   const int64_t n_groups = static_cast<int64_t>(lay.groups.size()) - (z.stage == 3 ? 1 : 0);
-  for (size_t i = z.stage == 3 ? 1 : 0; i < lay.groups.size(); ++i) layer_total += lay.groups[i];
+  for (size_t i = z.stage == 3 ? 1 : 0; i < lay_all.groups.size(); ++i) {
+    layer_total += lay_all.groups[i];
+    largest_layer = std::max(largest_layer, lay_all.groups[i]);
+  }
   if (z.stage >= 2) {
     // reduce_scatter false all-reduces the bucket in place, as Gloo always does.
     const int64_t chunks = nccl && N > 1 && z.reduce_scatter ? g * (largest_group / N) : 0;
@@ -484,30 +554,32 @@ PeakEstimate estimate_peak(const config::Config& c, const std::vector<ParameterS
     in_flight = std::min<int64_t>(2, n_groups) * (g * largest_group + chunks + qg) + summing;
   }
   bool kept = false;  // gathered layers stay for backward
-  if (z.stage == 3 && largest_group > 0) {
+  if (z.stage == 3 && largest_layer > 0) {
     kept = z.max_reuse_distance >= layer_total;
-    const int64_t live = kept ? std::max<int64_t>(1, z.max_live_parameters / largest_group)
+    const int64_t live = kept ? std::max<int64_t>(1, z.max_live_parameters / largest_layer)
                               : 1 + std::max<int64_t>(0, std::min(z.prefetch_bucket_size,
-                                                                  z.max_live_parameters - largest_group)) / largest_group;
-    gathered = p * std::min(layer_total, live * largest_group);
-    if (off_param) gathered += p * (largest_group / N);  // the shard's device copy being sent
+                                                                  z.max_live_parameters - largest_layer)) / largest_layer;
+    gathered = p * std::min(layer_total, live * largest_layer);
+    if (off_param) gathered += p * (largest_layer / N);  // the shard's device copy being sent
     const bool quantized = z.zero_quantized_weights && N > 1;
     const int64_t payload =
-        quantized ? partition::quantized_payload_bytes(largest_group / N, z.zero_quantized_weights_block_size) : 0;
+        quantized ? partition::quantized_payload_bytes(largest_layer / N, z.zero_quantized_weights_block_size) : 0;
     if (quantized) gathered += (N + 1) * payload;  // NOTE [quantized gather]
     // NOTE [hierarchical gather]: a gather in flight stages M of the N
     // shards (or payloads), M the nodes; the config does not say how many
     // ranks a node has, and the estimate takes two or more (M at most N / 2;
     // one rank a node gathers flat).
     if (z.mics_hierarchical_params_gather && z.mics_shard_size > 0 && N > 2) {
-      const int64_t shard = quantized ? payload : p * (largest_group / N);
-      gathered += std::max<int64_t>(1, std::min(layer_total, live * largest_group) / largest_group) * (N / 2) * shard;
+      const int64_t shard = quantized ? payload : p * (largest_layer / N);
+      gathered += std::max<int64_t>(1, std::min(layer_total, live * largest_layer) / largest_layer) * (N / 2) * shard;
     }
-    if (!nccl && N > 1) gathered += quantized ? N * payload : p * largest_group;  // Gloo's flat copy of the output
+    if (!nccl && N > 1) gathered += quantized ? N * payload : p * largest_layer;  // Gloo's flat copy of the output
   }
+  // The largest parameter's gradient before its hook: a trainable one's.
   e.device_buffers = p * lay.largest_parameter + (kept ? gathered + in_flight : std::max(buckets, gathered));
   if (z.stage == 3 && z.zero_hpz_partition_size > 1 && N > 1)
-    for (size_t i = 1; i < lay.groups.size(); ++i) e.device_buffers += p * (lay.groups[i] / z.zero_hpz_partition_size);
+    for (size_t i = 1; i < lay_all.groups.size(); ++i)
+      e.device_buffers += p * (lay_all.groups[i] / z.zero_hpz_partition_size);
   // (None with ratio 0, when every group stays on the device: NOTE [partial offload].)
   if (off_opt && (z.stage != 3 || z.offload_optimizer.ratio > 0)) {
     int64_t chunk = 0;

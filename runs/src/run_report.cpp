@@ -37,7 +37,8 @@ int64_t RunReport::ledger_peak(const std::string& tier, const std::string& kind)
 std::vector<ParameterShape> RunReport::parameters() const {
   std::vector<ParameterShape> out;
   for (const auto& p : json.value("parameters", nlohmann::json::array()))
-    out.push_back({p.at("name").get<std::string>(), p.at("numel").get<int64_t>(), p.at("layer").get<int>()});
+    out.push_back({p.at("name").get<std::string>(), p.at("numel").get<int64_t>(), p.at("layer").get<int>(),
+                   p.value("frozen", false)});
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -222,7 +223,8 @@ std::string model_fingerprint(const torch::nn::Module& model, const InitState* i
   std::unordered_map<const void*, std::vector<int64_t>> whole;
   if (init != nullptr) {
     for (const auto& [module, layer] : init->built.layers)
-      for (size_t i = 0; i < layer.params.size(); ++i) whole[layer.params[i].unsafeGetTensorImpl()] = layer.shapes[i];
+      for (const auto* g : {&layer.trainable, &layer.frozen})
+        for (size_t i = 0; i < g->params.size(); ++i) whole[g->params[i].unsafeGetTensorImpl()] = g->shapes[i];
   }
   std::ostringstream out;
   auto shape = [&](const std::vector<int64_t>& sizes) {
@@ -257,6 +259,29 @@ std::string model_fingerprint(const torch::nn::Module& model, const InitState* i
   return out.str();
 }
 
+
+// NOTE [frozen groups]: which parameters train is fixed at initialize (the
+// layout, the gradients, the states follow from it). A change after it
+// would train nothing, or no longer freeze: refused, naming the parameter.
+void check_trainable_unchanged(const Engine::Impl& s) {
+  const auto& flat = s.optimizer->parameters();
+  auto refuse = [](const std::string& name, bool now_trainable) {
+    throw UsageError(
+        "parameter " + name + (now_trainable ? " was set trainable (requires_grad true) after zero::initialize; it "
+                                               "was frozen then, so it has no gradient, master or optimizer state"
+                                             : " was frozen (requires_grad false) after zero::initialize; it was "
+                                               "trainable then, and its gradient, master and optimizer state are "
+                                               "laid out") +
+        ": say which parameters train before initialize (requires_grad_ on the model, or InitOptions::trainable "
+        "with zero::trainable_matching / frozen_matching; under zero::Init, in the Init's options)");
+  };
+  for (const auto& g : flat.all_groups())
+    for (size_t i : g.slots)
+      if (flat.all_slots()[i].param.requires_grad() == g.frozen) refuse(flat.all_slots()[i].name, g.frozen);
+  for (const auto& [name, p] : s.frozen_whole)
+    if (p.requires_grad()) refuse(name, true);
+}
+
 }  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options)
@@ -267,6 +292,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   ZERO_CHECK(model != nullptr, "initialize needs a model");
+  if (options.trainable) {  // NOTE [frozen groups]: what Init partitioned, Init decided
+    for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+      const void* id = item.value().unsafeGetTensorImpl();
+      if (init_state != nullptr &&
+          (init_state->built.partitioned.count(id) > 0 || init_state->built.kept_whole.count(id) > 0))
+        continue;
+      item.value().requires_grad_(options.trainable(item.key()));
+    }
+  }
   detail::apply_client_optimizer(config, options, *model);
   check_trainable(config);
   (void)RunReportSettings::from_environment();  // a bad ZERO_STOP_AFTER_STEPS is refused before anything is made
@@ -362,7 +396,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   }
   if (s.config.zero.stage == 3) {
     auto b = partition::plan_stage3(s.model, s.config, s.options.layers, init != nullptr ? &init->built : nullptr,
-                                    "rank" + std::to_string(s.dist.rank) + "-params");
+                                    "rank" + std::to_string(s.dist.rank) + "-params", s.options.leaf_modules);
     if (s.dist.rank == 0) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
@@ -371,9 +405,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
                     b.layout.units.size(), static_cast<long long>(b.layer_params),
                     static_cast<long long>(b.always_params));
       log::info(buf);
+      if (b.frozen_layer_params + b.frozen_whole_params > 0)  // NOTE [frozen groups]
+        log::info("ZeRO stage 3: " + std::to_string(b.frozen_layer_params) +
+                  " frozen parameters partitioned with their layers (no gradient, master or optimizer state), " +
+                  std::to_string(b.frozen_whole_params) +
+                  " kept whole on every rank (outside every layer, or under stage3_param_persistence_threshold)");
       // DeepSpeed's defaults keep a small model whole: say so plainly, or a
       // new user believes stage 3 is partitioning it.
-      if (b.layer_params == 0)
+      if (b.layer_params + b.frozen_layer_params == 0)
         log::info("ZeRO stage 3 partitions nothing of this model: every parameter is outside the layers or has at "
                   "most zero_optimization.stage3_param_persistence_threshold (" +
                   std::to_string(s.config.zero.param_persistence_threshold) +
@@ -395,6 +434,20 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   } else {
     s.optimizer = std::make_unique<partition::ZeroOptimizer>(
         named, optim::FlatOptimizer::create(*s.config.optimizer), zo, s.ledger(), s.mics.partition, s.mics.replicas);
+  }
+  {  // NOTE [frozen groups]: the frozen parameters kept whole, counted.
+    std::unordered_set<const void*> laid_out, seen;
+    for (const auto& slot : s.optimizer->parameters().all_slots()) laid_out.insert(slot.param.unsafeGetTensorImpl());
+    int64_t bytes = 0;
+    for (const auto& item : s.model->named_parameters(/*recurse=*/true)) {
+      const auto& p = item.value();
+      if (p.requires_grad() || laid_out.count(p.unsafeGetTensorImpl()) > 0) continue;
+      s.frozen_whole.emplace_back(item.key(), p);
+      if (seen.insert(p.unsafeGetTensorImpl()).second) bytes += static_cast<int64_t>(p.nbytes());
+    }
+    if (bytes > 0)
+      s.frozen_whole_bytes = LedgerAlloc::reserve(s.ledger(), Tier::kDevice, Kind::kFrozenParameters, bytes,
+                                                  "frozen parameters kept whole on every rank");
   }
   if (s.optimizer->speculates() && s.dist.rank == 0)
     log::info("offload_optimizer.super_offload: each sub-group's CPU step begins during the boundary backward, as "
@@ -477,6 +530,7 @@ void Engine::backward(const torch::Tensor& loss) {
                                         (loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)")));
   }
   recover_from_failed_backward(s);
+  check_trainable_unchanged(s);
   if (s.window_backward == Impl::Backward::kUser)
     throw UsageError("Engine::backward: this accumulation window's earlier micro-steps ran loss.backward(); one "
                      "way per window (they scale gradients differently): step() first, or keep to one");
@@ -558,6 +612,7 @@ torch::Tensor Engine::scale(const torch::Tensor& loss) {
 void Engine::step() {
   auto& s = *impl_;
   recover_from_failed_backward(s);
+  check_trainable_unchanged(s);
   const auto t0 = Clock::now();
   const bool boundary = is_gradient_accumulation_boundary();
   const trace::Span span("phase", boundary ? "step" : "step (accumulating)", s.global_steps);
@@ -571,6 +626,75 @@ void Engine::step() {
 void Engine::zero_grad() { impl_->optimizer->zero_grad(); }
 
 double Engine::get_lr() const { return impl_->current_lr(); }
+
+namespace {
+// The optimizer's groups made explicit (one "default" group of every
+// parameter) for a change to one group.
+void ensure_param_groups(Engine::Impl& s) {
+  if (!s.optimizer->param_groups().empty()) return;
+  s.optimizer->set_param_groups({{"default", std::nullopt, std::nullopt}},
+                                std::vector<size_t>(s.optimizer->parameters().slots().size(), 0));
+}
+size_t group_index(const Engine::Impl& s, std::optional<size_t> group, const char* what) {
+  const size_t n = std::max<size_t>(1, s.optimizer->param_groups().size());
+  if (group && *group >= n)
+    throw UsageError(std::string(what) + ": group " + std::to_string(*group) + " does not exist; the optimizer has " +
+                     std::to_string(n) + " (param_groups())");
+  return group.value_or(0);
+}
+}  // namespace
+
+void Engine::set_lr(double lr, std::optional<size_t> group) {
+  auto& s = *impl_;
+  if (!(lr >= 0) || !std::isfinite(lr)) throw UsageError("set_lr: expected a finite lr >= 0; got " + std::to_string(lr));
+  group_index(s, group, "set_lr");
+  if (!group) {
+    s.lr_set = lr;
+    for (size_t g = 0; g < s.optimizer->param_groups().size(); ++g) {
+      auto h = s.optimizer->param_groups()[g];
+      h.lr_set = lr;
+      s.optimizer->set_group_hyper(g, h);
+    }
+    return;
+  }
+  if (s.optimizer->param_groups().empty()) {  // the one group
+    s.lr_set = lr;
+    return;
+  }
+  auto h = s.optimizer->param_groups()[*group];
+  h.lr_set = lr;
+  s.optimizer->set_group_hyper(*group, h);
+}
+
+void Engine::set_weight_decay(double weight_decay, std::optional<size_t> group) {
+  auto& s = *impl_;
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
+    throw UsageError("set_weight_decay: expected a finite weight decay >= 0; got " + std::to_string(weight_decay));
+  group_index(s, group, "set_weight_decay");
+  ensure_param_groups(s);
+  for (size_t g = 0; g < s.optimizer->param_groups().size(); ++g) {
+    if (group && g != *group) continue;
+    auto h = s.optimizer->param_groups()[g];
+    h.weight_decay = weight_decay;
+    s.optimizer->set_group_hyper(g, h);
+  }
+}
+
+std::vector<ParamGroupState> Engine::param_groups() const {
+  const auto& s = *impl_;
+  const double lr = s.current_lr(), base = s.optimizer->optimizer_config().lr;
+  const double wd = s.optimizer->optimizer_config().weight_decay;
+  const auto& groups = s.optimizer->param_groups();
+  if (groups.empty()) return {{"default", lr, wd, s.optimizer->num_parameters()}};
+  const auto numels = s.optimizer->param_group_numels();
+  std::vector<ParamGroupState> out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& h = groups[g];
+    const double glr = h.lr_set ? *h.lr_set : h.lr ? (base > 0 ? lr * (*h.lr / base) : *h.lr) : lr;
+    out.push_back({h.name, glr, h.weight_decay.value_or(wd), numels[g]});
+  }
+  return out;
+}
 int64_t Engine::global_steps() const { return impl_->global_steps; }
 int64_t Engine::micro_steps() const { return impl_->micro_steps; }
 int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
@@ -647,6 +771,33 @@ void Engine::reset_peak_bytes() {
   } else {
     reset_cpu_allocator_peak();
   }
+}
+
+namespace {
+std::function<bool(const std::string&)> matching(const std::vector<std::string>& patterns, bool trains,
+                                                 const char* what) {
+  std::vector<std::regex> res;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    try {
+      res.emplace_back(patterns[i], std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw ConfigError({std::string(what) + "[" + std::to_string(i) + "]: expected a regular expression; got \"" +
+                         patterns[i] + "\" (" + e.what() + ")"});
+    }
+  }
+  return [res = std::move(res), trains](const std::string& name) {
+    for (const auto& re : res)
+      if (std::regex_search(name, re)) return trains;
+    return !trains;
+  };
+}
+}  // namespace
+
+std::function<bool(const std::string&)> trainable_matching(const std::vector<std::string>& patterns) {
+  return matching(patterns, true, "trainable_matching");
+}
+std::function<bool(const std::string&)> frozen_matching(const std::vector<std::string>& patterns) {
+  return matching(patterns, false, "frozen_matching");
 }
 
 ParamGroup ParamGroup::by_name(std::string group_name, std::vector<std::string> suffixes, std::vector<std::string> names,

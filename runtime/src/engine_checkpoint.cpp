@@ -33,6 +33,8 @@
 // writer to remove.
 #include "engine_checkpoint.h"
 
+#include <unordered_set>
+
 #include <sys/statvfs.h>
 
 #include <cstdio>
@@ -110,14 +112,42 @@ void set_generator_state(at::Device d, const at::Tensor& state) {
   gen.set_state(state);
 }
 
-// The model's buffers and frozen parameters (not in the engine's partitions), by name.
-std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& model) {
+std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& model,
+                                                            const partition::FlatParameters& flat, bool with_frozen) {
+  std::unordered_set<const void*> grouped;  // in stage 3's frozen groups
+  for (const auto& slot : flat.all_slots()) grouped.insert(slot.param.unsafeGetTensorImpl());
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model.named_parameters(true))
-    if (!item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+    if (with_frozen && !item.value().requires_grad() && grouped.count(item.value().unsafeGetTensorImpl()) == 0)
+      out.emplace_back(item.key(), item.value());
   for (const auto& item : model.named_buffers(true))
     if (item.value().defined()) out.emplace_back(item.key(), item.value());
   return out;
+}
+
+std::vector<size_t> frozen_groups(const partition::FlatParameters& flat) {
+  std::vector<size_t> out;
+  for (size_t g = 0; g < flat.all_groups().size(); ++g)
+    if (flat.all_groups()[g].frozen) out.push_back(g);
+  return out;
+}
+
+void load_frozen_groups(partition::ZeroOptimizer& opt,
+                        const std::function<at::Tensor(const partition::ParamSlot& slot)>& value_of) {
+  at::NoGradGuard no_grad;
+  const auto& flat = opt.parameters();
+  for (size_t g : frozen_groups(flat)) {
+    const auto& grp = flat.all_groups()[g];
+    std::vector<at::Tensor> values;
+    at::ScalarType dtype = at::kFloat;
+    for (size_t i : grp.slots) {
+      values.push_back(value_of(flat.all_slots()[i]));
+      dtype = flat.all_slots()[i].param.scalar_type();
+    }
+    at::Tensor chunk = at::empty({grp.chunk_numel}, at::TensorOptions().dtype(dtype));
+    partition::copy_chunk_of(values, opt.partition_rank() * grp.chunk_numel, chunk);
+    opt.write_frozen_shard(g, chunk);
+  }
 }
 
 }  // namespace zero::detail::checkpoints

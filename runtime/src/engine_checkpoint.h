@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "zero/core/comm.h"
 #include "zero/optim/flat_optimizer.h"
 #include "zero/partition/state_store.h"
+#include "zero/partition/zero_optimizer.h"
 
 namespace zero::detail::checkpoints {
 
@@ -40,7 +42,18 @@ std::vector<int64_t> everyone(Comm* comm, int64_t v, const std::string& what);
 void agree(Comm* comm, const std::exception_ptr& mine, const std::string& what);
 at::Tensor generator_state(at::Device d);
 void set_generator_state(at::Device d, const at::Tensor& state);
-/// The model's buffers and frozen parameters (not in the engine's partitions), by name.
-std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& model);
+/// The model's buffers and whole frozen parameters (not in the engine's
+/// partitions nor in stage 3's frozen groups, NOTE [frozen groups]), by
+/// name; without the frozen parameters when not `with_frozen`.
+std::vector<std::pair<std::string, at::Tensor>> extra_state(torch::nn::Module& model,
+                                                            const partition::FlatParameters& flat,
+                                                            bool with_frozen = true);
+/// Stage 3's frozen groups: their indices in flat.all_groups().
+std::vector<size_t> frozen_groups(const partition::FlatParameters& flat);
+/// Sets each frozen group's shard (NOTE [frozen groups]) from its
+/// parameters' whole values: `value_of(slot)` (a tensor of the slot's shape,
+/// any float dtype). This rank reads what value_of gives, keeps its chunk.
+void load_frozen_groups(partition::ZeroOptimizer& opt,
+                        const std::function<at::Tensor(const partition::ParamSlot& slot)>& value_of);
 
 }  // namespace zero::detail::checkpoints

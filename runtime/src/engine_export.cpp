@@ -42,12 +42,13 @@ void detail::for_each_model_tensor(Engine& engine, const ModelTensorVisit& write
   auto* coordinator = s.optimizer->stage3();
   const bool writer = s.dist.rank == 0;
   const auto& params = s.optimizer->parameters();
-  for (size_t g = 0; g < params.groups().size(); ++g) {
+  // Stage 3's frozen groups too (NOTE [frozen groups]), after the trainable ones.
+  for (size_t g = 0; g < params.all_groups().size(); ++g) {
     auto take = [&] {
       if (!writer) return;
-      for (size_t i : params.groups()[g].slots) {
-        const auto& p = params.slots()[i].param;
-        write(params.slots()[i].name, p.detach(), p.unsafeGetTensorImpl());
+      for (size_t i : params.all_groups()[g].slots) {
+        const auto& p = params.all_slots()[i].param;
+        write(params.all_slots()[i].name, p.detach(), p.unsafeGetTensorImpl());
       }
     };
     if (coordinator != nullptr) coordinator->with_gathered(g, take);
@@ -55,7 +56,7 @@ void detail::for_each_model_tensor(Engine& engine, const ModelTensorVisit& write
   }
   if (!writer) return;
   std::unordered_map<const void*, bool> laid_out;
-  for (const auto& slot : params.slots()) laid_out[slot.param.unsafeGetTensorImpl()] = true;
+  for (const auto& slot : params.all_slots()) laid_out[slot.param.unsafeGetTensorImpl()] = true;
   for (const auto& item : s.model->named_parameters(true))
     if (!item.value().requires_grad() && !laid_out.count(item.value().unsafeGetTensorImpl()))
       write(item.key(), item.value().detach(), item.value().unsafeGetTensorImpl());
@@ -91,13 +92,47 @@ void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {
     if (!options.strip_prefix.empty() && out.rfind(options.strip_prefix, 0) == 0) out = out.substr(options.strip_prefix.size());
     return options.add_prefix + out;
   };
+  // SaveHfOptions::lora_scaling: the bases that have adapters, and the
+  // adapters' values as they come (before the bases: the adapters train,
+  // and the trainable groups come first).
+  auto lora_base = [](const std::string& n, std::string* kind) -> std::string {
+    for (const char* k : {".lora_A.weight", ".lora_B.weight"}) {
+      const std::string key(k);
+      if (n.size() > key.size() && n.compare(n.size() - key.size(), key.size(), key) == 0) {
+        if (kind != nullptr) *kind = key.substr(1, 6);
+        return n.substr(0, n.size() - key.size()) + ".weight";
+      }
+    }
+    return "";
+  };
+  const bool merge = options.lora_scaling.has_value();
+  std::unordered_map<std::string, std::pair<at::Tensor, at::Tensor>> adapters;  // base name -> (A, B), rank 0's
+  if (merge) {
+    std::unordered_map<std::string, const at::Tensor*> by_name;
+    for (const auto& item : s.model->named_parameters(true)) by_name[item.key()] = &item.value();
+    int found = 0;
+    for (const auto& item : s.model->named_parameters(true)) {
+      const std::string base = lora_base(item.key(), nullptr);
+      if (base.empty()) continue;
+      ++found;
+      auto it = by_name.find(base);
+      if (it == by_name.end())
+        throw UsageError(what + ": lora_scaling: " + item.key() + " has no base " + base + " to merge into");
+      if (it->second->requires_grad())
+        throw UsageError(what + ": lora_scaling: " + base + " trains beside its adapters; a merge folds adapters "
+                         "into a frozen base (export without lora_scaling, or freeze it)");
+    }
+    if (found == 0) throw UsageError(what + ": lora_scaling: the model has no LoRA adapter (X.lora_A.weight)");
+  }
   // Every rank plans (the names and shapes are everyone's); rank 0 writes.
   std::vector<ckpt::HfWriter::Tensor> plan;
   const auto& params = s.optimizer->parameters();
-  for (const auto& grp : params.groups())
-    for (size_t i : grp.slots) plan.push_back({rename(params.slots()[i].name), dtype, params.slots()[i].shape});
+  for (const auto& grp : params.all_groups())
+    for (size_t i : grp.slots)
+      if (!merge || lora_base(params.all_slots()[i].name, nullptr).empty())
+        plan.push_back({rename(params.all_slots()[i].name), dtype, params.all_slots()[i].shape});
   std::unordered_map<const void*, bool> laid_out;
-  for (const auto& slot : params.slots()) laid_out[slot.param.unsafeGetTensorImpl()] = true;
+  for (const auto& slot : params.all_slots()) laid_out[slot.param.unsafeGetTensorImpl()] = true;
   for (const auto& item : s.model->named_parameters(true))
     if (!item.value().requires_grad() && !laid_out.count(item.value().unsafeGetTensorImpl()))
       plan.push_back({rename(item.key()), item.value().is_floating_point() ? dtype : item.value().scalar_type(),
@@ -120,9 +155,24 @@ void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {
   agree_on(s.comm.get(), failed, what);
   // A failure while writing stops the writing, not the gathers (the other
   // ranks are in them): it is told once every group has gone by.
-  detail::for_each_model_tensor(*this, [&](const std::string&, const at::Tensor& t, const void*) {
+  detail::for_each_model_tensor(*this, [&](const std::string& name, const at::Tensor& t, const void*) {
     if (failed) return;
     try {
+      if (merge) {
+        std::string kind;
+        if (const std::string base = lora_base(name, &kind); !base.empty()) {
+          auto& ab = adapters[base];
+          (kind == "lora_A" ? ab.first : ab.second) = t.to(at::kCPU, at::kFloat, false, /*copy=*/true);
+          return;
+        }
+        if (auto it = adapters.find(name); it != adapters.end()) {
+          const auto& [a, b] = it->second;
+          ZERO_CHECK(a.defined() && b.defined(), "an adapter of " + name + " came after its base");
+          const at::Tensor merged = t.to(at::kCPU, at::kFloat) + at::matmul(b, a) * *options.lora_scaling;
+          writer->append(merged.to(t.scalar_type()));
+          return;
+        }
+      }
       writer->append(t);
     } catch (...) {
       failed = std::current_exception();

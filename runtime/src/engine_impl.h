@@ -69,6 +69,11 @@ struct Engine::Impl : detail::RunContext {
   int64_t backward_micro_step = -1;  // the micro-step of the last backward the program started
   bool user_backward_open = false;   // begun from a hook, its end not yet run
 
+  // NOTE [frozen groups]: the frozen parameters kept whole (every one below
+  // stage 3), by name, and their bytes in the ledger.
+  std::vector<std::pair<std::string, at::Tensor>> frozen_whole;
+  LedgerReservation frozen_whole_bytes;
+
   int64_t micro_steps = 0;
   int64_t global_steps = 0;
   int64_t steps_this_run = 0;  // since initialize (global_steps also counts a resumed checkpoint's)
@@ -155,7 +160,10 @@ struct Engine::Impl : detail::RunContext {
     window_start = Clock::now();
   }
 
+  // Engine::set_lr on every group: the next steps' lr until the schedule's next step.
+  std::optional<double> lr_set;
   double current_lr() const {
+    if (lr_set) return *lr_set;
     return scheduler ? scheduler->lr() : config.optimizer->lr;
   }
 
@@ -192,7 +200,17 @@ struct Engine::Impl : detail::RunContext {
     if (config.fp16.enabled) scaler.update(!outcome.applied);
     if (outcome.applied) {
       ++applied_steps;
-      if (scheduler) scheduler->step();
+      if (scheduler) {
+        scheduler->step();
+        // The schedule wins at its step (DeepSpeed's rule): set_lr's values go.
+        lr_set.reset();
+        for (size_t g = 0; g < optimizer->param_groups().size(); ++g) {
+          auto h = optimizer->param_groups()[g];
+          if (!h.lr_set) continue;
+          h.lr_set.reset();
+          optimizer->set_group_hyper(g, h);
+        }
+      }
     } else {
       ++skipped_steps;
       char buf[160];

@@ -35,6 +35,7 @@ using detail::checkpoints::precision_of;
 using detail::checkpoints::part_name;
 using detail::checkpoints::set_generator_state;
 using detail::checkpoints::extra_state;
+using detail::checkpoints::load_frozen_groups;
 
 namespace {
 
@@ -361,15 +362,25 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
       group_at[i] += st[i].numel();
     }
   });
-  // Buffers and frozen parameters, by name.
-  for (const auto& [name, t] : extra_state(*s.model)) {
+  // Buffers and frozen parameters, by name: whole, and stage 3's frozen
+  // groups (NOTE [frozen groups]; each rank keeps its chunk). A checkpoint
+  // saved with exclude_frozen has none: the model keeps its own.
+  const bool with_frozen = meta.value("frozen_parameters", std::string("included")) != "excluded";
+  if (!with_frozen && s.dist.rank == 0)
+    log::info("load_checkpoint: " + tag_dir + " was saved without the frozen parameters (exclude_frozen): they keep "
+              "the values the model has (its base weights, loaded before)");
+  auto saved_value = [&](const std::string& name, at::IntArrayRef shape) {
     if (!reader->has_tensor("model.safetensors", name))
       throw IoError(tag_dir + "/model.safetensors: has no " + name + " (a buffer or frozen parameter of the model)");
     at::Tensor v = reader->read_tensor("model.safetensors", name);
-    if (v.sizes() != t.sizes())
-      throw IoError(tag_dir + "/model.safetensors: " + name + " has another shape there than in the model");
-    t.copy_(v);
-  }
+    if (v.sizes() != shape)
+      throw IoError(tag_dir + "/model.safetensors: " + name + " has shape " + c10::str(v.sizes()) + " there and " +
+                    c10::str(shape) + " in the model");
+    return v;
+  };
+  for (const auto& [name, t] : extra_state(*s.model, flat, with_frozen)) t.copy_(saved_value(name, t.sizes()));
+  if (with_frozen)
+    load_frozen_groups(opt, [&](const partition::ParamSlot& slot) { return saved_value(slot.name, slot.shape); });
   // RNG states, at the world size they were saved with.
   if (meta.at("world_size").get<int64_t>() == s.dist.world_size) {
     const std::string file = part_name(s.dist.rank) + ".safetensors";
@@ -491,14 +502,16 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
   std::unordered_map<const void*, std::vector<std::string>> names_of;
   for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
   auto index = saved.index();
-  std::unordered_set<std::string> used;
+  std::unordered_set<std::string> used, kept;  // kept: LoadWeightsOptions::keep_missing's
   std::vector<std::string> missing, tied_unused;
-  for (const auto& slot : flat.slots()) {
+  for (const auto& slot : flat.all_slots()) {  // stage 3's frozen groups too (NOTE [frozen groups])
     std::string found = index.count(slot.name) ? slot.name : "";
     for (const auto& alias : names_of[slot.param.unsafeGetTensorImpl()])
       if (found.empty() && index.count(alias)) found = alias;
     if (found.empty()) {
-      missing.push_back(slot.name);
+      // (A frozen one has no master to keep it: it must be in the file.)
+      if (options.keep_missing && slot.param.requires_grad() && options.keep_missing(slot.name)) kept.insert(slot.name);
+      else missing.push_back(slot.name);
       continue;
     }
     if (found != slot.name) saved.aliases[slot.name] = found;
@@ -520,12 +533,15 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
                         " in " + t.file + " is " + ckpt::dtype_name(t.dtype) + "; expected a floating-point tensor " +
                         "(F32, F16, BF16 or F64) for the model's parameter");
     throw IoError(files.source + ": has no tensor for " + std::to_string(missing.size()) + " of the model's " +
-                  std::to_string(flat.slots().size()) + " parameters: " + names_list(missing) +
+                  std::to_string(flat.all_slots().size()) + " parameters: " + names_list(missing) +
                   prefix_hint(missing, tensors) + " (names after LoadWeightsOptions' mapping)");
   }
   index = saved.index();
-  const auto extra = extra_state(*s.model);
+  const auto extra = extra_state(*s.model, flat);
   for (const auto& [name, t] : extra) used.insert(name);
+  if (!kept.empty() && s.dist.rank == 0)
+    log::info("load_weights " + files.source + ": " + std::to_string(kept.size()) + " parameter(s) the file lacks keep "
+              "their values (LoadWeightsOptions::keep_missing): " + names_list({kept.begin(), kept.end()}, 3));
   if (s.dist.rank == 0) {
     std::map<std::string, int64_t> other_dtype;  // file dtype -> tensors
     std::vector<std::string> unused;
@@ -562,13 +578,33 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
   WindowLoader loader(groups, *reader, [&](size_t k, int64_t first, int64_t count) {
     const auto [g, start, len] = groups[k];
     return reader->issue({"fp32_master"},
-                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, files.source),
+                         ckpt::map_range(flat, layout_rank, g, start + first, count, saved, index, files.source, &kept),
                          count);
   });
   opt.load_states([&](size_t k, at::Tensor& m, std::vector<at::Tensor>& st, at::Tensor*) {
+    // The kept parameters' elements of this sub-group, as the master has them.
+    const auto [g, start, len] = groups[k];
+    const auto& grp = flat.groups()[g];
+    const int64_t lo = layout_rank * grp.chunk_numel + start, hi = lo + len;  // in group coordinates
+    std::vector<std::pair<int64_t, at::Tensor>> keep;
+    for (size_t i : kept.empty() ? std::vector<size_t>{} : grp.slots) {
+      const auto& slot = flat.slots()[i];
+      if (kept.count(slot.name) == 0) continue;
+      const int64_t a = std::max(lo, slot.offset - grp.begin), b = std::min(hi, slot.offset - grp.begin + slot.numel);
+      if (a < b) keep.emplace_back(a - lo, m.narrow(0, a - lo, b - a).clone());
+    }
     loader.fill(k, {&m});
+    for (const auto& [at, values] : keep) m.narrow(0, at, values.numel()).copy_(values);
     store.start_states(k, st);  // (8-bit Adam's fp32 blocks marked again)
   });
+  // Stage 3's frozen groups: each rank reads its chunk's byte ranges.
+  for (size_t g : detail::checkpoints::frozen_groups(flat)) {
+    const int64_t n = flat.all_groups()[g].chunk_numel;
+    at::Tensor chunk = at::empty({n}, at::kFloat);
+    reader->fill({"fp32_master"}, ckpt::map_range(flat, layout_rank, g, 0, n, saved, index, files.source, &kept), n,
+                 {chunk.data_ptr<float>()});
+    opt.write_frozen_shard(g, chunk);
+  }
   for (const auto& [name, t] : extra) {
     if (!reader->has_tensor("", name)) continue;
     at::Tensor v = reader->read_tensor("", name);

@@ -105,6 +105,7 @@ using detail::checkpoints::everyone;
 using detail::checkpoints::agree;
 using detail::checkpoints::generator_state;
 using detail::checkpoints::extra_state;
+using detail::checkpoints::frozen_groups;
 
 void detail::set_checkpoint_hooks(Engine& engine, CheckpointHooks hooks) {
   engine.impl().checkpoint_hooks = std::move(hooks);
@@ -163,7 +164,7 @@ void Engine::open_checkpoint_dir(const std::string& dir) {
 }
 
 CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::string& tag_in,
-                                        const std::string& client_state) {
+                                        const std::string& client_state, const SaveCheckpointOptions& options) {
   auto& s = *impl_;
   const auto t0 = Clock::now();
   at::NoGradGuard no_grad;
@@ -220,8 +221,18 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
     layout.tensors.push_back({"rng.cuda", at::kByte, {rng_dev.numel()}});
   }
   layout.metadata = {{"format", ckpt::kFormat}, {"rank", std::to_string(rank)}};
+  // The model file (rank 0's): stage 3's frozen groups, gathered (NOTE
+  // [frozen groups]), then the whole frozen parameters and the buffers;
+  // no frozen parameter with exclude_frozen.
+  const bool with_frozen = !options.exclude_frozen;
+  const auto frozen = with_frozen ? frozen_groups(flat) : std::vector<size_t>{};
   ckpt::Layout model_layout;
-  const auto extra = rank == 0 ? extra_state(*s.model) : std::vector<std::pair<std::string, at::Tensor>>{};
+  const auto extra =
+      rank == 0 ? extra_state(*s.model, flat, with_frozen) : std::vector<std::pair<std::string, at::Tensor>>{};
+  if (rank == 0)
+    for (size_t g : frozen)
+      for (size_t i : flat.all_groups()[g].slots)
+        model_layout.tensors.push_back({flat.all_slots()[i].name, s.dtype, flat.all_slots()[i].shape});
   for (const auto& [name, t] : extra) model_layout.tensors.push_back({name, t.scalar_type(), t.sizes().vec()});
   model_layout.metadata = {{"format", ckpt::kFormat}};
 
@@ -288,7 +299,43 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
   // Each rank writes its files (NOTE [checkpoint commit]).
   ckpt::TensorFileWriter::Committed mine, model_file;
   int64_t bytes = 0;
-  try {
+  {
+    // Rank 0's model file first: every rank gathers the frozen groups, a
+    // group at a time, while rank 0 writes them; a failure to write stops
+    // the writing, not the gathers (the other ranks are in them).
+    std::unique_ptr<offload::AioEngine> aio;
+    std::unique_ptr<ckpt::TensorFileWriter> mw;
+    try {
+      if (rank == 0) {
+        aio = std::make_unique<offload::AioEngine>(partition::aio_options(s.config.aio));
+        mw = std::make_unique<ckpt::TensorFileWriter>(incoming + "/model.safetensors", model_layout, *aio);
+      }
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    size_t next = 0;
+    for (size_t g : frozen) {
+      opt.stage3()->with_gathered(g, [&] {
+        if (mw == nullptr || failed) return;
+        try {
+          SaveSignals::check(what);
+          for (size_t i : flat.all_groups()[g].slots) mw->append(next++, flat.all_slots()[i].param.detach().contiguous());
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      });
+    }
+    if (mw != nullptr && !failed) {
+      try {
+        for (size_t i = 0; i < extra.size(); ++i) mw->append(next++, extra[i].second.contiguous());
+        model_file = mw->commit(incoming + "/model.sums");
+        bytes += model_file.bytes;
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+  }
+  if (!failed) try {
     offload::AioEngine aio(partition::aio_options(s.config.aio));
     ckpt::TensorFileWriter w(incoming + "/" + part_name(rank) + ".safetensors", layout, aio);
     if (holds_partition) {
@@ -304,12 +351,6 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
     if (rng_dev.defined()) w.append(w.tensor("rng.cuda"), rng_dev);
     mine = w.commit(incoming + "/" + part_name(rank) + ".sums");
     bytes += mine.bytes;
-    if (rank == 0) {
-      ckpt::TensorFileWriter mw(incoming + "/model.safetensors", model_layout, aio);
-      for (size_t i = 0; i < extra.size(); ++i) mw.append(i, extra[i].second.contiguous());
-      model_file = mw.commit(incoming + "/model.sums");
-      bytes += model_file.bytes;
-    }
     if (s.checkpoint_hooks.at) s.checkpoint_hooks.at("rank_files");
   } catch (...) {
     failed = std::current_exception();
@@ -358,6 +399,9 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
           {"layout", ckpt::layout_of(flat, partitions, *s.model).to_json()},
           {"files", files},
           {"client_state", client},
+          // NOTE [frozen groups]: exclude_frozen leaves them out; a resume
+          // then keeps the values the model has (the base weights loaded).
+          {"frozen_parameters", with_frozen ? "included" : "excluded"},
       };
       if (!opt.param_groups().empty()) {
         const auto numels = opt.param_group_numels();

@@ -37,15 +37,17 @@ std::vector<ParameterShape> parameter_shapes(const torch::nn::Module& model,
   std::unordered_set<const void*> seen;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const auto& p = item.value();
-    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     const auto it = layer_of.find(p.unsafeGetTensorImpl());
-    out.push_back({item.key(), p.numel(), it == layer_of.end() ? -1 : it->second});
+    out.push_back({item.key(), p.numel(), it == layer_of.end() ? -1 : it->second, !p.requires_grad()});
   }
   return out;
 }
 
 MemoryEstimate estimate(const torch::nn::Module& model, const config::Config& config, const InitOptions& options) {
-  return estimate_model_states(config, parameter_shapes(model, options.layers));
+  auto layers = options.layers;  // NOTE [leaf modules]: a leaf is a layer
+  layers.insert(layers.end(), options.leaf_modules.begin(), options.leaf_modules.end());
+  return estimate_model_states(config, parameter_shapes(model, layers));
 }
 
 }  // namespace zero

@@ -17,9 +17,9 @@ namespace zero {
 
 namespace {
 
-void release_parameters(InitState& s, const partition::PrebuiltLayer& layer) {
+void release_parameters(InitState& s, const partition::PrebuiltGroup& group) {
   at::NoGradGuard no_grad;
-  for (const auto& p : layer.params) {
+  for (const auto& p : group.params) {
     p.set_data(at::empty({0}, p.options()));  // the whole parameter is freed here
     s.built.partitioned.insert(p.unsafeGetTensorImpl());
   }
@@ -30,7 +30,7 @@ void release_parameters(InitState& s, const partition::PrebuiltLayer& layer) {
 // returns its offset. The chunk passes through an aligned host buffer, held
 // (and counted on the host tier) while it is written; the write goes on while
 // the next layer is built, so at most two such buffers exist at once.
-int64_t swap_out(InitState& s, const std::vector<at::Tensor>& values, int64_t begin, int64_t numel) {
+int64_t swap_out(InitState& s, const std::vector<at::Tensor>& values, int64_t begin, int64_t numel, Kind kind) {
   const auto& op = s.ctx.config.zero.offload_param;
   const std::string key = "zero_optimization.offload_param";
   const std::string tag = "rank" + std::to_string(s.ctx.dist.rank) + "-params";
@@ -55,7 +55,7 @@ int64_t swap_out(InitState& s, const std::vector<at::Tensor>& values, int64_t be
                   ".nvme_path; free space there, or keep more in memory with " + key + ".max_in_cpu)");
   }
   InitState::PendingWrite next;
-  next.held = LedgerAlloc::reserve(*s.ctx.ledger, Tier::kHost, Kind::kParameters, bytes, "a shard on its way to disk under zero::Init");
+  next.held = LedgerAlloc::reserve(*s.ctx.ledger, Tier::kHost, kind, bytes, "a shard on its way to disk under zero::Init");
   next.buf = offload::AlignedBuffer(bytes);
   std::memset(next.buf.data(), 0, static_cast<size_t>(bytes));  // the file's padding too
   at::Tensor chunk = at::from_blob(next.buf.data(), {numel}, at::TensorOptions().dtype(s.ctx.dtype));
@@ -93,61 +93,69 @@ MemoryLedger& Init::ledger() { return *state_->ctx.ledger; }
 const config::Config& Init::config() const { return state_->ctx.config; }
 const InitOptions& Init::options() const { return state_->ctx.options; }
 
-// Lays the layer's parameters out as the engine's stage-3 group (NOTE [flat
-// layout]), keeps this rank's chunk and empties the parameters.
-void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module) {
+// Lays the layer's parameters out as the engine's stage-3 groups (NOTE
+// [flat layout]; the trainable ones, then the frozen ones: NOTE [frozen
+// groups]), keeps this rank's chunk of each and empties the parameters.
+void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module, const std::string& name) {
   auto& s = *state_;
   ZERO_CHECK(module != nullptr, "Init::partition: no module");
   if (s.adopted) throw UsageError("zero::Init::partition after zero::initialize took this Init");
   if (s.built.layers.count(module.get()) > 0) return;
   partition::PrebuiltLayer layer;
   layer.module = module;
-  int64_t numel = 0;
-  for (const auto& p : module->parameters(true)) {
-    if (!p.requires_grad()) continue;
+  layer.name = name;
+  int64_t numel[2] = {0, 0};
+  for (const auto& item : module->named_parameters(true)) {
+    const auto& p = item.value();
     const void* id = p.unsafeGetTensorImpl();
     if (s.built.partitioned.count(id) > 0 || s.built.kept_whole.count(id) > 0) continue;  // tied to an earlier layer
-    if (std::find_if(layer.params.begin(), layer.params.end(), [&](const at::Tensor& q) {
-          return q.is_same(p);
-        }) != layer.params.end())
-      continue;  // used twice in this layer
+    auto used = [&](const partition::PrebuiltGroup& g) {
+      return std::find_if(g.params.begin(), g.params.end(), [&](const at::Tensor& q) { return q.is_same(p); }) !=
+             g.params.end();
+    };
+    if (used(layer.trainable) || used(layer.frozen)) continue;  // used twice in this layer
+    // InitOptions::trainable decides as the layer is built (NOTE [frozen groups]).
+    if (s.ctx.options.trainable) p.requires_grad_(s.ctx.options.trainable(name.empty() ? item.key() : name + "." + item.key()));
+    const bool frozen = !p.requires_grad();
     // NOTE [stage-3 plan]: the plan's persistence rule, applied as the layer is built.
     if (s.built.persistence.keep_whole(p.numel())) {
       s.built.kept_whole.insert(id);
       continue;
     }
-    layer.params.push_back(p);
-    layer.shapes.push_back(p.sizes().vec());
-    numel += p.numel();
+    auto& g = frozen ? layer.frozen : layer.trainable;
+    g.params.push_back(p);
+    g.shapes.push_back(p.sizes().vec());
+    numel[frozen] += p.numel();
   }
-  if (layer.params.empty()) return;
+  if (layer.trainable.empty() && layer.frozen.empty()) return;
   // NOTE [MiCS]: partitioned across the rank's shard group.
   const int64_t ws = config::partition_ranks(s.ctx.config);
-  const int64_t padded = partition::FlatParameters::padded_size(numel, ws);
-  const int64_t chunk_numel = padded / ws;
-  const int64_t begin = s.ctx.dist.rank % ws * chunk_numel;
-  std::vector<at::Tensor> values;
-  for (const auto& p : layer.params) values.push_back(p.detach());
-  // offload_param nvme: shards within max_in_cpu stay in host memory, in the
-  // order the layers are built (the plan's rule); the others go to disk now,
-  // so host memory never holds more than one of them.
   const auto& op = s.ctx.config.zero.offload_param;
   const bool nvme = op.device == config::OffloadDevice::kNvme;
-  if (nvme && !s.built.in_cpu.keep(chunk_numel)) {
-    layer.disk_offset = swap_out(s, values, begin, chunk_numel);
-    release_parameters(s, layer);
-    s.built.layers.emplace(module.get(), std::move(layer));
-    return;
-  }
-  // offload_param cpu or nvme: the shard in host memory.
   const bool offload = op.device != config::OffloadDevice::kNone;
-  const std::string what = "stage-3 shard of a layer built under zero::Init";
-  layer.chunk = offload ? LedgerAlloc::host_empty(*s.ctx.ledger, chunk_numel, s.ctx.dtype, op.pin_memory,
-                                                  Kind::kParameters, what)
-                        : LedgerAlloc::empty(*s.ctx.ledger, chunk_numel, s.ctx.dtype, s.ctx.device, Tier::kDevice,
-                                             Kind::kParameters, what);
-  partition::copy_chunk_of(values, begin, layer.chunk);
-  release_parameters(s, layer);
+  for (const bool frozen : {false, true}) {
+    auto& g = frozen ? layer.frozen : layer.trainable;
+    if (g.empty()) continue;
+    const Kind kind = frozen ? Kind::kFrozenParameters : Kind::kParameters;
+    const int64_t padded = partition::FlatParameters::padded_size(numel[frozen], ws);
+    const int64_t chunk_numel = padded / ws;
+    const int64_t begin = s.ctx.dist.rank % ws * chunk_numel;
+    std::vector<at::Tensor> values;
+    for (const auto& p : g.params) values.push_back(p.detach());
+    // offload_param nvme: shards within max_in_cpu stay in host memory, in the
+    // order the layers are built (the plan's rule); the others go to disk now,
+    // so host memory never holds more than one of them.
+    if (nvme && !s.built.in_cpu.keep(chunk_numel)) {
+      g.disk_offset = swap_out(s, values, begin, chunk_numel, kind);
+    } else {
+      // offload_param cpu or nvme: the shard in host memory.
+      const std::string what = std::string("stage-3 ") + (frozen ? "frozen " : "") + "shard of a layer built under zero::Init";
+      g.chunk = offload ? LedgerAlloc::host_empty(*s.ctx.ledger, chunk_numel, s.ctx.dtype, op.pin_memory, kind, what)
+                        : LedgerAlloc::empty(*s.ctx.ledger, chunk_numel, s.ctx.dtype, s.ctx.device, Tier::kDevice, kind, what);
+      partition::copy_chunk_of(values, begin, g.chunk);
+    }
+    release_parameters(s, g);
+  }
   s.built.layers.emplace(module.get(), std::move(layer));
 }
 

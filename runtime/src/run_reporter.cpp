@@ -3,6 +3,9 @@
 // after ZERO_STOP_AFTER_STEPS and reports an uncaught exception.
 #include "run_reporter.h"
 
+#include <unordered_map>
+#include <unordered_set>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -90,11 +93,22 @@ const char* precision_of(const config::Config& c) { return c.bf16.enabled ? "bf1
 }  // namespace
 
 std::vector<ParameterShape> parameter_shapes(const Engine::Impl& s) {
-  // Stage 3's group 0 is the always-gathered one; group k > 0 is layer k - 1.
+  // Stage 3: a group's layer is the first unit that gathers it (group 0,
+  // the always-gathered one, is in none); the frozen groups' too (NOTE
+  // [frozen groups]), and the frozen parameters kept whole after them.
+  const auto& flat = s.optimizer->parameters();
+  std::unordered_map<size_t, int> layer_of;
+  if (const auto* c = s.optimizer->stage3())
+    for (size_t u = 0; u < c->units().size(); ++u)
+      for (size_t g : c->units()[u].groups) layer_of.emplace(g, static_cast<int>(u));
   std::vector<ParameterShape> out;
-  const bool stage3 = s.config.zero.stage == 3;
-  for (const auto& slot : s.optimizer->parameters().slots())
-    out.push_back({slot.name, slot.numel, stage3 && slot.group > 0 ? static_cast<int>(slot.group) - 1 : -1});
+  for (const auto& slot : flat.all_slots()) {
+    const auto it = layer_of.find(slot.group);
+    out.push_back({slot.name, slot.numel, it == layer_of.end() ? -1 : it->second, flat.all_groups()[slot.group].frozen});
+  }
+  std::unordered_set<const void*> seen;
+  for (const auto& [name, p] : s.frozen_whole)
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back({name, p.numel(), -1, true});
   return out;
 }
 
@@ -231,7 +245,8 @@ void RunReporter::write(const std::string& outcome, const std::string& error) {
 
   // Every trainable parameter at its full size, with its stage-3 layer.
   nlohmann::json params = nlohmann::json::array();
-  for (const auto& p : parameter_shapes(s)) params.push_back({{"name", p.name}, {"numel", p.numel}, {"layer", p.layer}});
+  for (const auto& p : parameter_shapes(s))
+    params.push_back({{"name", p.name}, {"numel", p.numel}, {"layer", p.layer}, {"frozen", p.frozen}});
 
   const auto& z = s.config.zero;
   nlohmann::json j = {

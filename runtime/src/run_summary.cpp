@@ -2,12 +2,23 @@
 #include "zero/runtime/engine_internal.h"
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #include <ATen/ATen.h>
 
 #include "engine_impl.h"
 
 namespace zero::detail {
+namespace {
+// VmRSS of /proc/self/status in bytes; 0 where there is none.
+int64_t resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+}  // namespace
 
 nlohmann::json rank_figures(Engine& engine) {
   const auto tiers = {Tier::kDevice, Tier::kPinnedHost, Tier::kHost, Tier::kNvme};
@@ -21,6 +32,13 @@ nlohmann::json rank_figures(Engine& engine) {
   }
   const auto traffic = collective_traffic_of(engine);  // 19-22
   mine.insert(mine.end(), {traffic.bytes.within_node, traffic.bytes.across_nodes, traffic.steps, traffic.node});
+  // 23-25: frozen parameters now (NOTE [frozen groups]): device, host, NVMe;
+  // 26: this process's resident memory now.
+  auto& ledger = engine.ledger();
+  mine.insert(mine.end(), {ledger.get(Tier::kDevice, Kind::kFrozenParameters).current_bytes,
+                           ledger.get(Tier::kHost, Kind::kFrozenParameters).current_bytes +
+                               ledger.get(Tier::kPinnedHost, Kind::kFrozenParameters).current_bytes,
+                           ledger.get(Tier::kNvme, Kind::kFrozenParameters).current_bytes, resident_bytes()});
   const int64_t n = static_cast<int64_t>(mine.size());
   at::Tensor all = at::tensor(mine, at::kLong).repeat({engine.world_size()});
   if (auto* comm = comm_of(engine)) {
@@ -42,6 +60,9 @@ nlohmann::json rank_figures(Engine& engine) {
                      {"model_state_bytes", states(4)},
                      {"model_state_bytes_by_tier", {{"device", states(7)}, {"host", host}, {"nvme", states(16)}}},
                      {"node", v[22]},
+                     {"frozen_parameter_bytes", v[23] + v[24] + v[25]},
+                     {"frozen_parameter_bytes_by_tier", {{"device", v[23]}, {"host", v[24]}, {"nvme", v[25]}}},
+                     {"resident_bytes", v[26]},
                      {"collective_bytes", {{"within_node", v[19]}, {"across_nodes", v[20]}, {"steps", v[21]}}}});
   }
   return ranks;

@@ -524,15 +524,16 @@ void append_pieces(const SavedLayout& saved, size_t group, size_t param, int64_t
 std::vector<Piece> map_range(const partition::FlatParameters& flat, int64_t rank, size_t g, int64_t start,
                              int64_t len, const SavedLayout& saved,
                              const std::unordered_map<std::string, std::pair<size_t, size_t>>& index,
-                             const std::string& source) {
-  const auto& group = flat.groups()[g];
+                             const std::string& source, const std::unordered_set<std::string>* skip) {
+  const auto& group = flat.all_groups()[g];  // a frozen group's too (NOTE [frozen groups])
   const int64_t lo = rank * group.chunk_numel + start, hi = lo + len;  // in group coordinates
   std::vector<Piece> out;
   for (size_t s : group.slots) {
-    const auto& slot = flat.slots()[s];
+    const auto& slot = flat.all_slots()[s];
     const int64_t p0 = slot.offset - group.begin, p1 = p0 + slot.numel;
     const int64_t a = std::max(lo, p0), b = std::min(hi, p1);
     if (a >= b) continue;
+    if (skip != nullptr && skip->count(slot.name) > 0) continue;  // left to the caller
     auto it = index.find(slot.name);
     if (it == index.end())
       throw IoError(source + ": has no parameter " + slot.name + " (the model has it, shape " + shape_text(slot.shape) +

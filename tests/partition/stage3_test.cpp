@@ -274,4 +274,37 @@ TEST(SuperOffload, TwoRanksGiveTheBitsOfThePlainOffloadStep) {
   }
 }
 
+// NOTE [frozen groups]: frozen bases partitioned in their layers train to
+// the bits of the same model with the bases whole (outside every layer; the
+// trainable layout is the same), on 2 and 4 ranks, with offload_param cpu
+// and nvme; each rank holds its share; an adapter changed half way through
+// GatheredParameters by one rank reaches every rank and the states.
+TEST(Stage3, FrozenBasesPartitionedTrainToTheBitsOfWholeOnes) {
+  for (const int world : {2, 4}) {
+    for (const std::string op : {"none", "cpu", "nvme"}) {
+      SCOPED_TRACE(std::to_string(world) + " ranks, offload_param " + op);
+      nlohmann::json z = stage3();
+      if (op != "none") z["offload_param"] = {{"device", op}};
+      if (op == "nvme") z["offload_param"].update({{"nvme_path", kWork}, {"max_in_cpu", 0}});
+      const auto cfg = write_config("frozen_" + op, z);
+      const std::string args = "--layers 3 --dim 64 --steps 6";
+      auto ref = run_worker("frozen_whole", world, cfg, "--mode frozen_whole " + args);
+      auto got = run_worker("frozen", world, cfg, "--mode frozen " + args);
+      ASSERT_EQ(ref.rc, 0) << ref.log;
+      ASSERT_EQ(got.rc, 0) << got.log;
+      EXPECT_EQ(got.out["losses"], ref.out["losses"]);
+      EXPECT_EQ(got.out["param_l2"], ref.out["param_l2"]);
+      EXPECT_EQ(got.out["states_digest"], ref.out["states_digest"]);
+      // The changed adapter is the same on every rank, and not what it was.
+      const auto sums = got.out["gathered_sums"];
+      for (const auto& v : sums) EXPECT_EQ(v, sums[0]);
+      EXPECT_EQ(got.out["gathered_sums"], ref.out["gathered_sums"]);
+      // Rank 0's share of the bases: 3 layers of 64 x 64 fp32 over `world` ranks.
+      const std::string tier = op == "none" ? "device" : op == "cpu" ? "pinned_host" : "nvme";
+      EXPECT_EQ(got.out["frozen_bytes"][tier].get<int64_t>(), 3 * 64 * 64 * 4 / world) << got.out.dump();
+      EXPECT_EQ(ref.out["frozen_bytes"]["device"].get<int64_t>(), 3 * 64 * 64 * 4) << "whole on every rank";
+    }
+  }
+}
+
 }  // namespace

@@ -10,6 +10,10 @@
 //   diverge  like branch, but only rank 1 switches the order at step 3
 //   save16   trains, then saves the 16-bit weights (gathered layer by layer)
 //   load16   trains whole, then compares its parameters with a saved file
+//   frozen   layers of a frozen base and trainable adapters (NOTE [frozen
+//            groups]); half way, GatheredParameters with a modifier rank
+//            changes an adapter
+//   frozen_whole  the same model with the bases outside every layer (whole)
 // Rank 0 writes a JSON summary to --out.
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +73,42 @@ struct ListNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(ListNet);
 
+// Layers of a frozen base and trainable adapters (NOTE [frozen groups]):
+// with `whole`, the bases live in a module of their own outside every layer
+// (so stage 3 keeps them whole); else each in its layer (partitioned). The
+// values are the same either way; so is the trainable layout.
+struct AdaptedImpl : torch::nn::Module {
+  torch::Tensor w, a, b;
+  torch::Tensor forward(const torch::Tensor& x) {
+    namespace F = torch::nn::functional;
+    return torch::tanh(F::linear(x, w) + F::linear(F::linear(x, a), b));
+  }
+};
+TORCH_MODULE(Adapted);
+struct FrozenNetImpl : torch::nn::Module {
+  torch::nn::ModuleList layers;
+  std::shared_ptr<torch::nn::Module> bank;
+  FrozenNetImpl(int64_t n, int64_t d, bool whole)
+      : layers(register_module("layers", torch::nn::ModuleList())) {
+    std::vector<torch::Tensor> ws, as, bs;
+    for (int64_t i = 0; i < n; ++i) ws.push_back(torch::randn({d, d}) * 0.3);
+    for (int64_t i = 0; i < n; ++i) as.push_back(torch::randn({4, d}) * 0.2), bs.push_back(torch::randn({d, 4}) * 0.2);
+    if (whole) bank = register_module("bank", std::make_shared<torch::nn::Module>());
+    for (int64_t i = 0; i < n; ++i) {
+      Adapted l;
+      l->w = (whole ? *bank : *l).register_parameter(whole ? "w" + std::to_string(i) : "w", ws[i], false);
+      l->a = l->register_parameter("a", as[i]);
+      l->b = l->register_parameter("b", bs[i]);
+      layers->push_back(l);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& l : *layers) x = zero::forward(l->as<Adapted>(), x);
+    return x;
+  }
+};
+TORCH_MODULE(FrozenNet);
+
 torch::nn::Sequential build_mlp(const Args& a, zero::Init* init) {
   torch::nn::Sequential net;
   for (int64_t i = 0; i < a.layers; ++i) {
@@ -91,6 +131,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<zero::Init> init;
     torch::nn::Sequential mlp{nullptr};
     ListNet list{nullptr};
+    FrozenNet frozen{nullptr};
     std::shared_ptr<torch::nn::Module> model;
     const int64_t full_bytes = a.layers * (a.dim * a.dim + a.dim) * 4;  // the whole model in fp32
     if (a.mode == "init") {
@@ -105,6 +146,9 @@ int main(int argc, char** argv) {
       out["construction_peak_bytes"] = zero::cpu_allocator_stats().peak_bytes - before;
       out["full_fp32_bytes"] = full_bytes;
       model = mlp.ptr();
+    } else if (a.mode == "frozen" || a.mode == "frozen_whole") {
+      frozen = FrozenNet(a.layers, a.dim, a.mode == "frozen_whole");
+      model = frozen.ptr();
     } else if (a.mode == "branch" || a.mode == "diverge") {
       list = ListNet(a.layers, a.dim);
       model = list.ptr();
@@ -127,7 +171,24 @@ int main(int argc, char** argv) {
       y = y.narrow(0, rank * per, per);
       bool swap = step >= 3 && (a.mode == "branch" || (a.mode == "diverge" && rank == 1));
       x = x.to(engine.compute_dtype());  // an fp16 or bf16 model takes its dtype
-      auto pred = list ? list->forward(x, swap) : mlp->forward(x);
+      if (frozen && step == a.steps / 2) {
+        // GatheredParameters with a modifier rank: rank 1 (or 0 alone)
+        // changes the first layer's adapter; every rank gets it.
+        auto& first = *frozen->layers[0]->as<Adapted>();
+        {
+          zero::GatheredParameters g(engine, {first.a}, /*modifier_rank=*/ws > 1 ? 1 : 0);
+          torch::NoGradGuard no_grad;
+          if (rank == (ws > 1 ? 1 : 0)) first.a.mul_(0.5).add_(0.125);
+          g.done();
+        }
+        zero::GatheredParameters read(engine, {first.a});
+        auto sum = first.a.detach().to(torch::kDouble).sum().reshape({1});
+        auto sums = torch::zeros({ws}, torch::kDouble);
+        sums[rank] = sum.item<double>();
+        if (auto* c = zero::detail::comm_of(engine)) c->all_reduce_sum(sums).wait();
+        out["gathered_sums"] = std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + ws);
+      }
+      auto pred = list ? list->forward(x, swap) : frozen ? frozen->forward(x) : mlp->forward(x);
       auto loss = torch::mse_loss(pred.to(torch::kFloat), y);
       if (a.backward == "plain") loss.backward();
       else if (a.backward == "scaled") engine.scale(loss).backward();
@@ -164,6 +225,8 @@ int main(int argc, char** argv) {
                           {"undone", spec.undone}};
     out["skipped_steps"] = engine.skipped_steps();
     out["host_peak_bytes"] = engine.ledger().get(zero::Tier::kHost).peak_bytes;
+    for (const auto t : {zero::Tier::kDevice, zero::Tier::kPinnedHost, zero::Tier::kHost, zero::Tier::kNvme})
+      out["frozen_bytes"][zero::to_string(t)] = engine.ledger().get(t, zero::Kind::kFrozenParameters).current_bytes;
     out["model_state_bytes"] = engine.model_state_bytes().total();
     if (a.mode == "save16") {
       engine.save_16bit_model(a.save);

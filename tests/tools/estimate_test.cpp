@@ -551,5 +551,66 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
   }
 }
 
+// NOTE [frozen groups]: a LoRA Llama (`llama train --lora`, the base frozen)
+// on two ranks at stages 2 and 3, offload_param none, cpu and nvme: `zero
+// estimate --hf-config --lora` gives each tier's frozen bytes and model
+// states of the ledger within 5%.
+TEST(Estimate, LoraFrozenParametersAndStatesMatchTheLedger) {
+  TempDir dir;
+  write(dir, "hf/config.json",
+        R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "vocab_size": 512,
+            "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": false})");
+  {
+    std::ofstream tokens(dir.file("tokens.bin"), std::ios::binary);
+    for (int i = 0; i < 4000; ++i) {
+      const uint16_t t = static_cast<uint16_t>((i * 37 + i / 7) % 512);
+      tokens.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  for (const char* zero : {R"({"stage": 2})", R"({"stage": 3, "stage3_param_persistence_threshold": 0})",
+                           R"({"stage": 3, "stage3_param_persistence_threshold": 0, "offload_param": {"device": "cpu"}})",
+                           R"({"stage": 3, "stage3_param_persistence_threshold": 0,
+                               "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 0}})"}) {
+    std::string z = zero;
+    for (size_t at; (at = z.find("NVME")) != std::string::npos;) z.replace(at, 4, dir.path());
+    SCOPED_TRACE(z);
+    nlohmann::json cfg = {{"train_micro_batch_size_per_gpu", 2},
+                          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                          {"zero_optimization", nlohmann::json::parse(z)}};
+    std::ofstream(dir.file("c.json")) << cfg.dump();
+    ASSERT_EQ(sh("OMP_NUM_THREADS=1 " + kBin + "zero launch --nproc_per_node 2 -- " + kBin + "llama train --model " +
+                 dir.file("hf") + " --config " + dir.file("c.json") + " --data " + dir.file("tokens.bin") +
+                 " --block_size 16 --steps 2 --lora 8 --lora_targets q_proj,v_proj,down_proj --summary-json " +
+                 dir.file("s.json") + " > " + dir.file("run.log") + " 2>&1"),
+              0)
+        << read_text(dir.file("run.log"));
+    ASSERT_EQ(sh(kBin + "zero estimate --hf-config " + dir.file("hf") + " --lora 8 --lora-targets q_proj,v_proj,down_proj "
+                 "--ranks-per-node 2 --config " + dir.file("c.json") + " --json " + dir.file("e.json") + " > " +
+                 dir.file("e.log") + " 2>&1"),
+              0)
+        << read_text(dir.file("e.log"));
+    const auto measured = nlohmann::json::parse(read_text(dir.file("s.json")));
+    const auto estimated = nlohmann::json::parse(read_text(dir.file("e.json")));
+    EXPECT_EQ(estimated["frozen_parameters"], measured["frozen_parameters"]);
+    const auto& e = estimated["configurations"][0];
+    for (const auto& rank : measured["ranks"]) {
+      for (const char* tier : {"device", "host", "nvme"}) {
+        const double got = rank["frozen_parameter_bytes_by_tier"][tier].get<double>();
+        const double want = e[tier]["frozen_parameters"].get<double>();
+        EXPECT_LE(std::abs(want - got), 0.05 * std::max(want, got)) << tier << ": estimated " << want << ", the ledger " << got;
+        for (const char* kind : {"parameters", "gradients", "optimizer_states"}) {
+          const double g = rank["model_state_bytes_by_tier"][tier][kind].get<double>();
+          const double w = e[tier][kind].get<double>();
+          EXPECT_LE(std::abs(w - g), 0.05 * std::max(w, g) + 1024) << tier << " " << kind << ": estimated " << w
+                                                                    << ", the ledger " << g;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero::test
+

@@ -16,12 +16,15 @@
 namespace zero {
 
 enum class Tier { kDevice = 0, kPinnedHost, kHost, kNvme };
-enum class Kind { kParameters = 0, kGradients, kOptimizerStates, kActivations, kCommBuffers };
+/// kFrozenParameters: parameters that do not train (requires_grad false: a
+/// LoRA base), whole or in stage 3's shards (NOTE [frozen groups]); they are
+/// not model states (no gradient, master or optimizer state).
+enum class Kind { kParameters = 0, kGradients, kOptimizerStates, kActivations, kCommBuffers, kFrozenParameters };
 inline constexpr int kNumTiers = 4;
-inline constexpr int kNumKinds = 5;
+inline constexpr int kNumKinds = 6;
 
 const char* to_string(Tier tier);  // "device", "pinned_host", "host", "nvme"
-const char* to_string(Kind kind);  // "parameters", "gradients", ...
+const char* to_string(Kind kind);  // "parameters", "gradients", ..., "frozen_parameters"
 
 struct LedgerCounter {
   int64_t current_bytes = 0;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -77,12 +78,69 @@ struct LlamaConfig {
   int64_t num_parameters() const;
 };
 
+/// LoRA adapters (PEFT's LoraConfig) on a Llama model's projections: each
+/// target `X` (q_proj, ...) computes X(x) + B(A(dropout(x))) * alpha / r,
+/// with A [r, in] initialised as PEFT does (kaiming_uniform with a = sqrt(5):
+/// uniform(-1/sqrt(in), 1/sqrt(in))) and B [out, r] zero, so the model
+/// starts as the base. The adapters are `X.lora_A.weight` and
+/// `X.lora_B.weight` beside the base's `X.weight` (transformers' name, so a
+/// base checkpoint loads as it is); every other parameter is frozen
+/// (PEFT's bias "none"), as each layer is built (so under zero::Init the
+/// base is partitioned as frozen: NOTE [frozen groups]).
+struct LoraConfig {
+  int64_t r = 0;  // 0: no adapters
+  double alpha = 8.0;
+  double dropout = 0.0;
+  /// Module names, as PEFT's target_modules: q_proj, k_proj, v_proj,
+  /// o_proj, gate_proj, up_proj, down_proj, or "all-linear" for all seven.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  /// Seeds the adapters' own generator: the base's values do not depend on
+  /// whether adapters are built.
+  uint64_t seed = 0;
+  bool enabled() const { return r > 0; }
+  double scaling() const { return alpha / static_cast<double>(r); }
+  /// Throws zero::ConfigError naming the field: a rank below 1 or above a
+  /// target's smaller side, a target name that matches no projection, alpha
+  /// or dropout out of range. `where` prefixes the message ("--lora").
+  void check(const LlamaConfig& model, const std::string& where = "LoraConfig") const;
+};
+
+/// True for a LoRA adapter's parameter (its name has ".lora_A." or ".lora_B.").
+bool is_lora_parameter(const std::string& name);
+
 /// LlamaForCausalLM's trainable parameters, as the engine lays them out at
 /// stage 3 (the model built with stage3_layers()): transformers' names, full
 /// sizes, and their layers: 0 the embedding, 1..L the decoder layers, L+1
 /// the final norm, L+2 the head (none when tied to the embedding). What
 /// zero::estimate_model_states takes (zero estimate --hf-config).
-std::vector<ParameterShape> llama_parameters(const LlamaConfig& config);
+/// With `lora` (enabled): the adapters too, and every other parameter
+/// marked frozen (ParameterShape::frozen).
+std::vector<ParameterShape> llama_parameters(const LlamaConfig& config, const LoraConfig& lora = {});
+
+/// One factor of a LoRA adapter: y = x W^T, W its `weight` (A [r, in] or B [out, r]).
+class LoraFactorImpl : public torch::nn::Module {
+ public:
+  explicit LoraFactorImpl(const torch::Tensor& weight);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+};
+TORCH_MODULE(LoraFactor);
+
+/// A Llama projection: y = x W^T (+ b), transformers' Linear (`weight`,
+/// `bias`), with LoRA adapters when built with them (LoraConfig).
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  /// W ~ normal(0, std), b = 0; `lora` (may be null or disabled): adapters,
+  /// A from `gen`, and W and b frozen.
+  LlamaLinearImpl(int64_t in, int64_t out, bool bias, double std, const LoraConfig* lora, at::Generator* gen);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+  LoraFactor lora_A{nullptr}, lora_B{nullptr};  // null without adapters
+
+ private:
+  double scaling_ = 0, dropout_ = 0;
+};
+TORCH_MODULE(LlamaLinear);
 
 /// y = weight * x / sqrt(mean(x^2) + eps), computed in fp32.
 class LlamaRMSNormImpl : public torch::nn::Module {
@@ -99,10 +157,11 @@ TORCH_MODULE(LlamaRMSNorm);
 /// Multi-head attention with rotary embeddings and grouped-query heads.
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& c);
+  /// `lora`, `gen` (may be null): adapters on the targeted projections.
+  LlamaAttentionImpl(const LlamaConfig& c, const LoraConfig* lora = nullptr, at::Generator* gen = nullptr);
   /// x [B, T, C]; cos, sin [T, head_dim] (LlamaModel's rotary tables).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -112,16 +171,16 @@ TORCH_MODULE(LlamaAttention);
 /// down_proj(silu(gate_proj(x)) * up_proj(x)).
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  explicit LlamaMLPImpl(const LlamaConfig& c);
+  LlamaMLPImpl(const LlamaConfig& c, const LoraConfig* lora = nullptr, at::Generator* gen = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LlamaLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMLP);
 
 /// One decoder layer: pre-norm attention and MLP, each with a residual.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaConfig& c);
+  LlamaDecoderLayerImpl(const LlamaConfig& c, const LoraConfig* lora = nullptr, at::Generator* gen = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -133,7 +192,7 @@ TORCH_MODULE(LlamaDecoderLayer);
 /// LlamaModel, `model.` in the names).
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  LlamaModelImpl(const LlamaConfig& c, Init* init);
+  LlamaModelImpl(const LlamaConfig& c, Init* init, const LoraConfig& lora = {});
   /// ids [B, T] int64 -> hidden states [B, T, C].
   torch::Tensor forward(const torch::Tensor& ids);
   /// cos and sin [T, head_dim] of positions 0..T-1, fp32.
@@ -167,7 +226,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   /// generator (seed it the same on every rank). With `init` (ZeRO stage 3)
   /// each layer is partitioned as soon as it is built, so no rank ever holds
   /// the model whole; the values are the same as without.
-  LlamaForCausalLMImpl(const LlamaConfig& config, Init* init = nullptr);
+  /// With `lora` enabled (checked: LoraConfig::check), the targeted
+  /// projections get adapters and every other parameter is frozen.
+  LlamaForCausalLMImpl(const LlamaConfig& config, Init* init = nullptr, const LoraConfig& lora = {});
   /// ids [B, T] int64 -> logits [B, T, vocab_size].
   torch::Tensor forward(const torch::Tensor& ids);
   /// The layers outside the ModuleList, for InitOptions::layers / initialize.
@@ -175,6 +236,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   /// Runs each decoder layer through `checkpointer` while training (null: off). Not owned.
   void set_checkpointer(checkpointing::Checkpointer* checkpointer) { model->checkpointer = checkpointer; }
   const LlamaConfig& config() const { return config_; }
+  const LoraConfig& lora() const { return lora_; }
   /// Names of the parameters without weight decay in the usual recipe:
   /// the norms and the embedding (and the tied head, which is the embedding).
   bool no_decay(const std::string& name) const;
@@ -185,6 +247,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   LlamaConfig config_;
+  LoraConfig lora_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

@@ -34,6 +34,29 @@ namespace zero {
 /// True when `module` is a stage-3 layer of a live engine.
 bool is_layer(const torch::nn::Module& module);
 
+// NOTE [leaf modules]
+// Stage 3 gathers a layer's parameters around its forward, and every rank
+// must gather the same layers in the same order (NOTE [stage-3 trace]). A
+// module whose children run or not by the data (a mixture of experts that
+// skips an expert without tokens, a branch on a flag of the batch) breaks
+// that when its children are layers: ranks gather different ones and fail
+// ("ranks run different layers"). A leaf module (DeepSpeed's
+// set_z3_leaf_modules) is one layer instead: all its parameters are
+// gathered before it runs and released after, whatever subset of them is
+// used, and no module inside it is a layer of its own. Its gradients are
+// reduced whole on every rank, zeros for the parameters this rank did not
+// use (the reducer launches a group whose gradients did not all arrive
+// when backward ends, NOTE [gradient path]), so the collectives match. It
+// costs gathering the experts that do not run here; it saves a hang.
+
+/// Makes `module` a stage-3 leaf module (NOTE [leaf modules]) of the engine
+/// that will be made for a model holding it: call it before initialize.
+/// Its forward must run through zero::forward / zero::layer_forward, as a
+/// layer's. Same as listing it in InitOptions::leaf_modules.
+void set_leaf(torch::nn::Module& module);
+/// True when set_leaf marked `module`.
+bool is_leaf(const torch::nn::Module& module);
+
 /// Runs fn(inputs) as layer `module`: gathers its parameters, runs fn,
 /// releases them, and arranges the same around the layer's backward.
 std::vector<at::Tensor> layer_forward(

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 
 #include "zero/core/memory_ledger.h"
 
@@ -25,7 +26,8 @@ namespace zero::partition {
 
 inline constexpr int64_t kPartitionAlignNumel = 256;
 
-/// One trainable parameter's place in the flat buffer.
+/// One parameter's place in the flat buffer (a frozen one's too, at stage 3:
+/// NOTE [frozen groups]).
 struct ParamSlot {
   std::string name;    // first name it was found under ("blocks.0.attn.query.weight")
   at::Tensor param;    // the module's parameter (now a view into the flat buffer)
@@ -41,8 +43,9 @@ struct FlatGroup {
   int64_t begin = 0;           // offset into the flat buffer
   int64_t padded_numel = 0;    // world_size * chunk_numel
   int64_t chunk_numel = 0;     // one rank's share
-  int64_t owned_offset = 0;    // offset of this group's chunk in the owned partition
-  std::vector<size_t> slots;   // indices into slots()
+  int64_t owned_offset = 0;    // offset of this group's chunk in the owned partition (-1: frozen)
+  std::vector<size_t> slots;   // indices into all_slots()
+  bool frozen = false;         // NOTE [frozen groups]
 };
 
 /// Stage 3: the parameters of one group (a layer), and optionally this rank's
@@ -50,6 +53,8 @@ struct FlatGroup {
 /// case the parameters' values are not read.
 struct GroupSpec {
   std::string name;
+  /// The parameters are frozen (requires_grad false): NOTE [frozen groups].
+  bool frozen = false;
   std::vector<std::pair<std::string, at::Tensor>> params;
   at::Tensor chunk;  // this rank's chunk in the compute dtype, or undefined
   /// Instead of `chunk`: zero::Init wrote this rank's chunk to the parameter
@@ -80,6 +85,24 @@ void set_storage_bytes(const at::Tensor& t, size_t nbytes);
 // shape is kept (autograd checks gradients against it) and only the storage
 // is emptied.
 
+// NOTE [frozen groups]
+// At stage 3 frozen parameters (requires_grad false: a LoRA base, a frozen
+// tower) are partitioned like trainable ones: each layer's frozen parameters
+// form a group of their own, split across the ranks, gathered with the
+// layer's trainable group for its forward and for the backward that passes
+// through it, and released after. A frozen group has no gradient, master or
+// optimizer state: it is not in the owned partition (owned_offset -1), the
+// optimizer and the gradient reducer never see it. Its shard lives where the
+// trainable shards live (the device, host memory with offload_param, or the
+// parameter swap file), counted in the ledger as Kind::kFrozenParameters.
+// Frozen groups come after every trainable group, and their slots after
+// every trainable slot, so groups() and slots() (the trainable ones, what the
+// optimizer steps) keep the indices they have in all_groups() and
+// all_slots() (what the gathers, the swapper, loads and exports walk). Frozen
+// parameters outside every layer, or under
+// stage3_param_persistence_threshold, stay whole on every rank, as the
+// always-gathered group does for trainable ones.
+
 class FlatParameters {
  public:
   /// Copies the values of `named_params` (deduplicated by identity) into one
@@ -91,7 +114,8 @@ class FlatParameters {
                  MemoryLedger& ledger);
   /// Stage 3 (NOTE [stage-3 storage]): one group per spec, in order; keeps
   /// only `rank`'s chunk of each, in `partition_tier` (device, or a host tier
-  /// for offload_param). Parameters are left released.
+  /// for offload_param). Parameters are left released. Frozen specs (NOTE
+  /// [frozen groups]) must come after every trainable one.
   FlatParameters(std::vector<GroupSpec> groups, at::ScalarType dtype, at::Device device, int64_t world_size,
                  int64_t rank, Tier partition_tier, MemoryLedger& ledger);
   FlatParameters(const FlatParameters&) = delete;
@@ -106,10 +130,17 @@ class FlatParameters {
   /// Stage 3: group g's full-size tensor (empty storage while released).
   const at::Tensor& full(size_t g) const { return full_[g]; }
   bool stage3() const { return !flat_.defined(); }
-  const std::vector<ParamSlot>& slots() const { return slots_; }
-  const std::vector<FlatGroup>& groups() const { return groups_; }
-  /// Elements that are parameters (no padding): the model's parameter count.
+  /// The trainable parameters' slots and groups: what the optimizer steps.
+  c10::ArrayRef<ParamSlot> slots() const { return c10::ArrayRef<ParamSlot>(slots_).slice(0, trainable_slots_); }
+  c10::ArrayRef<FlatGroup> groups() const { return c10::ArrayRef<FlatGroup>(groups_).slice(0, trainable_groups_); }
+  /// Every slot and group, the frozen ones after (NOTE [frozen groups]):
+  /// what stage 3 gathers, swaps, loads and exports.
+  const std::vector<ParamSlot>& all_slots() const { return slots_; }
+  const std::vector<FlatGroup>& all_groups() const { return groups_; }
+  /// Elements that are trainable parameters (no padding): what the optimizer steps.
   int64_t numel() const { return numel_; }
+  /// Stage 3: elements of the frozen groups' parameters (no padding).
+  int64_t frozen_numel() const { return frozen_numel_; }
   /// Elements including padding.
   int64_t padded_numel() const { return flat_.numel(); }
   /// Elements of one rank's owned partition (sum of its chunks).
@@ -132,7 +163,9 @@ class FlatParameters {
   at::Tensor flat_;
   std::vector<at::Tensor> parts_;
   std::vector<at::Tensor> full_;
+  size_t trainable_slots_ = 0, trainable_groups_ = 0;
   int64_t numel_ = 0;
+  int64_t frozen_numel_ = 0;
   int64_t owned_numel_ = 0;
   int64_t world_size_ = 1;
 };

@@ -159,7 +159,7 @@ class ParamSwapper {
   SwapBuffers buffers_;
   std::unique_ptr<offload::AioEngine> engine_;
   std::shared_ptr<offload::AioFile> file_;
-  LedgerReservation disk_;
+  LedgerReservation disk_, frozen_disk_;
   int64_t file_bytes_ = 0, swapped_numel_ = 0;
   int64_t clock_ = 0;  // orders the cached buffers
   SwapStats stats_;

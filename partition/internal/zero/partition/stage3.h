@@ -36,12 +36,15 @@
 // decision depends on the events only, never on timing, so ranks that run the
 // same layers issue the same collectives in the same order. Each all-gather
 // is paired with an exchange of the group's id on a separate small-message
-// group (Comm::start_exchange), checked before the gathered values are used:
-// ranks whose gathers no longer pair up (they run different layers) fail
-// naming both layers, instead of using the wrong shards or hanging. The
-// check completes once the peers have issued the same gather, which a Gloo
-// gather needs anyway; with NCCL it adds a host-side wait per gather that the
-// gather itself would not (bounded by the prefetch window when prefetched).
+// group (Comm::start_exchange), started when the gather is issued and
+// finished before its collective is launched: ranks whose gathers no longer
+// pair up (they run different layers) fail naming both layers, instead of
+// hanging, using the wrong shards, or aborting inside the backend on
+// collectives of different sizes. The check completes once the peers have
+// issued the same gather; a prefetched gather's has the time of a layer to
+// finish, one issued where it is needed waits for it on the host (with
+// NCCL, a wait the gather itself would not have). Ranks that legitimately
+// run different parts of a module make it a leaf (NOTE [leaf modules]).
 //
 // NOTE [stage-3 gather stream]
 // A gather runs on the coordinator's CopyStream (NOTE [device streams]),
@@ -156,6 +159,9 @@ struct Stage3Unit {
   std::string name;  // its name in the model ("blocks.3")
   std::shared_ptr<torch::nn::Module> module;
   std::vector<size_t> groups;  // groups its parameters live in (never group 0)
+  /// A leaf module (NOTE [leaf modules]): every trainable parameter of it
+  /// gets a gradient each backward (zeros where it did not run).
+  bool leaf = false;
 };
 
 class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator> {
@@ -188,9 +194,20 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   bool finish_a_gather();
   /// Gathers group g (on every rank), runs fn, and releases it unless in use.
   void with_gathered(size_t g, const std::function<void()>& fn);
+  /// The two halves of with_gathered, for a scope that spans calls
+  /// (zero::GatheredParameters): hold() gathers group g exactly (on every
+  /// rank) and keeps it; it returns whether it was released before, which
+  /// unhold() takes to release it again.
+  bool hold(size_t g);
+  void unhold(size_t g, bool was_released);
   /// The host waits until no copy out of group g's shard (in host memory) is
   /// in flight: the optimizer step is about to write it.
   void wait_shard_copies(size_t g);
+  /// Group g's shard is about to be written outside a step (a load of a
+  /// frozen group, NOTE [frozen groups]): waits for copies out of it, and
+  /// drops what was gathered from it (its gathered values unless a running
+  /// layer uses them, its hpZ copy).
+  void shards_changed(size_t g);
   /// Called before a gather reads a group's shard (NOTE [speculative step]:
   /// a speculation that shards hold is settled first). Runs on the thread
   /// that gathers; must not gather itself.
@@ -274,7 +291,10 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   /// Elements gathered by the trace after the cursor before group g is used
   /// again; -1 when it is not.
   int64_t next_use_distance(size_t g) const;
-  int64_t numel(size_t g) const { return params_.groups()[g].padded_numel; }
+  int64_t numel(size_t g) const { return params_.all_groups()[g].padded_numel; }
+  Kind kind_of(size_t g) const {
+    return params_.all_groups()[g].frozen ? Kind::kFrozenParameters : Kind::kParameters;
+  }
 
   FlatParameters& params_;
   std::vector<Stage3Unit> units_;

@@ -7,8 +7,12 @@
 // under zero::Init:
 //   - layers (NOTE [stage-3 layers]): the children of the outermost
 //     ModuleList and Sequential containers, the modules listed in
-//     InitOptions::layers, and those zero::Init partitioned, in the model's
-//     order, none inside another;
+//     InitOptions::layers and InitOptions::leaf_modules or marked by
+//     zero::set_leaf (NOTE [leaf modules]), and those zero::Init
+//     partitioned, in the model's order, none inside another;
+//   - frozen parameters (NOTE [frozen groups]): each layer's in a group of
+//     their own, after every trainable group; outside every layer, or
+//     persistent, they stay whole;
 //   - persistence (PersistenceRule): a parameter under
 //     stage3_param_persistence_threshold stays whole while the sum of such
 //     parameters stays under stage3_model_persistence_threshold; whole
@@ -45,15 +49,23 @@
 
 namespace zero::partition {
 
+/// One group of a layer zero::Init partitioned: its trainable parameters,
+/// or its frozen ones (NOTE [frozen groups]).
+struct PrebuiltGroup {
+  std::vector<at::Tensor> params;  // partitioned, in the layer's named_parameters order
+  std::vector<std::vector<int64_t>> shapes;
+  at::Tensor chunk;          // this rank's chunk (compute dtype); undefined when on disk
+  int64_t disk_offset = -1;  // where the chunk is in `Prebuilt::swap_file`
+  bool empty() const { return params.empty(); }
+};
+
 /// A layer zero::Init partitioned as it was built.
 struct PrebuiltLayer {
   // Layers are known by address: holding the module keeps a later one from
   // reusing it (a temporary passed to partition(), say).
   std::shared_ptr<torch::nn::Module> module;
-  std::vector<at::Tensor> params;  // partitioned, in the layer's named_parameters order
-  std::vector<std::vector<int64_t>> shapes;
-  at::Tensor chunk;          // this rank's chunk (compute dtype); undefined when on disk
-  int64_t disk_offset = -1;  // where the chunk is in `Prebuilt::swap_file`
+  std::string name;  // as Init::partition was told it ("" when not)
+  PrebuiltGroup trainable, frozen;
 };
 
 /// What zero::Init decided and made, for the plan to take over.
@@ -74,6 +86,8 @@ struct Stage3Plan {
   Stage3Layout layout;
   int64_t layer_params = 0;   // in layer groups
   int64_t always_params = 0;  // in group 0
+  int64_t frozen_layer_params = 0;  // in frozen groups (NOTE [frozen groups])
+  int64_t frozen_whole_params = 0;  // frozen, kept whole (outside every layer, or persistent)
 };
 
 /// Plans stage 3 for `model` (NOTE [stage-3 plan]) from the config's
@@ -82,10 +96,14 @@ struct Stage3Plan {
 /// forward gathers the layer). `init` (may be null): what zero::Init built.
 /// `swap_tag` names this rank's swap folder. Throws ConfigError (an
 /// `extra_layers` entry outside the model), UsageError (a layer of another
-/// live engine; a module Init partitioned that is not a layer).
+/// live engine; a module Init partitioned that is not a layer; a parameter
+/// frozen or unfrozen after Init partitioned it).
+/// `leaf_modules` (InitOptions::leaf_modules) and modules zero::set_leaf
+/// marked are layers whose insides are not (NOTE [leaf modules]).
 Stage3Plan plan_stage3(const std::shared_ptr<torch::nn::Module>& model, const config::Config& config,
                        const std::vector<std::shared_ptr<torch::nn::Module>>& extra_layers, Prebuilt* init,
-                       const std::string& swap_tag);
+                       const std::string& swap_tag,
+                       const std::vector<std::shared_ptr<torch::nn::Module>>& leaf_modules = {});
 
 /// The config's aio section as the AIO engine's options.
 offload::AioOptions aio_options(const config::AioConfig& aio);

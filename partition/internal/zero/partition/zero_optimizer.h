@@ -26,6 +26,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -277,6 +278,9 @@ class ZeroOptimizer {
   struct GroupHyper {
     std::string name;
     std::optional<double> lr, weight_decay;
+    /// Engine::set_lr's: the lr itself (not scaled by the schedule) until
+    /// the engine clears it at the schedule's next step.
+    std::optional<double> lr_set;
   };
   /// Parameter groups (DeepSpeed's client param groups): group_of[i] is
   /// the index in `groups` of slot i's group (0: the default, the
@@ -286,6 +290,8 @@ class ZeroOptimizer {
   const std::vector<GroupHyper>& param_groups() const { return groups_; }
   /// Replaces group g's hyper-parameters (a checkpoint's).
   void set_group_hyper(size_t g, const GroupHyper& h) { groups_.at(g) = h; }
+  /// The optimizer's own hyper-parameters (the default group's).
+  const config::OptimizerConfig& optimizer_config() const { return optimizer_->config(); }
   /// Elements of each group in the model (padding not counted).
   std::vector<int64_t> param_group_numels() const;
 
@@ -301,6 +307,20 @@ class ZeroOptimizer {
   /// to the masters' values, gathered as after a step. Discards gradients.
   /// Throws what `fill` throws, IoError, CommunicationError.
   void load_states(const PassBody& fill);
+
+  /// Sets the master of trainable groups to new values: chunks[g] is this
+  /// rank's chunk of group g (parameters().groups()[g].chunk_numel
+  /// elements, any float dtype), then brings the parameters to the masters'
+  /// values as a step does (the states stay). Groups not in `chunks` keep
+  /// their values. A collective below stage 3 (the new values are
+  /// all-gathered). Throws IoError (NVMe), CommunicationError.
+  void set_values(const std::map<size_t, at::Tensor>& chunks);
+  /// Stage 3: sets frozen group g's shard (NOTE [frozen groups]; g indexes
+  /// parameters().all_groups()) to `values`, this rank's chunk of the
+  /// group (chunk_numel elements, any float dtype and device), in the
+  /// shard's memory or through the parameter swap file. The next gather of
+  /// the layer brings the new values. Throws IoError (the swap file).
+  void write_frozen_shard(size_t g, const at::Tensor& values);
 
   /// Called by the gradient hook of slot `index` (see NOTE [gradient path]).
   void on_grad_ready(size_t index, const at::Tensor& grad);

@@ -26,6 +26,9 @@ struct ParameterShape {
   std::string name;
   int64_t numel = 0;
   int layer = -1;
+  /// Frozen (requires_grad false): no gradient, master or optimizer state;
+  /// partitioned at stage 3 in its layer's frozen group (NOTE [frozen groups]).
+  bool frozen = false;
 };
 
 /// minGPT's parameters (benchmarks/mingpt) in the model's order: tok_emb,
@@ -39,7 +42,9 @@ std::vector<ParameterShape> parameters_of_size(int64_t num_parameters);
 
 struct StateBytes {
   int64_t parameters = 0, gradients = 0, optimizer_states = 0;
-  int64_t total() const { return parameters + gradients + optimizer_states; }
+  /// Frozen parameters: not model states, but held (NOTE [frozen groups]).
+  int64_t frozen_parameters = 0;
+  int64_t total() const { return parameters + gradients + optimizer_states + frozen_parameters; }
 };
 
 /// Per rank. `host` is pinned and pageable host memory together.

@@ -66,6 +66,15 @@ struct ParamGroup {
                             std::optional<double> weight_decay, std::optional<double> lr = std::nullopt);
 };
 
+/// Which parameters train, by name, for InitOptions::trainable: a name
+/// trains when one of `patterns` (ECMAScript regular expressions, searched
+/// anywhere in the name, as PEFT's target_modules and DeepSpeed users'
+/// name filters do) matches it. Throws ConfigError naming a pattern that is
+/// not a valid regular expression.
+std::function<bool(const std::string& name)> trainable_matching(const std::vector<std::string>& patterns);
+/// The other way round: a name is frozen when one of `patterns` matches it.
+std::function<bool(const std::string& name)> frozen_matching(const std::vector<std::string>& patterns);
+
 struct InitOptions {
   /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
   config::AutoValues auto_values;
@@ -102,6 +111,22 @@ struct InitOptions {
   /// ModuleList and Sequential containers; their forward must run through
   /// zero::forward / zero::layer_forward (zero/partition/layer.h).
   std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  /// ZeRO stage 3: leaf modules (DeepSpeed's set_z3_leaf_modules): each is
+  /// one layer, all its parameters gathered together before it runs and
+  /// released after, whatever subset of its children runs on this rank (a
+  /// mixture of experts that skips an expert without tokens); no module
+  /// inside it is a layer of its own, and its gradients are reduced whole
+  /// on every rank (zeros for what did not run), so ranks never disagree on
+  /// collectives. Its forward must run through zero::forward, as a layer's.
+  /// zero::set_leaf marks a module the same way. Stages 0-2: no effect.
+  std::vector<std::shared_ptr<torch::nn::Module>> leaf_modules;
+  /// Which parameters train, by name (NOTE [frozen groups]): at initialize
+  /// every parameter of the model is set trainable (requires_grad true) or
+  /// frozen by it before anything is laid out; under zero::Init, each
+  /// parameter as its layer is partitioned (Init::partition's `name`, then
+  /// the parameter's name in the layer). Unset: each parameter's own
+  /// requires_grad. See trainable_matching / frozen_matching.
+  std::function<bool(const std::string& name)> trainable;
   /// Parameter groups (ParamGroup): each step updates a group's parameters
   /// with its weight decay and lr; checkpoints save each group's values and
   /// a load restores them. Empty: one group, the config's.
@@ -164,6 +189,11 @@ struct LoadWeightsOptions {
   std::string strip_prefix;
   std::string add_prefix;
   std::function<std::string(const std::string&)> rename;
+  /// Parameters the file may lack (the model's names): they keep the values
+  /// they have, master included (a LoRA model's adapters over a base model's
+  /// weights: zero::models::is_lora_parameter). Any other parameter the
+  /// file lacks is an error.
+  std::function<bool(const std::string&)> keep_missing;
 };
 
 /// What Engine::save_hf writes: the weights in `dtype` (default: the
@@ -178,6 +208,21 @@ struct SaveHfOptions {
   std::string strip_prefix;
   std::string add_prefix;
   std::string config_json;
+  /// Merges LoRA adapters (PEFT's merge_and_unload): each pair
+  /// `X.lora_A.weight` (A [r, in]) and `X.lora_B.weight` (B [out, r]) is
+  /// folded into `X.weight` as W + lora_scaling * B A (in fp32, then the
+  /// export's dtype) and not written itself, so the output is the plain
+  /// model. lora_scaling is alpha / r. Each such X.weight must be frozen.
+  std::optional<double> lora_scaling;
+};
+
+/// How Engine::save_checkpoint saves.
+struct SaveCheckpointOptions {
+  /// Leave the frozen parameters out (DeepSpeed's exclude_frozen_parameters):
+  /// a LoRA run's checkpoint holds the adapters and their states, not the
+  /// base. load_checkpoint then keeps the frozen values the model has: load
+  /// the base weights first (load_weights, or the program's own).
+  bool exclude_frozen = false;
 };
 
 /// What one rank did in save_checkpoint or load_checkpoint.
@@ -188,6 +233,14 @@ struct CheckpointStats {
   double seconds = 0;    // this rank's time in the call
   /// load: the client state saved with it (a JSON object, as text).
   std::string client_state = "{}";
+};
+
+/// A parameter group as a fine-tuning loop sees it (Engine::param_groups).
+struct ParamGroupState {
+  std::string name;     // "default" (the config's values), then InitOptions::param_groups' names
+  double lr = 0;        // the lr of the next optimizer step
+  double weight_decay = 0;
+  int64_t numel = 0;    // elements of its parameters
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
@@ -246,8 +299,21 @@ class Engine {
   /// CommunicationError (it waits for reductions in flight).
   void zero_grad();
 
-  /// The lr of the next optimizer step.
+  /// The lr of the next optimizer step (the default group's).
   double get_lr() const;
+  /// Sets the lr of the next optimizer steps: of every parameter group, or
+  /// of group `group` (an index of param_groups()). With an lr scheduler
+  /// the schedule's next step sets the lr again (as DeepSpeed's
+  /// scheduler.step() overwrites optimizer.param_groups' lr); without one
+  /// the value stays. Throws UsageError (no such group, an lr that is
+  /// negative or not finite).
+  void set_lr(double lr, std::optional<size_t> group = std::nullopt);
+  /// Sets the weight decay of every group, or of one, for the steps to
+  /// come (checkpoints save it). Throws UsageError as set_lr.
+  void set_weight_decay(double weight_decay, std::optional<size_t> group = std::nullopt);
+  /// The optimizer's parameter groups, "default" first, with the lr and
+  /// weight decay of the next step.
+  std::vector<ParamGroupState> param_groups() const;
   /// Optimizer steps taken (skipped fp16 steps included, as DeepSpeed counts).
   int64_t global_steps() const;
   int64_t micro_steps() const;
@@ -332,7 +398,8 @@ class Engine {
   /// rank writes its partition of the master (fp32, or 16-bit: NOTE [16-bit
   /// master]) and optimizer states from
   /// where they live (device, host, NVMe), in parallel, with block checksums;
-  /// rank 0 the buffers and frozen parameters, the step counters, LR
+  /// rank 0 the buffers and frozen parameters (gathered at stage 3; none
+  /// with options.exclude_frozen), the step counters, LR
   /// schedule, loss scaler and `client_state` (a JSON object) in meta.json;
   /// each rank its RNG states. Files go to a hidden folder first; the tag
   /// appears, and `dir`/latest names it, only once every rank's files are
@@ -344,7 +411,7 @@ class Engine {
   /// bytes needed and those available, before anything is written),
   /// ConfigError (client_state not a JSON object), CommunicationError.
   CheckpointStats save_checkpoint(const std::string& dir, const std::string& tag = "",
-                                  const std::string& client_state = "{}");
+                                  const std::string& client_state = "{}", const SaveCheckpointOptions& options = {});
   /// Makes `dir` this job's checkpoint folder, as the first save_checkpoint
   /// into it does: checks that it is a folder rank 0 can write (making it if
   /// needed), takes its writer lock for the engine's lifetime (rank 0 holds
@@ -416,6 +483,46 @@ class Engine {
   Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options,
          std::shared_ptr<InitState> init);
   std::unique_ptr<Impl> impl_;
+};
+
+/// DeepSpeed's GatheredParameters: while it lives, `params` (parameters of
+/// the engine's model) hold their full values on every rank, at stage 3 too
+/// (their layers gathered exactly, not through qwZ), to read or, with a
+/// modifier rank, to change:
+///
+///   {
+///     zero::GatheredParameters g(engine, {model->head->weight}, /*modifier_rank=*/0);
+///     if (engine.rank() == 0) model->head->weight.normal_(0, 0.02);  // under NoGradGuard
+///   }  // rank 0's values now on every rank, in the shards, the master and the model
+///
+/// With `modifier_rank`, done() (or the destructor) broadcasts that rank's
+/// values of `params` to every rank and writes them where the engine keeps
+/// them: stage 3's shards, the master (fp32 or 16-bit) of a trainable
+/// parameter, the compute copy; the optimizer states stay. Without it, the
+/// values are to read (a change is lost at the next gather, or at the next
+/// step below stage 3). A collective: every rank makes it with the same
+/// parameters, in the same order, and ends it at the same point; not during
+/// backward. Throws UsageError (a tensor that is not a parameter of the
+/// model, a modifier rank outside the job, during backward),
+/// CommunicationError, IoError (shards on NVMe).
+class GatheredParameters {
+ public:
+  GatheredParameters(Engine& engine, std::vector<torch::Tensor> params, std::optional<int> modifier_rank = std::nullopt);
+  /// Ends the scope as done() does; an error there is logged, not thrown
+  /// (call done() to have it thrown).
+  ~GatheredParameters();
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+  /// Ends the scope: writes the modifier rank's values (with one) and
+  /// releases what was gathered. Once; the destructor then does nothing.
+  void done();
+
+ private:
+  Engine* engine_;
+  std::vector<torch::Tensor> params_;
+  std::optional<int> modifier_;
+  std::vector<std::pair<size_t, bool>> held_;  // stage 3: groups held, and whether each was released before
+  bool done_ = false;
 };
 
 /// Reads a DeepSpeed config (a file path, or JSON text starting with '{'),

@@ -17,7 +17,8 @@ namespace zero {
 
 struct InitOptions;
 
-/// The trainable parameters of `model` as the engine would lay them out
+/// The parameters of `model` as the engine would lay them out (frozen ones
+/// marked: ParameterShape::frozen, NOTE [frozen groups])
 /// (NOTE [stage-3 plan]): named_parameters' names (a tied parameter once,
 /// under its first name), full sizes, and the stage-3 layer of each: the
 /// children of the outermost ModuleList and Sequential containers and the

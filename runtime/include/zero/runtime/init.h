@@ -9,7 +9,12 @@
 //   auto engine = zero::initialize(net.ptr(), init);
 //
 // partition() keeps this rank's chunk of the layer's parameters (laid out as
-// the engine lays out a stage-3 layer) and empties the parameters. Every rank
+// the engine lays out a stage-3 layer: frozen parameters in a shard of their
+// own, NOTE [frozen groups]) and empties the parameters. Which parameters
+// train is decided then: by their requires_grad, or by InitOptions::trainable
+// (zero::trainable_matching), so a LoRA model built under Init is frozen as
+// it is partitioned; freezing a partitioned parameter later is refused at
+// initialize. Every rank
 // builds each layer whole from the same random stream, so the values are the
 // ones the unpartitioned model would have with the same seed. Parameters
 // under stage3_param_persistence_threshold stay whole (the engine keeps them
@@ -44,18 +49,25 @@ class Init {
   Init(const Init&) = delete;
   Init& operator=(const Init&) = delete;
 
-  /// Partitions `module`'s parameters now; returns it for chaining.
-  template <typename M>
-  torch::nn::ModuleHolder<M> partition(torch::nn::ModuleHolder<M> module) {
-    partition_module(module.ptr());
+  /// Partitions `module`'s parameters now; returns it for chaining (a
+  /// module holder, TORCH_MODULE's, or a shared_ptr to a module).
+  /// `name`: where the module sits in the model ("model.layers.3"), for
+  /// InitOptions::trainable (which sees "model.layers.3.q_proj.weight").
+  template <typename Holder>
+  Holder partition(Holder module, const std::string& name = "") {
+    if constexpr (requires { module.ptr(); }) partition_module(module.ptr(), name);
+    else partition_module(std::shared_ptr<torch::nn::Module>(module), name);
     return module;
   }
   /// Keeps this rank's chunk of `module`'s parameters (on the device, in host
   /// memory with offload_param, or written to the parameter swap file past
-  /// offload_param.max_in_cpu) and empties the parameters. Throws
-  /// OutOfMemoryError, IoError, ConfigError (offload_param.buffer_size below
-  /// the shard, a bad nvme_path), UsageError after initialize took this Init.
-  void partition_module(const std::shared_ptr<torch::nn::Module>& module);
+  /// offload_param.max_in_cpu) and empties the parameters: the trainable
+  /// ones in one shard, the frozen ones in another (NOTE [frozen groups]),
+  /// each parameter first set trainable or frozen by InitOptions::trainable
+  /// when given (by `name`.its name in the module). Throws OutOfMemoryError,
+  /// IoError, ConfigError (offload_param.buffer_size below the shard, a bad
+  /// nvme_path), UsageError after initialize took this Init.
+  void partition_module(const std::shared_ptr<torch::nn::Module>& module, const std::string& name = "");
 
   /// Where the shards are counted; the engine goes on with this ledger.
   MemoryLedger& ledger();

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -81,12 +82,14 @@ void append_pieces(const SavedLayout& saved, size_t group, size_t param, int64_t
 
 /// NOTE [checkpoint mapping]: where elements [start, start + len) of this
 /// rank's chunk of group g of `flat` (this rank: `rank`; a layout of one
-/// partition: 0) are in `saved`. Throws IoError naming a parameter the
+/// partition: 0) are in `saved`; g indexes flat.all_groups() (a frozen
+/// group's too). Parameters named in `skip` are left out (no piece: their
+/// elements read as zeros). Throws IoError naming a parameter the
 /// checkpoint lacks or holds with another shape.
 std::vector<Piece> map_range(const partition::FlatParameters& flat, int64_t rank, size_t g, int64_t start,
                              int64_t len, const SavedLayout& saved,
                              const std::unordered_map<std::string, std::pair<size_t, size_t>>& index,
-                             const std::string& source);
+                             const std::string& source, const std::unordered_set<std::string>* skip = nullptr);
 
 /// Where full weights are: one safetensors file, the index of a sharded set
 /// (model.safetensors.index.json, as Hugging Face's save_pretrained writes

@@ -1,0 +1,113 @@
+// zero::GatheredParameters (engine.h): full parameters for a scope, and a
+// modifier rank's change written where the engine keeps them.
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+
+#include "engine_impl.h"
+#include "zero/core/error.h"
+#include "zero/core/log.h"
+
+namespace zero {
+
+GatheredParameters::GatheredParameters(Engine& engine, std::vector<torch::Tensor> params,
+                                       std::optional<int> modifier_rank)
+    : engine_(&engine), params_(std::move(params)), modifier_(modifier_rank) {
+  auto& s = engine.impl();
+  if (modifier_ && (*modifier_ < 0 || *modifier_ >= s.dist.world_size))
+    throw UsageError("GatheredParameters: modifier_rank " + std::to_string(*modifier_) + " is not a rank of this job (0.." +
+                     std::to_string(s.dist.world_size - 1) + ")");
+  if (s.optimizer->in_backward())
+    throw UsageError("GatheredParameters during backward: make it between steps (its gathers would interleave with "
+                     "backward's)");
+  std::unordered_set<const void*> of_model;
+  for (const auto& item : s.model->named_parameters(true)) of_model.insert(item.value().unsafeGetTensorImpl());
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!params_[i].defined() || of_model.count(params_[i].unsafeGetTensorImpl()) == 0)
+      throw UsageError("GatheredParameters: params[" + std::to_string(i) +
+                       "] is not a parameter of the engine's model (give the model's own tensors, "
+                       "model->named_parameters())");
+  auto* c = s.optimizer->stage3();
+  if (c == nullptr) return;  // below stage 3 every parameter is whole
+  const auto& flat = s.optimizer->parameters();
+  std::unordered_map<const void*, size_t> group_of;
+  for (size_t g = 0; g < flat.all_groups().size(); ++g)
+    for (size_t i : flat.all_groups()[g].slots) group_of[flat.all_slots()[i].param.unsafeGetTensorImpl()] = g;
+  std::set<size_t> groups;  // in group order on every rank: the gathers pair up
+  for (const auto& p : params_)
+    if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end()) groups.insert(it->second);
+  try {
+    for (size_t g : groups) held_.emplace_back(g, c->hold(g));
+  } catch (...) {
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) c->unhold(it->first, it->second);
+    held_.clear();
+    throw;
+  }
+}
+
+GatheredParameters::~GatheredParameters() {
+  if (done_) return;
+  try {
+    done();
+  } catch (const std::exception& e) {
+    log::warning(std::string("GatheredParameters: ending the scope failed: ") + e.what() +
+                 " (call done() to have the error thrown)");
+  }
+}
+
+void GatheredParameters::done() {
+  if (done_) return;
+  done_ = true;
+  auto& s = engine_->impl();
+  auto* c = s.optimizer->stage3();
+  auto release = [&] {
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) c->unhold(it->first, it->second);
+    held_.clear();
+  };
+  if (!modifier_) {
+    if (c != nullptr) release();
+    return;
+  }
+  at::NoGradGuard no_grad;
+  const auto& flat = s.optimizer->parameters();
+  const int64_t r = s.optimizer->partition_rank();
+  std::map<size_t, at::Tensor> chunks;  // trainable groups: this rank's chunk of the new values
+  std::vector<std::pair<size_t, at::Tensor>> frozen;
+  try {
+    // The modifier rank's values everywhere, a parameter at a time in the
+    // order given (the same on every rank).
+    if (s.comm != nullptr) {
+      for (const auto& p : params_) {
+        at::Tensor t = p.detach();
+        at::Tensor sent = t.is_contiguous() ? t : t.contiguous();
+        s.comm->broadcast(sent, *modifier_).wait();
+        if (!sent.is_same(t)) t.copy_(sent);
+      }
+    }
+    if (c != nullptr) {
+      for (const auto& [g, was_released] : held_) {
+        const auto& grp = flat.all_groups()[g];
+        at::Tensor chunk = flat.full(g).narrow(0, r * grp.chunk_numel, grp.chunk_numel).clone();
+        if (grp.frozen) frozen.emplace_back(g, chunk);
+        else chunks[g] = chunk;
+      }
+    } else {
+      std::unordered_map<const void*, size_t> group_of;
+      for (const auto& slot : flat.slots()) group_of[slot.param.unsafeGetTensorImpl()] = slot.group;
+      for (const auto& p : params_)
+        if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end() && !chunks.count(it->second))
+          chunks[it->second] = flat.chunk_of(flat.flat(), it->second, r).clone();
+    }
+  } catch (...) {
+    if (c != nullptr) release();
+    throw;
+  }
+  if (c != nullptr) release();  // written below, released first: a write drops what was gathered
+  for (const auto& [g, chunk] : frozen) s.optimizer->write_frozen_shard(g, chunk);
+  if (!chunks.empty()) s.optimizer->set_values(chunks);
+}
+
+}  // namespace zero
