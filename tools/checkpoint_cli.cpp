@@ -179,6 +179,15 @@ std::optional<at::ScalarType> parse_dtype(const std::string& command, const std:
   return std::nullopt;
 }
 
+// NOTE [frozen groups]: a checkpoint saved with exclude_frozen holds the
+// trainable parameters only; what it is written to lacks the base.
+void warn_if_without_frozen(const std::string& tag_dir, const char* command) {
+  if (ckpt::read_meta(tag_dir).value("frozen_parameters", std::string("included")) != "excluded") return;
+  std::cerr << "zero checkpoint " << command << ": " << tag_dir
+            << " was saved without its frozen parameters (exclude_frozen: a LoRA run's adapters, say): the output has "
+               "the trained parameters only; the frozen ones are in the weights the run started from\n";
+}
+
 int consolidate_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("consolidate", args, {"--tag", "--dtype", "--state", "--force"}, p)) return 2;
@@ -207,6 +216,7 @@ int consolidate_command(const std::vector<std::string>& args) {
                            });
   });
   if (progress) progress->finish();
+  warn_if_without_frozen(tag_dir, "consolidate");
   const int64_t peak = proc_status_bytes("VmHWM");
   std::printf("%s: %lld tensors, %s (%s) from %s in %.2f s (%.2f GB/s read)\n", p.positional[1].c_str(),
               static_cast<long long>(st.tensors), format_bytes(st.bytes_written).c_str(), p.state.c_str(),
@@ -300,6 +310,7 @@ int export_command(const std::vector<std::string>& args) {
                          });
   });
   if (progress) progress->finish();
+  warn_if_without_frozen(tag_dir, "export");
   std::printf("%s: %lld tensors, %s in Hugging Face's layout from %s in %.2f s\n", p.positional[1].c_str(),
               static_cast<long long>(st.tensors), format_bytes(st.bytes_written).c_str(), tag_dir.c_str(), secs);
   return 0;

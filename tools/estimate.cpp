@@ -606,7 +606,7 @@ int estimate(const std::vector<std::string>& args) {
       const bool rnccl = report->json.value("device", "cpu").rfind("cuda", 0) == 0 && report->world_size > 1;
       const auto shapes = shapes_for(size);
       int64_t numel = 0;
-      for (const auto& p : shapes) numel += p.numel;
+      for (const auto& p : shapes) numel += p.frozen ? 0 : p.numel;  // the report counts the trainable ones
       const int64_t reported = report->json.value("num_parameters", int64_t{0});
       if (reported != numel)
         std::fprintf(stderr, "zero estimate: warning: %s is a run of a model of %lld parameters, this one has %lld\n",

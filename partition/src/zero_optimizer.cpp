@@ -756,15 +756,20 @@ double ZeroOptimizer::parameter_l2() const {
   return std::sqrt(sumsq.item<double>());
 }
 
-void ZeroOptimizer::set_values(const std::map<size_t, at::Tensor>& chunks) {
+void ZeroOptimizer::set_values(const std::map<size_t, ChunkUpdate>& chunks) {
   at::NoGradGuard no_grad;
   spec_settle();  // NOTE [speculative step]: the values as they stand
   const auto& sub_groups = store_->sub_groups();
   for (const auto& [g, c] : chunks)
-    ZERO_CHECK(g < flat_->groups().size() && c.numel() == flat_->groups()[g].chunk_numel, "set_values: not a chunk");
+    ZERO_CHECK(g < flat_->groups().size() && c.values.numel() == flat_->groups()[g].chunk_numel,
+               "set_values: not a chunk");
   write_pass([&](size_t k, at::Tensor& m, std::vector<at::Tensor>&, LowOut& low) {
     const auto [g, start, len] = sub_groups[k];
-    if (auto it = chunks.find(g); it != chunks.end()) m.copy_(it->second.reshape({-1}).narrow(0, start, len));
+    if (auto it = chunks.find(g); it != chunks.end()) {
+      const at::Tensor v = it->second.values.reshape({-1}).narrow(0, start, len).to(m.options());
+      const at::Tensor mask = it->second.mask.narrow(0, start, len).to(m.device());
+      m.copy_(at::where(mask, v, m));
+    }
     if (low.wanted()) write_values_of(m, low);
   });
 }
@@ -776,8 +781,10 @@ void ZeroOptimizer::write_frozen_shard(size_t g, const at::Tensor& values) {
   at::NoGradGuard no_grad;
   stage3_->shards_changed(g);  // after any gather's copy out of the shard
   const bool swapped = param_swapper_ != nullptr && param_swapper_->on_disk(g);
+  // Converted first: nothing can fail between begin_update and end_update.
+  const at::Tensor v = values.reshape({-1}).to(flat_->part(g).options(), /*non_blocking=*/false, /*copy=*/false);
   const at::Tensor& part = swapped ? param_swapper_->begin_update(g) : flat_->part(g);
-  part.copy_(values.reshape({-1}));
+  part.copy_(v);
   if (swapped) param_swapper_->end_update(g);
 }
 

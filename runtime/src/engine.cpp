@@ -264,6 +264,10 @@ std::string model_fingerprint(const torch::nn::Module& model, const InitState* i
 // layout, the gradients, the states follow from it). A change after it
 // would train nothing, or no longer freeze: refused, naming the parameter.
 void check_trainable_unchanged(const Engine::Impl& s) {
+  if (s.gathered_scopes > 0)
+    throw UsageError("backward or step inside a zero::GatheredParameters scope: its parameters are held gathered "
+                     "(and a modifier's values would be written over the step's); end the scope first (done(), or "
+                     "its destructor)");
   const auto& flat = s.optimizer->parameters();
   auto refuse = [](const std::string& name, bool now_trainable) {
     throw UsageError(

@@ -115,6 +115,9 @@ void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {
       const std::string base = lora_base(item.key(), nullptr);
       if (base.empty()) continue;
       ++found;
+      if (!item.value().requires_grad())
+        throw UsageError(what + ": lora_scaling: the adapter " + item.key() + " is frozen; a merge folds trained "
+                         "adapters into a frozen base (export without lora_scaling)");
       auto it = by_name.find(base);
       if (it == by_name.end())
         throw UsageError(what + ": lora_scaling: " + item.key() + " has no base " + base + " to merge into");

@@ -162,6 +162,8 @@ struct Engine::Impl : detail::RunContext {
 
   // Engine::set_lr on every group: the next steps' lr until the schedule's next step.
   std::optional<double> lr_set;
+  // zero::GatheredParameters scopes open now: backward and step wait for them to end.
+  int gathered_scopes = 0;
   double current_lr() const {
     if (lr_set) return *lr_set;
     return scheduler ? scheduler->lr() : config.optimizer->lr;

@@ -369,10 +369,23 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   if (!with_frozen && s.dist.rank == 0)
     log::info("load_checkpoint: " + tag_dir + " was saved without the frozen parameters (exclude_frozen): they keep "
               "the values the model has (its base weights, loaded before)");
+  // A tied frozen parameter is saved under one of its names (stage 3: its
+  // slot's; below it: each): any of them will do.
+  std::unordered_map<std::string, std::vector<std::string>> aliases;
+  {
+    std::unordered_map<const void*, std::vector<std::string>> names_of;
+    for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
+    for (const auto& [id, names] : names_of)
+      for (const auto& n : names) aliases[n] = names;
+  }
   auto saved_value = [&](const std::string& name, at::IntArrayRef shape) {
+    std::string found = name;
     if (!reader->has_tensor("model.safetensors", name))
+      for (const auto& alias : aliases[name])
+        if (reader->has_tensor("model.safetensors", alias)) found = alias;
+    if (!reader->has_tensor("model.safetensors", found))
       throw IoError(tag_dir + "/model.safetensors: has no " + name + " (a buffer or frozen parameter of the model)");
-    at::Tensor v = reader->read_tensor("model.safetensors", name);
+    at::Tensor v = reader->read_tensor("model.safetensors", found);
     if (v.sizes() != shape)
       throw IoError(tag_dir + "/model.safetensors: " + name + " has shape " + c10::str(v.sizes()) + " there and " +
                     c10::str(shape) + " in the model");
@@ -393,6 +406,12 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   }
   // Parameter groups: each group's saved values come back (as a torch
   // optimizer's load_state_dict brings its param_groups' lr and decay).
+  // A checkpoint whose one group is the default (set_weight_decay made it)
+  // gives this run that group too.
+  if (meta.contains("param_groups") && opt.param_groups().empty() && meta.at("param_groups").size() == 1 &&
+      meta.at("param_groups")[0].value("name", "") == "default")
+    opt.set_param_groups({{"default", std::nullopt, std::nullopt}}, std::vector<size_t>(flat.slots().size(), 0));
+  s.lr_set = meta.contains("lr_set") ? std::optional<double>(meta.at("lr_set").get<double>()) : std::nullopt;
   if (s.dist.rank == 0 && meta.contains("param_groups") != !opt.param_groups().empty())
     log::warning(opt.param_groups().empty()
                      ? "load_checkpoint: the checkpoint was saved with parameter groups (meta.json param_groups) and "
@@ -416,7 +435,9 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
         log::warning("load_checkpoint: parameter group " + name + " held " + std::to_string(g.at("numel").get<int64_t>()) +
                      " elements when saved and holds " + std::to_string(numels[k]) + " in this run: its match "
                      "takes other parameters now, and they step with the saved group's values");
-      partition::ZeroOptimizer::GroupHyper h{name, optional_of(g.at("lr")), optional_of(g.at("weight_decay"))};
+      partition::ZeroOptimizer::GroupHyper h{name, optional_of(g.at("lr")), optional_of(g.at("weight_decay")),
+                                             g.contains("lr_set") ? std::optional<double>(g.at("lr_set").get<double>())
+                                                                  : std::nullopt};
       if ((h.lr != groups[k].lr || h.weight_decay != groups[k].weight_decay) && s.dist.rank == 0)
         log::warning("load_checkpoint: parameter group " + name + " has the checkpoint's lr and weight_decay (" +
                      g.at("lr").dump() + ", " + g.at("weight_decay").dump() + "), not this run's");
@@ -539,6 +560,22 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
   index = saved.index();
   const auto extra = extra_state(*s.model, flat);
   for (const auto& [name, t] : extra) used.insert(name);
+  {  // A frozen parameter kept whole must be in the file too, under one of
+     // its names (nothing trains it: missing, it would keep its
+     // initialisation), as one in stage 3's frozen groups must.
+    std::vector<std::string> absent;
+    std::unordered_set<const void*> seen;
+    for (const auto& [name, p] : s.frozen_whole) {
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      bool found = false;
+      for (const auto& alias : names_of[p.unsafeGetTensorImpl()]) found = found || index.count(alias) > 0;
+      if (!found) absent.push_back(name);
+    }
+    if (!absent.empty())
+      throw IoError(files.source + ": has no tensor for " + std::to_string(absent.size()) + " frozen parameter(s): " +
+                    names_list(absent) + prefix_hint(absent, tensors) +
+                    " (a frozen parameter takes its values from the file: nothing trains it)");
+  }
   if (!kept.empty() && s.dist.rank == 0)
     log::info("load_weights " + files.source + ": " + std::to_string(kept.size()) + " parameter(s) the file lacks keep "
               "their values (LoadWeightsOptions::keep_missing): " + names_list({kept.begin(), kept.end()}, 3));

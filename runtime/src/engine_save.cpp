@@ -412,9 +412,11 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
                         {"lr", h.lr ? nlohmann::json(*h.lr) : nlohmann::json(nullptr)},
                         {"weight_decay", h.weight_decay ? nlohmann::json(*h.weight_decay) : nlohmann::json(nullptr)},
                         {"numel", numels[k]}});
+          if (h.lr_set) pg.back()["lr_set"] = *h.lr_set;  // Engine::set_lr's, until the schedule's next step
         }
         meta["param_groups"] = pg;
       }
+      if (s.lr_set) meta["lr_set"] = *s.lr_set;
       const auto sc = s.scaler.state();
       meta["loss_scaler"] = {{"cur_scale", sc.cur_scale}, {"cur_iter", sc.cur_iter},
                              {"last_overflow_iter", sc.last_overflow_iter}, {"cur_hysteresis", sc.cur_hysteresis}};

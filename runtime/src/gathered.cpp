@@ -31,7 +31,15 @@ GatheredParameters::GatheredParameters(Engine& engine, std::vector<torch::Tensor
                        "] is not a parameter of the engine's model (give the model's own tensors, "
                        "model->named_parameters())");
   auto* c = s.optimizer->stage3();
-  if (c == nullptr) return;  // below stage 3 every parameter is whole
+  ++s.gathered_scopes;  // done() ends it
+  auto keep_originals = [&] {  // what a modifier's change is told from
+    if (modifier_)
+      for (const auto& p : params_) originals_.push_back(p.detach().clone());
+  };
+  if (c == nullptr) {  // below stage 3 every parameter is whole
+    keep_originals();
+    return;
+  }
   const auto& flat = s.optimizer->parameters();
   std::unordered_map<const void*, size_t> group_of;
   for (size_t g = 0; g < flat.all_groups().size(); ++g)
@@ -44,8 +52,10 @@ GatheredParameters::GatheredParameters(Engine& engine, std::vector<torch::Tensor
   } catch (...) {
     for (auto it = held_.rbegin(); it != held_.rend(); ++it) c->unhold(it->first, it->second);
     held_.clear();
+    --s.gathered_scopes;
     throw;
   }
+  keep_originals();
 }
 
 GatheredParameters::~GatheredParameters() {
@@ -62,6 +72,7 @@ void GatheredParameters::done() {
   if (done_) return;
   done_ = true;
   auto& s = engine_->impl();
+  --s.gathered_scopes;
   auto* c = s.optimizer->stage3();
   auto release = [&] {
     for (auto it = held_.rbegin(); it != held_.rend(); ++it) c->unhold(it->first, it->second);
@@ -74,8 +85,32 @@ void GatheredParameters::done() {
   at::NoGradGuard no_grad;
   const auto& flat = s.optimizer->parameters();
   const int64_t r = s.optimizer->partition_rank();
-  std::map<size_t, at::Tensor> chunks;  // trainable groups: this rank's chunk of the new values
+  // Trainable groups: this rank's chunk of the new values, and where in it
+  // the given parameters are (only they change: the others' masters keep
+  // their bits, not the compute copy's rounding of them).
+  std::map<size_t, partition::ZeroOptimizer::ChunkUpdate> chunks;
   std::vector<std::pair<size_t, at::Tensor>> frozen;
+  // The elements the modifier changed: only they are written to the master
+  // (the others keep their bits, not the compute copy's rounding of them).
+  // Every rank has the modifier's values and the same originals: the same mask.
+  std::unordered_map<const void*, size_t> index_of;
+  for (size_t i = 0; i < params_.size(); ++i) index_of.emplace(params_[i].unsafeGetTensorImpl(), i);
+  auto mask_of = [&](size_t g) {
+    const auto& grp = flat.all_groups()[g];
+    const int64_t lo = r * grp.chunk_numel, hi = lo + grp.chunk_numel;  // in group coordinates
+    at::Tensor mask = at::zeros({grp.chunk_numel}, at::TensorOptions().dtype(at::kBool));
+    for (size_t i : grp.slots) {
+      const auto& slot = flat.all_slots()[i];
+      const auto it = index_of.find(slot.param.unsafeGetTensorImpl());
+      if (it == index_of.end()) continue;
+      const int64_t p0 = slot.offset - grp.begin, a = std::max(lo, p0), b = std::min(hi, p0 + slot.numel);
+      if (a >= b) continue;
+      const at::Tensor now = params_[it->second].detach().reshape({-1}).narrow(0, a - p0, b - a);
+      const at::Tensor was = originals_[it->second].reshape({-1}).narrow(0, a - p0, b - a);
+      mask.narrow(0, a - lo, b - a).copy_(now.ne(was).cpu());
+    }
+    return mask;
+  };
   try {
     // The modifier rank's values everywhere, a parameter at a time in the
     // order given (the same on every rank).
@@ -92,14 +127,14 @@ void GatheredParameters::done() {
         const auto& grp = flat.all_groups()[g];
         at::Tensor chunk = flat.full(g).narrow(0, r * grp.chunk_numel, grp.chunk_numel).clone();
         if (grp.frozen) frozen.emplace_back(g, chunk);
-        else chunks[g] = chunk;
+        else chunks[g] = {chunk, mask_of(g)};
       }
     } else {
       std::unordered_map<const void*, size_t> group_of;
       for (const auto& slot : flat.slots()) group_of[slot.param.unsafeGetTensorImpl()] = slot.group;
       for (const auto& p : params_)
         if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end() && !chunks.count(it->second))
-          chunks[it->second] = flat.chunk_of(flat.flat(), it->second, r).clone();
+          chunks[it->second] = {flat.chunk_of(flat.flat(), it->second, r).clone(), mask_of(it->second)};
     }
   } catch (...) {
     if (c != nullptr) release();

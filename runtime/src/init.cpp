@@ -154,8 +154,11 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module, co
                         : LedgerAlloc::empty(*s.ctx.ledger, chunk_numel, s.ctx.dtype, s.ctx.device, Tier::kDevice, kind, what);
       partition::copy_chunk_of(values, begin, g.chunk);
     }
-    release_parameters(s, g);
   }
+  // Both shards made: only now are the parameters emptied (a failure above
+  // leaves the module whole).
+  release_parameters(s, layer.trainable);
+  release_parameters(s, layer.frozen);
   s.built.layers.emplace(module.get(), std::move(layer));
 }
 

@@ -227,6 +227,16 @@ int main(int argc, char** argv) {
     out["host_peak_bytes"] = engine.ledger().get(zero::Tier::kHost).peak_bytes;
     for (const auto t : {zero::Tier::kDevice, zero::Tier::kPinnedHost, zero::Tier::kHost, zero::Tier::kNvme})
       out["frozen_bytes"][zero::to_string(t)] = engine.ledger().get(t, zero::Kind::kFrozenParameters).current_bytes;
+    {  // every rank's resident memory now (VmRSS)
+      int64_t rss = 0;
+      std::ifstream status("/proc/self/status");
+      for (std::string line; std::getline(status, line);)
+        if (line.rfind("VmRSS:", 0) == 0) rss = std::stoll(line.substr(6)) * 1024;
+      auto all = torch::zeros({ws}, torch::kDouble);
+      all[rank] = static_cast<double>(rss);
+      if (auto* c = zero::detail::comm_of(engine)) c->all_reduce_sum(all).wait();
+      out["resident_bytes"] = std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + ws);
+    }
     out["model_state_bytes"] = engine.model_state_bytes().total();
     if (a.mode == "save16") {
       engine.save_16bit_model(a.save);

@@ -21,6 +21,7 @@
 #include <torch/utils.h>
 
 #include "zero/core/error.h"
+#include "zero/runtime/engine_internal.h"
 #include "zero/zero.h"
 
 namespace {
@@ -96,7 +97,8 @@ torch::Tensor batch(int step, int64_t n = 8) {
 torch::Tensor loss_of(torch::nn::Sequential& net, int step) {
   torch::manual_seed(2000 + step);
   const auto y = torch::randint(4, {8});
-  return torch::nn::functional::cross_entropy(net->forward(batch(step)), y);
+  const auto x = batch(step).to(net->parameters().back().scalar_type());  // (a bf16 model's dtype)
+  return torch::nn::functional::cross_entropy(net->forward(x).to(torch::kFloat), y);
 }
 
 // Losses of `steps` steps, and every parameter's final values (gathered at stage 3).
@@ -414,6 +416,65 @@ TEST(FineTuningApi, GatheredParametersReadAndWriteBackAtStage3) {
   EXPECT_EQ(got.layers[1]->weight.numel(), 0) << "released after the scope";
   expect_same_bits(train(eg, got, 2, 4), train(er, ref, 2, 4), "after the change");
   EXPECT_THROW(zero::GatheredParameters(eg, {torch::ones({2})}), zero::UsageError);
+}
+
+// A checkpoint moves between stages with its frozen parameters, a tied one
+// too (saved under one name at stage 3, under each below it).
+TEST(Frozen, CheckpointsMoveBetweenStagesWithATiedFrozenParameter) {
+  const std::string dir = std::filesystem::temp_directory_path().string() + "/zero_frozen_stages_" + std::to_string(::getpid());
+  auto tied = [](uint64_t seed) {
+    auto b = build(nullptr, seed);
+    b.net->register_parameter("tied", b.layers[0]->weight, /*requires_grad=*/false);  // a second name
+    return b;
+  };
+  for (const auto& [from, to] : std::vector<std::pair<int, int>>{{3, 2}, {2, 3}}) {
+    SCOPED_TRACE(std::to_string(from) + " -> " + std::to_string(to));
+    std::filesystem::remove_all(dir);
+    const auto want = [&] {
+      auto b = tied(3);
+      auto e = zero::initialize(b.net.ptr(), config(from), quiet());
+      return train(e, b, 0, 6);
+    }();
+    {
+      auto b = tied(3);
+      auto e = zero::initialize(b.net.ptr(), config(from), quiet());
+      train(e, b, 0, 3);
+      e.save_checkpoint(dir, "t");
+    }
+    auto b = tied(77);  // other values everywhere: the checkpoint brings them, the base too
+    auto e = zero::initialize(b.net.ptr(), config(to), quiet());
+    e.load_checkpoint(dir, "t");
+    const auto got = train(e, b, 3, 6);
+    for (size_t i = 0; i < got.losses.size(); ++i) EXPECT_EQ(got.losses[i], want.losses[i + 3]) << "step " << i + 3;
+    for (size_t i = 0; i < want.values.size(); ++i) EXPECT_TRUE(torch::equal(got.values[i], want.values[i])) << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A modifier that changes one parameter leaves the master of the others
+// in its group as it was (bf16: not rounded to the compute copy).
+TEST(FineTuningApi, GatheredParametersChangeOnlyTheParametersGiven) {
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE(stage);
+    auto b = build(nullptr);
+    auto e = zero::initialize(b.net.ptr(), config(stage, "none", R"(, "bf16": {"enabled": true})"), quiet());
+    train(e, b, 0, 2);
+    const auto before = zero::detail::optimizer_states_of(e);
+    {
+      zero::GatheredParameters g(e, {b.layers[2]->lora_a}, /*modifier_rank=*/0);  // and left as it is
+    }
+    const auto after = zero::detail::optimizer_states_of(e);
+    ASSERT_EQ(before.size(), after.size());
+    for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << i;
+    {
+      zero::GatheredParameters g(e, {b.layers[2]->lora_a}, 0);
+      torch::NoGradGuard no_grad;
+      b.layers[2]->lora_a.fill_(0.5);
+    }
+    zero::GatheredParameters read(e, {b.layers[2]->lora_a});
+    EXPECT_TRUE(torch::all(b.layers[2]->lora_a == 0.5).item<bool>());
+    EXPECT_THROW(e.backward(loss_of(b.net, 9)), zero::UsageError) << "inside a scope";
+  }
 }
 
 }  // namespace

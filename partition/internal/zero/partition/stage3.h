@@ -41,10 +41,13 @@
 // pair up (they run different layers) fail naming both layers, instead of
 // hanging, using the wrong shards, or aborting inside the backend on
 // collectives of different sizes. The check completes once the peers have
-// issued the same gather; a prefetched gather's has the time of a layer to
-// finish, one issued where it is needed waits for it on the host (with
-// NCCL, a wait the gather itself would not have). Ranks that legitimately
-// run different parts of a module make it a leaf (NOTE [leaf modules]).
+// issued the same gather: the host waits for that before launching it (a
+// round trip of 8 bytes; ranks issue gathers at the same events, so the
+// peers are there or about to be). With NCCL this is a host wait the
+// gather itself would not have; the compute stream goes on with what is
+// queued. (With a parameter swapper a gather is launched later than it is
+// issued, and its check has had that time.) Ranks that legitimately run
+// different parts of a module make it a leaf (NOTE [leaf modules]).
 //
 // NOTE [stage-3 gather stream]
 // A gather runs on the coordinator's CopyStream (NOTE [device streams]),

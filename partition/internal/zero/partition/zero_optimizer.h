@@ -288,8 +288,13 @@ class ZeroOptimizer {
   /// one group with its hyper-parameters (padding goes with group 0).
   void set_param_groups(std::vector<GroupHyper> groups, const std::vector<size_t>& group_of);
   const std::vector<GroupHyper>& param_groups() const { return groups_; }
-  /// Replaces group g's hyper-parameters (a checkpoint's).
-  void set_group_hyper(size_t g, const GroupHyper& h) { groups_.at(g) = h; }
+  /// Replaces group g's hyper-parameters (a checkpoint's, Engine::set_lr's);
+  /// a speculation in progress is settled first (NOTE [speculative step]:
+  /// its worker reads them).
+  void set_group_hyper(size_t g, const GroupHyper& h) {
+    spec_settle();
+    groups_.at(g) = h;
+  }
   /// The optimizer's own hyper-parameters (the default group's).
   const config::OptimizerConfig& optimizer_config() const { return optimizer_->config(); }
   /// Elements of each group in the model (padding not counted).
@@ -308,13 +313,19 @@ class ZeroOptimizer {
   /// Throws what `fill` throws, IoError, CommunicationError.
   void load_states(const PassBody& fill);
 
-  /// Sets the master of trainable groups to new values: chunks[g] is this
-  /// rank's chunk of group g (parameters().groups()[g].chunk_numel
-  /// elements, any float dtype), then brings the parameters to the masters'
-  /// values as a step does (the states stay). Groups not in `chunks` keep
-  /// their values. A collective below stage 3 (the new values are
-  /// all-gathered). Throws IoError (NVMe), CommunicationError.
-  void set_values(const std::map<size_t, at::Tensor>& chunks);
+  /// New values for elements of this rank's chunk of a trainable group:
+  /// `values` holds the chunk (parameters().groups()[g].chunk_numel
+  /// elements, any float dtype); only the elements `mask` (bool, as long)
+  /// marks are taken.
+  struct ChunkUpdate {
+    at::Tensor values, mask;
+  };
+  /// Sets the master where `chunks` says (by group), then brings the
+  /// parameters to the masters' values as a step does (the states stay;
+  /// every other element keeps its master). A collective below stage 3
+  /// (the new values are all-gathered). Throws IoError (NVMe),
+  /// CommunicationError.
+  void set_values(const std::map<size_t, ChunkUpdate>& chunks);
   /// Stage 3: sets frozen group g's shard (NOTE [frozen groups]; g indexes
   /// parameters().all_groups()) to `values`, this rank's chunk of the
   /// group (chunk_numel elements, any float dtype and device), in the

@@ -305,8 +305,8 @@ class Engine {
   /// of group `group` (an index of param_groups()). With an lr scheduler
   /// the schedule's next step sets the lr again (as DeepSpeed's
   /// scheduler.step() overwrites optimizer.param_groups' lr); without one
-  /// the value stays. Throws UsageError (no such group, an lr that is
-  /// negative or not finite).
+  /// the value stays (checkpoints save it). Throws UsageError (no such
+  /// group, an lr that is negative or not finite).
   void set_lr(double lr, std::optional<size_t> group = std::nullopt);
   /// Sets the weight decay of every group, or of one, for the steps to
   /// come (checkpoints save it). Throws UsageError as set_lr.
@@ -498,7 +498,9 @@ class Engine {
 /// With `modifier_rank`, done() (or the destructor) broadcasts that rank's
 /// values of `params` to every rank and writes them where the engine keeps
 /// them: stage 3's shards, the master (fp32 or 16-bit) of a trainable
-/// parameter, the compute copy; the optimizer states stay. Without it, the
+/// parameter, the compute copy; the optimizer states stay. Only the
+/// elements the modifier changed reach the master: the others keep its
+/// bits (not the 16-bit compute copy's rounding of them). Without it, the
 /// values are to read (a change is lost at the next gather, or at the next
 /// step below stage 3). A collective: every rank makes it with the same
 /// parameters, in the same order, and ends it at the same point; not during
@@ -522,6 +524,7 @@ class GatheredParameters {
   std::vector<torch::Tensor> params_;
   std::optional<int> modifier_;
   std::vector<std::pair<size_t, bool>> held_;  // stage 3: groups held, and whether each was released before
+  std::vector<torch::Tensor> originals_;       // with a modifier: the values at the start, to tell its changes
   bool done_ = false;
 };
 
