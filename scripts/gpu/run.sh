@@ -22,6 +22,10 @@
 #                               zero estimate's planner over 0.95 of the card's free memory, 120GB of host memory and
 #                               ZERO_NVME_BYTES (default 56GB) under ZERO_NVME_DIR:
 #                               llama30b.{md,json,log} (issue 37 §5)
+#   scripts/gpu/run.sh lora     build llama and zero, run benchmarks/lora.sh on the one card (1 rank):
+#                               LoRA r=16 on an 8-layer Llama of hidden 1024 at stage 3, with and
+#                               without CPU offload, beside full fine-tuning: lora.{md,json,log}
+#                               (issue 50, issue 52 §6)
 #
 # Environment: OUT (where results go; default ./gpu-out), ZERO_DEPS_PREFIX
 # (default ./.gpu-deps), ZERO_GPU_BUILD (default ./build-gpu), ZERO_COMMIT
@@ -39,7 +43,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 mode=${1:-all}
-case "$mode" in test|bench|all|maxparams|llama30b) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all|maxparams|llama30b" >&2; exit 2 ;; esac
+case "$mode" in test|bench|all|maxparams|llama30b|lora) ;; *) echo "usage: scripts/gpu/run.sh test|bench|all|maxparams|llama30b|lora" >&2; exit 2 ;; esac
 out=${OUT:-$root/gpu-out}
 deps=${ZERO_DEPS_PREFIX:-$root/.gpu-deps}
 build=${ZERO_GPU_BUILD:-$root/build-gpu}
@@ -312,7 +316,21 @@ run_llama30b() {
   return $rc
 }
 
+# NOTE [frozen groups]: LoRA at stage 3 on the card (benchmarks/lora.sh, one rank).
+run_lora() {
+  build llama zero_cli || return 1
+  say "LoRA at stage 3 ($(elapsed))"
+  local rc=0
+  "$root/benchmarks/lora.sh" --ranks 1 --steps 6 --bin "$build/bin" --out "$out/lora.tmp" >"$out/lora.log" 2>&1 || rc=1
+  [ -f "$out/lora.tmp/lora.md" ] && cp "$out/lora.tmp/lora.md" "$out/lora.md" && cat "$out/lora.md" >>"$summary"
+  [ -f "$out/lora.tmp/lora.json" ] && cp "$out/lora.tmp/lora.json" "$out/lora.json"
+  rm -rf "$out/lora.tmp"
+  [ "$rc" -eq 0 ] || { say "error: the LoRA benchmark failed; the end of lora.log:"; tail -30 "$out/lora.log" >&2; }
+  return $rc
+}
+
 case "$mode" in
+  lora) run_lora || status=1 ;;
   maxparams) run_maxparams || status=1 ;;
   llama30b) run_llama30b || status=1 ;;
   test) run_tests || status=1 ;;

@@ -308,13 +308,13 @@ TEST(Stage3, FrozenBasesPartitionedTrainToTheBitsOfWholeOnes) {
 }
 
 // The share of the frozen bases is real memory: the same model on 2 ranks
-// with its 128 MiB of bases partitioned holds half of them less in resident
+// with its 512 MiB of bases partitioned holds half of them less in resident
 // memory, within 5%, than with them whole (the same stage-3 machinery in
 // both). glibc's malloc maps every block of 64 KiB or more on its own
 // (MALLOC_MMAP_THRESHOLD_), so what the run freed is not kept resident.
 TEST(Stage3, FrozenBasesPartitionedSaveTheirShareOfResidentMemory) {
   const auto cfg = write_config("frozen_rss", stage3());
-  const std::string args = "--layers 8 --dim 2048 --steps 2";
+  const std::string args = "--layers 8 --dim 4096 --steps 2";
   auto run = [&](const std::string& mode) {
     const std::string base = kWork + std::to_string(getpid()) + "_rss_" + mode;
     const std::string cmd = "OMP_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=65536 ZERO_COMM_TIMEOUT_S=60 " + kBin +
@@ -324,7 +324,7 @@ TEST(Stage3, FrozenBasesPartitionedSaveTheirShareOfResidentMemory) {
     return nlohmann::json::parse(slurp(base + ".json"));
   };
   const auto whole = run("frozen_whole"), part = run("frozen");
-  const double half = 8.0 * 2048 * 2048 * 4 / 2;
+  const double half = 8.0 * 4096 * 4096 * 4 / 2;
   for (int r = 0; r < 2; ++r) {
     const double saved = whole["resident_bytes"][r].get<double>() - part["resident_bytes"][r].get<double>();
     std::printf("rank %d: %.2f MB less resident memory with the bases partitioned; half the bases is %.2f MB\n", r,

@@ -557,6 +557,7 @@ TEST(Estimate, TableAndLargestModelsAndUsageErrors) {
 // states of the ledger within 5%.
 TEST(Estimate, LoraFrozenParametersAndStatesMatchTheLedger) {
   TempDir dir;
+  ASSERT_EQ(sh("mkdir -p " + dir.file("hf")), 0);
   write(dir, "hf/config.json",
         R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "vocab_size": 512,
             "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -570,7 +571,8 @@ TEST(Estimate, LoraFrozenParametersAndStatesMatchTheLedger) {
     }
   }
   for (const char* zero : {R"({"stage": 2})", R"({"stage": 3, "stage3_param_persistence_threshold": 0})",
-                           R"({"stage": 3, "stage3_param_persistence_threshold": 0, "offload_param": {"device": "cpu"}})",
+                           R"({"stage": 3, "stage3_param_persistence_threshold": 0, "offload_param": {"device": "cpu"},
+                               "offload_optimizer": {"device": "cpu"}})",
                            R"({"stage": 3, "stage3_param_persistence_threshold": 0,
                                "offload_param": {"device": "nvme", "nvme_path": "NVME", "max_in_cpu": 0}})"}) {
     std::string z = zero;
