@@ -84,9 +84,8 @@ for ranks in $ranks_list; do
     est_lora=""
     [ "$variant" = full ] || est_lora="--lora 16 --lora-targets all-linear"
     # shellcheck disable=SC2086
-    "$bin/zero" estimate --hf-config "$work/model/config.json" --ranks-per-node "$ranks" --precision fp32 \
-      --stage 3 --offload-optimizer "$off" --offload-param "$off" $est_lora --json "$work/$name.estimate.json" \
-      > /dev/null
+    "$bin/zero" estimate --hf-config "$work/model/config.json" --ranks-per-node "$ranks" \
+      --config "$work/ds_$off.json" $est_lora --json "$work/$name.estimate.json" > /dev/null
     runs+=("$name")
   done
 done
