@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LoRA fine-tuning at ZeRO stage 3 (issue 50; NOTE [frozen groups]): a Llama
 # of 8 layers, hidden 1024 (LLaMA's shape: 16 heads, intermediate 2816,
-# vocabulary 32000; 186M parameters), LoRA r=16 on every projection
+# vocabulary 32000; 170.8M parameters), LoRA r=16 on every projection
 # (all-linear), on 1, 2 and 4 ranks at stage 3, and with offload_param and
 # offload_optimizer cpu; beside full fine-tuning at stage 3. Per rank: the
 # frozen bytes the ledger holds, the model states, the measured device peak,
