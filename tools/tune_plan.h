@@ -161,6 +161,8 @@ struct Plan {
 
 /// zero tune --help's text (tune_usage.cpp).
 extern const char* const kTuneUsage;
+/// zero estimate --help's text (estimate_usage.cpp).
+extern const char* const kEstimateUsage;
 
 /// The key a tune's files carry (a '_' key: a comment to DeepSpeed and
 /// zero), so that a later tune replaces them and nothing else without --force.
