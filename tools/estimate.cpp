@@ -455,7 +455,7 @@ int estimate(const std::vector<std::string>& args) {
       llama = models::LlamaConfig::from_file(hf_config_path);
       what = "Llama (" + hf_config_path + ")";
       if (lora.enabled()) {
-        lora.check(*llama, "--lora");
+        lora.check(*llama, "--lora", '-');
         std::string targets;
         for (const auto& t : lora.target_modules) targets += (targets.empty() ? "" : ",") + t;
         what += " with LoRA r=" + std::to_string(lora.r) + " on " + targets;

@@ -146,7 +146,7 @@ zero::models::LoraConfig lora_flags(std::map<std::string, std::string>& f,
   }
   for (const char* needs : {"--lora_alpha", "--lora_dropout", "--lora_targets", "--merge_lora"})
     if (f.count(needs) && !lora.enabled()) usage_error(std::string(needs) + " goes with --lora R");
-  if (model && lora.enabled()) lora.check(*model, "--lora");
+  if (model && lora.enabled()) lora.check(*model, "--lora", '_');
   return lora;
 }
 
@@ -430,7 +430,7 @@ int train_command(int argc, char** argv) {
     if (const auto p = zero::ckpt::checkpoint_folder_problem("--save_dir", f["--save_dir"]); !p.empty())
       usage_error(rank0 ? p : "rank " + std::to_string(opts.dist->rank) + ": " + p);
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
-  if (lora.enabled()) lora.check(cfg, "--lora");
+  if (lora.enabled()) lora.check(cfg, "--lora", '_');
   // Read now, not after training: the export's config.json is the input's.
   const std::string input_config_text =
       f.count("--save_hf") ? zero::ckpt::read_small_file(model_config_path(f["--model"])) : std::string();

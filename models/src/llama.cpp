@@ -70,15 +70,21 @@ bool is_lora_parameter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-void LoraConfig::check(const LlamaConfig& c, const std::string& where) const {
+void LoraConfig::check(const LlamaConfig& c, const std::string& where, char flag_separator) const {
+  // A field by the name the user gave it: LoraConfig.r, or a flag (--lora,
+  // --lora_alpha, --lora_targets, ... with '_' or '-').
+  auto field = [&](const std::string& name, const std::string& flag_suffix) {
+    if (flag_separator == '.') return where + "." + name;
+    return flag_suffix.empty() ? where : where + flag_separator + flag_suffix;
+  };
   std::vector<std::string> errors;
-  if (r < 1) errors.push_back(where + ": r: expected a rank of at least 1; got " + std::to_string(r));
-  if (!(alpha > 0)) errors.push_back(where + ": alpha: expected a positive number; got " + std::to_string(alpha));
+  if (r < 1) errors.push_back(field("r", "") + ": expected a rank of at least 1; got " + std::to_string(r));
+  if (!(alpha > 0)) errors.push_back(field("alpha", "alpha") + ": expected a positive number; got " + std::to_string(alpha));
   if (!(dropout >= 0 && dropout < 1))
-    errors.push_back(where + ": dropout: expected a probability in [0, 1); got " + std::to_string(dropout));
+    errors.push_back(field("dropout", "dropout") + ": expected a probability in [0, 1); got " + std::to_string(dropout));
   if (target_modules.empty())
-    errors.push_back(where + ": target_modules: expected at least one of q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                             "up_proj, down_proj, all-linear");
+    errors.push_back(field("target_modules", "targets") + ": expected at least one of q_proj, k_proj, v_proj, o_proj, "
+                     "gate_proj, up_proj, down_proj, all-linear");
   const std::map<std::string, std::pair<int64_t, int64_t>> sides = {
       {"q_proj", {c.hidden_size, c.num_attention_heads * c.head_dim}},
       {"k_proj", {c.hidden_size, c.num_key_value_heads * c.head_dim}},
@@ -94,13 +100,13 @@ void LoraConfig::check(const LlamaConfig& c, const std::string& where) const {
       std::string hint;
       for (const auto& [name, io] : sides)
         if (name.find(t) != std::string::npos || t.find(name) != std::string::npos) hint = "; did you mean " + name + "?";
-      errors.push_back(where + ": target_modules: \"" + t + "\" matches no projection of a Llama layer (q_proj, "
+      errors.push_back(field("target_modules", "targets") + ": \"" + t + "\" matches no projection of a Llama layer (q_proj, "
                        "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; or all-linear)" + hint);
       continue;
     }
     const int64_t side = std::min(it->second.first, it->second.second);
     if (r > side)
-      errors.push_back(where + ": r: " + std::to_string(r) + " is larger than " + t + " (" +
+      errors.push_back(field("r", "") + ": " + std::to_string(r) + " is larger than " + t + " (" +
                        std::to_string(it->second.first) + " -> " + std::to_string(it->second.second) +
                        "): a rank of at most " + std::to_string(side) + " there");
   }

@@ -147,7 +147,6 @@ FlatParameters::FlatParameters(std::vector<GroupSpec> specs, at::ScalarType dtyp
     g.padded_numel = padded_size(used, world_size);
     g.chunk_numel = g.padded_numel / world_size;
     if (spec.frozen) {
-      frozen_numel_ += used;
       g.owned_offset = -1;
     } else {
       numel_ += used;

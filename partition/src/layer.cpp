@@ -107,8 +107,24 @@ void wrap(std::vector<at::Tensor>& ts, const LayerHandle& h) {
   for (size_t k = 0; k < where.size(); ++k) ts[where[k]] = out[k];
 }
 
-// Every trainable parameter of `module` gets a gradient through `out` (NOTE [leaf modules]).
-void leaf_gradients(const torch::nn::Module& module, std::vector<at::Tensor>& out);
+// Every trainable parameter of `module` gets a gradient through `out`
+// (NOTE [leaf modules]): `out`'s tensors that need a gradient go through
+// LeafGradients.
+void leaf_gradients(const torch::nn::Module& module, std::vector<at::Tensor>& out) {
+  variable_list params, outs;
+  std::vector<size_t> where;
+  for (const auto& p : module.parameters(/*recurse=*/true))
+    if (p.requires_grad()) params.push_back(p);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].defined() && out[i].requires_grad()) {
+      outs.push_back(out[i]);
+      where.push_back(i);
+    }
+  }
+  if (params.empty() || outs.empty()) return;
+  auto touched = LeafGradients::apply(at::TensorList(outs), at::TensorList(params));
+  for (size_t k = 0; k < where.size(); ++k) out[where[k]] = touched[k];
+}
 
 }  // namespace
 
@@ -155,26 +171,6 @@ std::vector<at::Tensor> layer_forward(
   return out;
 }
 
-namespace {
-void leaf_gradients(const torch::nn::Module& module, std::vector<at::Tensor>& out) {
-  {
-    variable_list params, outs;
-    std::vector<size_t> where;
-    for (const auto& p : module.parameters(/*recurse=*/true))
-      if (p.requires_grad()) params.push_back(p);
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out[i].defined() && out[i].requires_grad()) {
-        outs.push_back(out[i]);
-        where.push_back(i);
-      }
-    }
-    if (!params.empty() && !outs.empty()) {
-      auto touched = LeafGradients::apply(at::TensorList(outs), at::TensorList(params));
-      for (size_t k = 0; k < where.size(); ++k) out[where[k]] = touched[k];
-    }
-  }
-}
-}  // namespace
 
 at::Tensor layer_forward(const torch::nn::Module& module, const at::Tensor& input,
                          const std::function<at::Tensor(const at::Tensor&)>& fn) {

@@ -150,10 +150,11 @@ void Stage3Coordinator::issue(size_t g, bool prefetch, bool exact) {
     swapper_->start_read(g, /*may_wait=*/true);
     swapper_->hold(g);  // a queued gather's shard is not dropped for another read
   }
-  // NOTE [stage-3 trace]: the ranks' group ids, checked before the gather
-  // is launched (a prefetched one's exchange has a layer's time to finish).
+  // NOTE [stage-3 trace]: the ranks' group ids; checked before the launch
+  // where ranks may disagree, else before the values are used.
   if (world_size_ > 1 && comm_ != nullptr)
     grp.check = comm_->start_exchange(static_cast<int64_t>(g), "stage-3 check of the layer gathered (" + describe(g) + ")");
+  grp.check_first = exact || !trusted_ || !(in_backward_ || at::GradMode::is_enabled());
   unlaunched_.push_back(g);
   if (swapper_ == nullptr) launch_queued(g);  // nothing to read: at once, as ever
 }
@@ -189,8 +190,8 @@ void Stage3Coordinator::launch(size_t g) {
     if (from_host) grp.shard_copy = grp.done;
   } else {
     // Paired with an exchange of the group's id, started when it was issued
-    // and finished before the collective goes out (NOTE [stage-3 trace]).
-    check_pairing(g);
+    // (NOTE [stage-3 trace]).
+    if (grp.check_first) check_pairing(g);
     grp.done = stream_.run([&] { launch_collective(g, chunk, from_host); });
   }
   grp.launched = true;
@@ -318,12 +319,15 @@ void Stage3Coordinator::keep_secondary(size_t g) {
   grp.secondary_quantized = grp.quantized;
 }
 
+void Stage3Coordinator::drop_secondary(size_t g) {
+  auto& grp = groups_[g];
+  ZERO_CHECK(!(grp.state == State::kInFlight && grp.from_secondary), "hpZ copy dropped while gathered from");
+  grp.secondary = at::Tensor();
+  grp.secondary_bytes = LedgerReservation();
+}
+
 void Stage3Coordinator::drop_secondaries() {
-  for (auto& grp : groups_) {
-    ZERO_CHECK(!(grp.state == State::kInFlight && grp.from_secondary), "hpZ copy dropped while gathered from");
-    grp.secondary = at::Tensor();
-    grp.secondary_bytes = LedgerReservation();
-  }
+  for (size_t g = 0; g < groups_.size(); ++g) drop_secondary(g);
 }
 
 int64_t Stage3Coordinator::secondary_bytes() const {
@@ -613,9 +617,7 @@ void Stage3Coordinator::shards_changed(size_t g) {
   ZERO_CHECK(grp.users == 0, "a shard written while its layer runs");
   wait_shard_copies(g);
   release(g);
-  ZERO_CHECK(!(grp.state == State::kInFlight && grp.from_secondary), "hpZ copy dropped while gathered from");
-  grp.secondary = at::Tensor();
-  grp.secondary_bytes = LedgerReservation();
+  drop_secondary(g);
   if (g == 0) {  // always gathered
     issue(0, false);
     wait(0);

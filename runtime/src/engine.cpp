@@ -258,7 +258,6 @@ std::string model_fingerprint(const torch::nn::Module& model, const InitState* i
   return out.str();
 }
 
-
 // NOTE [frozen groups]: which parameters train is fixed at initialize (the
 // layout, the gradients, the states follow from it). A change after it
 // would train nothing, or no longer freeze: refused, naming the parameter.
@@ -629,7 +628,6 @@ void Engine::step() {
 void Engine::zero_grad() { impl_->optimizer->zero_grad(); }
 
 double Engine::get_lr() const { return impl_->current_lr(); }
-
 int64_t Engine::global_steps() const { return impl_->global_steps; }
 int64_t Engine::micro_steps() const { return impl_->micro_steps; }
 int64_t Engine::skipped_steps() const { return impl_->skipped_steps; }
@@ -707,7 +705,6 @@ void Engine::reset_peak_bytes() {
     reset_cpu_allocator_peak();
   }
 }
-
 
 ParamGroup ParamGroup::by_name(std::string group_name, std::vector<std::string> suffixes, std::vector<std::string> names,
                                std::optional<double> weight_decay, std::optional<double> lr) {

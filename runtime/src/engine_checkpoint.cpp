@@ -139,12 +139,8 @@ void load_frozen_groups(partition::ZeroOptimizer& opt,
   for (size_t g : frozen_groups(flat)) {
     const auto& grp = flat.all_groups()[g];
     std::vector<at::Tensor> values;
-    at::ScalarType dtype = at::kFloat;
-    for (size_t i : grp.slots) {
-      values.push_back(value_of(flat.all_slots()[i]));
-      dtype = flat.all_slots()[i].param.scalar_type();
-    }
-    at::Tensor chunk = at::empty({grp.chunk_numel}, at::TensorOptions().dtype(dtype));
+    for (size_t i : grp.slots) values.push_back(value_of(flat.all_slots()[i]));
+    at::Tensor chunk = at::empty({grp.chunk_numel}, at::TensorOptions().dtype(flat.full(g).scalar_type()));
     partition::copy_chunk_of(values, opt.partition_rank() * grp.chunk_numel, chunk);
     opt.write_frozen_shard(g, chunk);
   }

@@ -39,6 +39,13 @@ using detail::checkpoints::load_frozen_groups;
 
 namespace {
 
+// Every name of each parameter (a tied one has several), by tensor.
+std::unordered_map<const void*, std::vector<std::string>> names_by_tensor(torch::nn::Module& model) {
+  std::unordered_map<const void*, std::vector<std::string>> out;
+  for (const auto& item : model.named_parameters(true)) out[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  return out;
+}
+
 // Loads sub-groups window by window (bounded memory whatever a sub-group's
 // size), reading the next window, which may be the next sub-group's, while
 // this one is checked and copied: straight into the destination tensors when
@@ -371,17 +378,11 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
               "the values the model has (its base weights, loaded before)");
   // A tied frozen parameter is saved under one of its names (stage 3: its
   // slot's; below it: each): any of them will do.
-  std::unordered_map<std::string, std::vector<std::string>> aliases;
-  {
-    std::unordered_map<const void*, std::vector<std::string>> names_of;
-    for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
-    for (const auto& [id, names] : names_of)
-      for (const auto& n : names) aliases[n] = names;
-  }
-  auto saved_value = [&](const std::string& name, at::IntArrayRef shape) {
+  auto names_of = names_by_tensor(*s.model);
+  auto saved_value = [&](const std::string& name, const at::Tensor& t, at::IntArrayRef shape) {
     std::string found = name;
     if (!reader->has_tensor("model.safetensors", name))
-      for (const auto& alias : aliases[name])
+      for (const auto& alias : names_of[t.unsafeGetTensorImpl()])
         if (reader->has_tensor("model.safetensors", alias)) found = alias;
     if (!reader->has_tensor("model.safetensors", found))
       throw IoError(tag_dir + "/model.safetensors: has no " + name + " (a buffer or frozen parameter of the model)");
@@ -391,9 +392,9 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
                     c10::str(shape) + " in the model");
     return v;
   };
-  for (const auto& [name, t] : extra_state(*s.model, flat, with_frozen)) t.copy_(saved_value(name, t.sizes()));
+  for (const auto& [name, t] : extra_state(*s.model, flat, with_frozen)) t.copy_(saved_value(name, t, t.sizes()));
   if (with_frozen)
-    load_frozen_groups(opt, [&](const partition::ParamSlot& slot) { return saved_value(slot.name, slot.shape); });
+    load_frozen_groups(opt, [&](const partition::ParamSlot& slot) { return saved_value(slot.name, slot.param, slot.shape); });
   // RNG states, at the world size they were saved with.
   if (meta.at("world_size").get<int64_t>() == s.dist.world_size) {
     const std::string file = part_name(s.dist.rank) + ".safetensors";
@@ -520,8 +521,7 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
 
   // Every name of each laid-out parameter (tied ones have several): the file
   // may hold it under any of them.
-  std::unordered_map<const void*, std::vector<std::string>> names_of;
-  for (const auto& item : s.model->named_parameters(true)) names_of[item.value().unsafeGetTensorImpl()].push_back(item.key());
+  auto names_of = names_by_tensor(*s.model);
   auto index = saved.index();
   std::unordered_set<std::string> used, kept;  // kept: LoadWeightsOptions::keep_missing's
   std::vector<std::string> missing, tied_unused;

@@ -12,6 +12,64 @@
 #include "zero/core/log.h"
 
 namespace zero {
+namespace {
+
+// The modifier rank's values to every rank, then what changed, by group:
+// for a trainable group, this rank's chunk of the new values and a mask of
+// the elements the modifier changed (only they reach the master: the
+// others keep its bits, not the compute copy's rounding of them); for a
+// frozen group, this rank's new chunk. Groups where nothing changed are
+// left out. Every rank has the same values and originals, so the same
+// groups: the writes' collectives pair up.
+void broadcast_and_collect(Engine::Impl& s, const std::vector<at::Tensor>& params,
+                           const std::vector<at::Tensor>& originals, int modifier,
+                           std::map<size_t, partition::ZeroOptimizer::ChunkUpdate>& chunks,
+                           std::vector<std::pair<size_t, at::Tensor>>& frozen) {
+  const auto& flat = s.optimizer->parameters();
+  const int64_t r = s.optimizer->partition_rank();
+  if (s.comm != nullptr) {  // a parameter at a time, in the order given (the same on every rank)
+    for (const auto& p : params) {
+      at::Tensor t = p.detach();
+      at::Tensor sent = t.is_contiguous() ? t : t.contiguous();
+      s.comm->broadcast(sent, modifier).wait();
+      if (!sent.is_same(t)) t.copy_(sent);
+    }
+  }
+  std::unordered_map<const void*, size_t> changed;  // a changed parameter -> its index in params
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!at::equal(params[i].detach().cpu(), originals[i].cpu())) changed.emplace(params[i].unsafeGetTensorImpl(), i);
+  auto mask_of = [&](size_t g) {  // this rank's chunk of group g: the elements changed
+    const auto& grp = flat.all_groups()[g];
+    const int64_t lo = r * grp.chunk_numel, hi = lo + grp.chunk_numel;  // in group coordinates
+    at::Tensor mask = at::zeros({grp.chunk_numel}, at::TensorOptions().dtype(at::kBool));
+    for (size_t i : grp.slots) {
+      const auto& slot = flat.all_slots()[i];
+      const auto it = changed.find(slot.param.unsafeGetTensorImpl());
+      if (it == changed.end()) continue;
+      const int64_t p0 = slot.offset - grp.begin, a = std::max(lo, p0), b = std::min(hi, p0 + slot.numel);
+      if (a >= b) continue;
+      const at::Tensor now = params[it->second].detach().reshape({-1}).narrow(0, a - p0, b - a);
+      const at::Tensor was = originals[it->second].reshape({-1}).narrow(0, a - p0, b - a);
+      mask.narrow(0, a - lo, b - a).copy_(now.ne(was).cpu());
+    }
+    return mask;
+  };
+  // Each group holding a changed parameter, in group order.
+  std::set<size_t> groups;
+  for (size_t g = 0; g < flat.all_groups().size(); ++g)
+    for (size_t i : flat.all_groups()[g].slots)
+      if (changed.count(flat.all_slots()[i].param.unsafeGetTensorImpl()) > 0) groups.insert(g);
+  for (size_t g : groups) {
+    const auto& grp = flat.all_groups()[g];
+    // Stage 3: the gathered tensor (held); below it, the flat buffer the parameters view.
+    at::Tensor chunk = flat.stage3() ? flat.full(g).narrow(0, r * grp.chunk_numel, grp.chunk_numel).clone()
+                                     : flat.chunk_of(flat.flat(), g, r).clone();
+    if (grp.frozen) frozen.emplace_back(g, chunk);
+    else chunks[g] = {chunk, mask_of(g)};
+  }
+}
+
+}  // namespace
 
 GatheredParameters::GatheredParameters(Engine& engine, std::vector<torch::Tensor> params,
                                        std::optional<int> modifier_rank)
@@ -83,59 +141,10 @@ void GatheredParameters::done() {
     return;
   }
   at::NoGradGuard no_grad;
-  const auto& flat = s.optimizer->parameters();
-  const int64_t r = s.optimizer->partition_rank();
-  // Trainable groups: this rank's chunk of the new values, and where in it
-  // the given parameters are (only they change: the others' masters keep
-  // their bits, not the compute copy's rounding of them).
-  std::map<size_t, partition::ZeroOptimizer::ChunkUpdate> chunks;
-  std::vector<std::pair<size_t, at::Tensor>> frozen;
-  // The elements the modifier changed: only they are written to the master
-  // (the others keep their bits, not the compute copy's rounding of them).
-  // Every rank has the modifier's values and the same originals: the same mask.
-  std::unordered_map<const void*, size_t> index_of;
-  for (size_t i = 0; i < params_.size(); ++i) index_of.emplace(params_[i].unsafeGetTensorImpl(), i);
-  auto mask_of = [&](size_t g) {
-    const auto& grp = flat.all_groups()[g];
-    const int64_t lo = r * grp.chunk_numel, hi = lo + grp.chunk_numel;  // in group coordinates
-    at::Tensor mask = at::zeros({grp.chunk_numel}, at::TensorOptions().dtype(at::kBool));
-    for (size_t i : grp.slots) {
-      const auto& slot = flat.all_slots()[i];
-      const auto it = index_of.find(slot.param.unsafeGetTensorImpl());
-      if (it == index_of.end()) continue;
-      const int64_t p0 = slot.offset - grp.begin, a = std::max(lo, p0), b = std::min(hi, p0 + slot.numel);
-      if (a >= b) continue;
-      const at::Tensor now = params_[it->second].detach().reshape({-1}).narrow(0, a - p0, b - a);
-      const at::Tensor was = originals_[it->second].reshape({-1}).narrow(0, a - p0, b - a);
-      mask.narrow(0, a - lo, b - a).copy_(now.ne(was).cpu());
-    }
-    return mask;
-  };
+  std::map<size_t, partition::ZeroOptimizer::ChunkUpdate> chunks;  // trainable groups
+  std::vector<std::pair<size_t, at::Tensor>> frozen;                // frozen groups' new chunks
   try {
-    // The modifier rank's values everywhere, a parameter at a time in the
-    // order given (the same on every rank).
-    if (s.comm != nullptr) {
-      for (const auto& p : params_) {
-        at::Tensor t = p.detach();
-        at::Tensor sent = t.is_contiguous() ? t : t.contiguous();
-        s.comm->broadcast(sent, *modifier_).wait();
-        if (!sent.is_same(t)) t.copy_(sent);
-      }
-    }
-    if (c != nullptr) {
-      for (const auto& [g, was_released] : held_) {
-        const auto& grp = flat.all_groups()[g];
-        at::Tensor chunk = flat.full(g).narrow(0, r * grp.chunk_numel, grp.chunk_numel).clone();
-        if (grp.frozen) frozen.emplace_back(g, chunk);
-        else chunks[g] = {chunk, mask_of(g)};
-      }
-    } else {
-      std::unordered_map<const void*, size_t> group_of;
-      for (const auto& slot : flat.slots()) group_of[slot.param.unsafeGetTensorImpl()] = slot.group;
-      for (const auto& p : params_)
-        if (auto it = group_of.find(p.unsafeGetTensorImpl()); it != group_of.end() && !chunks.count(it->second))
-          chunks[it->second] = {flat.chunk_of(flat.flat(), it->second, r).clone(), mask_of(it->second)};
-    }
+    broadcast_and_collect(s, params_, originals_, *modifier_, chunks, frozen);
   } catch (...) {
     if (c != nullptr) release();
     throw;

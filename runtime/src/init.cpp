@@ -103,7 +103,6 @@ void Init::partition_module(const std::shared_ptr<torch::nn::Module>& module, co
   if (s.built.layers.count(module.get()) > 0) return;
   partition::PrebuiltLayer layer;
   layer.module = module;
-  layer.name = name;
   int64_t numel[2] = {0, 0};
   for (const auto& item : module->named_parameters(true)) {
     const auto& p = item.value();

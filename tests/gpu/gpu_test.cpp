@@ -237,35 +237,9 @@ TEST(GpuOffload, Stage3ParametersOnTheHostAndOnNvmeEqualOnTheDevice) {
 // ledger counts them where they live. (CPU twin: runtime_tests Frozen.*.)
 TEST(GpuFrozen, FrozenAttentionAtStage3EqualsStage0) {
   REQUIRE_CUDA();
-  struct Out {
-    std::vector<double> losses;
-    int64_t device = 0, pinned = 0, nvme = 0;
-  };
   auto run = [](const std::string& zero_section) {
-    torch::manual_seed(3);
-    mingpt::GPT model(gpt());
-    zero::InitOptions o;
-    o.print_progress = false;
-    o.device = kCuda;
-    o.trainable = zero::frozen_matching({"\\.attn\\."});
-    auto engine = zero::initialize(
-        model.ptr(),
-        R"({"train_micro_batch_size_per_gpu": 32, "gradient_clipping": 0.0, "optimizer": {"type": "AdamW",
-            "params": {"lr": 0.003}}, "zero_optimization": {)" + zero_section + "}}",
-        o);
-    auto task = mingpt::make_addition_task(2);
-    torch::manual_seed(9);
-    Out out;
-    for (int s = 0; s < kSteps; ++s) {
-      auto loss = loss_of(model, batch(*task, s));
-      out.losses.push_back(loss.item<double>());
-      engine.backward(loss);
-      engine.step();
-    }
-    out.device = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kFrozenParameters).current_bytes;
-    out.pinned = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kFrozenParameters).current_bytes;
-    out.nvme = engine.ledger().get(zero::Tier::kNvme, zero::Kind::kFrozenParameters).current_bytes;
-    return out;
+    return engine_loop(zero_section, "", false, 0.0, /*clip=*/0.0,
+                       [](zero::InitOptions& o) { o.trainable = zero::frozen_matching({"\\.attn\\."}); });
   };
   const std::string s3 = R"("stage": 3, "stage3_param_persistence_threshold": 0)";
   const std::string dir = nvme_dir("frozen");
@@ -278,10 +252,10 @@ TEST(GpuFrozen, FrozenAttentionAtStage3EqualsStage0) {
   EXPECT_EQ(nvme.losses, ref.losses);
   // 3 blocks' attention: 4 x 64 x 64 weights and 4 x 64 biases each, fp32.
   const int64_t frozen = 3 * (4 * 64 * 64 + 4 * 64) * 4;
-  EXPECT_EQ(ref.device, frozen) << "whole below stage 3";
-  EXPECT_EQ(device.device, frozen) << "one rank: its shards are the whole";
-  EXPECT_EQ(host.pinned, frozen);
-  EXPECT_GE(nvme.nvme, frozen);
+  EXPECT_EQ(ref.frozen_device, frozen) << "whole below stage 3";
+  EXPECT_EQ(device.frozen_device, frozen) << "one rank: its shards are the whole";
+  EXPECT_EQ(host.frozen_pinned, frozen);
+  EXPECT_GE(nvme.frozen_nvme, frozen);
   zero::ckpt::remove_tree(dir);
 }
 

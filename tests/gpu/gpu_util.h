@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,16 +96,21 @@ struct RunResult {
   int64_t device_state_bytes = -1;  // model states on the device tier after the last step
   zero::ModelStateBytes device_states;
   zero::detail::SpeculationCounts speculation;  // super_offload's (NOTE [speculative step])
+  // NOTE [frozen groups]: frozen parameters after the last step, by tier.
+  int64_t frozen_device = 0, frozen_pinned = 0, frozen_nvme = 0;
 };
 
 // The same through zero with `zero` (the zero_optimization section) and `extra` top-level keys.
+// `options` (may be null) changes the InitOptions (InitOptions::trainable, say).
 inline RunResult engine_loop(const std::string& zero, const std::string& extra = "", bool checkpoint = false,
-                      double dropout = 0.0, double clip = 1.0) {
+                      double dropout = 0.0, double clip = 1.0,
+                      const std::function<void(zero::InitOptions&)>& options = {}) {
   torch::manual_seed(3);
   mingpt::GPT model(gpt(dropout));
   zero::InitOptions o;
   o.print_progress = false;
   o.device = kCuda;
+  if (options) options(o);
   const std::string config = R"({"train_micro_batch_size_per_gpu": 32, "gradient_clipping": )" + std::to_string(clip) +
                              R"(, )"
                              R"("optimizer": {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], )"
@@ -125,6 +131,9 @@ inline RunResult engine_loop(const std::string& zero, const std::string& extra =
   r.device_states = engine.model_state_bytes(zero::Tier::kDevice);
   r.device_state_bytes = r.device_states.total();
   r.speculation = zero::detail::speculation_counts(engine);
+  r.frozen_device = engine.ledger().get(zero::Tier::kDevice, zero::Kind::kFrozenParameters).current_bytes;
+  r.frozen_pinned = engine.ledger().get(zero::Tier::kPinnedHost, zero::Kind::kFrozenParameters).current_bytes;
+  r.frozen_nvme = engine.ledger().get(zero::Tier::kNvme, zero::Kind::kFrozenParameters).current_bytes;
   return r;
 }
 

@@ -22,39 +22,19 @@
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/snapshots/checkpoint_io.h"
 #include "zero/runtime/estimate.h"
+#include "models_test_util.h"
 
 namespace {
 
 namespace ck = zero::ckpt;
 
-const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
-// torch (under transformers) keeps a compile cache in TMPDIR unless told where.
-std::string py(const std::string& dir) {
-  return "env TORCHINDUCTOR_CACHE_DIR=" + dir + "/inductor python3 " + std::string(ZERO_SOURCE_DIR) +
-         "/tests/models/make_llama.py ";
-}
+using zero::test::kBin;
+using zero::test::py;
+using zero::test::read;
+using zero::test::sh;
+using zero::test::write_tokens;
+
 const std::string kWork = std::string(ZERO_BINARY_DIR) + "/tests/llama_" + std::to_string(::getpid()) + "/";
-
-// `cmd`'s exit status, its output in `log`.
-int sh(const std::string& cmd, const std::string& log) {
-  const int status = std::system((cmd + " > " + log + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-at::Tensor read(const std::string& file, const std::string& name) {
-  ck::SavedLayout layout;
-  auto reader = ck::PieceReader::weights(ck::WeightFiles::resolve(file), {}, &layout, nullptr, {});
-  return reader->read_tensor(file, name);
-}
-
-// A flat file of `count` uint16 token ids, (i * mul + i / div) % vocab.
-void write_tokens(const std::string& path, int count, int mul, int div, int vocab) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    const uint16_t t = static_cast<uint16_t>((i * mul + i / div) % vocab);
-    out.write(reinterpret_cast<const char*>(&t), 2);
-  }
-}
 
 struct Case {
   std::string name;

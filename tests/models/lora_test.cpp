@@ -22,38 +22,20 @@
 #include "zero/models/llama.h"
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/snapshots/checkpoint_io.h"
+#include "models_test_util.h"
 
 namespace {
 
 namespace ck = zero::ckpt;
 using Json = nlohmann::json;
 
-const std::string kBin = std::string(ZERO_BINARY_DIR) + "/bin/";
+using zero::test::kBin;
+using zero::test::py;
+using zero::test::read;
+using zero::test::sh;
+using zero::test::write_tokens;
+
 const std::string kWork = std::string(ZERO_BINARY_DIR) + "/tests/lora_" + std::to_string(::getpid()) + "/";
-
-std::string py(const std::string& dir) {
-  return "env TORCHINDUCTOR_CACHE_DIR=" + dir + "/inductor python3 " + std::string(ZERO_SOURCE_DIR) +
-         "/tests/models/make_llama.py ";
-}
-
-int sh(const std::string& cmd, const std::string& log) {
-  const int status = std::system((cmd + " > " + log + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-}
-
-void write_tokens(const std::string& path, int count, int mul, int div, int vocab) {
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < count; ++i) {
-    const uint16_t t = static_cast<uint16_t>((i * mul + i / div) % vocab);
-    out.write(reinterpret_cast<const char*>(&t), 2);
-  }
-}
-
-at::Tensor read(const std::string& file, const std::string& name) {
-  ck::SavedLayout layout;
-  auto reader = ck::PieceReader::weights(ck::WeightFiles::resolve(file), {}, &layout, nullptr, {});
-  return reader->read_tensor(file, name);
-}
 
 // One HF model and token file for the whole suite.
 class Lora : public testing::Test {
@@ -237,9 +219,9 @@ TEST_F(Lora, BadOptionsAreClearErrors) {
     std::string args, expect;
   };
   for (const auto& c : std::vector<Case>{
-           {"--lora 4 --lora_targets q_proj,qproj", "\"qproj\" matches no projection"},
+           {"--lora 4 --lora_targets q_proj,qproj", "--lora_targets: \"qproj\" matches no projection"},
            {"--lora 0", "--lora: expected an integer in 1.."},
-           {"--lora 129 --lora_targets q_proj", "r: 129 is larger than q_proj"},
+           {"--lora 129 --lora_targets q_proj", "--lora: 129 is larger than q_proj"},
            {"--lora_alpha 8", "--lora_alpha goes with --lora R"},
            {"--trainable nothing_matches_this", "no parameter trains"},
            {"--freeze '('", "--freeze"}}) {

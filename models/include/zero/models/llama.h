@@ -101,8 +101,10 @@ struct LoraConfig {
   double scaling() const { return alpha / static_cast<double>(r); }
   /// Throws zero::ConfigError naming the field: a rank below 1 or above a
   /// target's smaller side, a target name that matches no projection, alpha
-  /// or dropout out of range. `where` prefixes the message ("--lora").
-  void check(const LlamaConfig& model, const std::string& where = "LoraConfig") const;
+  /// or dropout out of range. Fields are named `where`.r, ... (separator
+  /// '.'), or as a program's flags: `where` for r, `where` + separator +
+  /// alpha, dropout, targets (llama's --lora_alpha: "--lora", '_').
+  void check(const LlamaConfig& model, const std::string& where = "LoraConfig", char flag_separator = '.') const;
 };
 
 /// True for a LoRA adapter's parameter (its name has ".lora_A." or ".lora_B.").

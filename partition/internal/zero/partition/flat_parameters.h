@@ -139,8 +139,6 @@ class FlatParameters {
   const std::vector<FlatGroup>& all_groups() const { return groups_; }
   /// Elements that are trainable parameters (no padding): what the optimizer steps.
   int64_t numel() const { return numel_; }
-  /// Stage 3: elements of the frozen groups' parameters (no padding).
-  int64_t frozen_numel() const { return frozen_numel_; }
   /// Elements including padding.
   int64_t padded_numel() const { return flat_.numel(); }
   /// Elements of one rank's owned partition (sum of its chunks).
@@ -165,7 +163,6 @@ class FlatParameters {
   std::vector<at::Tensor> full_;
   size_t trainable_slots_ = 0, trainable_groups_ = 0;
   int64_t numel_ = 0;
-  int64_t frozen_numel_ = 0;
   int64_t owned_numel_ = 0;
   int64_t world_size_ = 1;
 };

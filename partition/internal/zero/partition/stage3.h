@@ -36,18 +36,24 @@
 // decision depends on the events only, never on timing, so ranks that run the
 // same layers issue the same collectives in the same order. Each all-gather
 // is paired with an exchange of the group's id on a separate small-message
-// group (Comm::start_exchange), started when the gather is issued and
-// finished before its collective is launched: ranks whose gathers no longer
-// pair up (they run different layers) fail naming both layers, instead of
-// hanging, using the wrong shards, or aborting inside the backend on
-// collectives of different sizes. The check completes once the peers have
-// issued the same gather: the host waits for that before launching it (a
-// round trip of 8 bytes; ranks issue gathers at the same events, so the
-// peers are there or about to be). With NCCL this is a host wait the
-// gather itself would not have; the compute stream goes on with what is
-// queued. (With a parameter swapper a gather is launched later than it is
-// issued, and its check has had that time.) Ranks that legitimately run
-// different parts of a module make it a leaf (NOTE [leaf modules]).
+// group (Comm::start_exchange), started when the gather is issued:
+// ranks whose gathers no longer pair up (they run different layers) fail
+// naming both layers, instead of hanging, using the wrong shards, or
+// aborting inside the backend on collectives of different sizes. Where
+// ranks may disagree the check finishes before the collective is launched:
+// a gather issued while the trace is not trusted (the first micro-step,
+// and from a rank's first event off the trace), outside training (a
+// no_grad forward is not traced), or exact (with_gathered, hold). A
+// gather that follows the trusted trace is launched at once and checked
+// before its values are used, as before: every rank recorded the same
+// trace in a first micro-step whose gathers were all checked, so ranks
+// that part ways part from the trace, and the one that leaves it checks
+// before it launches anything of its own (it fails there, and the others
+// fail at their next wait). On the trusted path the check costs nothing
+// before the launch; with NCCL it is a host wait per gather before the
+// values are used (bounded by the prefetch window when prefetched). Ranks
+// that legitimately run different parts of a module make it a leaf (NOTE
+// [leaf modules]).
 //
 // NOTE [stage-3 gather stream]
 // A gather runs on the coordinator's CopyStream (NOTE [device streams]),
@@ -245,6 +251,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
     at::Tensor send;
     bool quantized = false;       // the gather in flight (or done) is qwZ's
     bool from_secondary = false;  // the gather in flight is hpZ's, within the node
+    bool check_first = false;     // its layer-id check finishes before it is launched (NOTE [stage-3 trace])
     at::Tensor received;          // qwZ: the payloads gathered, until decoded
     LedgerReservation buffer_bytes;  // qwZ: its payloads in flight
     at::Tensor secondary;         // hpZ: this rank's part of the node's copy
@@ -281,6 +288,7 @@ class Stage3Coordinator : public std::enable_shared_from_this<Stage3Coordinator>
   /// nodes allow them.
   void make_hierarchy();
   void keep_secondary(size_t g);
+  void drop_secondary(size_t g);
   void drop_secondaries();
   void wait(size_t g);
   void finish(size_t g);

@@ -64,7 +64,6 @@ struct PrebuiltLayer {
   // Layers are known by address: holding the module keeps a later one from
   // reusing it (a temporary passed to partition(), say).
   std::shared_ptr<torch::nn::Module> module;
-  std::string name;  // as Init::partition was told it ("" when not)
   PrebuiltGroup trainable, frozen;
 };
 
