@@ -470,12 +470,15 @@ int tune(const std::vector<std::string>& args) {
                    shapes.size(), format_bytes(static_cast<int64_t>(activation_per_sample)).c_str(),
                    format_bytes(r.peak_device).c_str(), r.seconds);
     }
-    int64_t num_parameters = 0;
+    // Buckets hold gradients: the trainable parameters' (NOTE [frozen
+    // groups]); a layer is gathered whole, frozen parameters too.
+    int64_t num_parameters = 0, trainable = 0;
     std::map<int, int64_t> layer_sizes;
-    for (const auto& p : shapes) num_parameters += p.numel, layer_sizes[p.layer] += p.numel;
+    for (const auto& p : shapes) num_parameters += p.numel, trainable += p.frozen ? 0 : p.numel, layer_sizes[p.layer] += p.numel;
     for (const auto& [layer, n] : layer_sizes) plan.largest_layer = std::max(plan.largest_layer, n);
     if (bucket_sizes.empty())
-      bucket_sizes = {round2(static_cast<double>(num_parameters) / 16), round2(static_cast<double>(num_parameters) / 4)};
+      bucket_sizes = {round2(static_cast<double>(std::max<int64_t>(trainable, 16)) / 16),
+                      round2(static_cast<double>(std::max<int64_t>(trainable, 4)) / 4)};
     std::sort(bucket_sizes.begin(), bucket_sizes.end());
     bucket_sizes.erase(std::unique(bucket_sizes.begin(), bucket_sizes.end()), bucket_sizes.end());
     std::sort(micro_batches.begin(), micro_batches.end());
