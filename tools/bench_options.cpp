@@ -111,7 +111,7 @@ std::optional<int64_t> parse_size(const std::string& s) {
   for (const auto& [name, mult] : units) {
     if (unit != name) continue;
     const double bytes = v * mult;
-    if (bytes < 1 || bytes > 9.2e18) return std::nullopt;  // "0.5" is not a count, nor a size in bytes
+    if (!(bytes >= 1) || bytes > 9.2e18) return std::nullopt;  // "0.5" is not a count, nor a size in bytes; nor "nan"
     return static_cast<int64_t>(bytes);
   }
   return std::nullopt;

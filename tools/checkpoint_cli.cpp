@@ -379,6 +379,10 @@ int checkpoint_command(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (std::find(rest.begin(), rest.end(), "--help") != rest.end() || std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
+    std::cout << kCheckpointUsage;
+    return 0;
+  }
   try {
     if (args[0] == "consolidate") return consolidate_command(rest);
     if (args[0] == "verify") return verify_command(rest);

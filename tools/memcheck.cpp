@@ -137,8 +137,8 @@ int memcheck(const std::vector<std::string>& args) {
   if (program.empty()) return fail("-- PROGRAM ARGS (the program to run) is required");
   if (const std::string problem = runs::too_many_ranks("--ranks", ranks, oversubscribe); !problem.empty())
     return fail(problem);
+  if (const std::string problem = program_problem(program[0]); !problem.empty()) return fail(problem);
   const std::string found = find_program(program[0]);
-  if (found.empty()) return fail(program[0] + ": no such program (not a file, nor in PATH)");
   if (mode == "record") {
     // NOTE [outputs and inputs]: not over the program or a file it reads.
     CommandFiles files;

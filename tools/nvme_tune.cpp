@@ -7,6 +7,7 @@
 // the five fastest are measured again, alternating, and ranked by the median.
 // The score is the rate of a write and a read of the same bytes (2 x size /
 // (write time + read time)): an optimizer step does both.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -45,12 +47,33 @@ struct Setting {
   }
 };
 
+// A whole number of 1 or more, digits only ("2.5", "1MiB" and "0x10" are not).
+std::optional<int64_t> parse_count(const std::string& v) {
+  if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const int64_t n = std::stoll(v);
+  return n >= 1 ? std::optional<int64_t>(n) : std::nullopt;
+}
+
+const char* kNvmeTuneUsage = R"(usage: zero nvme-tune --path DIR [--size 256MiB] [--rounds 3] [--json FILE]
+
+Finds the `aio` settings that move data fastest between memory and a file
+under DIR (the folder offload_*.nvme_path will name): every combination of
+block size, queue depth, threads, single_submit and overlap_events writes and
+reads a file of --size once; the five fastest are measured --rounds times
+more. Prints the config's `aio` section; --json writes the measurements.
+)";
+
 }  // namespace
 
 int nvme_tune(const std::vector<std::string>& args) {
   std::string path, json_path;
   int64_t size = 256 << 20, rounds = 3;
   const std::vector<std::string> known = {"--path", "--size", "--rounds", "--json"};
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << kNvmeTuneUsage;
+      return 0;
+    }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (i + 1 >= args.size() || std::find(known.begin(), known.end(), a) == known.end()) {
@@ -69,14 +92,21 @@ int nvme_tune(const std::vector<std::string>& args) {
       path = v;
     } else if (a == "--json") {
       json_path = v;
-    } else {
-      auto n = parse_size(v);
+    } else if (a == "--size") {
+      const auto n = parse_byte_size(v);
       if (!n) {
-        std::cerr << "zero nvme-tune: " << a << ": expected a positive size or count such as 256MiB or 3; got \"" << v
-                  << "\"\n";
+        std::cerr << "zero nvme-tune: --size: expected a size in bytes of 1 or more, with a unit of B, KB, MB, GB, TB, "
+                  << "KiB, MiB, GiB or TiB (such as 256MiB or 1GiB); got \"" << v << "\"\n";
         return 2;
       }
-      (a == "--size" ? size : rounds) = *n;
+      size = *n;
+    } else {
+      const auto n = parse_count(v);
+      if (!n || *n > 1000) {
+        std::cerr << "zero nvme-tune: --rounds: expected a whole number of rounds from 1 to 1000; got \"" << v << "\"\n";
+        return 2;
+      }
+      rounds = *n;
     }
   }
   if (!json_path.empty())
@@ -101,6 +131,24 @@ int nvme_tune(const std::vector<std::string>& args) {
     return 2;
   }
   size = std::max<int64_t>(offload::kAioAlignment, size / offload::kAioAlignment * offload::kAioAlignment);
+  // The test file is made on the disk and its bytes held in memory: both
+  // must have room, said here rather than by a failed allocation.
+  if (struct statvfs fs {}; ::statvfs(path.c_str(), &fs) == 0) {
+    const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    if (size > free_bytes) {
+      std::cerr << "zero nvme-tune: --size " << format_bytes(size) << ": more than the " << format_bytes(free_bytes)
+                << " free under --path " << path << "; give a smaller --size (256MiB, the default, measures a disk "
+                << "well)\n";
+      return 2;
+    }
+  }
+  if (const int64_t pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE); pages > 0 && page > 0 &&
+                                                                                        size > pages * page / 2) {
+    std::cerr << "zero nvme-tune: --size " << format_bytes(size) << ": more than half of this machine's "
+              << format_bytes(pages * page) << " of free memory, which holds the transfer's bytes; give a smaller "
+              << "--size\n";
+    return 2;
+  }
   std::vector<Setting> settings;
   for (int64_t block : {256 << 10, 1 << 20, 4 << 20, 16 << 20})
     for (int64_t depth : {4, 8, 16, 32})

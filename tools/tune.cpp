@@ -254,8 +254,8 @@ int tune(const std::vector<std::string>& args) {
     if (!has_config)
       return fail("the program's arguments have no {config}: write it where the program takes its DeepSpeed config "
                   "(e.g. --config {config}), so each run gets its candidate's");
+    if (const std::string problem = program_problem(program[0]); !problem.empty()) return fail(problem);
     const std::string found = find_program(program[0]);
-    if (found.empty()) return fail(program[0] + ": no such program (not a file, nor in PATH)");
     program[0] = found;
     if (!checkpointing_given) checkpointing = {0};
   }
@@ -263,6 +263,10 @@ int tune(const std::vector<std::string>& args) {
   if (plan.nodes == 1 && plan.quantized_communication)
     return fail("--allow-quantized-communication goes with --nodes M (M > 1): ZeRO++'s quantized collectives are "
                 "for the traffic between nodes");
+  // MiCS, hpZ and ZeRO++ group the ranks of a node: with one, no key applies.
+  if (plan.nodes > 1 && plan.ranks < 2 && plan.quantized_communication)
+    return fail("--allow-quantized-communication with --ranks 1: each node has one rank, and MiCS, hpZ and ZeRO++'s "
+                "keys group the ranks within a node, so none would be tried; give --ranks 2 or more");
   if (bandwidth) plan.inter_node_bandwidth = static_cast<double>(*bandwidth);
   if (const std::string problem = zero::runs::too_many_ranks(plan.nodes > 1 ? "--ranks x --nodes" : "--ranks",
                                                              plan.world(), oversubscribe);
@@ -671,6 +675,10 @@ int tune(const std::vector<std::string>& args) {
     if (plan.nodes > 1)
       if (const Candidate* best = best_trained()) {
         auto variants = comm_variants(plan, *best, shapes, activation_per_sample);
+        if (variants.empty())
+          std::fprintf(stderr, "zero tune: no key of more than one node is tried: %s\n",
+                       plan.ranks < 2 ? "a node has one rank (--ranks 1), and MiCS and hpZ group a node's ranks"
+                                      : "the winner is below stage 2, where MiCS, hpZ and ZeRO++ do nothing");
         const int64_t fit = std::count_if(variants.begin(), variants.end(), [](const Candidate& c) { return c.fits; });
         fitting += fit;
         for (auto& v : variants) all.push_back(std::move(v));

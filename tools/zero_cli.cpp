@@ -3,11 +3,13 @@
 //   zero bench engine ...                     engine vs a plain LibTorch loop
 //   zero launch --nproc_per_node N -- PROG    N local ranks with torchrun's environment
 //   zero checkpoint consolidate DIR OUT       full weights of an engine checkpoint
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -146,6 +148,31 @@ std::string set_auto(zero::config::AutoValues& av, const std::string& kv) {
   return "--auto: unknown key \"" + key + "\"" + (near.empty() ? "" : "; did you mean " + near + "?");
 }
 
+// `zero COMMAND --help`: the part of the usage that begins with `command`
+// ("bench aio", "config check"), its description with it.
+int command_help(const std::string& command) {
+  std::istringstream lines(kUsage);
+  std::string out;
+  bool in = false;
+  for (std::string line; std::getline(lines, line);) {
+    const bool head = line.size() > 2 && line.compare(0, 2, "  ") == 0 && line[2] != ' ';
+    if (head) in = line.compare(2, command.size(), command) == 0 &&
+                   (line.size() == 2 + command.size() || line[2 + command.size()] == ' ' || line[2 + command.size()] == '|');
+    else if (line.empty() || line[0] != ' ') in = false;
+    if (in) out += head ? "usage: zero " + line.substr(2) + "\n\n" : line.substr(std::min<size_t>(line.size(), 6)) + "\n";
+  }
+  std::cout << (out.empty() ? std::string(kUsage) : out);
+  return 0;
+}
+
+bool wants_help(const std::vector<std::string>& args, size_t from) {
+  for (size_t i = from; i < args.size(); ++i) {
+    if (args[i] == "--") return false;
+    if (args[i] == "--help" || args[i] == "-h") return true;
+  }
+  return false;
+}
+
 int config_check(const std::vector<std::string>& args) {
   std::string file;
   zero::config::LoadOptions options;
@@ -217,11 +244,13 @@ int run(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "config") {
+    if (wants_help(args, 1)) return command_help("config check");
     if (args.size() < 2 || args[1] != "check") return usage_error("expected 'zero config check FILE'");
     return config_check({args.begin() + 2, args.end()});
   }
   if (args[0] == "nvme-tune") return zero::tools::nvme_tune({args.begin() + 1, args.end()});
   if (args[0] == "bench") {
+    if (wants_help(args, 1)) return command_help(args.size() > 2 && args[1][0] != '-' ? "bench " + args[1] : "bench");
     // The benches that run other programs (minGPT on ranks, fio): a stop
     // signal ends the run in flight and then the bench, its scratch files
     // removed (bench.h).

@@ -202,8 +202,8 @@ Args parse_args(int argc, char** argv) {
       if (value != "32" && value != "16" && value != "bf16")
         usage_error("--precision: expected one of 32, 16, bf16; got \"" + value + "\"");
       a.precision = value;
-    } else if (flag == "--lr") a.lr = parse_double(flag, value, 0, 1e3);
-    else if (flag == "--weight_decay") a.weight_decay = parse_double(flag, value, 0, 10);
+    } else if (flag == "--lr") a.lr = parse_double(flag, value, 0, 1e3), a.lr_given = true;
+    else if (flag == "--weight_decay") a.weight_decay = parse_double(flag, value, 0, 10), a.weight_decay_given = true;
     else if (flag == "--optimizer") {
       if (value != "adamw" && value != "adam" && value != "adagrad")
         usage_error("--optimizer: expected adamw, adam or adagrad; got \"" + value + "\"");
@@ -290,7 +290,9 @@ void check_outputs(const Args& a) {
   }
   if (!a.summary_json.empty()) files.writes("--summary-json", a.summary_json);
   if (!a.save_dir.empty()) files.adds_to_folder("--save_dir", a.save_dir);
+  files.writes_environment_outputs();  // ZERO_TRACE, ZERO_RUN_REPORT: this rank's files
   if (const std::string problem = files.problem(); !problem.empty()) usage_error(problem);
+  zero::CommandFiles::declare(files);  // the engine checks them again at initialize
 }
 
 }  // namespace mingpt::cli

@@ -23,8 +23,10 @@ struct Args {
   int64_t max_epochs = 1;
   std::optional<std::string> precision;
   double lr = 5e-4;
+  bool lr_given = false;  // --lr on the command line (NOTE [config warnings]: unused where the config fixes lr)
   std::optional<std::string> optimizer;
   double weight_decay = 0.1;
+  bool weight_decay_given = false;
   std::string data;
   std::optional<int64_t> vocab_size;
   int64_t ndigit = 2;

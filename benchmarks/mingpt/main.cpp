@@ -117,6 +117,8 @@ int main(int argc, char** argv) {
     opts.auto_values.gradient_accumulation_steps = 1;
     opts.auto_values.lr = args.lr;
     opts.auto_values.weight_decay = args.weight_decay;
+    if (args.lr_given) opts.auto_value_flags["lr"] = "--lr";
+    if (args.weight_decay_given) opts.auto_value_flags["weight_decay"] = "--weight_decay";
     opts.auto_values.hidden_size = args.n_embd;
     opts.auto_values.gradient_clipping = 1.0;
     const std::string precision = args.precision.value_or("32");

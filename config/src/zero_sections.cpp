@@ -278,6 +278,15 @@ void read_zero_fields(Section& zs, Config& config) {
                "has no effect below stage 3 (stage is " + std::to_string(z.stage) + "): ZeRO++ quantizes stage 3's "
                "gradient reduction");
   }
+  if (stage3 && zs.has("zero_quantized_weights_block_size") && !z.zero_quantized_weights && !z.zero_quantized_gradients)
+    ctx.warn(zs.path_of("zero_quantized_weights_block_size"),
+             "has no effect without zero_quantized_weights or zero_quantized_gradients: nothing is quantized");
+  if (stage3 && z.zero_hpz_partition_size > 1 && ctx.options().world_size > 1 &&
+      z.zero_hpz_partition_size == ctx.options().world_size)
+    ctx.warn(zs.path_of("zero_hpz_partition_size"),
+             "equals the world size " + std::to_string(ctx.options().world_size) +
+                 ": the secondary partition spans every rank, as the primary one does, so no gather changes; hpZ "
+                 "helps where it is the ranks of one node, fewer than the world's");
   if (z.zero_hpz_partition_size > 1 && ctx.options().world_size > 1 &&
       ctx.options().world_size % z.zero_hpz_partition_size != 0)
     ctx.problem(zs.path_of("zero_hpz_partition_size"),

@@ -5,12 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
+#include "zero/core/dist_env.h"
 #include "zero/core/error.h"
 #include "zero/core/process.h"
+#include "zero/core/trace.h"
 
 namespace zero {
 namespace {
@@ -35,7 +40,68 @@ bool within(const std::string& child, const std::string& folder) {
   return child.size() > folder.size() && child.compare(0, folder.size(), folder) == 0 && child[folder.size()] == '/';
 }
 
+// The kernel's folder a resolved path lies in (/dev, /proc, /sys), or null.
+const char* kernel_root(const std::string& where) {
+  if (within(where, "/dev/shm")) return nullptr;  // a tmpfs for files
+  for (const char* root : {"/dev", "/proc", "/sys"})
+    if (within(where, root)) return root;
+  return nullptr;
+}
+
+std::mutex g_declared_mutex;
+CommandFiles& declared_files() {
+  static CommandFiles files;
+  return files;
+}
+
 }  // namespace
+
+int stream_output_fd(const std::string& path_in) {
+  std::string path = path_in;
+  for (int hop = 0; hop < 8; ++hop) {
+    int fd = -1;
+    if (path == "/dev/stdout") fd = 1;
+    if (path == "/dev/stderr") fd = 2;
+    for (const std::string prefix : {"/dev/fd/", "/proc/self/fd/"})
+      if (path.size() > prefix.size() && path.size() < prefix.size() + 7 && path.compare(0, prefix.size(), prefix) == 0 &&
+          path.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
+        fd = std::stoi(path.substr(prefix.size()));
+    if (fd >= 0) {
+      // Open for writing: stdin, or a closed descriptor, is no stream to write.
+      const int flags = ::fcntl(fd, F_GETFL);
+      return fd >= 1 && flags >= 0 && (flags & O_ACCMODE) != O_RDONLY ? fd : -1;
+    }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return -1;
+    char target[PATH_MAX];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+    if (n <= 0) return -1;
+    std::string next(target, static_cast<size_t>(n));
+    if (next[0] != '/') {
+      const auto slash = path.rfind('/');
+      next = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/" + next;
+    }
+    path = next;
+  }
+  return -1;
+}
+
+std::string output_place_problem(const std::string& what, const std::string& path) {
+  if (path.empty() || stream_output_fd(path) >= 0) return "";
+  const std::string where = resolved_path(path);
+  const std::string head = what == path ? path + ": " : what + " " + path + ": ";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+    return head + "is not a regular file (a device, pipe or socket), which an output would replace; expected a file "
+                  "name (or /dev/stdout)";
+  if (const char* root = kernel_root(where))
+    return head + "is under " + root + (where == path ? std::string() : " (it is " + where + ")") +
+           ", which holds devices and the kernel's files, not files to write; an output goes there only as a stream "
+           "(/dev/stdout, /dev/stderr, /dev/fd/N). Choose a file elsewhere";
+  return "";
+}
+
+std::string run_report_file(const std::string& prefix, long long rank) { return prefix + ".rank" + std::to_string(rank); }
 
 std::string input_file_problem(const std::string& what, const std::string& path) {
   const std::string head = what == path ? path + ": " : what + " " + path + ": ";
@@ -84,6 +150,19 @@ std::string resolved_path(const std::string& path_in) {
     path = std::string(cwd) + "/" + path;
   }
   if (std::string r = real(path); !r.empty()) return r;
+  // A dangling link is where its target would be (a write through it makes
+  // the target), followed link by link.
+  for (int hop = 0; hop < 40; ++hop) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    char target[PATH_MAX];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+    if (n <= 0) break;
+    std::string next(target, static_cast<size_t>(n));
+    if (next[0] != '/') next = path.substr(0, path.rfind('/')) + "/" + next;
+    path = next;
+    if (std::string r = real(path); !r.empty()) return r;
+  }
   // The deepest ancestor that exists, then the rest by name.
   const auto parts = components(path);
   size_t have = parts.size();
@@ -112,6 +191,12 @@ std::string resolved_path(const std::string& path_in) {
 
 void CommandFiles::add(Role role, std::string what, const std::string& path) {
   if (path.empty()) return;
+  // A stream is written where it stands; nothing is replaced.
+  if (role == Role::kWriteFile && stream_output_fd(path) >= 0) return;
+  // The same entry again (the engine adds the environment's outputs to what
+  // a program declared with them) is one entry.
+  for (const Entry& e : entries_)
+    if (e.role == role && e.what == what && e.path == path) return;
   Entry e;
   e.role = role;
   e.what = std::move(what);
@@ -142,54 +227,128 @@ void CommandFiles::adds_to_folder(std::string what, const std::string& dir) {
   add(Role::kAddToFolder, std::move(what), dir);
 }
 
+void CommandFiles::writes_environment_outputs(int rank, int world_size) {
+  if (rank < 0 || world_size < 0) {
+    DistEnv env;
+    try {
+      env = DistEnv::from_environment();
+    } catch (const std::exception&) {  // the engine names the variable
+    }
+    if (rank < 0) rank = env.rank;
+    if (world_size < 0) world_size = env.world_size;
+  }
+  const std::string r = std::to_string(rank);
+  if (const char* v = std::getenv("ZERO_TRACE"); v != nullptr && *v != '\0')
+    writes("ZERO_TRACE's file for rank " + r, trace::trace_path_for_rank(v, rank, world_size));
+  if (const char* v = std::getenv("ZERO_RUN_REPORT"); v != nullptr && *v != '\0')
+    writes("ZERO_RUN_REPORT's file for rank " + r, run_report_file(v, rank));
+}
+
+void CommandFiles::declare(const CommandFiles& files) {
+  std::lock_guard<std::mutex> lock(g_declared_mutex);
+  declared_files() = files;
+}
+
+CommandFiles CommandFiles::declared() {
+  std::lock_guard<std::mutex> lock(g_declared_mutex);
+  return declared_files();
+}
+
 void CommandFiles::reads_program_arguments(const std::vector<std::string>& argv) {
-  auto regular = [](const std::string& p) {
+  auto kind = [](const std::string& p) -> int {  // 1: a regular file, 2: a folder, 0: neither
     struct stat st {};
-    return !p.empty() && ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    if (p.empty() || ::stat(p.c_str(), &st) != 0) return 0;
+    return S_ISREG(st.st_mode) ? 1 : S_ISDIR(st.st_mode) ? 2 : 0;
   };
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (i == 0) {
-      if (const std::string program = find_program(a); regular(program)) reads("the program", program);
+      if (const std::string program = find_program(a); kind(program) == 1) reads("the program", program);
       continue;
     }
-    if (regular(a)) {
-      reads("the program's argument", a);
-    } else if (const auto eq = a.find('='); eq != std::string::npos && regular(a.substr(eq + 1))) {
-      reads("the program's argument " + a.substr(0, eq), a.substr(eq + 1));
-    }
+    std::string what = "the program's argument", path = a;
+    if (kind(a) == 0)
+      if (const auto eq = a.find('='); eq != std::string::npos) {
+        what += " " + a.substr(0, eq);
+        path = a.substr(eq + 1);
+      }
+    if (const int k = kind(path); k == 1) reads(what, path);
+    else if (k == 2) add(Role::kReadFolderFiles, what + " (a folder)", path);
   }
 }
 
+bool CommandFiles::same(const Entry& a, const Entry& b) {
+  return a.where == b.where || (a.exists && b.exists && a.dev == b.dev && a.ino == b.ino);
+}
+
+// `child` is `folder` or lies inside it: by path, or by device and inode
+// of the child's existing ancestors (a bind mount of the folder, a link).
+bool CommandFiles::inside(const Entry& child, const Entry& folder) {
+  if (within(child.where, folder.where)) return true;
+  if (!folder.exists) return false;
+  std::string at = child.where;
+  while (!at.empty()) {
+    struct stat st {};
+    if (::stat(at.c_str(), &st) == 0 && st.st_dev == folder.dev && st.st_ino == folder.ino) return true;
+    if (at == "/") return false;
+    const auto slash = at.rfind('/');
+    at = slash == 0 ? "/" : at.substr(0, slash);
+  }
+  return false;
+}
+
 std::string CommandFiles::clash(const Entry& out, const Entry& in) {
-  const bool same = out.where == in.where || (out.exists && in.exists && out.dev == in.dev && out.ino == in.ino);
+  const bool is_same = same(out, in);
   const std::string head = out.what + " " + out.path + ": ";
   const std::string input = in.what + " " + in.path;
+  const std::string holds = head + "holds " + input + ", which this command reads, and writing the folder would "
+                                   "replace what is in it. Choose another folder for " + out.what;
   if (in.role == Role::kReadFile) {
-    if (same)
+    if (is_same)
       return head + "this command reads that file (" + input + "); writing " + out.what +
              " there would destroy it. Choose another path for " + out.what;
-    if (out.role == Role::kWriteFolder && within(in.where, out.where))
-      return head + "holds " + input + ", which this command reads, and writing the folder would replace what is in it. "
-                    "Choose another folder for " + out.what;
+    if (out.role == Role::kWriteFolder && inside(in, out)) return holds;
+    return "";
+  }
+  if (in.role == Role::kReadFolderFiles) {
+    // What the folder holds now may be read; a new name in it is not.
+    if (out.role == Role::kWriteFile && out.exists && !is_same && inside(out, in))
+      return head + "lies in " + input + ", and the program may read it; writing " + out.what +
+             " there would replace it. Choose a path outside that folder for " + out.what;
+    if (out.role == Role::kWriteFolder && inside(in, out)) return holds;
     return "";
   }
   // A folder read whole.
-  if (within(out.where, in.where))
-    return head + (same ? "is " : "lies inside ") + input + ", which this command reads whole. Choose a path outside it for " +
+  if (inside(out, in))
+    return head + (is_same ? "is " : "lies inside ") + input + ", which this command reads whole. Choose a path outside it for " +
            out.what;
-  if (out.role == Role::kWriteFolder && within(in.where, out.where))
-    return head + "holds " + input + ", which this command reads, and writing the folder would replace what is in it. "
-                  "Choose another folder for " + out.what;
+  if (out.role == Role::kWriteFolder && inside(in, out)) return holds;
   return "";
+}
+
+// The name under which `child` lies in `folder` (its first component
+// there), "" when it does not lie inside it or is the folder; by path, or
+// by device and inode of the child's ancestors.
+static std::string name_inside(const std::string& child_where, const std::string& folder_where, bool folder_exists,
+                               unsigned long long dev, unsigned long long ino) {
+  std::string at = child_where, first;
+  while (!at.empty() && at != "/") {
+    if (at == folder_where) return first;
+    struct stat st {};
+    if (folder_exists && ::stat(at.c_str(), &st) == 0 && st.st_dev == dev && st.st_ino == ino) return first;
+    const auto slash = at.rfind('/');
+    first = at.substr(slash + 1);
+    at = slash == 0 ? "/" : at.substr(0, slash);
+  }
+  return folder_where == "/" ? first : "";
 }
 
 // What `other` is, lying where a save into checkpoint folder `folder`
 // adds its entries, or "".
 std::string CommandFiles::in_save_names(const Entry& folder, const Entry& other) {
-  if (other.from_checkpoint || other.where == folder.where || !within(other.where, folder.where)) return "";
-  const std::string rest = other.where.substr(folder.where == "/" ? 1 : folder.where.size() + 1);
-  const std::string first = rest.substr(0, rest.find('/'));
+  if (other.from_checkpoint || same(other, folder)) return "";
+  const std::string first = name_inside(other.where, folder.where, folder.exists, folder.dev, folder.ino);
+  if (first.empty()) return "";
   if (first != "latest" && first.rfind("global_step", 0) != 0 && first[0] != '.') return "";
   return other.what + " " + other.path + ": lies in " + folder.what + " " + folder.path + " under the name " + first +
          ", which a save there replaces (its `latest`, its global_stepN checkpoints and hidden working folders). "
@@ -211,21 +370,14 @@ std::string CommandFiles::problem() const {
     for (size_t j = i + 1; j < entries_.size(); ++j) {
       const Entry& other = entries_[j];
       if (!is_output(other.role)) continue;
-      const bool same = out.where == other.where || (out.exists && other.exists && out.dev == other.dev &&
-                                                     out.ino == other.ino);
-      if (same && out.role == Role::kWriteFile && other.role == Role::kWriteFile)
+      if (same(out, other))
         return out.what + " " + out.path + ": is also " + other.what + " (" + other.path +
                "); give each output a path of its own";
-      if (same && (out.role == Role::kWriteFolder || other.role == Role::kWriteFolder))
-        return out.what + " " + out.path + ": is also " + other.what + " (" + other.path +
-               "); give each output a path of its own";
-      // A file written into a folder that is exported: the export would replace it.
-      if (out.role == Role::kWriteFile && other.role == Role::kWriteFolder && within(out.where, other.where))
-        return out.what + " " + out.path + ": lies inside " + other.what + " " + other.path +
-               ", which this command writes as a whole; choose a path outside it";
-      if (other.role == Role::kWriteFile && out.role == Role::kWriteFolder && within(other.where, out.where))
-        return other.what + " " + other.path + ": lies inside " + out.what + " " + out.path +
-               ", which this command writes as a whole; choose a path outside it";
+      // An output inside a folder written as a whole: the export would replace it.
+      for (const auto& [a, b] : {std::pair<const Entry*, const Entry*>{&out, &other}, {&other, &out}})
+        if (b->role == Role::kWriteFolder && inside(*a, *b))
+          return a->what + " " + a->path + ": lies inside " + b->what + " " + b->path +
+                 ", which this command writes as a whole; choose a path outside it";
     }
   }
   return "";

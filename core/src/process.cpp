@@ -26,8 +26,25 @@ extern char** environ;
 
 namespace zero {
 
+namespace {
+
+// execve's errno with what it means here: EACCES is said of a folder and of
+// a file without the execute bit alike.
+std::string spawn_reason(const std::string& program, int err) {
+  std::string text = std::strerror(err);
+  struct stat st {};
+  const std::string found = find_program(program);
+  if (err == EACCES && !found.empty() && ::stat(found.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) text += " (it is a folder; expected a program, an executable file)";
+    else if (S_ISREG(st.st_mode) && ::access(found.c_str(), X_OK) != 0) text += " (it is not executable: chmod +x " + found + ")";
+  }
+  return text;
+}
+
+}  // namespace
+
 SpawnError::SpawnError(const std::string& program, int err)
-    : IoError("cannot execute " + program + ": " + std::strerror(err)), err_(err) {}
+    : IoError("cannot execute " + program + ": " + spawn_reason(program, err)), err_(err) {}
 
 std::string find_program(const std::string& program) {
   if (program.empty()) return "";
@@ -40,6 +57,20 @@ std::string find_program(const std::string& program) {
     if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
       return candidate;
   }
+  return "";
+}
+
+std::string program_problem(const std::string& program) {
+  if (program.empty()) return "expected a PROGRAM to run; got \"\"";
+  const std::string found = find_program(program);
+  if (found.empty()) return program + ": no such program (no file of that name in PATH; give its path, such as ./" + program + ")";
+  struct stat st {};
+  if (::stat(found.c_str(), &st) != 0)
+    return program + ": no such program (" + std::strerror(errno) + ", errno " + std::to_string(errno) + ")";
+  if (S_ISDIR(st.st_mode)) return program + ": is a folder; expected a program to run (an executable file)";
+  if (!S_ISREG(st.st_mode)) return program + ": is not a regular file (a device, pipe or socket); expected a program";
+  if (::access(found.c_str(), X_OK) != 0)
+    return program + ": is not executable (" + std::strerror(errno) + "); make it so (chmod +x " + found + ")";
   return "";
 }
 

@@ -2,6 +2,7 @@
 #include "zero/core/trace.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "zero/core/command_files.h"
 #include "zero/core/log.h"
 
 namespace zero::trace {
@@ -138,7 +140,25 @@ bool write_locked(Recorder& r) {
                  std::to_string(r.rank) + "; " + r.path + " was not written");
     return false;
   }
-  const std::string tmp = r.path + ".tmp." + std::to_string(::getpid());
+  // NOTE [outputs and inputs]: a stream (ZERO_TRACE=/dev/stdout) is
+  // written where it stands; a link is written through, not replaced.
+  if (const int out = stream_output_fd(r.path); out >= 0) {
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(out, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : ENOSPC;
+        log::warning("ZERO_TRACE: could not write " + r.path + " at offset " + std::to_string(done) + ": " +
+                     std::strerror(err) + " (errno " + std::to_string(err) + ")");
+        return false;
+      }
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  struct stat link {};
+  const std::string path = ::lstat(r.path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) ? resolved_path(r.path) : r.path;
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   auto fail = [&](const char* what, int64_t offset) {
     const int err = errno;
@@ -164,7 +184,7 @@ bool write_locked(Recorder& r) {
     log::warning("ZERO_TRACE: could not close " + tmp + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
     return false;
   }
-  if (std::rename(tmp.c_str(), r.path.c_str()) != 0) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     log::warning("ZERO_TRACE: could not rename " + tmp + " to " + r.path + ": " + std::strerror(err) + " (errno " +

@@ -99,6 +99,10 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv, int first,
   std::map<std::string, std::string> out;
   for (int i = first; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
     if (std::find(known.begin(), known.end(), flag) == known.end()) {
       const auto near = zero::nearest(flag, known);
       usage_error(flag + ": unknown option" + (near.empty() ? "" : "; did you mean " + near + "?"));
@@ -226,6 +230,12 @@ bool has_weights(const std::string& model) {
   if (zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
       zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0)
     return true;
+  // A weights file that is there but cannot be read as one (a dangling link,
+  // a link loop, a folder) is named, not taken for no weights.
+  for (const char* name : {"/model.safetensors", "/model.safetensors.index.json"})
+    if (zero::ckpt::path_exists(dir + name))
+      if (const std::string problem = zero::input_file_problem("--model's weights", dir + name); !problem.empty())
+        usage_error(problem);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   for (const auto& name : zero::ckpt::list_folder(dir)) {
@@ -280,7 +290,9 @@ int logits_command(int argc, char** argv) {
     if (!config_path.empty()) files.reads("--config", config_path);
     add_model_inputs(files, f["--model"]);
     files.writes("--out", f["--out"]);
+    files.writes_environment_outputs();
     if (const auto problem = files.problem(); !problem.empty()) usage_error(problem);
+    zero::CommandFiles::declare(files);
   }
 
   const auto cfg = zero::models::LlamaConfig::from_file(f["--model"]);
@@ -416,7 +428,9 @@ int train_command(int argc, char** argv) {
     if (f.count("--summary-json")) files.writes("--summary-json", f["--summary-json"]);
     if (f.count("--save_hf")) files.writes_folder("--save_hf", f["--save_hf"]);
     if (f.count("--save_dir")) files.adds_to_folder("--save_dir", f["--save_dir"]);
+    files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
     if (const auto p = files.problem(); !p.empty()) usage_error(p);
+    zero::CommandFiles::declare(files);  // the engine checks them again at initialize
   }
   if (rank0) {
     if (f.count("--summary-json"))
@@ -444,6 +458,8 @@ int train_command(int argc, char** argv) {
   opts.auto_values.gradient_accumulation_steps = 1;
   opts.auto_values.lr = lr;
   opts.auto_values.weight_decay = wd;
+  for (const char* flag : {"--lr", "--weight_decay"})  // NOTE [config warnings]: unused where the config fixes them
+    if (f.count(flag)) opts.auto_value_flags[std::string(flag).substr(2)] = flag;
   opts.auto_values.gradient_clipping = 1.0;
   opts.auto_values.total_num_steps = steps;
   opts.auto_values.warmup_num_steps = std::max<int64_t>(1, steps / 20);

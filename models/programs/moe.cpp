@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
 
+#include "zero/core/command_files.h"
 #include "zero/core/crash_report.h"
 #include "zero/core/text.h"
 #include "zero/models/moe.h"
@@ -113,8 +114,17 @@ int train(int argc, char** argv) {
   opts.auto_values.train_micro_batch_size_per_gpu = B;
   opts.auto_values.gradient_accumulation_steps = 1;
   opts.auto_values.lr = lr;
+  if (f.count("--lr")) opts.auto_value_flags["lr"] = "--lr";
   opts.tokens_per_sample = T;
   const bool rank0 = opts.dist->rank == 0;
+  {
+    zero::CommandFiles files;  // NOTE [outputs and inputs]
+    files.reads("--config", zero::config_file_argument("--config", f["--config"]));
+    if (f.count("--summary-json")) files.writes("--summary-json", f["--summary-json"]);
+    files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
+    if (const auto p = files.problem(); !p.empty()) usage_error(p);
+    zero::CommandFiles::declare(files);
+  }
   if (f.count("--summary-json") && rank0)
     if (const auto p = zero::ckpt::output_file_problem("--summary-json", f["--summary-json"]); !p.empty()) usage_error(p);
   torch::manual_seed(static_cast<uint64_t>(seed));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "zero/core/command_files.h"
 #include "zero/core/error.h"
 #include "zero/snapshots/checkpoint_format.h"
 
@@ -26,7 +27,7 @@ RunReportSettings RunReportSettings::from_environment() {
   return s;
 }
 
-std::string run_report_path(const std::string& base, int64_t rank) { return base + ".rank" + std::to_string(rank); }
+std::string run_report_path(const std::string& base, int64_t rank) { return run_report_file(base, rank); }
 
 int64_t RunReport::peak(const std::string& tier) const { return json.at("peak_bytes").value(tier, int64_t{0}); }
 

@@ -125,6 +125,18 @@ std::mutex g_factor_mutex;
 double g_pass_factor = 0;  // the factor of the backward pass in progress (0: none set)
 double g_next_factor = 0;  // engine.scale(): the factor of the next pass
 
+// NOTE [outputs and inputs]: the files the environment names (ZERO_TRACE,
+// ZERO_RUN_REPORT) against what the program declared it reads and writes
+// (its data, weights, resumed checkpoint, its own outputs), the config, and
+// each other, before the run starts. A library user's program declares
+// nothing: the config is still compared.
+void check_environment_outputs(const Engine::Impl& s) {
+  CommandFiles files = CommandFiles::declared();
+  if (!s.config.source.empty() && s.config.source != "<string>") files.reads("the config", s.config.source);
+  files.writes_environment_outputs(s.dist.rank, s.dist.world_size);
+  if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
+}
+
 // NOTE [trace]: ZERO_TRACE=FILE, checked as every output is (NOTE [outputs
 // and inputs]) before the run starts.
 void start_trace(Engine::Impl& s) {
@@ -133,12 +145,6 @@ void start_trace(Engine::Impl& s) {
   const std::string path = trace::trace_path_for_rank(value, s.dist.rank, s.dist.world_size);
   if (const std::string problem = ckpt::output_file_problem("ZERO_TRACE", path); !problem.empty())
     throw UsageError(problem);
-  if (!s.config.source.empty() && s.config.source != "<string>") {
-    CommandFiles files;
-    files.reads("the config", s.config.source);
-    files.writes("ZERO_TRACE's file for rank " + std::to_string(s.dist.rank), path);
-    if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
-  }
   trace::start(path, s.dist.rank, s.dist.world_size);
   if (s.dist.rank != 0) return;
   std::string where = path;
@@ -499,6 +505,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.window_start = Clock::now();
   if (s.comm) s.comm_bytes_uncounted = s.comm->bytes_sent();  // initialize's: not a step's
   try {  // NOTE [run report]
+    check_environment_outputs(s);
     start_trace(s);
     s.reporter = detail::RunReporter::start(s);
     if (s.reporter) s.reporter->after_initialize();
@@ -787,12 +794,34 @@ std::string Engine::memory_summary() const {
   return out.str();
 }
 
+void detail::print_config_warnings(const config::Config& config, const DistEnv& dist,
+                                   const std::map<std::string, std::string>& flags) {
+  if (dist.rank != 0) return;
+  for (const auto& w : config.warnings) log::warning_once("config:" + w, w);  // each names the file already
+  static const std::map<std::string, std::string> kPaths = {
+      {"lr", "optimizer.params.lr"},
+      {"weight_decay", "optimizer.params.weight_decay"},
+      {"eps", "optimizer.params.eps"},
+      {"gradient_clipping", "gradient_clipping"},
+      {"train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"},
+      {"gradient_accumulation_steps", "gradient_accumulation_steps"}};
+  for (const auto& [name, flag] : flags) {
+    const auto path = kPaths.find(name);
+    ZERO_CHECK(path != kPaths.end(), "InitOptions::auto_value_flags: no member " + name);
+    for (const auto& r : config.resolved)
+      if (r.path == path->second && r.origin == config::Origin::kGiven) {
+        const std::string w = flag + " is not used: " + config.source + " gives " + r.path + " = " + r.value +
+                              " itself (write \"auto\" there for the flag to fill it)";
+        log::warning_once("config:" + w, w);
+      }
+  }
+}
+
 Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
                   InitOptions options) {
   const DistEnv dist = options.dist ? *options.dist : DistEnv::from_environment();
   options.dist = dist;
-  if (dist.rank == 0)
-    for (const auto& w : config.warnings) log::warning(w);  // each names the file already
+  detail::print_config_warnings(config, dist, options.auto_value_flags);
   return Engine(std::move(model), std::move(config), std::move(options));
 }
 

@@ -606,8 +606,10 @@ CheckpointStats Engine::load_weights(const std::string& path, const LoadWeightsO
     if (!tied_unused.empty())
       log::warning("load_weights " + files.source + ": " + std::to_string(tied_unused.size()) +
                    " tensor(s) of tied parameters not used: " + names_list(tied_unused, 8) +
-                   ": the model shares one tensor between the names (tie_word_embeddings), loaded from the first, "
-                   "as transformers does; the file's other copy is left out");
+                   ": the model shares one tensor between the names (tie_word_embeddings), loaded from the first; "
+                   "the file's other copy is left out. Where the file's copies differ, transformers keeps the "
+                   "distinct one it finds and its logits differ from this model's: set tie_word_embeddings false in "
+                   "the config to train them apart");
   }
 
   const int64_t layout_rank = opt.partition_rank();

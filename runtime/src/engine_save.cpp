@@ -269,6 +269,19 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
     try {
       agree(comm, mine, what);
     } catch (...) {
+      // Rank 0 committed: the checkpoint is whole whatever another rank
+      // did after (a rank stopped before the last word is no failed save).
+      if (committed && rank == 0 && !mine) {
+        std::string why = "another rank ended";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          why = e.what();
+        } catch (...) {
+        }
+        throw IoError(what + ": the checkpoint is whole and " + dir + "/latest names it (" + tag +
+                      "); after the commit the ranks could not agree: " + why);
+      }
       if (rank == 0) {
         try {
           ckpt::remove_tree(incoming);

@@ -57,6 +57,15 @@ inline config::Config load_config(const std::string& config, const InitOptions& 
   return is_json ? config::load_string(config, lo) : config::load_file(config, lo);
 }
 
+/// NOTE [config warnings]: what the config loader found that has no effect,
+/// is deprecated or unknown (Config::warnings, each naming the file and key),
+/// printed by rank 0, each once a process: zero::Init and initialize both
+/// call this, and `zero config check` prints the same list.
+/// Also, for each of `flags` (InitOptions::auto_value_flags) whose key the
+/// config gives itself, that the flag is unused.
+void print_config_warnings(const config::Config& config, const DistEnv& dist,
+                           const std::map<std::string, std::string>& flags = {});
+
 /// NOTE [client optimizer]: the program's torch::optim optimizer
 /// (options.optimizer, then cleared) as the config's optimizer section and
 /// options' parameter groups; a config with its own section keeps it, with

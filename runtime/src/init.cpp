@@ -76,6 +76,8 @@ Init::Init(const std::string& config, InitOptions options) : state_(std::make_sh
   auto& s = *state_;
   if (!options.dist) options.dist = DistEnv::from_environment();
   auto cfg = detail::load_config(config, options);
+  // initialize(model, init) prints none again.
+  detail::print_config_warnings(cfg, *options.dist, options.auto_value_flags);
   if (cfg.zero.stage != 3) {
     throw ConfigError({cfg.source + ": zero_optimization.stage: expected 3 for zero::Init (partitioned "
                        "construction); got " + std::to_string(cfg.zero.stage)});

@@ -124,17 +124,11 @@ std::unique_ptr<RunReporter> RunReporter::start(Engine::Impl& engine) {
                        (S_ISDIR(st.st_mode) ? "is a folder" : "is not a regular file (a device, pipe or socket)") +
                        "; expected a file name prefix: rank R writes PREFIX.rankR (such as " +
                        (S_ISDIR(st.st_mode) ? settings.path + "/report" : std::string("/tmp/report")) + ")");
+    // NOTE [outputs and inputs]: against the program's files and the
+    // config in check_environment_outputs (engine.cpp), before this.
     const std::string mine = run_report_path(settings.path, engine.dist.rank);
     if (const std::string problem = ckpt::output_file_problem("ZERO_RUN_REPORT", mine); !problem.empty())
       throw UsageError(problem);
-    // NOTE [outputs and inputs]: the report is written over at the end of
-    // the run; the config the engine read may not be it.
-    if (engine.config.source != "<string>" && !engine.config.source.empty()) {
-      CommandFiles files;
-      files.reads("the config", engine.config.source);
-      files.writes("ZERO_RUN_REPORT's file for rank " + std::to_string(engine.dist.rank), mine);
-      if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
-    }
   }
   std::lock_guard<std::mutex> lock(g_reporter_mutex);
   if (g_reported) return nullptr;  // the process's first engine reports

@@ -402,7 +402,28 @@ TensorFileWriter::Committed TensorFileWriter::commit(const std::string& sums_pat
   return {layout_.file_bytes(), layout_.header_crc, crc32c(sums.data(), sums.size())};
 }
 
-void write_file_atomically(const std::string& path, const std::string& data) {
+namespace {
+
+// Writes `data` to an open stream (NOTE [outputs and inputs]: /dev/stdout
+// is written where the stream stands, never replaced).
+void write_to_stream(const std::string& path, int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw IoError("write " + path + " (descriptor " + std::to_string(fd) + ") at offset " +
+                              std::to_string(done) + ": " + errno_text(n < 0 ? errno : ENOSPC));
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path_in, const std::string& data) {
+  if (const int fd = stream_output_fd(path_in); fd >= 0) return write_to_stream(path_in, fd, data);
+  if (std::string problem = output_place_problem("output", path_in); !problem.empty()) throw IoError(problem);
+  // A link is written through: its target is replaced, the link stays.
+  const std::string path = is_regular_file(path_in) || !path_exists(path_in) ? path_in : resolved_path(path_in);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw IoError("open " + tmp + " for writing: " + errno_text(errno));
@@ -520,6 +541,10 @@ bool is_folder(const std::string& path) {
 std::string output_file_problem(const std::string& flag, const std::string& path) {
   const std::string head = flag + " " + path + ": ";
   if (path.empty()) return flag + ": expected a file name; got \"\"";
+  // A stream (/dev/stdout) is written where it stands; anything else under
+  // /dev or /proc, a device or a pipe is refused, never replaced.
+  if (stream_output_fd(path) >= 0) return "";
+  if (std::string problem = output_place_problem(flag, path); !problem.empty()) return problem;
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};

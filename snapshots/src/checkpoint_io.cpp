@@ -762,16 +762,17 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
                              const std::function<void(int64_t, int64_t)>& progress) {
   const nlohmann::json meta = read_meta(tag_dir);
   const auto states = meta.at("states").get<std::vector<std::string>>();
+  const bool weights = state == "fp32_master";
+  // 8-bit states first: their names (codes, scales) are not what a user asks for.
+  if (!weights && !meta.value("state_blocks", nlohmann::json(nullptr)).is_null())
+    throw UsageError("state \"" + state + "\": the checkpoint " + tag_dir + " holds 8-bit Adam states "
+                     "(optimizer.params.optim_bits 8: codes and block scales, NOTE [8-bit states]), which are not "
+                     "laid out per parameter; only fp32_master can be written out");
   if (std::find(states.begin(), states.end(), state) == states.end()) {
     std::string have;
     for (const auto& n : states) have += (have.empty() ? "" : ", ") + n;
     throw UsageError("state \"" + state + "\": the checkpoint " + tag_dir + " holds " + have);
   }
-  const bool weights = state == "fp32_master";
-  if (!weights && !meta.value("state_blocks", nlohmann::json(nullptr)).is_null())
-    throw UsageError("state \"" + state + "\": the checkpoint " + tag_dir + " holds 8-bit Adam states "
-                     "(optimizer.params.optim_bits 8: codes and block scales, NOTE [8-bit states]), which are not "
-                     "laid out per parameter; only fp32_master can be written out");
   const SavedLayout saved = SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
   auto reader = PieceReader::checkpoint(tag_dir, meta, aio);
   const Layout no_extra;

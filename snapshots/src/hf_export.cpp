@@ -208,6 +208,20 @@ bool settle(const std::string& old, const std::string& now, const std::set<std::
   return all;
 }
 
+// Whether a file made in folder `from` can be renamed into folder `to`: not
+// where `to` is a mount point, of another file system or a bind mount of
+// the same one (rename(2) says EXDEV to both). A file made and moved back.
+bool renames_into(const std::string& from, const std::string& to) {
+  std::string probe = from + "/.zero-rename-test-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return false;
+  ::close(fd);
+  const std::string there = to + "/" + base_of(probe);
+  const bool moved = ::rename(probe.c_str(), there.c_str()) == 0;
+  ::unlink((moved ? there : probe).c_str());
+  return moved;
+}
+
 }  // namespace
 
 std::string HfWriter::folder_problem(const std::string& flag, const std::string& dir, bool with_config) {
@@ -251,9 +265,7 @@ HfWriter::HfWriter(std::string dir, std::vector<Tensor> tensors, int64_t max_sha
   // inside DIR where DIR is a mount point (another file system than its
   // parent's) or its parent takes no new folder. Made under a name the
   // sweep of stale folders does not match, locked, then named as one.
-  struct stat here {}, up {};
-  const bool mount_point = ::stat(dir_.c_str(), &here) == 0 && ::stat(parent_of(dir_).c_str(), &up) == 0 &&
-                           here.st_dev != up.st_dev;
+  const bool mount_point = is_folder(dir_) && !renames_into(parent_of(dir_), dir_);
   auto make = [&](const std::string& where, const std::string& prefix) {
     std::string pattern = where + "/" + prefix + ".zero-new-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) return false;

@@ -2,7 +2,9 @@
 // any work, case by case.
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -174,6 +176,148 @@ TEST_F(CommandFilesTest, PathsThatDoNotExistAreResolvedByTheirDeepestFolder) {
   EXPECT_EQ(zero::resolved_path(p("alias/new/x.json")), real_dir + "/new/x.json");
   EXPECT_EQ(zero::resolved_path(p("alias/new/../y.json")), real_dir + "/y.json");
   EXPECT_EQ(zero::resolved_path(p("alias/./z")), real_dir + "/z");
+}
+
+TEST_F(CommandFilesTest, StreamsAreWrittenWhereTheyStandAndOtherDevicesAreRefused) {
+  EXPECT_EQ(zero::stream_output_fd("/dev/stdout"), 1);
+  EXPECT_EQ(zero::stream_output_fd("/dev/stderr"), 2);
+  EXPECT_EQ(zero::stream_output_fd("/proc/self/fd/2"), 2);
+  EXPECT_EQ(zero::stream_output_fd("/dev/fd/0"), -1);  // stdin is no output
+  EXPECT_EQ(zero::stream_output_fd("/dev/fd/987"), -1);  // not open
+  ASSERT_EQ(::symlink("/dev/stdout", p("out").c_str()), 0);
+  EXPECT_EQ(zero::stream_output_fd(p("out")), 1);  // a link to a stream is the stream
+  EXPECT_EQ(zero::stream_output_fd(p("ds.json")), -1);
+
+  EXPECT_EQ(zero::output_place_problem("--json", "/dev/stdout"), "");
+  EXPECT_EQ(zero::output_place_problem("--json", p("new.json")), "");
+  EXPECT_THAT(zero::output_place_problem("--json", "/dev/null"), HasSubstr("--json /dev/null: is not a regular file"));
+  EXPECT_THAT(zero::output_place_problem("--json", "/dev/new.json"), HasSubstr("is under /dev"));
+  EXPECT_THAT(zero::output_place_problem("--json", "/proc/self/comm"), HasSubstr("is under /proc"));
+  ASSERT_EQ(::symlink("/dev/null", p("null").c_str()), 0);
+  EXPECT_THAT(zero::output_place_problem("--json", p("null")), HasSubstr("is not a regular file"));
+  ASSERT_EQ(::symlink("/dev/new.json", p("to-dev").c_str()), 0);
+  EXPECT_THAT(zero::output_place_problem("--json", p("to-dev")), HasSubstr("is under /dev (it is /dev/new.json)"));
+  ASSERT_EQ(::mkfifo(p("fifo").c_str(), 0644), 0);
+  EXPECT_THAT(zero::output_place_problem("--json", p("fifo")), HasSubstr("is not a regular file (a device, pipe or socket)"));
+
+  // A stream takes part in no clash: two outputs may both go to stdout.
+  zero::CommandFiles files;
+  files.reads("--config", p("ds.json"));
+  files.writes("--summary-json", "/dev/stdout");
+  files.writes("--json", "/dev/stdout");
+  EXPECT_EQ(files.problem(), "");
+}
+
+TEST_F(CommandFilesTest, TheEnvironmentsOutputsAreHeldToTheRule) {
+  struct Env {
+    Env(const char* name, const std::string& value) : name(name) { ::setenv(name, value.c_str(), 1); }
+    ~Env() { ::unsetenv(name); }
+    const char* name;
+  };
+  {
+    Env trace("ZERO_TRACE", p("tok.bin"));
+    zero::CommandFiles files;
+    files.reads("--data", p("tok.bin"));
+    files.writes_environment_outputs(0, 1);
+    EXPECT_THAT(files.problem(), HasSubstr("ZERO_TRACE's file for rank 0 " + p("tok.bin") +
+                                           ": this command reads that file (--data"));
+    // Of several ranks, each writes FILE.rankR.json.
+    zero::CommandFiles two;
+    two.reads("--data", p("tok.bin"));
+    two.writes_environment_outputs(1, 2);
+    EXPECT_EQ(two.problem(), "");
+  }
+  {
+    std::ofstream(p("model/r.rank1")) << "x";
+    Env report("ZERO_RUN_REPORT", p("model/r"));
+    zero::CommandFiles files;
+    files.reads_folder("--resume's tag folder", p("model"));
+    files.writes_environment_outputs(1, 2);
+    EXPECT_THAT(files.problem(), HasSubstr("ZERO_RUN_REPORT's file for rank 1 " + p("model/r.rank1") + ": lies inside"));
+  }
+  {  // The two variables against each other.
+    Env trace("ZERO_TRACE", p("same"));
+    Env report("ZERO_RUN_REPORT", p("same"));
+    ::setenv("ZERO_TRACE", p("same.rank0").c_str(), 1);
+    zero::CommandFiles files;
+    files.writes_environment_outputs(0, 1);
+    EXPECT_THAT(files.problem(), HasSubstr("is also ZERO_RUN_REPORT's file for rank 0"));
+  }
+  {  // What a program declared is what the engine checks again.
+    zero::CommandFiles program;
+    program.reads("--model's weights", p("model/model.safetensors"));
+    zero::CommandFiles::declare(program);
+    Env trace("ZERO_TRACE", p("model/model.safetensors"));
+    zero::CommandFiles engine = zero::CommandFiles::declared();
+    engine.writes_environment_outputs(0, 1);
+    EXPECT_THAT(engine.problem(), HasSubstr("this command reads that file (--model's weights"));
+    // A program that declared the environment's outputs itself: the
+    // engine's second adding of them is no clash with the first.
+    ::setenv("ZERO_TRACE", p("trace.json").c_str(), 1);
+    zero::CommandFiles with_env = program;
+    with_env.writes_environment_outputs(0, 1);
+    zero::CommandFiles::declare(with_env);
+    zero::CommandFiles again = zero::CommandFiles::declared();
+    again.writes_environment_outputs(0, 1);
+    EXPECT_EQ(again.problem(), "");
+    zero::CommandFiles::declare(zero::CommandFiles());
+  }
+}
+
+TEST_F(CommandFilesTest, OutputsAtOnePlaceAndFoldersAProgramIsGiven) {
+  zero::CommandFiles same_place;
+  same_place.writes("--summary-json", p("x"));
+  same_place.adds_to_folder("--save_dir", p("x"));
+  EXPECT_THAT(same_place.problem(), HasSubstr("--summary-json " + p("x") + ": is also --save_dir"));
+
+  // `zero tune --out DIR/model.safetensors -- llama train --model DIR`.
+  zero::CommandFiles tune;
+  tune.reads_program_arguments({"true", "--model", p("model")});
+  tune.writes("--out", p("model/model.safetensors"));
+  EXPECT_THAT(tune.problem(), HasSubstr("lies in the program's argument (a folder) " + p("model")));
+  zero::CommandFiles beside;  // a new name in the folder is not read
+  beside.reads_program_arguments({"true", "--save_dir=" + p("model")});
+  beside.writes("--out", p("model/tuned.json"));
+  EXPECT_EQ(beside.problem(), "");
+  zero::CommandFiles over;  // an export over the folder
+  over.reads_program_arguments({"true", "--model", p("model")});
+  over.writes_folder("--save_hf", p("model"));
+  EXPECT_THAT(over.problem(), HasSubstr("holds the program's argument (a folder)"));
+}
+
+// Bind mounts need a private mount namespace: the case runs in a child
+// process under `unshare -m`, or is skipped saying why.
+TEST_F(CommandFilesTest, ABindMountIsTheFolderItShows) {
+  if (std::getenv("ZERO_TEST_IN_MOUNT_NAMESPACE") == nullptr) {
+    const std::string cmd = "ZERO_TEST_IN_MOUNT_NAMESPACE=1 unshare -m --propagation private /proc/" +
+                            std::to_string(::getpid()) +
+                            "/exe --gtest_filter=CommandFilesTest.ABindMountIsTheFolderItShows > " + p("child.log") +
+                            " 2>&1";
+    if (std::system("unshare -m --propagation private true > /dev/null 2>&1") != 0)
+      GTEST_SKIP() << "no private mount namespace here (unshare -m refused): bind mounts not tried";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream log(p("child.log"));
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(rc, 0) << text;
+    ASSERT_THAT(text, HasSubstr("[  PASSED  ] 1 test")) << text;
+    return;
+  }
+  // In the namespace: `view` shows `model`.
+  ASSERT_EQ(::mkdir(p("view").c_str(), 0755), 0);
+  ASSERT_EQ(::mount(p("model").c_str(), p("view").c_str(), nullptr, MS_BIND, nullptr), 0) << std::strerror(errno);
+  zero::CommandFiles files;
+  files.reads_folder("--resume's tag folder", p("model"));
+  files.writes("--summary-json", p("view/model.safetensors"));
+  EXPECT_THAT(files.problem(), HasSubstr("lies inside --resume's tag folder"));
+  zero::CommandFiles save;
+  save.adds_to_folder("--save_dir", p("model"));
+  save.writes("--summary-json", p("view/latest"));
+  EXPECT_THAT(save.problem(), HasSubstr("under the name latest"));
+  zero::CommandFiles export_over;
+  export_over.reads("--model's config.json", p("model/config.json"));
+  export_over.writes_folder("--save_hf", p("view"));
+  EXPECT_THAT(export_over.problem(), HasSubstr("holds --model's config.json"));
+  ::umount(p("view").c_str());
 }
 
 }  // namespace

@@ -383,7 +383,10 @@ TEST(Launch, ProgramThatCannotBeExecutedGives127) {
     std::string program;
     std::string reason;
   };
-  for (const Case& c : {Case{dir.file("not_executable"), "Permission denied"},
+  ::mkdir(dir.file("folder").c_str(), 0755);
+  for (const Case& c : {Case{dir.file("not_executable"),
+                             "Permission denied (it is not executable: chmod +x " + dir.file("not_executable") + ")"},
+                        Case{dir.file("folder"), "Permission denied (it is a folder; expected a program, an executable file)"},
                         Case{"no-such-program-in-path-zero", "No such file or directory"}}) {
     Result r = run_launch(dir, {"--nproc_per_node", "2", "--", c.program, "arg"});
     EXPECT_EQ(r.exit_code, 127) << c.program << "\n" << r.err;

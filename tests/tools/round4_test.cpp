@@ -604,7 +604,8 @@ TEST(Round4, TheRunReportIsNeverTheConfig) {
   const Outcome r = run("env ZERO_RUN_REPORT=" + dir.file("rep") + " " + kBin + "mingpt --config " + cfg + kTiny +
                         "--limit_train_batches 2");
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "this command reads that file (the config " + cfg + ")")) << r.out;
+  // The program checks the environment's outputs with its own (issue 51).
+  EXPECT_TRUE(has(r.out, "this command reads that file (--config " + cfg + ")")) << r.out;
   EXPECT_EQ(read_text(cfg), read_text(kConfigs + "mingpt_zero2.json"));
 }
 

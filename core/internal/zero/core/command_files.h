@@ -21,7 +21,22 @@
 // refusal names both paths and both flags. A program's arguments that the
 // command cannot interpret (zero tune and memcheck run any program) count as
 // inputs when they name an existing file: `--baseline ds.json` is refused
-// when the program reads ds.json.
+// when the program reads ds.json; one that names an existing folder makes
+// its files inputs (`--out DIR/model.safetensors` is refused when the
+// program is given `--model DIR`).
+// Places are compared by path and by device and inode, folders too: a bind
+// mount of a folder, a hard link and a symbolic link are the same place.
+// The outputs the environment names (ZERO_TRACE, ZERO_RUN_REPORT) are
+// outputs of every program that starts an engine: the programs add them
+// (writes_environment_outputs) and declare their files (declare); the
+// engine checks the declared files, the config and the environment's
+// outputs again at initialize, so that a library user's run is held to the
+// rule too.
+// Streams: /dev/stdout, /dev/stderr and /dev/fd/N (or /proc/self/fd/N)
+// name the process's open stream, written in place (appended where the
+// stream is); they take part in no clash. Any other place under /dev or
+// /proc, a device, a pipe or a socket is refused as an output, never
+// replaced (output_place_problem).
 #pragma once
 
 #include <string>
@@ -49,8 +64,13 @@ class CommandFiles {
   /// program itself.
   void reads_program_arguments(const std::vector<std::string>& argv);
 
-  /// A file the command writes whole (replacing what was there).
+  /// A file the command writes whole (replacing what was there). A stream
+  /// (/dev/stdout) is kept out of the comparisons.
   void writes(std::string what, const std::string& path);
+  /// The files the environment has every engine write: ZERO_TRACE's and
+  /// ZERO_RUN_REPORT's, for rank `rank` of `world_size` (from RANK and
+  /// WORLD_SIZE when negative, as the launcher sets them).
+  void writes_environment_outputs(int rank = -1, int world_size = -1);
   /// A folder whose files the command writes and replaces (an export).
   void writes_folder(std::string what, const std::string& dir);
   /// A folder the command only adds entries to (a checkpoint folder).
@@ -61,8 +81,16 @@ class CommandFiles {
   /// --model reads (D/model.safetensors); write the output elsewhere").
   std::string problem() const;
 
+  /// Keeps `files` as the process's command files, for the engine's check
+  /// at initialize (replacing what an earlier declare kept).
+  static void declare(const CommandFiles& files);
+  /// What declare kept (empty when nothing was declared).
+  static CommandFiles declared();
+
  private:
-  enum class Role { kReadFile, kReadFolder, kWriteFile, kWriteFolder, kAddToFolder };
+  // kReadFolderFiles: a folder a program the command runs is given; what
+  // it holds now may be read, what is added to it is not.
+  enum class Role { kReadFile, kReadFolder, kReadFolderFiles, kWriteFile, kWriteFolder, kAddToFolder };
   struct Entry {
     Role role;
     std::string what, path, where;  // `where`: the absolute, resolved path
@@ -71,11 +99,27 @@ class CommandFiles {
     unsigned long long dev = 0, ino = 0;
   };
   void add(Role role, std::string what, const std::string& path);
+  static bool same(const Entry& a, const Entry& b);
+  static bool inside(const Entry& child, const Entry& folder);
   static std::string clash(const Entry& out, const Entry& in);
   static std::string in_save_names(const Entry& folder, const Entry& other);
 
   std::vector<Entry> entries_;
 };
+
+/// The file descriptor a stream path names: 1 for /dev/stdout (and
+/// /dev/fd/1, /proc/self/fd/1, or a link to one of them), 2 for
+/// /dev/stderr, N for /dev/fd/N; -1 for any other path.
+int stream_output_fd(const std::string& path);
+
+/// Why an output at `path` (named `what`) would replace what is not a
+/// file: a place under /dev or /proc that is not a stream, or a device,
+/// pipe or socket there now. "" when the place takes a file (or is a
+/// stream).
+std::string output_place_problem(const std::string& what, const std::string& path);
+
+/// The file that rank `rank` writes for ZERO_RUN_REPORT=`prefix`.
+std::string run_report_file(const std::string& prefix, long long rank);
 
 /// Why `path`, a file the command reads (named `what`: "--config",
 /// "DIR/config.json"), cannot be read as one, or "" when it can: it does not
@@ -90,9 +134,10 @@ std::string input_file_problem(const std::string& what, const std::string& path)
 /// the flag takes a file; JSON text is for C++ callers of initialize.
 std::string config_file_argument(const std::string& flag, const std::string& value);
 
-/// Where `path` is or would be: realpath(3) of it when it exists, else of its
-/// deepest existing ancestor with the rest of the name appended ("." and ".."
-/// of the rest resolved by name). Relative to the working folder.
+/// Where `path` is or would be: realpath(3) of it when it exists; a dangling
+/// link, where its target would be; else realpath(3) of its deepest
+/// existing ancestor with the rest of the name appended ("." and ".." of the
+/// rest resolved by name). Relative to the working folder.
 std::string resolved_path(const std::string& path);
 
 }  // namespace zero

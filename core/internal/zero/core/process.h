@@ -67,6 +67,11 @@ pid_t spawn_process(const SpawnOptions& options);
 /// executable of that name in PATH; "" when there is none.
 std::string find_program(const std::string& program);
 
+/// Why PROGRAM cannot be run, or "": not found (a name with no '/' looked
+/// up in PATH), a folder, not a regular file, or not executable, each said
+/// with the way ("chmod +x FILE").
+std::string program_problem(const std::string& program);
+
 /// Processors this process may run on (its affinity mask).
 int usable_cpus();
 

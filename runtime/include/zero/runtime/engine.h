@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -78,6 +79,12 @@ std::function<bool(const std::string& name)> frozen_matching(const std::vector<s
 struct InitOptions {
   /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
   config::AutoValues auto_values;
+  /// The program's flag behind each member of auto_values that its user gave
+  /// ("lr" -> "--lr"; members lr, weight_decay, eps, gradient_clipping,
+  /// train_micro_batch_size_per_gpu, gradient_accumulation_steps): where the
+  /// config gives that key a value of its own, not "auto", the flag is
+  /// unused, and zero::Init or initialize says so, once.
+  std::map<std::string, std::string> auto_value_flags;
   /// Tokens per sample, for tokens/s in progress lines (none: not printed).
   std::optional<int64_t> tokens_per_sample;
   /// The device to train on; default: cuda:LOCAL_RANK when CUDA is available, else CPU.
