@@ -379,7 +379,9 @@ int checkpoint_command(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (std::find(rest.begin(), rest.end(), "--help") != rest.end() || std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
+  const bool known = args[0] == "consolidate" || args[0] == "verify" || args[0] == "export" || args[0] == "info";
+  if (known && (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
+                std::find(rest.begin(), rest.end(), "-h") != rest.end())) {
     std::cout << kCheckpointUsage;
     return 0;
   }

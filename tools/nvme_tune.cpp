@@ -54,6 +54,21 @@ std::optional<int64_t> parse_count(const std::string& v) {
   return n >= 1 ? std::optional<int64_t>(n) : std::nullopt;
 }
 
+// /proc/meminfo's MemAvailable (free memory and the page cache the kernel
+// would give up), in bytes; -1 when it cannot be read.
+int64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      try {
+        return std::stoll(line.substr(13)) * 1024;
+      } catch (const std::exception&) {
+        return -1;
+      }
+    }
+  return -1;
+}
+
 const char* kNvmeTuneUsage = R"(usage: zero nvme-tune --path DIR [--size 256MiB] [--rounds 3] [--json FILE]
 
 Finds the `aio` settings that move data fastest between memory and a file
@@ -142,11 +157,10 @@ int nvme_tune(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  if (const int64_t pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE); pages > 0 && page > 0 &&
-                                                                                        size > pages * page / 2) {
-    std::cerr << "zero nvme-tune: --size " << format_bytes(size) << ": more than half of this machine's "
-              << format_bytes(pages * page) << " of free memory, which holds the transfer's bytes; give a smaller "
-              << "--size\n";
+  if (const int64_t available = available_memory(); available > 0 && size > available / 2) {
+    std::cerr << "zero nvme-tune: --size " << format_bytes(size) << ": more than half of the "
+              << format_bytes(available) << " of memory available here (MemAvailable), which holds the transfer's "
+              << "bytes; give a smaller --size\n";
     return 2;
   }
   std::vector<Setting> settings;

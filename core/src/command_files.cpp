@@ -216,8 +216,10 @@ void CommandFiles::reads_folder(std::string what, const std::string& dir) {
   add(Role::kReadFolder, std::move(what), dir);
 }
 void CommandFiles::reads_checkpoint(std::string what, const std::string& path, bool whole_folder) {
-  add(whole_folder ? Role::kReadFolder : Role::kReadFile, std::move(what), path);
-  if (!entries_.empty() && entries_.back().path == path) entries_.back().from_checkpoint = true;
+  const Role role = whole_folder ? Role::kReadFolder : Role::kReadFile;
+  add(role, what, path);
+  for (Entry& e : entries_)
+    if (e.role == role && e.what == what && e.path == path) e.from_checkpoint = true;
 }
 void CommandFiles::writes(std::string what, const std::string& path) { add(Role::kWriteFile, std::move(what), path); }
 void CommandFiles::writes_folder(std::string what, const std::string& dir) {
@@ -238,10 +240,19 @@ void CommandFiles::writes_environment_outputs(int rank, int world_size) {
     if (world_size < 0) world_size = env.world_size;
   }
   const std::string r = std::to_string(rank);
-  if (const char* v = std::getenv("ZERO_TRACE"); v != nullptr && *v != '\0')
+  if (const char* v = std::getenv("ZERO_TRACE"); v != nullptr && *v != '\0') {
+    if (world_size > 1 && stream_output_fd(v) >= 0)
+      throw UsageError(std::string("ZERO_TRACE=") + v + ": a stream, and each of the " + std::to_string(world_size) +
+                       " ranks writes a trace of its own (FILE.rankR.json): give a file name, and join the ranks' "
+                       "files with `zero trace merge`");
     writes("ZERO_TRACE's file for rank " + r, trace::trace_path_for_rank(v, rank, world_size));
-  if (const char* v = std::getenv("ZERO_RUN_REPORT"); v != nullptr && *v != '\0')
+  }
+  if (const char* v = std::getenv("ZERO_RUN_REPORT"); v != nullptr && *v != '\0') {
+    if (stream_output_fd(v) >= 0)
+      throw UsageError(std::string("ZERO_RUN_REPORT=") + v + ": a stream; the variable names a file name prefix, "
+                       "and rank R writes PREFIX.rankR (such as /tmp/report)");
     writes("ZERO_RUN_REPORT's file for rank " + r, run_report_file(v, rank));
+  }
 }
 
 void CommandFiles::declare(const CommandFiles& files) {
@@ -272,8 +283,14 @@ void CommandFiles::reads_program_arguments(const std::vector<std::string>& argv)
         what += " " + a.substr(0, eq);
         path = a.substr(eq + 1);
       }
-    if (const int k = kind(path); k == 1) reads(what, path);
-    else if (k == 2) add(Role::kReadFolderFiles, what + " (a folder)", path);
+    if (const int k = kind(path); k == 1) {
+      reads(what, path);
+    } else if (k == 2) {
+      // The working folder, or one that holds it (`--data .`), is where the
+      // command's own outputs lie: not counted, or no rerun could write them.
+      const std::string here = resolved_path("."), folder = resolved_path(path);
+      if (!within(here, folder)) add(Role::kReadFolderFiles, what + " (a folder)", path);
+    }
   }
 }
 
@@ -290,8 +307,8 @@ bool CommandFiles::inside(const Entry& child, const Entry& folder) {
   while (!at.empty()) {
     struct stat st {};
     if (::stat(at.c_str(), &st) == 0 && st.st_dev == folder.dev && st.st_ino == folder.ino) return true;
-    if (at == "/") return false;
     const auto slash = at.rfind('/');
+    if (at == "/" || slash == std::string::npos) return false;  // (a relative path: no working folder)
     at = slash == 0 ? "/" : at.substr(0, slash);
   }
   return false;
@@ -337,6 +354,7 @@ static std::string name_inside(const std::string& child_where, const std::string
     struct stat st {};
     if (folder_exists && ::stat(at.c_str(), &st) == 0 && st.st_dev == dev && st.st_ino == ino) return first;
     const auto slash = at.rfind('/');
+    if (slash == std::string::npos) return "";  // (a relative path: no working folder)
     first = at.substr(slash + 1);
     at = slash == 0 ? "/" : at.substr(0, slash);
   }

@@ -48,6 +48,7 @@ struct Recorder {
   int64_t max_events = kMaxEvents;
   std::map<int, std::string> thread_names;
   bool exit_hook = false;
+  bool streamed = false;  // the trace went to a stream (/dev/stdout): once
 };
 
 Recorder& recorder() {
@@ -130,7 +131,9 @@ std::string render(const Recorder& r) {
 
 // Writes the whole file beside itself, then renames it over `path`: a reader
 // sees the last complete trace, never half of one.
-bool write_locked(Recorder& r) {
+// `final`: the last write of this path (the process ends, or the trace
+// moves to another path); a stream is written then only, once.
+bool write_locked(Recorder& r, bool final) {
   if (r.path.empty()) return true;
   std::string text;
   try {
@@ -143,6 +146,9 @@ bool write_locked(Recorder& r) {
   // NOTE [outputs and inputs]: a stream (ZERO_TRACE=/dev/stdout) is
   // written where it stands; a link is written through, not replaced.
   if (const int out = stream_output_fd(r.path); out >= 0) {
+    if (!final || r.streamed) return true;
+    r.streamed = true;
+    std::fflush(nullptr);  // what the program printed before comes first
     for (size_t done = 0; done < text.size();) {
       const ssize_t n = ::write(out, text.data() + done, text.size() - done);
       if (n < 0 && errno == EINTR) continue;
@@ -255,8 +261,9 @@ void start(const std::string& path, int rank, int world_size, int64_t max_events
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (detail::g_on.load() && r.path == path) return;  // a later engine of the same run goes on
-    if (detail::g_on.load()) write_locked(r);
+    if (detail::g_on.load()) write_locked(r, /*final=*/true);
     r.path = path;
+    r.streamed = false;
     r.rank = rank;
     r.world_size = world_size;
     r.events.clear();
@@ -264,18 +271,18 @@ void start(const std::string& path, int rank, int world_size, int64_t max_events
     r.max_events = max_events;
     if (!r.exit_hook) {
       r.exit_hook = true;
-      std::atexit([] { flush(); });
+      std::atexit([] { flush(/*final=*/true); });
     }
     r.thread_names.emplace(this_tid(), "training");
     detail::g_on.store(true);
   }
 }
 
-bool flush() {
+bool flush(bool final) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!detail::g_on.load()) return true;
-  return write_locked(r);
+  return write_locked(r, final);
 }
 
 void stop() {
@@ -286,6 +293,7 @@ void stop() {
   r.events.clear();
   r.dropped = 0;
   r.thread_names.clear();
+  r.streamed = false;
 }
 
 void name_thread(const std::string& name) {

@@ -227,15 +227,14 @@ std::string saved_config(const std::string& input_text, at::ScalarType saved) {
 // passed over for a fresh initialisation.
 bool has_weights(const std::string& model) {
   const std::string dir = model_folder(model);
-  if (zero::ckpt::file_size(dir + "/model.safetensors") >= 0 ||
-      zero::ckpt::file_size(dir + "/model.safetensors.index.json") >= 0)
-    return true;
   // A weights file that is there but cannot be read as one (a dangling link,
   // a link loop, a folder) is named, not taken for no weights.
   for (const char* name : {"/model.safetensors", "/model.safetensors.index.json"})
-    if (zero::ckpt::path_exists(dir + name))
+    if (zero::ckpt::path_exists(dir + name)) {
       if (const std::string problem = zero::input_file_problem("--model's weights", dir + name); !problem.empty())
         usage_error(problem);
+      return true;
+    }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
   for (const auto& name : zero::ckpt::list_folder(dir)) {

@@ -796,8 +796,6 @@ std::string Engine::memory_summary() const {
 
 void detail::print_config_warnings(const config::Config& config, const DistEnv& dist,
                                    const std::map<std::string, std::string>& flags) {
-  if (dist.rank != 0) return;
-  for (const auto& w : config.warnings) log::warning_once("config:" + w, w);  // each names the file already
   static const std::map<std::string, std::string> kPaths = {
       {"lr", "optimizer.params.lr"},
       {"weight_decay", "optimizer.params.weight_decay"},
@@ -805,9 +803,12 @@ void detail::print_config_warnings(const config::Config& config, const DistEnv& 
       {"gradient_clipping", "gradient_clipping"},
       {"train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"},
       {"gradient_accumulation_steps", "gradient_accumulation_steps"}};
+  for (const auto& item : flags)  // every rank: a rank alone would leave the others in a collective
+    ZERO_CHECK(kPaths.count(item.first) > 0, "InitOptions::auto_value_flags: no member " + item.first);
+  if (dist.rank != 0) return;
+  for (const auto& w : config.warnings) log::warning_once("config:" + w, w);  // each names the file already
   for (const auto& [name, flag] : flags) {
     const auto path = kPaths.find(name);
-    ZERO_CHECK(path != kPaths.end(), "InitOptions::auto_value_flags: no member " + name);
     for (const auto& r : config.resolved)
       if (r.path == path->second && r.origin == config::Origin::kGiven) {
         const std::string w = flag + " is not used: " + config.source + " gives " + r.path + " = " + r.value +

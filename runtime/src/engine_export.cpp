@@ -6,10 +6,13 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/serialize.h>
 
+#include "engine_checkpoint.h"
 #include "engine_impl.h"
 #include "zero/core/error.h"
+#include "zero/core/text.h"
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/partition/stage3_plan.h"
 #include "zero/snapshots/hf_export.h"
@@ -74,8 +77,26 @@ std::string gather_problem(const Engine::Impl& s) {
 }  // namespace
 
 std::string Engine::save_hf_problem(const std::string& flag, const std::string& dir, bool with_config) const {
-  if (std::string p = gather_problem(*impl_); !p.empty()) return flag + " " + dir + ": " + p;
-  return ckpt::HfWriter::folder_problem(flag, dir, with_config);
+  const auto& s = *impl_;
+  if (std::string p = gather_problem(s); !p.empty()) return flag + " " + dir + ": " + p;
+  if (std::string p = ckpt::HfWriter::folder_problem(flag, dir, with_config); !p.empty()) return p;
+  // Room for the export (in the model's dtype: the default), checked before
+  // training rather than found short after it. The fresh folder is written
+  // whole before an earlier export goes.
+  int64_t bytes = 0;
+  const auto& params = s.optimizer->parameters();
+  for (const auto& slot : params.all_slots())
+    bytes += c10::multiply_integers(slot.shape) * static_cast<int64_t>(c10::elementSize(s.dtype));
+  std::string at = dir;
+  while (!ckpt::is_folder(at)) {
+    const auto slash = at.find_last_of('/');
+    at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
+  }
+  const int64_t free = detail::checkpoints::statvfs_free(at);
+  if (free >= 0 && free < bytes)
+    return flag + " " + dir + ": the export needs about " + format_bytes(bytes) + " and " + at + "'s file system has " +
+           format_bytes(free) + " free; free some space, or export elsewhere";
+  return "";
 }
 
 void Engine::save_hf(const std::string& dir, const SaveHfOptions& options) {

@@ -26,6 +26,7 @@
 #include "zero/core/error.h"
 #include "zero/core/log.h"
 #include "zero/core/text.h"
+#include "zero/core/trace.h"
 #include "zero/snapshots/checkpoint_format.h"
 
 namespace zero {
@@ -192,6 +193,7 @@ void RunReporter::stop() {
   // The checkpoint folders' writer locks go (and folders the run made and
   // left empty): nothing of this run's stays behind.
   engine_.save_folders.clear();
+  if (trace::on()) trace::flush(/*final=*/true);  // _exit runs no exit hook (NOTE [trace])
   std::fflush(nullptr);
   // Destructors of the program's objects are not run: threads of the
   // optimizer or of I/O may still be parked, and the run is over.

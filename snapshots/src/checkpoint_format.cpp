@@ -14,8 +14,10 @@
 #include <array>
 #include <deque>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <c10/util/accumulate.h>
@@ -407,6 +409,8 @@ namespace {
 // Writes `data` to an open stream (NOTE [outputs and inputs]: /dev/stdout
 // is written where the stream stands, never replaced).
 void write_to_stream(const std::string& path, int fd, const std::string& data) {
+  std::cout.flush();
+  std::fflush(nullptr);  // what the program printed before comes first
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -545,8 +549,11 @@ std::string output_file_problem(const std::string& flag, const std::string& path
   // /dev or /proc, a device or a pipe is refused, never replaced.
   if (stream_output_fd(path) >= 0) return "";
   if (std::string problem = output_place_problem(flag, path); !problem.empty()) return problem;
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  // A link is written through: the folder that takes the file is its target's.
+  struct stat link {};
+  const std::string target = ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode) ? resolved_path(path) : path;
+  const auto slash = target.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : target.substr(0, slash);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0)
     return head + "the folder " + dir + " does not exist" + (errno == ENOENT ? "" : " (" + errno_text(errno) + ")");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tool_test_util.h"
 
@@ -48,7 +49,10 @@ std::string llama_train(const TempDir& dir, const std::string& model, const std:
 
 // Whether a private mount namespace can be had here (root, or user
 // namespaces): the bind-mount cases run inside one, or are skipped.
-bool mount_namespaces() { return run("unshare -m --propagation private true").code == 0; }
+bool mount_namespaces() {
+  TempDir probe;
+  return run("unshare -m --propagation private mount -t tmpfs -o size=4k tmpfs " + probe.path()).code == 0;
+}
 
 // Every file under `dir` with its bytes, to show nothing a user gave changed.
 std::map<std::string, std::string> snapshot(const std::string& dir) {
@@ -61,35 +65,30 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
   return out;
 }
 
-class Round5 : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    const TempDir& d = *dir_;
-    ::mkdir(d.file("cfg").c_str(), 0755);
-    write(d, "cfg/config.json", kLlamaConfig);
-    write(d, "ds.json", kDs);
-    write(d, "mingpt.json", read_text(kConfigs + "mingpt_zero2.json"));
-    token_file(d);
-    Outcome r = run(llama_train(d, d.file("cfg"), "--save_hf " + d.file("model")), 300);
-    ASSERT_EQ(r.code, 0) << r.out;
-    r = run(kBin + "mingpt --config " + d.file("mingpt.json") + kTiny +
-                "--limit_train_batches 4 --stop_after_steps 1 --save_dir " + d.file("ck"),
+// A tiny Llama exported (DIR/model), minGPT's config and a checkpoint of one
+// step (DIR/ck), for the cases that need them.
+struct Made {
+  TempDir dir;
+  Made() {
+    ::mkdir(dir.file("cfg").c_str(), 0755);
+    write(dir, "cfg/config.json", kLlamaConfig);
+    write(dir, "ds.json", kDs);
+    write(dir, "mingpt.json", read_text(kConfigs + "mingpt_zero2.json"));
+    token_file(dir);
+    Outcome r = run(llama_train(dir, dir.file("cfg"), "--save_hf " + dir.file("model")), 300);
+    EXPECT_EQ(r.code, 0) << r.out;
+    r = run(kBin + "mingpt --config " + dir.file("mingpt.json") + kTiny +
+                "--limit_train_batches 4 --stop_after_steps 1 --save_dir " + dir.file("ck"),
             300);
-    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.code, 0) << r.out;
   }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static TempDir* dir_;
 };
-TempDir* Round5::dir_ = nullptr;
 
 // ---- 1. the environment's outputs and every other output, as a table --------
 
-TEST_F(Round5, NoOutputOfAnyProgramOrVariableLandsOnWhatTheRunReads) {
-  const TempDir& d = *dir_;
+TEST(Round5, NoOutputOfAnyProgramOrVariableLandsOnWhatTheRunReads) {
+  Made made;
+  const TempDir& d = made.dir;
   const std::string m = d.file("model"), ck = d.file("ck");
   const std::string mingpt = kBin + "mingpt --config " + d.file("mingpt.json") + kTiny + "--limit_train_batches 2 ";
   const std::string tag = read_text(ck + "/latest").substr(0, read_text(ck + "/latest").find('\n'));
@@ -139,8 +138,9 @@ TEST_F(Round5, NoOutputOfAnyProgramOrVariableLandsOnWhatTheRunReads) {
 
 // ---- 2. streams: written where they stand, the link never replaced ----------
 
-TEST_F(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
-  const TempDir& d = *dir_;
+TEST(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
+  Made made;
+  const TempDir& d = made.dir;
   TempDir out;
   const std::string captured = out.file("captured.txt");
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -151,6 +151,8 @@ TEST_F(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
            "--limit_train_batches 2",
        "\"traceEvents\""},
   };
+  struct stat st {};
+  const bool link = ::lstat("/dev/stdout", &st) == 0 && S_ISLNK(st.st_mode);
   for (const auto& [command, expect] : cases) {
     write(out, "captured.txt", "a line before\n");
     const Outcome r = run(command + " >> " + captured, 300);
@@ -158,9 +160,17 @@ TEST_F(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
     const std::string text = read_text(captured);
     EXPECT_EQ(text.rfind("a line before\n", 0), 0u) << command << ": what the stream held is kept";
     EXPECT_TRUE(has(text, expect)) << command << "\n" << text.substr(0, 400);
-    struct stat st {};
-    ASSERT_EQ(::lstat("/dev/stdout", &st), 0);
-    EXPECT_TRUE(S_ISLNK(st.st_mode)) << command << ": /dev/stdout was replaced";
+    if (link) {
+      ASSERT_EQ(::lstat("/dev/stdout", &st), 0);
+      EXPECT_TRUE(S_ISLNK(st.st_mode)) << command << ": /dev/stdout was replaced";
+    }
+    // One whole document, once: it parses from its first brace.
+    const auto brace = text.find(expect == "\"traceEvents\"" ? "{\"displayTimeUnit\"" : "{\n");
+    ASSERT_NE(brace, std::string::npos) << text.substr(0, 300);
+    std::istringstream doc(text.substr(brace));
+    nlohmann::json j;
+    EXPECT_NO_THROW(doc >> j) << command << "\n" << text.substr(brace, 300);
+    EXPECT_EQ(text.find(expect, text.find(expect) + 1), std::string::npos) << command << ": written twice";
   }
   // Other places under /dev and /proc are refused before any work.
   for (const std::string& path : {std::string("/dev/null"), std::string("/dev/zero-out.json"), std::string("/proc/self/comm")}) {
@@ -174,9 +184,10 @@ TEST_F(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
 // ---- 3. bind mounts: the same folder by device and inode; exports that do
 // not fail after training for a mount --------------------------------------
 
-TEST_F(Round5, ABindMountedFolderIsTheFolderItShowsAndTakesAnExport) {
-  if (!mount_namespaces()) GTEST_SKIP() << "no private mount namespace here (unshare -m refused): bind mounts not tried";
-  const TempDir& d = *dir_;
+TEST(Round5, ABindMountedFolderIsTheFolderItShowsAndTakesAnExport) {
+  if (!mount_namespaces()) GTEST_SKIP() << "no private mount namespace here (unshare -m, mount refused): bind mounts not tried";
+  Made made;
+  const TempDir& d = made.dir;
   TempDir t;
   ::mkdir(t.file("real").c_str(), 0755);
   ::mkdir(t.file("view").c_str(), 0755);
@@ -202,11 +213,19 @@ TEST_F(Round5, ABindMountedFolderIsTheFolderItShowsAndTakesAnExport) {
   EXPECT_TRUE(files.count("config.json")) << r.out;
   for (const auto& name : entries(t.path())) EXPECT_EQ(name.find(".zero-"), std::string::npos) << name;
   for (const auto& name : files) EXPECT_EQ(name.find(".zero-new"), std::string::npos) << name;
+  // An export that the file system has no room for is refused before
+  // training, not found short after it (a 16 KiB tmpfs).
+  r = run("unshare -m --propagation private sh -c 'mount -t tmpfs -o size=16k tmpfs " + t.file("view") + " && " +
+              llama_train(d, d.file("model"), "--save_hf " + t.file("view") + "/out") + "'",
+          300);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--save_hf " + t.file("view") + "/out: the export needs about")) << r.out;
+  EXPECT_FALSE(has(r.out, "step 1")) << r.out;
 }
 
 // ---- 4. zero trace merge reads traces only -----------------------------------
 
-TEST_F(Round5, TraceMergeReadsOnlyRegularFilesOfTraces) {
+TEST(Round5, TraceMergeReadsOnlyRegularFilesOfTraces) {
   TempDir t;
   const std::string good =
       R"({"otherData": {"rank": 0}, "traceEvents": [{"ph": "X", "name": "step", "pid": 0, "tid": 1, "ts": 5, "dur": 2}]})";
@@ -237,7 +256,7 @@ TEST_F(Round5, TraceMergeReadsOnlyRegularFilesOfTraces) {
 
 // ---- 5. --help on every command and subcommand; sizes said plainly ----------
 
-TEST_F(Round5, EveryCommandAndSubcommandTakesHelp) {
+TEST(Round5, EveryCommandAndSubcommandTakesHelp) {
   const std::vector<std::string> commands = {
       "zero", "zero config check", "zero config", "zero bench", "zero bench aio", "zero bench engine",
       "zero bench offload", "zero bench checkpoint-io", "zero nvme-tune", "zero checkpoint consolidate",
@@ -259,7 +278,7 @@ TEST_F(Round5, EveryCommandAndSubcommandTakesHelp) {
 
 // ---- 6. errors that said too little now name the cause and the way --------
 
-TEST_F(Round5, UnclearErrorsNameTheCauseAndTheWay) {
+TEST(Round5, UnclearErrorsNameTheCauseAndTheWay) {
   TempDir t;
   for (const auto& [name, target, message] :
        std::vector<std::tuple<std::string, std::string, std::string>>{

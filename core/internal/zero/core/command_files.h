@@ -61,7 +61,8 @@ class CommandFiles {
   void reads_checkpoint(std::string what, const std::string& path, bool whole_folder);
   /// Each argument of a program the command runs that names an existing
   /// regular file (whole, or after the '=' of --flag=value), and the
-  /// program itself.
+  /// program itself; one that names a folder makes what the folder holds
+  /// now inputs (but the working folder, or a folder that holds it).
   void reads_program_arguments(const std::vector<std::string>& argv);
 
   /// A file the command writes whole (replacing what was there). A stream
@@ -70,6 +71,8 @@ class CommandFiles {
   /// The files the environment has every engine write: ZERO_TRACE's and
   /// ZERO_RUN_REPORT's, for rank `rank` of `world_size` (from RANK and
   /// WORLD_SIZE when negative, as the launcher sets them).
+  /// Throws UsageError for a stream there (/dev/stdout): ZERO_RUN_REPORT is
+  /// a prefix, and each of several ranks writes a trace of its own.
   void writes_environment_outputs(int rank = -1, int world_size = -1);
   /// A folder whose files the command writes and replaces (an export).
   void writes_folder(std::string what, const std::string& dir);

@@ -55,7 +55,10 @@ inline bool on() noexcept { return detail::g_on.load(std::memory_order_relaxed);
 void start(const std::string& path, int rank, int world_size, int64_t max_events = kMaxEvents);
 /// Writes what was recorded so far (the whole trace, atomically). Returns
 /// false, after a warning naming the file and errno, when it could not.
-bool flush();
+/// A stream (ZERO_TRACE=/dev/stdout) takes one whole trace: it is written
+/// only by the `final` flush (the process's end: its exit hook, or a run
+/// the engine ends at ZERO_STOP_AFTER_STEPS).
+bool flush(bool final = false);
 /// Stops recording and forgets the events (tests).
 void stop();
 /// The file rank `rank` writes for ZERO_TRACE=`value`.
