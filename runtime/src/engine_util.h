@@ -57,10 +57,15 @@ inline config::Config load_config(const std::string& config, const InitOptions& 
   return is_json ? config::load_string(config, lo) : config::load_file(config, lo);
 }
 
-/// NOTE [config warnings]: what the config loader found that has no effect,
-/// is deprecated or unknown (Config::warnings, each naming the file and key),
-/// printed by rank 0, each once a process: zero::Init and initialize both
-/// call this, and `zero config check` prints the same list.
+// NOTE [config warnings]
+// What the config loader found that has no effect, is deprecated or is
+// unknown (Config::warnings, each naming the file and key) is said by rank 0,
+// each line once a process, at whichever entry reads the config first:
+// zero::Init (a stage-3 program built partitioned) or initialize; `zero
+// config check` prints the same list (tests/runtime/config_warnings_test.cpp
+// holds the three to it). A program's flag that would fill an "auto" which
+// the config gives itself (InitOptions::auto_value_flags) is said unused.
+/// The config's warnings (NOTE [config warnings]).
 /// Also, for each of `flags` (InitOptions::auto_value_flags) whose key the
 /// config gives itself, that the flag is unused.
 void print_config_warnings(const config::Config& config, const DistEnv& dist,

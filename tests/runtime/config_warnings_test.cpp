@@ -37,6 +37,12 @@ torch::nn::Sequential build(zero::Init* init) {
   return net;
 }
 
+// A folder removed with the test, whatever ends it.
+struct Removed {
+  std::filesystem::path dir;
+  ~Removed() { std::filesystem::remove_all(dir); }
+};
+
 // The warnings a stretch of stderr holds, with `file` written as CFG.
 std::vector<std::string> warnings_in(const std::string& text, const std::string& file) {
   std::vector<std::string> out;
@@ -76,10 +82,7 @@ TEST(ConfigWarnings, InitInitializeAndConfigCheckSayTheSameOnce) {
   };
   const auto dir = std::filesystem::temp_directory_path() / ("zero-warnings-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  struct Remove {
-    std::filesystem::path dir;
-    ~Remove() { std::filesystem::remove_all(dir); }
-  } remove{dir};
+  const Removed remove{dir};
   for (size_t i = 0; i < zero_sections.size(); ++i) {
     SCOPED_TRACE(zero_sections[i]);
     // A file for each entry: each warning is printed once a process, and
@@ -121,10 +124,7 @@ TEST(ConfigWarnings, InitInitializeAndConfigCheckSayTheSameOnce) {
 TEST(ConfigWarnings, AFlagTheConfigOverridesIsSaidUnused) {
   const auto dir = std::filesystem::temp_directory_path() / ("zero-flags-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  struct Remove {
-    std::filesystem::path dir;
-    ~Remove() { std::filesystem::remove_all(dir); }
-  } remove{dir};
+  const Removed remove{dir};
   const std::string fixed = (dir / "fixed.json").string(), automatic = (dir / "auto.json").string();
   std::ofstream(fixed) << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
   std::ofstream(automatic) << R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})";

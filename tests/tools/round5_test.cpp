@@ -20,32 +20,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tiny_llama.h"
 #include "tool_test_util.h"
 
 namespace zero::test {
 namespace {
-
-const std::string kTiny = " --n_layer 1 --n_embd 32 --n_head 2 --batch_size 16 ";
-const std::string kLlamaConfig =
-    R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 32,
-        "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": false})";
-const std::string kDs = R"({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}}})";
-
-std::string token_file(const TempDir& dir) {
-  const std::string path = dir.file("tok.bin");
-  std::ofstream out(path, std::ios::binary);
-  for (int i = 0; i < 4096; ++i) {
-    const uint16_t t = static_cast<uint16_t>((i * 7 + i / 5) % 64);
-    out.write(reinterpret_cast<const char*>(&t), 2);
-  }
-  return path;
-}
-
-std::string llama_train(const TempDir& dir, const std::string& model, const std::string& extra) {
-  return kBin + "llama train --model " + model + " --config " + dir.file("ds.json") + " --data " + dir.file("tok.bin") +
-         " --block_size 8 --steps 1 " + extra;
-}
 
 // Whether a private mount namespace can be had here (root, or user
 // namespaces): the bind-mount cases run inside one, or are skipped.
