@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The minGPT max-parameter benchmark (README.md, "The max-parameter benchmark"):
+# The minGPT max-parameter benchmark (docs/mingpt.md, "The max-parameter benchmark"):
 # the largest minGPT that trains under each of the post's configurations
 # (plain data parallel, ZeRO-2, ZeRO-3, ZeRO-3 + CPU offload, the same with
 # 8-bit Adam states, with a bf16 master and bf16 states and with a bf16

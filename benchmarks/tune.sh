@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tuner against an exhaustive run (README.md, "zero tune"): `zero tune`
+# The tuner against an exhaustive run (docs/tools.md, "Picking a config: zero tune"): `zero tune`
 # on a small grid, then `zero tune --exhaustive` on the same grid, which
 # trains every candidate that fits. Reports the tuner's choice as a share of
 # the fastest of the exhaustive run (both measured in the exhaustive run, so

@@ -70,7 +70,7 @@ addition (no download); --data FILE trains a character-level model on a text fil
   --find-max-params        search for the largest model that trains with --config and the
                            budgets (on the CPU --device-memory is required): runs a few steps
                            of each size tried, printing a line per probe; --summary-json FILE
-                           writes the search's report (README.md, "The max-parameter benchmark")
+                           writes the search's report (docs/mingpt.md, "The max-parameter benchmark")
   --nproc N                with --find-max-params: ranks per probe (zero launch; default 1;
                            at most 4 per processor unless --oversubscribe)
   --probe_steps N          with --find-max-params: optimizer steps per probe (default 3)

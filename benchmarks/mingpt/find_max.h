@@ -1,5 +1,5 @@
 // mingpt --find-max-params: the largest minGPT that trains under a config and
-// per-rank memory budgets, found by running real training steps (README.md,
+// per-rank memory budgets, found by running real training steps (docs/mingpt.md,
 // "The max-parameter benchmark"; NOTE [max-parameter search] in find_max.cpp).
 #pragma once
 

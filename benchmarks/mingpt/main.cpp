@@ -1,5 +1,5 @@
 // mingpt: trains minGPT with a DeepSpeed config through zero, with the flags
-// of the minGPT max-parameter benchmark. See README.md ("The main job").
+// of the minGPT max-parameter benchmark. See docs/mingpt.md.
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -117,7 +117,7 @@ TEST(MinGPTData, TextTaskRejectsAMissingFileByName) {
   }
 }
 
-// The binary, as the README runs it: a short run writes a summary with the keys scripts rely on.
+// The binary, as docs/mingpt.md runs it: a short run writes a summary with the keys scripts rely on.
 TEST(MinGPTBinary, WritesTheSummaryJson) {
   const std::string bin = std::string(ZERO_BINARY_DIR) + "/bin/mingpt";
   const std::string out = std::string(ZERO_BINARY_DIR) + "/tests/mingpt_summary_test.json";

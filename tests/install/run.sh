@@ -30,10 +30,10 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 extra=()
 [ -n "$deps" ] && extra=(-DZERO_DEPS_PREFIX="$deps" -DCMAKE_PREFIX_PATH="$prefix;$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)")
-# The README's fine-tuning snippet, as written, for consumer/readme_snippets.cpp.
-awk '/^## Fine-tuning/{f=1} f && /^```cpp/{c=1; next} c && /^```/{exit} c' "$source_dir/README.md" \
+# The fine-tuning page's first snippet, as written, for consumer/readme_snippets.cpp.
+awk '/^# Fine-tuning/{f=1} f && /^```cpp/{c=1; next} c && /^```/{exit} c' "$source_dir/docs/fine-tuning.md" \
   >"$work/readme_fine_tuning.inc"
-[ -s "$work/readme_fine_tuning.inc" ] || fail "README.md: no C++ snippet under its Fine-tuning heading"
+[ -s "$work/readme_fine_tuning.inc" ] || fail "docs/fine-tuning.md: no C++ snippet under its Fine-tuning heading"
 extra+=(-DREADME_SNIPPETS_DIR="$work")
 cmake -S "$source_dir/tests/install/consumer" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" "${extra[@]}" >"$work/configure.log" 2>&1 ||

@@ -5,7 +5,7 @@
 #include <zero/models/llama.h>
 #include <zero/zero.h>
 
-// "Fine-tuning: LoRA, frozen parts, mixtures of experts".
+// docs/fine-tuning.md, "Fine-tuning: LoRA, frozen parts, mixtures of experts".
 void readme_fine_tuning(const zero::models::LlamaConfig& cfg) {
 #include "readme_fine_tuning.inc"
 }
