@@ -34,6 +34,15 @@ extra=()
 awk '/^# Fine-tuning/{f=1} f && /^```cpp/{c=1; next} c && /^```/{exit} c' "$source_dir/docs/fine-tuning.md" \
   >"$work/readme_fine_tuning.inc"
 [ -s "$work/readme_fine_tuning.inc" ] || fail "docs/fine-tuning.md: no C++ snippet under its Fine-tuning heading"
+# The pages' fragments, each compiled in the context readme_snippets.cpp gives it.
+nth_block() { awk -v n="$1" '/^```cpp/{k++; if (k == n) {c=1; next}} c && /^```/{exit} c' "$2"; }
+nth_block 2 "$source_dir/docs/getting-started.md" >"$work/getting_started_forward.inc"
+nth_block 3 "$source_dir/docs/getting-started.md" >"$work/getting_started_init.inc"
+nth_block 1 "$source_dir/docs/checkpoints.md" >"$work/checkpoints_calls.inc"
+nth_block 1 "$source_dir/docs/tools.md" >"$work/tools_memory_test.inc"
+for f in getting_started_forward getting_started_init checkpoints_calls tools_memory_test; do
+  [ -s "$work/$f.inc" ] || fail "docs: the snippet for $f is gone (tests/install/run.sh takes them by their place)"
+done
 extra+=(-DREADME_SNIPPETS_DIR="$work")
 cmake -S "$source_dir/tests/install/consumer" -B "$work/consumer" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" "${extra[@]}" >"$work/configure.log" 2>&1 ||
@@ -49,4 +58,31 @@ case "$first" in
   *) fail "the consumer lists ${first:-no libstdc++} before libstdc++.so.6 (NOTE [standard library first])" ;;
 esac
 "$work/consumer/consumer"
+# A newcomer's path (issue 53): docs/getting-started.md's first program, its
+# CMakeLists.txt and ds_config.json, as written, built against the package
+# and run (one process, then two ranks through the package's zero launch);
+# the README's program is the same, compiled as written.
+page=$source_dir/docs/getting-started.md
+first_block() { awk -v lang="$1" '$0 == "```" lang {c=1; next} c && /^```/{exit} c' "$2"; }
+mkdir -p "$work/newcomer"
+first_block cpp "$page" >"$work/newcomer/main.cpp"
+first_block cmake "$page" >"$work/newcomer/CMakeLists.txt"
+first_block json "$page" >"$work/newcomer/ds_config.json"
+for f in main.cpp CMakeLists.txt ds_config.json; do
+  [ -s "$work/newcomer/$f" ] || fail "docs/getting-started.md: no $f block (its first cpp, cmake and json blocks)"
+done
+first_block cpp "$source_dir/README.md" >"$work/readme_program.cpp"
+cmp -s "$work/readme_program.cpp" "$work/newcomer/main.cpp" ||
+  fail "README.md's program differs from docs/getting-started.md's first program: keep them one"
+cmake -S "$work/newcomer" -B "$work/newcomer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+  "${extra[@]}" >"$work/newcomer.log" 2>&1 || { cat "$work/newcomer.log" >&2; fail "the getting-started project does not configure"; }
+cmake --build "$work/newcomer/build" >>"$work/newcomer.log" 2>&1 ||
+  { cat "$work/newcomer.log" >&2; fail "the getting-started program does not build"; }
+(cd "$work/newcomer" && OMP_NUM_THREADS=1 ./build/train >"$work/newcomer.run" 2>&1) ||
+  { cat "$work/newcomer.run" >&2; fail "the getting-started program does not run"; }
+grep -q '^step 150 loss' "$work/newcomer.run" || { cat "$work/newcomer.run" >&2; fail "the getting-started program printed no loss"; }
+[ -f "$work/newcomer/ckpt/latest" ] || fail "the getting-started program saved no checkpoint"
+(cd "$work/newcomer" && rm -rf ckpt && OMP_NUM_THREADS=1 "$prefix/bin/zero" launch --nproc_per_node 2 -- ./build/train \
+  >"$work/newcomer.run2" 2>&1) || { cat "$work/newcomer.run2" >&2; fail "the getting-started program does not run on 2 ranks"; }
+[ -f "$work/newcomer/ckpt/latest" ] || fail "the getting-started program on 2 ranks saved no checkpoint"
 rm -rf "$work"
