@@ -151,6 +151,10 @@ TEST(Round5, DevStdoutIsTheStreamEvenWhenItIsAFile) {
     EXPECT_NO_THROW(doc >> j) << command << "\n" << text.substr(brace, 300);
     EXPECT_EQ(text.find(expect, text.find(expect) + 1), std::string::npos) << command << ": written twice";
   }
+  // A variable that names a file per rank is no stream.
+  const Outcome report = run("env ZERO_RUN_REPORT=/dev/stdout " + kBin + "mingpt --config " + d.file("mingpt.json") + kTiny);
+  EXPECT_EQ(report.code, 2) << report.out;
+  EXPECT_TRUE(has(report.out, "ZERO_RUN_REPORT=/dev/stdout: a stream; the variable names a file name prefix")) << report.out;
   // Other places under /dev and /proc are refused before any work.
   for (const std::string& path : {std::string("/dev/null"), std::string("/dev/zero-out.json"), std::string("/proc/self/comm")}) {
     const Outcome r = run(kBin + "zero estimate --params 1e9 --json " + path);
