@@ -290,11 +290,7 @@ void check_outputs(const Args& a) {
   }
   if (!a.summary_json.empty()) files.writes("--summary-json", a.summary_json);
   if (!a.save_dir.empty()) files.adds_to_folder("--save_dir", a.save_dir);
-  try {
-    files.writes_environment_outputs();  // ZERO_TRACE, ZERO_RUN_REPORT: this rank's files
-  } catch (const zero::UsageError& e) {  // a stream where a file is needed
-    usage_error(e.what());
-  }
+  files.writes_environment_outputs();  // ZERO_TRACE, ZERO_RUN_REPORT: this rank's files
   if (const std::string problem = files.problem(); !problem.empty()) usage_error(problem);
   zero::CommandFiles::declare(files);  // the engine checks them again at initialize
 }

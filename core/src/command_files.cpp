@@ -8,7 +8,9 @@
 #include <fcntl.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 
@@ -55,6 +57,22 @@ CommandFiles& declared_files() {
 }
 
 }  // namespace
+
+std::string write_to_stream(const std::string& path, int fd, const std::string& data) {
+  std::cout.flush();
+  std::fflush(nullptr);  // what the program printed before comes first
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      return "write " + path + " (descriptor " + std::to_string(fd) + ") at offset " + std::to_string(done) + ": " +
+             std::strerror(err) + " (errno " + std::to_string(err) + ")";
+    }
+    done += static_cast<size_t>(n);
+  }
+  return "";
+}
 
 int stream_output_fd(const std::string& path_in) {
   std::string path = path_in;
@@ -241,16 +259,16 @@ void CommandFiles::writes_environment_outputs(int rank, int world_size) {
   }
   const std::string r = std::to_string(rank);
   if (const char* v = std::getenv("ZERO_TRACE"); v != nullptr && *v != '\0') {
-    if (world_size > 1 && stream_output_fd(v) >= 0)
-      throw UsageError(std::string("ZERO_TRACE=") + v + ": a stream, and each of the " + std::to_string(world_size) +
-                       " ranks writes a trace of its own (FILE.rankR.json): give a file name, and join the ranks' "
-                       "files with `zero trace merge`");
+    if (world_size > 1 && stream_output_fd(v) >= 0 && refused_.empty())
+      refused_ = std::string("ZERO_TRACE=") + v + ": a stream, and each of the " + std::to_string(world_size) +
+                 " ranks writes a trace of its own (FILE.rankR.json): give a file name, and join the ranks' files "
+                 "with `zero trace merge`";
     writes("ZERO_TRACE's file for rank " + r, trace::trace_path_for_rank(v, rank, world_size));
   }
   if (const char* v = std::getenv("ZERO_RUN_REPORT"); v != nullptr && *v != '\0') {
-    if (stream_output_fd(v) >= 0)
-      throw UsageError(std::string("ZERO_RUN_REPORT=") + v + ": a stream; the variable names a file name prefix, "
-                       "and rank R writes PREFIX.rankR (such as /tmp/report)");
+    if (stream_output_fd(v) >= 0 && refused_.empty())
+      refused_ = std::string("ZERO_RUN_REPORT=") + v + ": a stream; the variable names a file name prefix, and rank "
+                 "R writes PREFIX.rankR (such as /tmp/report)";
     writes("ZERO_RUN_REPORT's file for rank " + r, run_report_file(v, rank));
   }
 }
@@ -374,6 +392,7 @@ std::string CommandFiles::in_save_names(const Entry& folder, const Entry& other)
 }
 
 std::string CommandFiles::problem() const {
+  if (!refused_.empty()) return refused_;
   auto is_output = [](Role r) { return r == Role::kWriteFile || r == Role::kWriteFolder || r == Role::kAddToFolder; };
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& out = entries_[i];

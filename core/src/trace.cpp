@@ -135,6 +135,10 @@ std::string render(const Recorder& r) {
 // moves to another path); a stream is written then only, once.
 bool write_locked(Recorder& r, bool final) {
   if (r.path.empty()) return true;
+  // NOTE [outputs and inputs]: a stream (ZERO_TRACE=/dev/stdout) takes one
+  // whole trace, at the final flush; a link is written through, not replaced.
+  const int out = stream_output_fd(r.path);
+  if (out >= 0 && (!final || r.streamed)) return true;
   std::string text;
   try {
     text = render(r);
@@ -143,22 +147,11 @@ bool write_locked(Recorder& r, bool final) {
                  std::to_string(r.rank) + "; " + r.path + " was not written");
     return false;
   }
-  // NOTE [outputs and inputs]: a stream (ZERO_TRACE=/dev/stdout) is
-  // written where it stands; a link is written through, not replaced.
-  if (const int out = stream_output_fd(r.path); out >= 0) {
-    if (!final || r.streamed) return true;
+  if (out >= 0) {
     r.streamed = true;
-    std::fflush(nullptr);  // what the program printed before comes first
-    for (size_t done = 0; done < text.size();) {
-      const ssize_t n = ::write(out, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : ENOSPC;
-        log::warning("ZERO_TRACE: could not write " + r.path + " at offset " + std::to_string(done) + ": " +
-                     std::strerror(err) + " (errno " + std::to_string(err) + ")");
-        return false;
-      }
-      done += static_cast<size_t>(n);
+    if (const std::string problem = write_to_stream(r.path, out, text); !problem.empty()) {
+      log::warning("ZERO_TRACE: could not " + problem);
+      return false;
     }
     return true;
   }

@@ -289,11 +289,7 @@ int logits_command(int argc, char** argv) {
     if (!config_path.empty()) files.reads("--config", config_path);
     add_model_inputs(files, f["--model"]);
     files.writes("--out", f["--out"]);
-    try {
-      files.writes_environment_outputs();
-    } catch (const zero::UsageError& e) {  // a stream where a file is needed
-      usage_error(e.what());
-    }
+    files.writes_environment_outputs();
     if (const auto problem = files.problem(); !problem.empty()) usage_error(problem);
     zero::CommandFiles::declare(files);
   }
@@ -431,11 +427,7 @@ int train_command(int argc, char** argv) {
     if (f.count("--summary-json")) files.writes("--summary-json", f["--summary-json"]);
     if (f.count("--save_hf")) files.writes_folder("--save_hf", f["--save_hf"]);
     if (f.count("--save_dir")) files.adds_to_folder("--save_dir", f["--save_dir"]);
-    try {
-      files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
-    } catch (const zero::UsageError& e) {  // a stream where a file is needed
-      usage_error(e.what());
-    }
+    files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
     if (const auto p = files.problem(); !p.empty()) usage_error(p);
     zero::CommandFiles::declare(files);  // the engine checks them again at initialize
   }

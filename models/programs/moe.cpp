@@ -121,11 +121,7 @@ int train(int argc, char** argv) {
     zero::CommandFiles files;  // NOTE [outputs and inputs]
     files.reads("--config", zero::config_file_argument("--config", f["--config"]));
     if (f.count("--summary-json")) files.writes("--summary-json", f["--summary-json"]);
-    try {
-      files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
-    } catch (const zero::UsageError& e) {  // a stream where a file is needed
-      usage_error(e.what());
-    }
+    files.writes_environment_outputs(opts.dist->rank, opts.dist->world_size);
     if (const auto p = files.problem(); !p.empty()) usage_error(p);
     zero::CommandFiles::declare(files);
   }

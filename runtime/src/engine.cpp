@@ -125,18 +125,6 @@ std::mutex g_factor_mutex;
 double g_pass_factor = 0;  // the factor of the backward pass in progress (0: none set)
 double g_next_factor = 0;  // engine.scale(): the factor of the next pass
 
-// NOTE [outputs and inputs]: the files the environment names (ZERO_TRACE,
-// ZERO_RUN_REPORT) against what the program declared it reads and writes
-// (its data, weights, resumed checkpoint, its own outputs), the config, and
-// each other, before the run starts. A library user's program declares
-// nothing: the config is still compared.
-void check_environment_outputs(const Engine::Impl& s) {
-  CommandFiles files = CommandFiles::declared();
-  if (!s.config.source.empty() && s.config.source != "<string>") files.reads("the config", s.config.source);
-  files.writes_environment_outputs(s.dist.rank, s.dist.world_size);
-  if (const std::string problem = files.problem(); !problem.empty()) throw UsageError(problem);
-}
-
 // NOTE [trace]: ZERO_TRACE=FILE, checked as every output is (NOTE [outputs
 // and inputs]) before the run starts.
 void start_trace(Engine::Impl& s) {
@@ -505,7 +493,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, 
   s.window_start = Clock::now();
   if (s.comm) s.comm_bytes_uncounted = s.comm->bytes_sent();  // initialize's: not a step's
   try {  // NOTE [run report]
-    check_environment_outputs(s);
+    detail::check_environment_outputs(s.config.source, s.dist);
     start_trace(s);
     s.reporter = detail::RunReporter::start(s);
     if (s.reporter) s.reporter->after_initialize();
@@ -792,30 +780,6 @@ std::string Engine::memory_summary() const {
   out << "measured device peak (" << impl_->device.str() << "): "
       << format_bytes(peak_bytes(Tier::kDevice)) << "\n";
   return out.str();
-}
-
-void detail::print_config_warnings(const config::Config& config, const DistEnv& dist,
-                                   const std::map<std::string, std::string>& flags) {
-  static const std::map<std::string, std::string> kPaths = {
-      {"lr", "optimizer.params.lr"},
-      {"weight_decay", "optimizer.params.weight_decay"},
-      {"eps", "optimizer.params.eps"},
-      {"gradient_clipping", "gradient_clipping"},
-      {"train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu"},
-      {"gradient_accumulation_steps", "gradient_accumulation_steps"}};
-  for (const auto& item : flags)  // every rank: a rank alone would leave the others in a collective
-    ZERO_CHECK(kPaths.count(item.first) > 0, "InitOptions::auto_value_flags: no member " + item.first);
-  if (dist.rank != 0) return;
-  for (const auto& w : config.warnings) log::warning_once("config:" + w, w);  // each names the file already
-  for (const auto& [name, flag] : flags) {
-    const auto path = kPaths.find(name);
-    for (const auto& r : config.resolved)
-      if (r.path == path->second && r.origin == config::Origin::kGiven) {
-        const std::string w = flag + " is not used: " + config.source + " gives " + r.path + " = " + r.value +
-                              " itself (write \"auto\" there for the flag to fill it)";
-        log::warning_once("config:" + w, w);
-      }
-  }
 }
 
 Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,

@@ -65,6 +65,14 @@ inline config::Config load_config(const std::string& config, const InitOptions& 
 // config check` prints the same list (tests/runtime/config_warnings_test.cpp
 // holds the three to it). A program's flag that would fill an "auto" which
 // the config gives itself (InitOptions::auto_value_flags) is said unused.
+/// NOTE [outputs and inputs]: the files the environment names (ZERO_TRACE,
+/// ZERO_RUN_REPORT) against what the program declared it reads and writes
+/// (CommandFiles::declare: its data, weights, resumed checkpoint, its own
+/// outputs), the config at `config_source`, and each other, before the run
+/// starts. A library user's program declares nothing: the config is still
+/// compared. Throws UsageError naming the clash.
+void check_environment_outputs(const std::string& config_source, const DistEnv& dist);
+
 /// The config's warnings (NOTE [config warnings]).
 /// Also, for each of `flags` (InitOptions::auto_value_flags) whose key the
 /// config gives itself, that the flag is unused.

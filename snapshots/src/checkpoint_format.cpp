@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 
 #include <c10/util/accumulate.h>
@@ -404,27 +403,12 @@ TensorFileWriter::Committed TensorFileWriter::commit(const std::string& sums_pat
   return {layout_.file_bytes(), layout_.header_crc, crc32c(sums.data(), sums.size())};
 }
 
-namespace {
-
-// Writes `data` to an open stream (NOTE [outputs and inputs]: /dev/stdout
-// is written where the stream stands, never replaced).
-void write_to_stream(const std::string& path, int fd, const std::string& data) {
-  std::cout.flush();
-  std::fflush(nullptr);  // what the program printed before comes first
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw IoError("write " + path + " (descriptor " + std::to_string(fd) + ") at offset " +
-                              std::to_string(done) + ": " + errno_text(n < 0 ? errno : ENOSPC));
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
-
 void write_file_atomically(const std::string& path_in, const std::string& data) {
-  if (const int fd = stream_output_fd(path_in); fd >= 0) return write_to_stream(path_in, fd, data);
+  // NOTE [outputs and inputs]: a stream is written where it stands, never replaced.
+  if (const int fd = stream_output_fd(path_in); fd >= 0) {
+    if (std::string problem = write_to_stream(path_in, fd, data); !problem.empty()) throw IoError(problem);
+    return;
+  }
   if (std::string problem = output_place_problem("output", path_in); !problem.empty()) throw IoError(problem);
   // A link is written through: its target is replaced, the link stays.
   const std::string path = is_regular_file(path_in) || !path_exists(path_in) ? path_in : resolved_path(path_in);

@@ -235,6 +235,19 @@ TEST_F(CommandFilesTest, TheEnvironmentsOutputsAreHeldToTheRule) {
     files.writes_environment_outputs(1, 2);
     EXPECT_THAT(files.problem(), HasSubstr("ZERO_RUN_REPORT's file for rank 1 " + p("model/r.rank1") + ": lies inside"));
   }
+  {  // A stream cannot be a prefix, nor every rank's trace: said by problem().
+    Env report("ZERO_RUN_REPORT", "/dev/stdout");
+    zero::CommandFiles files;
+    files.writes_environment_outputs(0, 1);
+    EXPECT_THAT(files.problem(), HasSubstr("ZERO_RUN_REPORT=/dev/stdout: a stream; the variable names a file name prefix"));
+    ::unsetenv("ZERO_RUN_REPORT");
+    Env trace("ZERO_TRACE", "/dev/stdout");
+    zero::CommandFiles one, two;
+    one.writes_environment_outputs(0, 1);
+    EXPECT_EQ(one.problem(), "");  // one rank: written to the stream
+    two.writes_environment_outputs(1, 2);
+    EXPECT_THAT(two.problem(), HasSubstr("ZERO_TRACE=/dev/stdout: a stream, and each of the 2 ranks"));
+  }
   {  // The two variables against each other.
     Env trace("ZERO_TRACE", p("same"));
     Env report("ZERO_RUN_REPORT", p("same"));

@@ -71,8 +71,8 @@ class CommandFiles {
   /// The files the environment has every engine write: ZERO_TRACE's and
   /// ZERO_RUN_REPORT's, for rank `rank` of `world_size` (from RANK and
   /// WORLD_SIZE when negative, as the launcher sets them).
-  /// Throws UsageError for a stream there (/dev/stdout): ZERO_RUN_REPORT is
-  /// a prefix, and each of several ranks writes a trace of its own.
+  /// A stream there (/dev/stdout) is a problem() of its own: ZERO_RUN_REPORT
+  /// is a prefix, and each of several ranks writes a trace of its own.
   void writes_environment_outputs(int rank = -1, int world_size = -1);
   /// A folder whose files the command writes and replaces (an export).
   void writes_folder(std::string what, const std::string& dir);
@@ -108,7 +108,13 @@ class CommandFiles {
   static std::string in_save_names(const Entry& folder, const Entry& other);
 
   std::vector<Entry> entries_;
+  std::string refused_;  // what cannot be an output at all (writes_environment_outputs), said first
 };
+
+/// Writes all of `data` to the open stream `fd` (named `path`), after
+/// flushing the C and C++ streams so that what the program printed comes
+/// first. "" when written, else what failed: the offset and errno's text.
+std::string write_to_stream(const std::string& path, int fd, const std::string& data);
 
 /// The file descriptor a stream path names: 1 for /dev/stdout (and
 /// /dev/fd/1, /proc/self/fd/1, or a link to one of them), 2 for
