@@ -28,18 +28,6 @@
 namespace zero::test {
 namespace {
 
-// A tiny Llama in `dir`/model: its config.json and the weights of one
-// step from a fresh initialisation, as --save_hf writes them.
-std::string make_llama(const TempDir& dir) {
-  ::mkdir(dir.file("cfg").c_str(), 0755);
-  write(dir, "cfg/config.json", kLlamaConfig);
-  write(dir, "ds.json", kDs);
-  token_file(dir);
-  const Outcome r = run(llama_train(dir, dir.file("cfg"), "--save_hf " + dir.file("model")));
-  EXPECT_EQ(r.code, 0) << r.out;
-  return dir.file("model");
-}
-
 // A safetensors file of header `header` (the JSON) and `data` bytes of 0.
 std::string safetensors_bytes(const std::string& header, size_t data) {
   std::string file(8, '\0');

@@ -49,14 +49,9 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
 struct Made {
   TempDir dir;
   Made() {
-    ::mkdir(dir.file("cfg").c_str(), 0755);
-    write(dir, "cfg/config.json", kLlamaConfig);
-    write(dir, "ds.json", kDs);
+    make_llama(dir, 300);
     write(dir, "mingpt.json", read_text(kConfigs + "mingpt_zero2.json"));
-    token_file(dir);
-    Outcome r = run(llama_train(dir, dir.file("cfg"), "--save_hf " + dir.file("model")), 300);
-    EXPECT_EQ(r.code, 0) << r.out;
-    r = run(kBin + "mingpt --config " + dir.file("mingpt.json") + kTiny +
+    const Outcome r = run(kBin + "mingpt --config " + dir.file("mingpt.json") + kTiny +
                 "--limit_train_batches 4 --stop_after_steps 1 --save_dir " + dir.file("ck"),
             300);
     EXPECT_EQ(r.code, 0) << r.out;
@@ -227,7 +222,7 @@ TEST(Round5, TraceMergeReadsOnlyRegularFilesOfTraces) {
       {t.file("pid.json"), "is of pid 4, a rank the file does not name"},
   };
   for (const auto& [ins, message] : cases) {
-    const Outcome r = run(merge + ins, 30);
+    const Outcome r = run(merge + ins, 120);
     EXPECT_EQ(r.code, 2) << ins << "\n" << r.out;
     EXPECT_TRUE(has(r.out, message)) << ins << "\n" << r.out;
   }
@@ -248,7 +243,7 @@ TEST(Round5, EveryCommandAndSubcommandTakesHelp) {
       "llama logits", "mingpt", "moe train"};
   for (const auto& c : commands)
     for (const char* flag : {" --help", " -h"}) {
-      const Outcome r = run(kBin + c + flag, 30);
+      const Outcome r = run(kBin + c + flag, 120);
       EXPECT_EQ(r.code, 0) << c << flag << "\n" << r.out;
       EXPECT_TRUE(has(r.out, "usage")) << c << flag << "\n" << r.out;
     }

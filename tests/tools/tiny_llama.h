@@ -1,11 +1,15 @@
 // A tiny Llama for the hardening rounds' process tests (round4_test.cpp,
-// round5_test.cpp): its config.json, a DeepSpeed config, token data and the
-// `llama train` command line over them.
+// round5_test.cpp): its config.json, a DeepSpeed config, token data, the
+// `llama train` command line over them, and one exported.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <fstream>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "tool_test_util.h"
 
@@ -35,6 +39,18 @@ inline std::string token_file(const TempDir& dir) {
 inline std::string llama_train(const TempDir& dir, const std::string& model, const std::string& extra) {
   return kBin + "llama train --model " + model + " --config " + dir.file("ds.json") + " --data " + dir.file("tok.bin") +
          " --block_size 8 --steps 1 " + extra;
+}
+
+/// A tiny Llama in `dir`/model: its config.json and the weights of one
+/// step from a fresh initialisation, as --save_hf writes them.
+inline std::string make_llama(const TempDir& dir, int limit_s = 60) {
+  ::mkdir(dir.file("cfg").c_str(), 0755);
+  write(dir, "cfg/config.json", kLlamaConfig);
+  write(dir, "ds.json", kDs);
+  token_file(dir);
+  const Outcome r = run(llama_train(dir, dir.file("cfg"), "--save_hf " + dir.file("model")), limit_s);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return dir.file("model");
 }
 
 }  // namespace zero::test
