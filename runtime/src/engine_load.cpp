@@ -20,6 +20,7 @@
 
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/snapshots/checkpoint_io.h"
+#include "zero/snapshots/deepspeed_checkpoint.h"
 #include "engine_impl.h"
 #include "zero/core/error.h"
 #include "zero/partition/stage3_plan.h"
@@ -112,9 +113,19 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   const Impl::UncountedTraffic uncounted(s);  // NOTE [bytes across nodes]: not a step's
   const auto t0 = Clock::now();
   at::NoGradGuard no_grad;
-  const std::string tag_dir = ckpt::tag_folder(dir, tag_in);
-  const std::string meta_path = tag_dir + "/meta.json";
-  const nlohmann::json meta = ckpt::read_meta(tag_dir);
+  // A DeepSpeed checkpoint reads as one of zero's (NOTE [deepspeed checkpoints]).
+  const std::string ds_dir = ckpt::deepspeed::find(dir, tag_in);
+  ckpt::deepspeed::Opened ds;
+  if (!ds_dir.empty()) ds = ckpt::deepspeed::open(ds_dir);
+  const std::string tag_dir = ds_dir.empty() ? ckpt::tag_folder(dir, tag_in) : ds_dir;
+  const std::string meta_path = ds_dir.empty() ? tag_dir + "/meta.json" : tag_dir;
+  const nlohmann::json meta = ds_dir.empty() ? ckpt::read_meta(tag_dir) : std::move(ds.meta);
+  if (!ds_dir.empty() && s.dist.rank == 0)
+    log::info("load_checkpoint: " + tag_dir + " is a DeepSpeed checkpoint (DeepSpeed " +
+              meta.value("ds_version", std::string("?")) + ", stage " + std::to_string(meta.at("stage").get<int>()) +
+              ", " + std::to_string(meta.at("world_size").get<int64_t>()) + " ranks" +
+              (ckpt::is_folder(tag_dir + "/zero") ? ", universal" : "") +
+              "): its master, Adam moments, steps, LR schedule and loss scale are read into this run's layout");
   auto& opt = *s.optimizer;
   const auto& flat = opt.parameters();
   const auto& store = opt.store();
@@ -183,8 +194,9 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
         if (model_names.count(p.name) == 0)
           throw IoError(meta_path + ": has parameter " + p.name + ", which the model lacks: a checkpoint of another model");
   }
-  auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio));
-  ckpt::check_saved_states(tag_dir, meta, *reader);
+  auto reader = ds_dir.empty() ? ckpt::PieceReader::checkpoint(tag_dir, meta, partition::aio_options(s.config.aio))
+                               : std::move(ds.reader);
+  if (ds_dir.empty()) ckpt::check_saved_states(tag_dir, meta, *reader);
   const int64_t layout_rank = opt.partition_rank();
   const auto& groups = store.sub_groups();
   // fp32 states by element ranges, at any world size; block-wise ones
@@ -396,7 +408,9 @@ CheckpointStats Engine::load_checkpoint(const std::string& dir, const std::strin
   if (with_frozen)
     load_frozen_groups(opt, [&](const partition::ParamSlot& slot) { return saved_value(slot.name, slot.param, slot.shape); });
   // RNG states, at the world size they were saved with.
-  if (meta.at("world_size").get<int64_t>() == s.dist.world_size) {
+  if (!meta.value("rng_states", true)) {
+    if (s.dist.rank == 0) log::info("load_checkpoint: the checkpoint holds no RNG states: they start anew");
+  } else if (meta.at("world_size").get<int64_t>() == s.dist.world_size) {
     const std::string file = part_name(s.dist.rank) + ".safetensors";
     set_generator_state(at::kCPU, reader->read_tensor(file, "rng.cpu"));
     if (s.device.is_cuda() && reader->has_tensor(file, "rng.cuda"))
