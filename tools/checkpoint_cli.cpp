@@ -3,6 +3,8 @@
 //   consolidate DIR OUT.safetensors   full weights by parameter name, streamed
 //   verify DIR                        every file read whole, every block checked
 //   info DIR                          what a checkpoint holds
+//   export-deepspeed DIR OUT          DeepSpeed's layout (NOTE [deepspeed checkpoints])
+// Each reads DeepSpeed's checkpoints too.
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -22,7 +24,10 @@
 #include "zero/core/text.h"
 #include "zero/snapshots/checkpoint_format.h"
 #include "zero/snapshots/checkpoint_io.h"
+#include "zero/snapshots/deepspeed_checkpoint.h"
 #include "zero/snapshots/hf_export.h"
+#include "zero/config/config.h"
+#include "zero/optim/lr_scheduler.h"
 #include "zero/runs/runs.h"
 
 namespace zero::tools {
@@ -55,6 +60,20 @@ const char* kCheckpointUsage = R"(usage: zero checkpoint COMMAND DIR [options]
   info DIR [--tag T]
       Prints what the checkpoint holds: steps, world size, stage, optimizer,
       parameters, files.
+  export-deepspeed DIR OUT [--tag T] [--world-size N] [--stage 1|2|3] [--universal]
+      Writes DIR's latest checkpoint (or tag T) as DeepSpeed saves one, into
+      the new folder OUT (OUT/TAG and OUT/latest): the model file, one
+      optimizer file per rank of N (default: the ranks it was saved by) at
+      the stage given (default: its own; stage 0 as 2), with the fp32
+      master, Adam's moments and step, the LR schedule and the client state.
+      deepspeed.initialize + load_checkpoint resumes it at N ranks, and
+      DeepSpeed's zero_to_fp32.py consolidates it. --universal writes
+      ds_to_universal's form (OUT/latest_universal), which DeepSpeed resumes
+      at any number of ranks with "checkpoint": {"load_universal": true}.
+
+Every command reads DeepSpeed's checkpoints too (DIR/latest or
+DIR/latest_universal naming a folder of *.pt files), without running any
+code they name (NOTE [restricted unpickling]); load_checkpoint resumes them.
 )";
 
 // VmHWM / VmRSS of this process, bytes.
@@ -70,7 +89,8 @@ int64_t proc_status_bytes(const char* key) {
 struct Parsed {
   std::vector<std::string> positional;
   std::string tag, dtype = "fp32", state = "fp32_master", max_shard = "5GB", config;
-  bool force = false, clean = false, hf = false;
+  std::string world_size, stage;
+  bool force = false, clean = false, hf = false, universal = false;
 };
 
 // Returns false (having printed why) on an unknown option or a missing value.
@@ -92,8 +112,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
     const bool known = std::find(options.begin(), options.end(), a) != options.end();
     if (known && std::find(seen.begin(), seen.end(), a) != seen.end()) return refuse(a + " given twice: give it once");
     seen.push_back(a);
-    if (known && (a == "--force" || a == "--clean" || a == "--hf")) {
-      (a == "--force" ? out.force : a == "--clean" ? out.clean : out.hf) = true;
+    if (known && (a == "--force" || a == "--clean" || a == "--hf" || a == "--universal")) {
+      (a == "--force" ? out.force : a == "--clean" ? out.clean : a == "--hf" ? out.hf : out.universal) = true;
       continue;
     }
     if (!known || i + 1 >= args.size()) {
@@ -111,6 +131,8 @@ bool parse(const std::string& command, const std::vector<std::string>& args, con
     else if (a == "--state") out.state = v;
     else if (a == "--max-shard-size") out.max_shard = v;
     else if (a == "--config") out.config = v;
+    else if (a == "--world-size") out.world_size = v;
+    else if (a == "--stage") out.stage = v;
   }
   return true;
 }
@@ -198,7 +220,7 @@ int consolidate_command(const std::vector<std::string>& args) {
   const auto dtype = parse_dtype("consolidate", p.dtype);
   if (!dtype) return 2;
   const int64_t rss_before = proc_status_bytes("VmRSS");
-  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  const std::string tag_dir = ckpt::deepspeed::tag_folder_any(p.positional[0], p.tag);
   if (const std::string problem = consolidate_output_problem(p.positional[0], tag_dir, p.positional[1], p.force);
       !problem.empty()) {
     std::cerr << "zero checkpoint consolidate: " << problem << "\n";
@@ -324,6 +346,19 @@ int verify_command(const std::vector<std::string>& args) {
     return 2;
   }
   if (p.clean) clean_interrupted_saves(p.positional[0]);
+  if (const std::string ds = ckpt::deepspeed::find(p.positional[0], p.tag); !ds.empty()) {
+    int64_t files = 0, total = 0;
+    const double secs = seconds([&] {
+      total = ckpt::deepspeed::verify(ds, [&](const std::string& path, int64_t n) {
+        ++files;
+        std::printf("  %-48s %12s  ok\n", path.substr(ds.size() + 1).c_str(), format_bytes(n).c_str());
+      });
+    });
+    std::printf("%s: a DeepSpeed checkpoint: %lld files, %s read in %.2f s; every pickle parsed, every tensor "
+                "within its file: OK (torch.save files carry no checksums zero can check)\n",
+                ds.c_str(), static_cast<long long>(files), format_bytes(total).c_str(), secs);
+    return 0;
+  }
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
   const auto meta = ckpt::read_meta(tag_dir);
   auto reader = ckpt::PieceReader::checkpoint(tag_dir, meta, offload::AioOptions{});
@@ -341,6 +376,93 @@ int verify_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Whole numbers from `min` up, for the option `flag`.
+std::optional<int64_t> parse_count(const std::string& flag, const std::string& v, int64_t min) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < min) {
+    std::cerr << "zero checkpoint export-deepspeed: " << flag << " " << v << ": expected a whole number of at least "
+              << min << "\n";
+    return std::nullopt;
+  }
+  return n;
+}
+
+int export_deepspeed_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("export-deepspeed", args, {"--tag", "--world-size", "--stage", "--universal"}, p)) return 2;
+  if (p.positional.size() != 2) {
+    std::cerr << "zero checkpoint export-deepspeed: expected DIR and OUT\n\n" << kCheckpointUsage;
+    return 2;
+  }
+  ckpt::deepspeed::ExportOptions o;
+  if (!p.world_size.empty()) {
+    auto n = parse_count("--world-size", p.world_size, 1);
+    if (!n) return 2;
+    o.world_size = *n;
+  }
+  if (!p.stage.empty()) {
+    auto n = parse_count("--stage", p.stage, 1);
+    if (!n) return 2;
+    if (*n > 3) {
+      std::cerr << "zero checkpoint export-deepspeed: --stage " << p.stage << ": expected 1, 2 or 3\n";
+      return 2;
+    }
+    o.stage = static_cast<int>(*n);
+  }
+  o.universal = p.universal;
+  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
+  const std::string& out = p.positional[1];
+  if (ckpt::path_exists(out) && !(ckpt::is_folder(out) && ckpt::list_folder(out).empty())) {
+    std::cerr << "zero checkpoint export-deepspeed: " << out << " exists and is not an empty folder; the export "
+              << "writes a new folder\n";
+    return 2;
+  }
+  if (const std::string problem = ckpt::save_folder_problem("OUT", out); !problem.empty()) {
+    std::cerr << "zero checkpoint export-deepspeed: " << problem << "\n";
+    return 2;
+  }
+  // The optimizer group DeepSpeed restores: the run's config, its lr the
+  // one the schedule gives the next step.
+  const auto meta = ckpt::read_meta(tag_dir);
+  config::LoadOptions lo;
+  lo.world_size = meta.at("world_size").get<int64_t>();
+  const config::Config cfg = config::load_string(meta.at("config").dump(), lo, tag_dir + "/meta.json config");
+  if (cfg.optimizer) {
+    o.lr = cfg.optimizer->lr;
+    o.beta1 = cfg.optimizer->betas[0];
+    o.beta2 = cfg.optimizer->betas[1];
+    o.eps = cfg.optimizer->eps;
+    o.weight_decay = cfg.optimizer->weight_decay;
+    o.adam_w_mode = cfg.optimizer->type == config::OptimizerType::kAdamW || cfg.optimizer->adam_w_mode;
+  }
+  if (cfg.scheduler && meta.at("scheduler").is_object()) {
+    auto sched = optim::LrScheduler::create(*cfg.scheduler, o.lr, o.beta1);
+    sched->set_last_batch_iteration(meta.at("scheduler").at("last_batch_iteration").get<int64_t>());
+    o.lr = sched->lr();
+  }
+  if (meta.contains("lr_set")) o.lr = meta.at("lr_set").get<double>();
+  o.clip_grad = cfg.gradient_clipping;
+  o.sub_group_size = cfg.zero.sub_group_size;
+  o.train_batch_size = cfg.batch.train_batch_size;
+  std::optional<ProgressLine> progress;
+  ckpt::deepspeed::ExportStats st;
+  runs::CatchStopSignals stop;
+  const double secs = seconds([&] {
+    st = ckpt::deepspeed::export_checkpoint(tag_dir, out, o, [&](int64_t done, int64_t total) {
+      runs::check_stop();
+      if (!progress) progress.emplace("export-deepspeed", total, o.universal ? "parameters" : "ranks");
+      progress->update(done);
+    });
+  });
+  if (progress) progress->finish();
+  std::printf("%s: DeepSpeed's %s layout, %lld files, %s from %s in %.2f s\n", st.tag_dir.c_str(),
+              o.universal ? "universal" : ("stage-" + std::to_string(o.stage > 0 ? o.stage : std::max(2, meta.at("stage").get<int>())) + " " +
+                                           std::to_string(o.world_size > 0 ? o.world_size : lo.world_size) + "-rank").c_str(),
+              static_cast<long long>(st.files), format_bytes(st.bytes_written).c_str(), tag_dir.c_str(), secs);
+  return 0;
+}
+
 int info_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("info", args, {"--tag"}, p)) return 2;
@@ -348,9 +470,13 @@ int info_command(const std::vector<std::string>& args) {
     std::cerr << "zero checkpoint info: expected DIR\n\n" << kCheckpointUsage;
     return 2;
   }
-  const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
-  const auto meta = ckpt::read_meta(tag_dir);
+  const std::string tag_dir = ckpt::deepspeed::tag_folder_any(p.positional[0], p.tag);
+  const auto meta = ckpt::deepspeed::open_any(tag_dir, offload::AioOptions{}).meta;
   const auto layout = ckpt::SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
+  if (meta.value("format", "") == "deepspeed")
+    std::printf("%s: a DeepSpeed checkpoint (DeepSpeed %s%s)\n", tag_dir.c_str(),
+                meta.value("ds_version", std::string("?")).c_str(),
+                ckpt::is_folder(tag_dir + "/zero") ? ", universal form" : "");
   int64_t params = 0, tensors = 0;
   for (const auto& g : layout.groups)
     for (const auto& sp : g.params) params += sp.numel, ++tensors;
@@ -379,7 +505,8 @@ int checkpoint_command(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
-  const bool known = args[0] == "consolidate" || args[0] == "verify" || args[0] == "export" || args[0] == "info";
+  const bool known = args[0] == "consolidate" || args[0] == "verify" || args[0] == "export" || args[0] == "info" ||
+                     args[0] == "export-deepspeed";
   if (known && (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
                 std::find(rest.begin(), rest.end(), "-h") != rest.end())) {
     std::cout << kCheckpointUsage;
@@ -390,6 +517,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     if (args[0] == "verify") return verify_command(rest);
     if (args[0] == "export") return export_command(rest);
     if (args[0] == "info") return info_command(rest);
+    if (args[0] == "export-deepspeed") return export_deepspeed_command(rest);
   } catch (const Error& e) {
     std::cerr << "zero checkpoint " << args[0] << ": " << zero::error_text(e) << "\n";
     return 1;
@@ -398,7 +526,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
               << "; nothing was written (what it had begun is removed)\n";
     return 128 + e.signal();
   }
-  const auto near = nearest(args[0], {"consolidate", "export", "verify", "info"});
+  const auto near = nearest(args[0], {"consolidate", "export", "verify", "info", "export-deepspeed"});
   std::cerr << "zero checkpoint: unknown command \"" << args[0] << "\""
             << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
             << kCheckpointUsage;

@@ -234,7 +234,12 @@ CheckpointStats Engine::save_checkpoint(const std::string& dir, const std::strin
       for (size_t i : flat.all_groups()[g].slots)
         model_layout.tensors.push_back({flat.all_slots()[i].name, s.dtype, flat.all_slots()[i].shape});
   for (const auto& [name, t] : extra) model_layout.tensors.push_back({name, t.scalar_type(), t.sizes().vec()});
-  model_layout.metadata = {{"format", ckpt::kFormat}};
+  // Which of its tensors are buffers (the rest frozen parameters), for an
+  // export to DeepSpeed's layout (NOTE [deepspeed checkpoints]).
+  nlohmann::json buffer_names = nlohmann::json::array();
+  for (const auto& item : s.model->named_buffers(true))
+    if (item.value().defined()) buffer_names.push_back(item.key());
+  model_layout.metadata = {{"format", ckpt::kFormat}, {"buffers", buffer_names.dump()}};
 
   // Rank 0 prepares the folder; every rank checks its disk has room for what it writes.
   std::exception_ptr failed;

@@ -1,5 +1,6 @@
 // NOTE [checkpoint mapping] in checkpoint_io.h.
 #include "zero/snapshots/checkpoint_io.h"
+#include "zero/snapshots/deepspeed_checkpoint.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -760,7 +761,8 @@ void for_each_window(PieceReader& reader, const SavedLayout& saved, const std::s
 ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out, at::ScalarType dtype,
                              const std::string& state, const offload::AioOptions& aio,
                              const std::function<void(int64_t, int64_t)>& progress) {
-  const nlohmann::json meta = read_meta(tag_dir);
+  auto opened = deepspeed::open_any(tag_dir, aio);  // zero's or DeepSpeed's
+  const nlohmann::json& meta = opened.meta;
   const auto states = meta.at("states").get<std::vector<std::string>>();
   const bool weights = state == "fp32_master";
   // 8-bit states first: their names (codes, scales) are not what a user asks for.
@@ -774,7 +776,7 @@ ConsolidateStats consolidate(const std::string& tag_dir, const std::string& out,
     throw UsageError("state \"" + state + "\": the checkpoint " + tag_dir + " holds " + have);
   }
   const SavedLayout saved = SavedLayout::from_json(meta.at("layout"), tag_dir + "/meta.json");
-  auto reader = PieceReader::checkpoint(tag_dir, meta, aio);
+  auto reader = std::move(opened.reader);
   const Layout no_extra;
   const Layout& extra = weights ? reader->file_layout("model.safetensors") : no_extra;
   Layout layout;

@@ -68,6 +68,8 @@ struct Source {
   // spans[state][group][part]
   std::map<std::string, std::vector<std::vector<std::vector<Span>>>> spans;
   std::map<std::string, std::vector<int64_t>> frozen;  // name -> shape (stage 3's fragments)
+  std::set<std::string> trainable;                     // in param_shapes
+  Layout extras;  // the buffers and frozen parameters, as "model.safetensors" would list them
 };
 
 const char* kStates[] = {"fp32_master", "exp_avg", "exp_avg_sq"};
@@ -184,6 +186,7 @@ class DsReader final : public PieceReader {
   }
 
   const Layout& file_layout(const std::string& file) override {
+    if (file == "model.safetensors") return src_->extras;
     throw IoError(src_->tag_dir + ": " + file + " is not a file of a DeepSpeed checkpoint");
   }
 
@@ -201,7 +204,7 @@ class DsReader final : public PieceReader {
     const Value* module = src_->model->root().find("module");
     if (module == nullptr) return nullptr;
     const Value* v = module->find(name);
-    if (v == nullptr || v->kind != Value::Kind::kTensor) return nullptr;
+    if (v == nullptr || v->kind != Value::Kind::kTensor || src_->trainable.count(name) != 0) return nullptr;
     if (v->tensor.numel() == 0 && !v->tensor.sizes.empty() && src_->stage == 3) return nullptr;
     return v;
   }
@@ -490,6 +493,21 @@ Opened open(const std::string& tag_dir) {
       throw IoError(owhere + ".zero_stage is " + std::to_string(src->stage) + ": expected 1, 2 or 3");
     }
   }
+  for (const auto& g : groups)
+    for (const auto& [name, shape] : g) src->trainable.insert(name);
+  // The buffers and frozen parameters (what zero keeps in model.safetensors).
+  if (const Value* module = mroot.find("module"); module != nullptr && module->kind == Value::Kind::kDict)
+    for (const auto& [k, v] : module->entries) {
+      if (k->kind != Value::Kind::kStr || v->kind != Value::Kind::kTensor || src->trainable.count(k->s) != 0) continue;
+      if (src->frozen.count(k->s) != 0) continue;
+      if (src->stage == 3 && v->tensor.numel() == 0 && !v->tensor.sizes.empty()) continue;  // a partitioned one
+      src->extras.tensors.push_back({k->s, v->tensor.dtype, v->tensor.sizes});
+    }
+  for (const auto& [name, shape] : src->frozen) {
+    const Value* fr = mroot.find("frozen_param_fragments");
+    const Value* t = fr != nullptr ? fr->find(name) : nullptr;
+    src->extras.tensors.push_back({name, t != nullptr && t->kind == Value::Kind::kTensor ? t->tensor.dtype : at::kFloat, shape});
+  }
   // Tied parameters (shared_params: name -> the name laid out).
   if (const Value* sp = mroot.find("shared_params"); sp != nullptr && sp->kind == Value::Kind::kDict)
     for (const auto& [k, v] : sp->entries)
@@ -598,6 +616,47 @@ Opened open(const std::string& tag_dir) {
   out.meta = std::move(meta);
   out.reader = std::make_unique<DsReader>(src);
   return out;
+}
+
+Opened open_any(const std::string& tag_dir, const offload::AioOptions& aio) {
+  if (!find(tag_dir, "").empty()) return open(tag_dir);
+  Opened out;
+  out.tag_dir = tag_dir;
+  out.meta = read_meta(tag_dir);
+  out.reader = PieceReader::checkpoint(tag_dir, out.meta, aio);
+  return out;
+}
+
+std::string tag_folder_any(const std::string& dir, const std::string& tag) {
+  if (const std::string ds = find(dir, tag); !ds.empty()) return ds;
+  return tag_folder(dir, tag);
+}
+
+int64_t verify(const std::string& tag_dir, const std::function<void(const std::string&, int64_t)>& on_file) {
+  int64_t total = 0;
+  std::function<void(const std::string&)> walk = [&](const std::string& dir) {
+    for (const auto& name : list_folder(dir)) {
+      const std::string path = dir + "/" + name;
+      if (is_folder(path)) {
+        walk(path);
+        continue;
+      }
+      if (name.size() < 3 || name.substr(name.size() - 3) != ".pt") continue;
+      auto a = Archive::open(path);
+      std::function<int64_t(const Value&, int)> read_all = [&](const Value& v, int depth) -> int64_t {
+        int64_t n = 0;
+        if (v.kind == Value::Kind::kTensor) n += a->read(v.tensor).nbytes();
+        for (const auto& x : v.items) n += read_all(*x, depth + 1);
+        for (const auto& [k, x] : v.entries) n += read_all(*x, depth + 1);
+        return n;
+      };
+      const int64_t n = read_all(a->root(), 0);
+      total += n;
+      if (on_file) on_file(path, n);
+    }
+  };
+  walk(tag_dir);
+  return total;
 }
 
 }  // namespace zero::ckpt::deepspeed

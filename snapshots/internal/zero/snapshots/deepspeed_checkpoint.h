@@ -65,11 +65,33 @@ struct Opened {
 /// pipeline stages (not read), sizes that do not add up.
 Opened open(const std::string& tag_dir);
 
+/// The checkpoint in `tag_dir`, zero's or DeepSpeed's, opened for reading:
+/// zero's meta.json and PieceReader::checkpoint, or open(). Throws as they do.
+Opened open_any(const std::string& tag_dir, const offload::AioOptions& aio);
+
+/// The folder of checkpoint `dir`'s tag `tag` ("" for the latest), zero's
+/// (tag_folder) or DeepSpeed's (find).
+std::string tag_folder_any(const std::string& dir, const std::string& tag);
+
+/// Reads every torch.save file of the DeepSpeed checkpoint in `tag_dir`
+/// whole (each pickle parsed, each tensor read), calling `on_file(path,
+/// bytes)` for each; returns the bytes of tensor data read. Throws IoError
+/// naming the first damaged file.
+int64_t verify(const std::string& tag_dir, const std::function<void(const std::string&, int64_t)>& on_file);
+
 struct ExportOptions {
   int64_t world_size = 0;  // ranks of the layout written; 0: the checkpoint's own
   int stage = 0;           // 1, 2 or 3; 0: the checkpoint's (stage 0 is written as 2)
   bool universal = false;  // ds_to_universal's form instead
   std::string tag;         // "" : the checkpoint's tag
+  // From the run's config (the caller reads it, with its schedule): the
+  // optimizer group DeepSpeed restores, its lr the one the next step uses.
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool adam_w_mode = true;
+  double clip_grad = 0.0;
+  int64_t sub_group_size = 1000000000;  // stage 3's sub-groups, as DeepSpeed splits them
+  int64_t train_batch_size = 1;         // global_samples = global_steps x this
+  std::string ds_version = "0.18.9";    // what the files say wrote them
 };
 
 struct ExportStats {
