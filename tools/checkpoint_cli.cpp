@@ -4,6 +4,7 @@
 //   verify DIR                        every file read whole, every block checked
 //   info DIR                          what a checkpoint holds
 //   export-deepspeed DIR OUT          DeepSpeed's layout (NOTE [deepspeed checkpoints])
+//   import-deepspeed DIR OUT          a DeepSpeed checkpoint as zero's
 // Each reads DeepSpeed's checkpoints too.
 #include <limits.h>
 #include <stdlib.h>
@@ -70,6 +71,12 @@ const char* kCheckpointUsage = R"(usage: zero checkpoint COMMAND DIR [options]
       DeepSpeed's zero_to_fp32.py consolidates it. --universal writes
       ds_to_universal's form (OUT/latest_universal), which DeepSpeed resumes
       at any number of ranks with "checkpoint": {"load_universal": true}.
+  import-deepspeed DIR OUT [--tag T]
+      Converts DIR's DeepSpeed checkpoint (stages 1-3, or the universal
+      form) into a zero checkpoint in the new folder OUT, with its states,
+      steps, LR schedule, buffers and client state, a window at a time.
+      load_checkpoint reads DeepSpeed's checkpoints directly; the import
+      gives a checkpoint with zero's checksums, which verify checks.
 
 Every command reads DeepSpeed's checkpoints too (DIR/latest or
 DIR/latest_universal naming a folder of *.pt files), without running any
@@ -463,6 +470,47 @@ int export_deepspeed_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+int import_deepspeed_command(const std::vector<std::string>& args) {
+  Parsed p;
+  if (!parse("import-deepspeed", args, {"--tag"}, p)) return 2;
+  if (p.positional.size() != 2) {
+    std::cerr << "zero checkpoint import-deepspeed: expected DIR and OUT\n\n" << kCheckpointUsage;
+    return 2;
+  }
+  const std::string ds = ckpt::deepspeed::find(p.positional[0], p.tag);
+  if (ds.empty()) {
+    std::cerr << "zero checkpoint import-deepspeed: " << p.positional[0]
+              << " holds no DeepSpeed checkpoint" << (p.tag.empty() ? "" : " of tag " + p.tag)
+              << " (DIR/latest or DIR/latest_universal naming a folder of DeepSpeed's *.pt files)\n";
+    return 2;
+  }
+  const std::string& out = p.positional[1];
+  if (ckpt::path_exists(out) && !(ckpt::is_folder(out) && ckpt::list_folder(out).empty())) {
+    std::cerr << "zero checkpoint import-deepspeed: " << out << " exists and is not an empty folder; the import "
+              << "writes a new folder\n";
+    return 2;
+  }
+  if (const std::string problem = ckpt::save_folder_problem("OUT", out); !problem.empty()) {
+    std::cerr << "zero checkpoint import-deepspeed: " << problem << "\n";
+    return 2;
+  }
+  std::optional<ProgressLine> progress;
+  ckpt::deepspeed::ExportStats st;
+  runs::CatchStopSignals stop;
+  const double secs = seconds([&] {
+    st = ckpt::deepspeed::import_checkpoint(ds, out, [&](int64_t done, int64_t total) {
+      runs::check_stop();
+      if (!progress) progress.emplace("import-deepspeed", total, "elements");
+      progress->update(done);
+    });
+  });
+  if (progress) progress->finish();
+  std::printf("%s: a zero checkpoint, %lld files, %s from %s (%s read) in %.2f s\n", st.tag_dir.c_str(),
+              static_cast<long long>(st.files), format_bytes(st.bytes_written).c_str(), ds.c_str(),
+              format_bytes(st.bytes_read).c_str(), secs);
+  return 0;
+}
+
 int info_command(const std::vector<std::string>& args) {
   Parsed p;
   if (!parse("info", args, {"--tag"}, p)) return 2;
@@ -506,7 +554,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   const bool known = args[0] == "consolidate" || args[0] == "verify" || args[0] == "export" || args[0] == "info" ||
-                     args[0] == "export-deepspeed";
+                     args[0] == "export-deepspeed" || args[0] == "import-deepspeed";
   if (known && (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
                 std::find(rest.begin(), rest.end(), "-h") != rest.end())) {
     std::cout << kCheckpointUsage;
@@ -518,6 +566,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     if (args[0] == "export") return export_command(rest);
     if (args[0] == "info") return info_command(rest);
     if (args[0] == "export-deepspeed") return export_deepspeed_command(rest);
+    if (args[0] == "import-deepspeed") return import_deepspeed_command(rest);
   } catch (const Error& e) {
     std::cerr << "zero checkpoint " << args[0] << ": " << zero::error_text(e) << "\n";
     return 1;
@@ -526,7 +575,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
               << "; nothing was written (what it had begun is removed)\n";
     return 128 + e.signal();
   }
-  const auto near = nearest(args[0], {"consolidate", "export", "verify", "info", "export-deepspeed"});
+  const auto near = nearest(args[0], {"consolidate", "export", "verify", "info", "export-deepspeed", "import-deepspeed"});
   std::cerr << "zero checkpoint: unknown command \"" << args[0] << "\""
             << (near.empty() ? "" : "; did you mean " + near + "?") << "\n\n"
             << kCheckpointUsage;

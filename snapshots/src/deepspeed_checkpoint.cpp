@@ -611,6 +611,12 @@ Opened open(const std::string& tag_dir) {
   }
   meta["client_state"] = client;
   if (const Value* gs = mroot.find("global_samples")) meta["global_samples"] = gs->as_int(mwhere + ": global_samples");
+  // Frozen parameters (the model file's other tensors are buffers).
+  nlohmann::json frozen_shapes = nlohmann::json::object();
+  if (const Value* fz = mroot.find("frozen_param_shapes"); fz != nullptr && fz->kind == Value::Kind::kDict)
+    for (const auto& [k, v] : fz->entries)
+      if (k->kind == Value::Kind::kStr) frozen_shapes[k->s] = shape_of(*v, mwhere + ": frozen_param_shapes");
+  meta["frozen_shapes"] = frozen_shapes;
   Opened out;
   out.tag_dir = tag_dir;
   out.meta = std::move(meta);

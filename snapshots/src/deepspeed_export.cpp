@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -360,6 +361,102 @@ ExportStats export_checkpoint(const std::string& zero_tag_dir, const std::string
     throw;
   }
   stats.bytes_read = reader->bytes_read();
+  return stats;
+}
+
+ExportStats import_checkpoint(const std::string& ds_tag_dir, const std::string& out,
+                              const std::function<void(int64_t, int64_t)>& progress) {
+  Opened ds = open(ds_tag_dir);
+  nlohmann::json meta = ds.meta;
+  const SavedLayout saved = SavedLayout::from_json(meta.at("layout"), ds_tag_dir);
+  const std::string tag = meta.at("tag").get<std::string>();
+  check_tag(tag);
+  if (path_exists(out) && !(is_folder(out) && list_folder(out).empty()))
+    throw UsageError("import-deepspeed: " + out + " exists and is not an empty folder; the import writes a new folder");
+  const std::string tmp = out + ".zero-import-" + std::to_string(::getpid());
+  remove_tree(tmp);
+  const std::string tag_dir = tmp + "/" + tag;
+  make_folders(tag_dir);
+  const std::vector<std::string> states{"fp32_master", "exp_avg", "exp_avg_sq"};
+  int64_t total = 0;
+  for (const auto& g : saved.groups) total += g.chunk_numel * saved.partitions;
+  ExportStats stats;
+  stats.tag_dir = out + "/" + tag;
+  nlohmann::json files = nlohmann::json::object();
+  try {
+    offload::AioEngine aio(offload::AioOptions{});
+    constexpr int64_t kWindow = int64_t{16} << 20;
+    std::vector<float> buf[3];
+    int64_t done = 0;
+    auto part_name = [](int64_t r) {
+      char name[32];
+      std::snprintf(name, sizeof name, "rank%05lld", static_cast<long long>(r));
+      return std::string(name);
+    };
+    for (int64_t r = 0; r < saved.partitions; ++r) {
+      Layout layout;
+      for (size_t g = 0; g < saved.groups.size(); ++g)
+        for (const auto& st : states) layout.tensors.push_back({st + "." + std::to_string(g), at::kFloat, {saved.groups[g].chunk_numel}});
+      layout.metadata = {{"format", kFormat}, {"rank", std::to_string(r)}};
+      const std::string file = tag_dir + "/" + part_name(r) + ".safetensors";
+      TensorFileWriter w(file, layout, aio);
+      for (size_t g = 0; g < saved.groups.size(); ++g) {
+        const int64_t chunk = saved.groups[g].chunk_numel;
+        for (int64_t w0 = 0; w0 < chunk; w0 += kWindow) {
+          const int64_t n = std::min(kWindow, chunk - w0);
+          std::vector<float*> dsts;
+          for (auto& b : buf) {
+            b.resize(static_cast<size_t>(n));
+            dsts.push_back(b.data());
+          }
+          ds.reader->fill(states, {{r, g, w0, n, 0}}, n, dsts);
+          for (size_t k = 0; k < 3; ++k)
+            w.append(g * 3 + k, at::from_blob(buf[k].data(), {n}, at::kFloat));
+          done += n;
+          if (progress) progress(done, total);
+        }
+      }
+      const auto c = w.commit(tag_dir + "/" + part_name(r) + ".sums");
+      files[part_name(r) + ".safetensors"] = {{"bytes", c.bytes}, {"header_crc", c.header_crc}, {"sums_crc", c.sums_crc}};
+      stats.bytes_written += c.bytes;
+      stats.files++;
+    }
+    // The buffers and frozen parameters; the model file names the buffers.
+    const Layout& extras = ds.reader->file_layout("model.safetensors");
+    Layout model_layout;
+    nlohmann::json buffers = nlohmann::json::array();
+    std::set<std::string> frozen_names;
+    for (const auto& [k, v] : meta.value("frozen_shapes", nlohmann::json::object()).items()) frozen_names.insert(k);
+    std::vector<at::Tensor> values;
+    for (const auto& t : extras.tensors) {
+      values.push_back(ds.reader->read_tensor("model.safetensors", t.name).contiguous());
+      model_layout.tensors.push_back({t.name, values.back().scalar_type(), values.back().sizes().vec()});
+      if (frozen_names.count(t.name) == 0) buffers.push_back(t.name);
+    }
+    model_layout.metadata = {{"format", kFormat}, {"buffers", buffers.dump()}};
+    TensorFileWriter mw(tag_dir + "/model.safetensors", model_layout, aio);
+    for (size_t i = 0; i < values.size(); ++i) mw.append(i, values[i]);
+    const auto c = mw.commit(tag_dir + "/model.sums");
+    files["model.safetensors"] = {{"bytes", c.bytes}, {"header_crc", c.header_crc}, {"sums_crc", c.sums_crc}};
+    stats.bytes_written += c.bytes;
+    stats.files++;
+    meta["format"] = kFormat;
+    meta["version"] = kVersion;
+    meta["files"] = files;
+    meta["compute_dtype"] = "F32";
+    meta["config"] = meta.value("ds_config", nlohmann::json::object());
+    meta["imported_from"] = {{"deepspeed", meta.value("ds_version", std::string())}, {"path", ds_tag_dir}};
+    meta.erase("ds_config");
+    meta.erase("frozen_shapes");
+    write_file_atomically(tag_dir + "/meta.json", meta.dump(2));
+    write_file_atomically(tmp + "/latest", tag);
+    rename_path(tmp, out);
+    sync_path(out);
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+  stats.bytes_read = ds.reader->bytes_read();
   return stats;
 }
 

@@ -55,7 +55,11 @@ int main(int argc, char** argv) {
   if (rank == 0 && !losses_out.empty()) {
     std::ofstream f(losses_out);
     f << "{\"losses\": [";
-    for (size_t i = 0; i < losses.size(); ++i) f << (i ? ", " : "") << std::to_string(losses[i]);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.17g", losses[i]);
+      f << (i ? ", " : "") << text;
+    }
     f << "], \"hex\": [";
     for (size_t i = 0; i < losses.size(); ++i) {
       char hex[64];

@@ -112,4 +112,15 @@ struct ExportStats {
 ExportStats export_checkpoint(const std::string& zero_tag_dir, const std::string& out, const ExportOptions& options,
                               const std::function<void(int64_t, int64_t)>& progress = {});
 
+/// Converts the DeepSpeed checkpoint in `ds_tag_dir` (find()'s answer) into
+/// a zero checkpoint in `out` (OUT/TAG and OUT/latest), laid out as it was
+/// saved (the same ranks and partitions), with its states, steps, schedule,
+/// buffers, frozen parameters and client state; it has no RNG states. Reads
+/// and writes a window at a time, so memory stays a few buffers whatever the
+/// model's size. `progress(done, total)` counts elements. `out` must not
+/// exist or be empty; what is written appears whole or not at all. Throws
+/// IoError as open() does, and naming what cannot be written.
+ExportStats import_checkpoint(const std::string& ds_tag_dir, const std::string& out,
+                              const std::function<void(int64_t, int64_t)>& progress = {});
+
 }  // namespace zero::ckpt::deepspeed
