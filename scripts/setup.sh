@@ -6,6 +6,7 @@
 #   PyPI:   torch==2.11.* (its CUDA 13.0 build; LibTorch is taken from it), safetensors
 #           (the checkpoint tests read consolidated weights with it, as users do), transformers
 #           5 (the Llama tests compare with Hugging Face's model and load what zero saves)
+#           deepspeed 0.18.9 (tests/deepspeed: its checkpoints in and out, on CPU ranks)
 set -euo pipefail
 
 PY=${PYTHON:-python3}
@@ -51,6 +52,17 @@ if ! $PY -c "import sys, transformers; sys.exit(int(transformers.__version__.spl
   echo "setup: installing transformers 5 from PyPI"
   $PY -m pip install --quiet "transformers>=5,<6" || {
     echo "setup: error: 'pip install transformers' failed; the Llama tests compare with it (see README)." >&2
+    exit 1
+  }
+fi
+
+# DeepSpeed itself, on CPU: tests/deepspeed resumes its checkpoints in zero and
+# zero's exports in it (they skip, saying why, without it). Its ops are not
+# built: the tests use torch's Adam and Gloo.
+if ! DS_ACCELERATOR=cpu $PY -c "import deepspeed" 2>/dev/null; then
+  echo "setup: installing deepspeed 0.18.9 from PyPI"
+  DS_BUILD_OPS=0 $PY -m pip install --quiet "deepspeed==0.18.9" || {
+    echo "setup: error: 'pip install deepspeed==0.18.9' failed; the DeepSpeed checkpoint tests use it (see docs/checkpoints.md)." >&2
     exit 1
   }
 fi
