@@ -383,6 +383,13 @@ int verify_command(const std::vector<std::string>& args) {
   return 0;
 }
 
+// Why OUT cannot be the new folder an export or import writes, or "".
+std::string new_folder_problem(const std::string& out) {
+  if (ckpt::path_exists(out) && !(ckpt::is_folder(out) && ckpt::list_folder(out).empty()))
+    return out + " exists and is not an empty folder; the command writes a new folder";
+  return ckpt::save_folder_problem("OUT", out);
+}
+
 // Whole numbers from `min` up, for the option `flag`.
 std::optional<int64_t> parse_count(const std::string& flag, const std::string& v, int64_t min) {
   char* end = nullptr;
@@ -420,12 +427,7 @@ int export_deepspeed_command(const std::vector<std::string>& args) {
   o.universal = p.universal;
   const std::string tag_dir = ckpt::tag_folder(p.positional[0], p.tag);
   const std::string& out = p.positional[1];
-  if (ckpt::path_exists(out) && !(ckpt::is_folder(out) && ckpt::list_folder(out).empty())) {
-    std::cerr << "zero checkpoint export-deepspeed: " << out << " exists and is not an empty folder; the export "
-              << "writes a new folder\n";
-    return 2;
-  }
-  if (const std::string problem = ckpt::save_folder_problem("OUT", out); !problem.empty()) {
+  if (const std::string problem = new_folder_problem(out); !problem.empty()) {
     std::cerr << "zero checkpoint export-deepspeed: " << problem << "\n";
     return 2;
   }
@@ -485,12 +487,7 @@ int import_deepspeed_command(const std::vector<std::string>& args) {
     return 2;
   }
   const std::string& out = p.positional[1];
-  if (ckpt::path_exists(out) && !(ckpt::is_folder(out) && ckpt::list_folder(out).empty())) {
-    std::cerr << "zero checkpoint import-deepspeed: " << out << " exists and is not an empty folder; the import "
-              << "writes a new folder\n";
-    return 2;
-  }
-  if (const std::string problem = ckpt::save_folder_problem("OUT", out); !problem.empty()) {
+  if (const std::string problem = new_folder_problem(out); !problem.empty()) {
     std::cerr << "zero checkpoint import-deepspeed: " << problem << "\n";
     return 2;
   }

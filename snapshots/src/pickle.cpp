@@ -118,67 +118,65 @@ const std::vector<std::pair<ValuePtr, ValuePtr>>& Value::as_dict(const std::stri
   wrong_kind(*this, "a dict", where);
 }
 
-ValuePtr Value::none() { return std::make_shared<Value>(); }
-ValuePtr Value::boolean(bool v) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kBool;
-  out->b = v;
-  return out;
+namespace {
+ValuePtr make(Value::Kind kind) {
+  auto v = std::make_shared<Value>();
+  v->kind = kind;
+  return v;
 }
-ValuePtr Value::integer(int64_t v) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kInt;
-  out->i = v;
-  return out;
+}  // namespace
+
+ValuePtr Value::none() { return make(Kind::kNone); }
+ValuePtr Value::boolean(bool x) {
+  auto v = make(Kind::kBool);
+  v->b = x;
+  return v;
 }
-ValuePtr Value::real(double v) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kFloat;
-  out->f = v;
-  return out;
+ValuePtr Value::integer(int64_t x) {
+  auto v = make(Kind::kInt);
+  v->i = x;
+  return v;
 }
-ValuePtr Value::str(std::string v) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kStr;
-  out->s = std::move(v);
-  return out;
+ValuePtr Value::real(double x) {
+  auto v = make(Kind::kFloat);
+  v->f = x;
+  return v;
+}
+ValuePtr Value::str(std::string x) {
+  auto v = make(Kind::kStr);
+  v->s = std::move(x);
+  return v;
 }
 ValuePtr Value::list(std::vector<ValuePtr> items) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kList;
-  out->items = std::move(items);
-  return out;
+  auto v = make(Kind::kList);
+  v->items = std::move(items);
+  return v;
 }
 ValuePtr Value::tuple(std::vector<ValuePtr> items) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kTuple;
-  out->items = std::move(items);
-  return out;
+  auto v = make(Kind::kTuple);
+  v->items = std::move(items);
+  return v;
 }
 ValuePtr Value::size(const std::vector<int64_t>& dims) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kSize;
-  for (int64_t d : dims) out->items.push_back(integer(d));
-  return out;
+  auto v = make(Kind::kSize);
+  for (int64_t d : dims) v->items.push_back(integer(d));
+  return v;
 }
 ValuePtr Value::dict(bool ordered) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kDict;
-  out->ordered = ordered;
-  return out;
+  auto v = make(Kind::kDict);
+  v->ordered = ordered;
+  return v;
 }
 ValuePtr Value::tensor_of(at::Tensor t) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kTensor;
-  out->data = std::move(t);
-  return out;
+  auto v = make(Kind::kTensor);
+  v->data = std::move(t);
+  return v;
 }
 ValuePtr Value::object(std::string qualified_name, ValuePtr state) {
-  auto out = std::make_shared<Value>();
-  out->kind = Kind::kObject;
-  out->s = std::move(qualified_name);
-  out->entries = state->entries;
-  return out;
+  auto v = make(Kind::kObject);
+  v->s = std::move(qualified_name);
+  v->entries = state->entries;
+  return v;
 }
 Value& Value::set(const std::string& key, ValuePtr v) {
   for (auto& [k, old] : entries)
