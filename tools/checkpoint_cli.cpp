@@ -211,6 +211,7 @@ std::optional<at::ScalarType> parse_dtype(const std::string& command, const std:
 // NOTE [frozen groups]: a checkpoint saved with exclude_frozen holds the
 // trainable parameters only; what it is written to lacks the base.
 void warn_if_without_frozen(const std::string& tag_dir, const char* command) {
+  if (!ckpt::deepspeed::find(tag_dir, "").empty()) return;  // DeepSpeed's: its model file holds them
   if (ckpt::read_meta(tag_dir).value("frozen_parameters", std::string("included")) != "excluded") return;
   std::cerr << "zero checkpoint " << command << ": " << tag_dir
             << " was saved without its frozen parameters (exclude_frozen: a LoRA run's adapters, say): the output has "

@@ -238,7 +238,13 @@ void lay_out_zero12(Source& s, const std::vector<const Archive*>& optim,
       offset += p.numel;
       sg.params.push_back(std::move(p));
     }
-    int64_t lean_total = 0, chunk = -1;
+    // Each rank's fp32 partition, saved without its padding (the ZeRO
+    // optimizer) or with it (DeepSpeed's BF16 optimizer: every partition
+    // the same length, the padding in the last).
+    std::vector<const TensorRef*> masters;
+    std::vector<const Value*> osds;
+    std::vector<int64_t> pads;
+    bool all_padded = true;
     for (int64_t r = 0; r < s.ranks; ++r) {
       const Archive& a = *optim[static_cast<size_t>(r)];
       const std::string where = a.path() + ": optimizer_state_dict";
@@ -247,18 +253,28 @@ void lay_out_zero12(Source& s, const std::vector<const Archive*>& optim,
       if (fp32.size() != groups.size())
         throw IoError(where + ": single_partition_of_fp32_groups has " + std::to_string(fp32.size()) +
                       " groups; the model file's param_shapes " + std::to_string(groups.size()));
-      const TensorRef& master = fp32[g]->as_tensor(where + ": single_partition_of_fp32_groups");
-      const auto& pads = osd.at("group_paddings", where).as_sequence(where + ": group_paddings");
-      const int64_t pad = g < pads.size() ? pads[g]->as_int(where + ": group_paddings") : 0;
-      const int64_t lean = master.numel();
-      if (chunk < 0) chunk = lean + pad;
-      if (lean + pad != chunk || lean < 0)
-        throw IoError(where + ": group " + std::to_string(g) + "'s partition holds " + std::to_string(lean) + " + " +
-                      std::to_string(pad) + " padding elements; rank 0's " + std::to_string(chunk) +
-                      ": files of different checkpoints");
+      masters.push_back(&fp32[g]->as_tensor(where + ": single_partition_of_fp32_groups"));
+      osds.push_back(&osd);
+      const auto& p = osd.at("group_paddings", where).as_sequence(where + ": group_paddings");
+      pads.push_back(g < p.size() ? p[g]->as_int(where + ": group_paddings") : 0);
+      all_padded = all_padded && masters.back()->numel() == masters[0]->numel();
+    }
+    all_padded = all_padded && masters[0]->numel() * s.ranks >= offset && pads.back() > 0 &&
+                 masters.back()->numel() + pads.back() != masters[0]->numel() + pads[0];
+    const int64_t chunk = all_padded ? masters[0]->numel() : masters[0]->numel() + pads[0];
+    int64_t lean_total = 0;
+    for (int64_t r = 0; r < s.ranks; ++r) {
+      const Archive& a = *optim[static_cast<size_t>(r)];
+      const std::string where = a.path() + ": optimizer_state_dict";
+      const TensorRef& master = *masters[static_cast<size_t>(r)];
+      const int64_t lean = all_padded ? std::clamp<int64_t>(offset - r * chunk, 0, chunk) : master.numel();
+      if (!all_padded && master.numel() + pads[static_cast<size_t>(r)] != chunk)
+        throw IoError(where + ": group " + std::to_string(g) + "'s partition holds " + std::to_string(master.numel()) +
+                      " + " + std::to_string(pads[static_cast<size_t>(r)]) + " padding elements; rank 0's " +
+                      std::to_string(chunk) + ": files of different checkpoints");
       lean_total += lean;
       s.spans["fp32_master"][g][static_cast<size_t>(r)].push_back({&a, &master, 0, lean, 0});
-      const Value& moments = moments_of(osd, g, where);
+      const Value& moments = moments_of(*osds[static_cast<size_t>(r)], g, where);
       for (const char* m : {"exp_avg", "exp_avg_sq"}) {
         const TensorRef& t = moments.at(m, where + ": base_optimizer_state").as_tensor(where + ": " + m);
         if (t.numel() < lean)
@@ -463,10 +479,15 @@ Opened open(const std::string& tag_dir) {
     first_optim = optim[0];
     const std::string owhere = first_optim->path() + ": optimizer_state_dict";
     const Value& osd = first_optim->root().at("optimizer_state_dict", first_optim->path());
-    src->stage = static_cast<int>(osd.at("zero_stage", owhere).as_int(owhere + ".zero_stage"));
+    // (DeepSpeed's BF16 optimizer, the bf16_ files, is stage 1 and says no stage.)
+    auto stage_of = [&](const Value& o, const std::string& w) {
+      const Value* z = o.find("zero_stage");
+      return z == nullptr && !prefix.empty() ? 1 : static_cast<int>(o.at("zero_stage", w).as_int(w + ".zero_stage"));
+    };
+    src->stage = stage_of(osd, owhere);
     for (const Archive* a : optim) {
       const std::string w = a->path() + ": optimizer_state_dict";
-      if (a->root().at("optimizer_state_dict", a->path()).at("zero_stage", w).as_int(w) != src->stage)
+      if (stage_of(a->root().at("optimizer_state_dict", a->path()), w) != src->stage)
         throw IoError(w + ".zero_stage differs from rank 0's (" + std::to_string(src->stage) + ")");
       const Value& pc = a->root().at("optimizer_state_dict", a->path()).at("partition_count", w);
       const int64_t count = pc.kind == Value::Kind::kInt ? pc.i : pc.as_sequence(w).at(0)->as_int(w);

@@ -10,6 +10,7 @@
 //    form; DeepSpeed resumes each (the universal one on 1 rank) with the
 //    losses zero's own resume gives, and zero_to_fp32.py consolidates the
 //    stage-2 export to the tensors `zero checkpoint consolidate` writes;
+//  - bf16 and CPU-offload checkpoints consolidate as zero_to_fp32.py does and resume;
 //  - import-deepspeed: a zero checkpoint that verifies and resumes the same;
 //  - bad input: a pickle naming a foreign global (never run), a truncated
 //    file, a missing rank file, a checkpoint of another model, each named.
@@ -110,6 +111,10 @@ void expect_losses(const std::vector<double>& got, const std::vector<double>& wa
 class DeepSpeedCheckpoints : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { std::system(("mkdir -p " + kWork + "tmp").c_str()); }
+  // The work folder stays when a case failed (its logs say why).
+  static void TearDownTestSuite() {
+    if (::testing::UnitTest::GetInstance()->failed_test_count() == 0) std::system(("rm -rf " + kWork).c_str());
+  }
   void SetUp() override {
     if (const std::string why = deepspeed_missing(); !why.empty()) GTEST_SKIP() << why;
   }
@@ -139,6 +144,29 @@ TEST_F(DeepSpeedCheckpoints, ZeroResumesThemAtAnyWorldSizeAndStage) {
           EXPECT_NE(log.find("is a DeepSpeed checkpoint (DeepSpeed"), std::string::npos) << log;
         }
       }
+  }
+}
+
+// bf16 runs (the ZeRO optimizer's fp32 master beside bf16 weights) and CPU
+// offload: zero's consolidation of DeepSpeed's checkpoint equals
+// zero_to_fp32.py's, bit for bit, and zero resumes it.
+TEST_F(DeepSpeedCheckpoints, Bf16AndOffloadCheckpointsReadAsZeroToFp32ReadsThem) {
+  for (const std::string& flags : {"--stage 2 --bf16", "--stage 3 --offload"}) {
+    const std::string name = flags.find("bf16") != std::string::npos ? "bf16" : "offload";
+    ASSERT_EQ(deepspeed(2, flags + " --steps 3 --save " + name, name).size(), 0u);
+    ASSERT_EQ(run("cd " + kWork + " && " + kPython + " python3 -m deepspeed.utils.zero_to_fp32 " + name + " " + name +
+                      "_fp32 --safe_serialization",
+                  kWork + name + "_fp32.log"), 0)
+        << slurp(kWork + name + "_fp32.log");
+    ASSERT_EQ(run(kBin + "zero checkpoint consolidate " + kWork + name + " " + kWork + name + ".safetensors",
+                  kWork + name + "_cons.log"), 0)
+        << slurp(kWork + name + "_cons.log");
+    const std::string py = "python3 -c \"from safetensors.torch import load_file as l; a = l('" + kWork + name +
+                           "_fp32/model.safetensors'); b = l('" + kWork + name + ".safetensors'); "
+                           "assert sorted(a) == sorted(b); bad = [k for k in a if not a[k].float().equal(b[k].float())]; "
+                           "assert not bad, bad; print('same', len(a))\"";
+    ASSERT_EQ(run(py, kWork + name + "_compare.log"), 0) << slurp(kWork + name + "_compare.log");
+    EXPECT_EQ(zero(2, 3, "--load " + name + " --first 3 --steps 2", name + "_zero").size(), 2u);
   }
 }
 

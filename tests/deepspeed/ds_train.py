@@ -2,7 +2,7 @@
 """TinyNet trained by DeepSpeed on CPU ranks (Gloo), for deepspeed_test.cpp.
 
 Run under torchrun with DS_ACCELERATOR=cpu:
-  ds_train.py --stage S [--load DIR] --first F --steps N [--save DIR] [--extra N2] --losses FILE
+  ds_train.py --stage S [--offload] [--bf16] [--load DIR] --first F --steps N [--save DIR] [--extra N2] --losses FILE
 trains global steps [F, F + N) (after loading DIR when given; F is then the
 loaded global step), saves to --save, trains --extra more steps, and writes
 the losses of the steps after the save (or after the load, when nothing is
@@ -64,6 +64,8 @@ def config(a, world):
         "zero_optimization": zero,
         "zero_force_ds_cpu_optimizer": False,
     }
+    if a.bf16:
+        cfg["bf16"] = {"enabled": True}
     if a.universal:
         cfg["checkpoint"] = {"load_universal": True}
     return cfg
@@ -73,6 +75,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--stage", type=int, required=True)
     p.add_argument("--offload", action="store_true")
+    p.add_argument("--bf16", action="store_true")
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--save", default=None)
@@ -97,7 +100,9 @@ def main():
     def train_step(step):
         x, y = batch(step)
         x, y = x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]
-        loss = torch.nn.functional.mse_loss(engine(x), y)
+        if a.bf16:
+            x = x.to(torch.bfloat16)
+        loss = torch.nn.functional.mse_loss(engine(x).float(), y)
         engine.backward(loss)
         engine.step()
         mean = loss.detach().clone()
