@@ -431,8 +431,9 @@ Opened open(const std::string& tag_dir) {
   auto src = std::make_shared<Source>();
   src->tag_dir = tag_dir;
   src->universal = is_folder(tag_dir + "/zero");
-  const bool zero3_files = is_regular_file(tag_dir + "/" + zero3_model_file(0));
-  const std::string model_path = tag_dir + "/" + (zero3_files && !src->universal ? zero3_model_file(0) : kModelFile);
+  // (Stage 3 has a model file per rank; ds_to_universal copies the ones it was given.)
+  const std::string model_path =
+      tag_dir + "/" + (is_regular_file(tag_dir + "/" + kModelFile) ? std::string(kModelFile) : zero3_model_file(0));
   if (!is_regular_file(model_path)) throw IoError(model_path + ": missing: not a DeepSpeed checkpoint's folder");
   src->archives.push_back(Archive::open(model_path));
   src->model = src->archives.back().get();
@@ -583,7 +584,20 @@ Opened open(const std::string& tag_dir) {
           applied = static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
         }
       }
-    } else if (osd != nullptr) {
+    }
+    if (src->universal && step == nullptr) {  // stage 3's universal form: no step.pt, the step in optimizer_state.pt
+      const Value* inner = oroot.find("optimizer_state_dict");
+      const Value* state = inner != nullptr ? inner->find("state") : nullptr;
+      const Value* s0 = state != nullptr ? state->find(int64_t{0}) : nullptr;
+      if (s0 != nullptr && (step = s0->find("step")) != nullptr) {
+        if (step->kind == Value::Kind::kTensor) {
+          const at::Tensor t = first_optim->read(step->tensor);
+          applied = static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
+        } else {
+          applied = step->as_int(owhere + ": step");
+        }
+      }
+    } else if (!src->universal && osd != nullptr) {
       const Value* base = osd->find(src->stage == 3 ? "optimizer_state_dict" : "base_optimizer_state");
       const Value* st = nullptr;
       if (base != nullptr && base->kind == Value::Kind::kList && !base->items.empty()) st = base->items[0].get();

@@ -65,17 +65,13 @@ std::string deepspeed_missing() {
   return why;
 }
 
-int port() {
-  static int next = 20000 + static_cast<int>(getpid() % 20000);
-  return next++;
-}
 
-// DeepSpeed on `ranks` CPU ranks: ds_train.py with `args`; its losses.
+// DeepSpeed on `ranks` CPU ranks: ds_train.py with `args`; its losses. (torchrun
+// --standalone takes a free port: cases run side by side.)
 std::vector<double> deepspeed(int ranks, const std::string& args, const std::string& name) {
   const std::string losses = kWork + name + ".losses.json", log = kWork + name + ".log";
   const std::string cmd = "cd " + kWork + " && " + kPython + " OMP_NUM_THREADS=1 timeout 300 python3 -m torch.distributed.run "
-                          "--nproc_per_node " + std::to_string(ranks) + " --master_addr 127.0.0.1 --master_port " +
-                          std::to_string(port()) + " " + kTrain + " " + args + " --losses " + losses;
+                          "--standalone --nproc_per_node " + std::to_string(ranks) + " " + kTrain + " " + args + " --losses " + losses;
   const int rc = run(cmd, log);
   EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(log).substr(0, 6000);
   if (rc != 0) return {};
@@ -191,6 +187,14 @@ TEST_F(DeepSpeedCheckpoints, ZeroResumesTheUniversalForm) {
   ASSERT_EQ(run(cmd, kWork + "to_universal.log"), 0) << slurp(kWork + "to_universal.log");
   expect_losses(zero(1, 2, "--load uni --first 4 --steps 3", "uni_r1"), {want[0], want[1], want[2]}, "universal -> 1 rank");
   expect_losses(zero(4, 3, "--load uni --first 4 --steps 3", "uni_r4"), {want[0], want[1], want[2]}, "universal -> 4 ranks");
+  // Stage 3's universal form: bare tensors, no step.pt, a model file per rank.
+  const auto& want3 = reference(3);
+  ASSERT_EQ(want3.size(), 5u);
+  const std::string cmd3 = "cd " + kWork + " && " + kPython + " python3 -m deepspeed.checkpoint.ds_to_universal "
+                           "--input_folder ds3/global_step4 --output_folder uni3/global_step4_universal";
+  ASSERT_EQ(run(cmd3, kWork + "to_universal3.log"), 0) << slurp(kWork + "to_universal3.log");
+  expect_losses(zero(2, 2, "--load uni3 --first 4 --steps 3", "uni3_r2"), {want3[0], want3[1], want3[2]},
+                "stage-3 universal -> 2 ranks");
 }
 
 TEST_F(DeepSpeedCheckpoints, DeepSpeedResumesZerosExport) {
@@ -258,6 +262,14 @@ TEST_F(DeepSpeedCheckpoints, BadInputIsNamed) {
     EXPECT_TRUE(zero(2, 2, "--load truncated --first 4 --steps 1", "truncated", false).empty());
     const std::string log = slurp(kWork + "truncated.log");
     EXPECT_NE(log.find("zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos) << log;
+    // verify reads every file of a whole one, and names the damaged one.
+    EXPECT_EQ(run(kBin + "zero checkpoint verify " + kWork + "ds2", kWork + "verify_whole.log"), 0)
+        << slurp(kWork + "verify_whole.log");
+    EXPECT_NE(slurp(kWork + "verify_whole.log").find("a DeepSpeed checkpoint: 3 files"), std::string::npos)
+        << slurp(kWork + "verify_whole.log");
+    EXPECT_EQ(run(kBin + "zero checkpoint verify " + kWork + "truncated", kWork + "verify_truncated.log"), 1);
+    EXPECT_NE(slurp(kWork + "verify_truncated.log").find("zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos)
+        << slurp(kWork + "verify_truncated.log");
   }
   // A missing rank file.
   {
