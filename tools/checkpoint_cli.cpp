@@ -467,7 +467,7 @@ int export_deepspeed_command(const std::vector<std::string>& args) {
   });
   if (progress) progress->finish();
   std::printf("%s: DeepSpeed's %s layout, %lld files, %s from %s in %.2f s\n", st.tag_dir.c_str(),
-              o.universal ? "universal" : ("stage-" + std::to_string(o.stage > 0 ? o.stage : std::max(2, meta.at("stage").get<int>())) + " " +
+              o.universal ? "universal" : ("stage-" + std::to_string(o.stage > 0 ? o.stage : meta.at("stage").get<int>() == 0 ? 2 : meta.at("stage").get<int>()) + " " +
                                            std::to_string(o.world_size > 0 ? o.world_size : lo.world_size) + "-rank").c_str(),
               static_cast<long long>(st.files), format_bytes(st.bytes_written).c_str(), tag_dir.c_str(), secs);
   return 0;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include "zero/core/error.h"
 #include "zero/snapshots/checkpoint_format.h"
@@ -120,6 +121,22 @@ const Value& moments_of(const Value& osd, size_t g, const std::string& where) {
   return *s;
 }
 
+// Reads every tensor `root` holds (each value once), whole; returns the bytes.
+int64_t read_every_tensor(const Archive& a, const Value& root) {
+  std::unordered_set<const Value*> seen;
+  std::vector<const Value*> work{&root};
+  int64_t n = 0;
+  while (!work.empty()) {
+    const Value* v = work.back();
+    work.pop_back();
+    if (!seen.insert(v).second) continue;
+    if (v->kind == Value::Kind::kTensor) n += a.read(v->tensor).nbytes();
+    for (const auto& x : v->items) work.push_back(x.get());
+    for (const auto& [k, x] : v->entries) work.push_back(x.get());
+  }
+  return n;
+}
+
 class DsReader final : public PieceReader {
  public:
   explicit DsReader(std::shared_ptr<Source> src) : src_(std::move(src)) {}
@@ -208,13 +225,7 @@ class DsReader final : public PieceReader {
     if (v->tensor.numel() == 0 && !v->tensor.sizes.empty() && src_->stage == 3) return nullptr;
     return v;
   }
-  int64_t verify(const Archive& a, const Value& v, int depth = 0) {
-    int64_t n = 0;
-    if (v.kind == Value::Kind::kTensor) n += a.read(v.tensor).nbytes();
-    for (const auto& x : v.items) n += verify(a, *x, depth + 1);
-    for (const auto& [k, x] : v.entries) n += verify(a, *x, depth + 1);
-    return n;
-  }
+  int64_t verify(const Archive& a, const Value& root) { return read_every_tensor(a, root); }
   int64_t total_read() const {
     int64_t n = 0;
     for (const auto& a : src_->archives) n += a->bytes_read();
@@ -259,8 +270,9 @@ void lay_out_zero12(Source& s, const std::vector<const Archive*>& optim,
       pads.push_back(g < p.size() ? p[g]->as_int(where + ": group_paddings") : 0);
       all_padded = all_padded && masters.back()->numel() == masters[0]->numel();
     }
-    all_padded = all_padded && masters[0]->numel() * s.ranks >= offset && pads.back() > 0 &&
-                 masters.back()->numel() + pads.back() != masters[0]->numel() + pads[0];
+    int64_t saved_total = 0, pad_total = 0;
+    for (size_t r = 0; r < masters.size(); ++r) saved_total += masters[r]->numel(), pad_total += pads[r];
+    all_padded = all_padded && pad_total > 0 && saved_total != offset && saved_total == offset + pad_total;
     const int64_t chunk = all_padded ? masters[0]->numel() : masters[0]->numel() + pads[0];
     int64_t lean_total = 0;
     for (int64_t r = 0; r < s.ranks; ++r) {
@@ -300,11 +312,13 @@ void lay_out_zero3(Source& s, const std::vector<const Archive*>& optim,
   std::vector<std::pair<std::string, std::vector<int64_t>>> params;
   for (const auto& g : groups) params.insert(params.end(), g.begin(), g.end());
   for (const auto& st : kStates) s.spans[st].assign(params.size(), std::vector<std::vector<Span>>(static_cast<size_t>(s.ranks)));
+  std::vector<int64_t> parts;
   for (const auto& [name, shape] : params) {
     SavedGroup sg;
     sg.name = name;
     const int64_t n = numel_of(shape);
-    sg.chunk_numel = (n + s.ranks - 1) / s.ranks;
+    parts.push_back((n + s.ranks - 1) / s.ranks);  // DeepSpeed's partition (0 for an empty parameter)
+    sg.chunk_numel = std::max<int64_t>(1, parts.back());  // (a saved group holds at least one element)
     sg.padded_numel = sg.chunk_numel * s.ranks;
     sg.params.push_back({name, shape, 0, n});
     s.layout.groups.push_back(std::move(sg));
@@ -339,7 +353,7 @@ void lay_out_zero3(Source& s, const std::vector<const Archive*>& optim,
     }
     int64_t offset = 0;
     for (size_t p = 0; p < params.size(); ++p) {
-      const int64_t chunk = s.layout.groups[p].chunk_numel;
+      const int64_t chunk = parts[p];
       for (const Flat& f : flat) {
         const int64_t lo = std::max(offset, f.begin), hi = std::min(offset + chunk, f.begin + f.master->numel());
         if (lo >= hi) continue;
@@ -370,7 +384,8 @@ void lay_out_universal(Source& s, const std::vector<std::vector<std::pair<std::s
   for (size_t p = 0; p < params.size(); ++p) {
     const auto& [name, shape] = params[p];
     const int64_t n = numel_of(shape);
-    s.layout.groups.push_back({name, n, n, {{name, shape, 0, n}}});
+    const int64_t chunk = std::max<int64_t>(1, n);  // (a saved group holds at least one element)
+    s.layout.groups.push_back({name, chunk, chunk, {{name, shape, 0, n}}});
     const std::string folder = s.tag_dir + "/zero/" + name;
     const std::pair<const char*, const char*> files[] = {
         {"fp32_master", "fp32.pt"}, {"exp_avg", "exp_avg.pt"}, {"exp_avg_sq", "exp_avg_sq.pt"}};
@@ -390,10 +405,17 @@ void lay_out_universal(Source& s, const std::vector<std::vector<std::pair<std::s
   }
 }
 
+// Adam's step count from a saved step tensor (`fallback` when it holds none).
+int64_t step_of(const at::Tensor& t, int64_t fallback) {
+  if (t.numel() < 1) return fallback;
+  return static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
+}
+
 // Plain values of a pickle as JSON (the client state); tensors and objects
-// are left out (returns false).
-bool to_json(const Value& v, nlohmann::json& out, int depth = 0) {
-  if (depth > 32) return false;
+// are left out (returns false), and so is a value of more than `budget`
+// values in all (a pickle can hold one list in many places).
+bool to_json(const Value& v, nlohmann::json& out, int64_t& budget) {
+  if (--budget < 0) return false;
   switch (v.kind) {
     case Value::Kind::kNone: out = nullptr; return true;
     case Value::Kind::kBool: out = v.b; return true;
@@ -409,7 +431,7 @@ bool to_json(const Value& v, nlohmann::json& out, int depth = 0) {
       out = nlohmann::json::array();
       for (const auto& x : v.items) {
         nlohmann::json j;
-        if (!to_json(*x, j, depth + 1)) return false;
+        if (!to_json(*x, j, budget)) return false;
         out.push_back(j);
       }
       return true;
@@ -417,7 +439,7 @@ bool to_json(const Value& v, nlohmann::json& out, int depth = 0) {
       out = nlohmann::json::object();
       for (const auto& [k, x] : v.entries) {
         nlohmann::json j;
-        if (k->kind != Value::Kind::kStr || !to_json(*x, j, depth + 1)) return false;
+        if (k->kind != Value::Kind::kStr || !to_json(*x, j, budget)) return false;
         out[k->s] = j;
       }
       return true;
@@ -491,7 +513,8 @@ Opened open(const std::string& tag_dir) {
       if (stage_of(a->root().at("optimizer_state_dict", a->path()), w) != src->stage)
         throw IoError(w + ".zero_stage differs from rank 0's (" + std::to_string(src->stage) + ")");
       const Value& pc = a->root().at("optimizer_state_dict", a->path()).at("partition_count", w);
-      const int64_t count = pc.kind == Value::Kind::kInt ? pc.i : pc.as_sequence(w).at(0)->as_int(w);
+      if (pc.kind != Value::Kind::kInt && pc.as_sequence(w).empty()) throw IoError(w + ".partition_count is empty");
+      const int64_t count = pc.kind == Value::Kind::kInt ? pc.i : pc.as_sequence(w)[0]->as_int(w);
       if (count != src->ranks)
         throw IoError(w + ".partition_count is " + std::to_string(count) + "; dp_world_size " + std::to_string(src->ranks));
     }
@@ -553,7 +576,8 @@ Opened open(const std::string& tag_dir) {
   meta["frozen_parameters"] = "included";
   const Value* ds_config = mroot.find("ds_config");
   nlohmann::json config;
-  if (ds_config != nullptr) to_json(*ds_config, config);
+  int64_t budget = 100000;
+  if (ds_config != nullptr) to_json(*ds_config, config, budget);
   std::string opt_type = "adam";
   if (config.is_object() && config.contains("optimizer") && config["optimizer"].is_object())
     opt_type = config["optimizer"].value("type", std::string("Adam"));
@@ -581,7 +605,7 @@ Opened open(const std::string& tag_dir) {
         step = a.root().kind == Value::Kind::kTensor ? &a.root() : a.root().find("param");
         if (step != nullptr) {
           const at::Tensor t = a.read(step->as_tensor(path));
-          applied = static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
+          applied = step_of(t, global_steps - skipped);
         }
       }
     }
@@ -592,7 +616,7 @@ Opened open(const std::string& tag_dir) {
       if (s0 != nullptr && (step = s0->find("step")) != nullptr) {
         if (step->kind == Value::Kind::kTensor) {
           const at::Tensor t = first_optim->read(step->tensor);
-          applied = static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
+          applied = step_of(t, global_steps - skipped);
         } else {
           applied = step->as_int(owhere + ": step");
         }
@@ -605,7 +629,7 @@ Opened open(const std::string& tag_dir) {
       if (st != nullptr && (step = st->find("step")) != nullptr) {
         if (step->kind == Value::Kind::kTensor) {
           const at::Tensor t = first_optim->read(step->tensor);
-          applied = static_cast<int64_t>(std::llround(t.to(at::kDouble).reshape({-1})[0].item<double>()));
+          applied = step_of(t, global_steps - skipped);
         } else {
           applied = step->as_int(owhere + ": step");
         }
@@ -642,7 +666,8 @@ Opened open(const std::string& tag_dir) {
   for (const auto& [k, v] : mroot.as_dict(mwhere)) {
     if (k->kind != Value::Kind::kStr || ds_keys.count(k->s) != 0) continue;
     nlohmann::json j;
-    if (to_json(*v, j)) client[k->s] = j;
+    int64_t each = 100000;
+    if (to_json(*v, j, each)) client[k->s] = j;
   }
   meta["client_state"] = client;
   if (const Value* gs = mroot.find("global_samples")) meta["global_samples"] = gs->as_int(mwhere + ": global_samples");
@@ -684,14 +709,7 @@ int64_t verify(const std::string& tag_dir, const std::function<void(const std::s
       }
       if (name.size() < 3 || name.substr(name.size() - 3) != ".pt") continue;
       auto a = Archive::open(path);
-      std::function<int64_t(const Value&, int)> read_all = [&](const Value& v, int depth) -> int64_t {
-        int64_t n = 0;
-        if (v.kind == Value::Kind::kTensor) n += a->read(v.tensor).nbytes();
-        for (const auto& x : v.items) n += read_all(*x, depth + 1);
-        for (const auto& [k, x] : v.entries) n += read_all(*x, depth + 1);
-        return n;
-      };
-      const int64_t n = read_all(a->root(), 0);
+      const int64_t n = read_every_tensor(*a, a->root());
       total += n;
       if (on_file) on_file(path, n);
     }

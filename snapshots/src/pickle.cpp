@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
@@ -232,7 +234,7 @@ const char* kKnownGlobals =
     "torch._tensor._rebuild_from_type_v2, torch.Tensor, torch.nn.parameter.Parameter, torch.Size, "
     "torch.<Type>Storage, torch.<dtype>, torch.device, _codecs.encode, "
     "deepspeed.runtime.zero.config.ZeroStageEnum, deepspeed.runtime.fp16.loss_scaler.LossScaler and "
-    "DynamicLossScaler, deepspeed.utils.tensor_fragment.fragment_address";
+    "DynamicLossScaler, deepspeed.utils.tensor_fragment.fragment_address, argparse.Namespace";
 
 class Machine {
  public:
@@ -468,19 +470,11 @@ class Machine {
     if (d->kind != Value::Kind::kDict) fail(at, "items set in " + d->kind_name());
     return *d;
   }
+  // (A dict's keys are unique in what Python writes; a repeated key is kept
+  // twice and find() sees the first: appending keeps a large dict linear.)
   void set_items(size_t at, Value& d, const std::vector<ValuePtr>& items) {
     if (items.size() % 2 != 0) fail(at, "a dict's items without a value for the last key");
-    for (size_t k = 0; k < items.size(); k += 2) {
-      const ValuePtr& key = items[k];
-      bool replaced = false;
-      for (auto& [old_k, old_v] : d.entries)
-        if (old_k->kind == key->kind && old_k->s == key->s && old_k->i == key->i &&
-            (key->kind == Value::Kind::kStr || key->kind == Value::Kind::kInt)) {
-          old_v = items[k + 1];
-          replaced = true;
-        }
-      if (!replaced) d.entries.emplace_back(key, items[k + 1]);
-    }
+    for (size_t k = 0; k < items.size(); k += 2) d.entries.emplace_back(items[k], items[k + 1]);
   }
   ValuePtr memo(size_t at, uint64_t key) const {
     auto it = memo_.find(key);
@@ -517,6 +511,8 @@ class Machine {
     const std::string type = pid.items[1]->s.substr(pid.items[1]->s.rfind('.') + 1);
     auto it = storage_types().find(type);
     if (it == storage_types().end()) fail(at, "a storage of type " + pid.items[1]->s);
+    if (pid.items[4]->i < 0 || pid.items[4]->i > (int64_t{1} << 56))
+      fail(at, "a storage of " + std::to_string(pid.items[4]->i) + " elements");
     auto v = std::make_shared<Value>();
     v->kind = Value::Kind::kStorage;
     v->tensor.record = "data/" + pid.items[2]->s;
@@ -555,13 +551,22 @@ class Machine {
       t.sizes = ints_of(*a[2], &ok);
       t.strides = ints_of(*a[3], &ok);
       if (!ok || t.sizes.size() != t.strides.size()) fail(at, "_rebuild_tensor_v2 with a malformed size or stride");
-      int64_t last = t.offset;
+      int64_t last = t.offset, numel = 1;
+      constexpr int64_t kLimit = int64_t{1} << 56;  // no real tensor comes near; products of two stay in range
+      if (t.offset < 0 || t.offset > kLimit) fail(at, "a tensor at storage offset " + std::to_string(t.offset));
       for (size_t k = 0; k < t.sizes.size(); ++k) {
-        if (t.sizes[k] < 0 || t.strides[k] < 0) fail(at, "a tensor with a negative size or stride");
+        if (t.sizes[k] < 0 || t.strides[k] < 0 || t.sizes[k] > kLimit || t.strides[k] > kLimit)
+          fail(at, "a tensor with a negative or impossible size or stride");
         if (t.sizes[k] == 0) last = t.offset - 1;
+        if (__builtin_mul_overflow(numel, t.sizes[k], &numel) || numel > kLimit) fail(at, "a tensor of too many elements");
       }
       if (last >= t.offset)
-        for (size_t k = 0; k < t.sizes.size(); ++k) last += (t.sizes[k] - 1) * t.strides[k];
+        for (size_t k = 0; k < t.sizes.size(); ++k) {
+          int64_t reach = 0;
+          if (__builtin_mul_overflow(t.sizes[k] - 1, t.strides[k], &reach) || __builtin_add_overflow(last, reach, &last) ||
+              last > kLimit)
+            fail(at, "a tensor reaching past any storage");
+        }
       if (t.offset < 0 || last >= t.storage_numel)
         fail(at, "a tensor reaching element " + std::to_string(last) + " of a storage of " +
                      std::to_string(t.storage_numel));
@@ -634,9 +639,21 @@ class Machine {
       fail(at, "BUILD of " + target.kind_name());
     if (state->kind == Value::Kind::kNone) return;
     if (state->kind != Value::Kind::kDict) fail(at, "BUILD of " + target.kind_name() + " with " + state->kind_name());
-    for (const auto& e : state->entries) target.entries.push_back(e);
+    const auto add = state->entries;  // (the state may be the target itself)
+    for (const auto& e : add) target.entries.push_back(e);
   }
 
+
+ public:
+  /// Everything the machine still holds (its stack and memo), for release().
+  std::vector<ValuePtr> take_values() {
+    std::vector<ValuePtr> out = std::move(stack_);
+    for (auto& [k, v] : memo_) out.push_back(std::move(v));
+    memo_.clear();
+    return out;
+  }
+
+ private:
   const std::string& in_;
   const std::string& where_;
   size_t pos_ = 0;
@@ -647,18 +664,104 @@ class Machine {
 
 }  // namespace
 
-ValuePtr parse(const std::string& bytes, const std::string& where) { return Machine(bytes, where).run(); }
+namespace {
+
+constexpr size_t kMaxDepth = 100;
+
+// The k-th value a value holds (its items, then each entry's key and value), or null.
+const Value* held(const Value* v, size_t k) {
+  if (k < v->items.size()) return v->items[k].get();
+  k -= v->items.size();
+  if (k < 2 * v->entries.size()) return (k % 2 != 0 ? v->entries[k / 2].second : v->entries[k / 2].first).get();
+  return nullptr;
+}
+
+// Refuses a value that holds itself or nests more than kMaxDepth deep (a
+// pickle can build either with its memo), without recursion.
+void check_shape(const Value& root, const std::string& where) {
+  std::unordered_map<const Value*, size_t> height;  // of each value walked
+  std::unordered_set<const Value*> on_path;
+  struct Frame {
+    const Value* v;
+    size_t next;
+    size_t height;
+  };
+  std::vector<Frame> path{{&root, 0, 0}};
+  on_path.insert(&root);
+  while (!path.empty()) {
+    Frame& f = path.back();
+    const Value* c = held(f.v, f.next++);
+    if (c == nullptr) {
+      height[f.v] = f.height;
+      on_path.erase(f.v);
+      const size_t h = f.height + 1;
+      path.pop_back();
+      if (!path.empty()) path.back().height = std::max(path.back().height, h);
+      continue;
+    }
+    if (on_path.count(c) != 0) throw IoError(where + ": its pickle holds a value inside itself");
+    if (auto it = height.find(c); it != height.end()) {
+      f.height = std::max(f.height, it->second + 1);
+      if (path.size() + it->second > kMaxDepth)
+        throw IoError(where + ": its pickle nests values more than " + std::to_string(kMaxDepth) + " deep");
+      continue;
+    }
+    if (path.size() >= kMaxDepth)
+      throw IoError(where + ": its pickle nests values more than " + std::to_string(kMaxDepth) + " deep");
+    path.push_back({c, 0, 0});
+    on_path.insert(c);
+  }
+}
+
+// Drops values without recursion: a value whose last holder this is gives
+// its own values to the work list first (a deep chain would otherwise
+// unwind the stack as it is freed). Values that hold themselves stay.
+void release(std::vector<ValuePtr> work) {
+  while (!work.empty()) {
+    ValuePtr v = std::move(work.back());
+    work.pop_back();
+    if (v && v.use_count() == 1) {
+      for (auto& x : v->items) work.push_back(std::move(x));
+      for (auto& [k, x] : v->entries) {
+        work.push_back(std::move(k));
+        work.push_back(std::move(x));
+      }
+      v->items.clear();
+      v->entries.clear();
+    }
+  }
+}
+
+}  // namespace
+
+ValuePtr parse(const std::string& bytes, const std::string& where) {
+  Machine m(bytes, where);
+  ValuePtr root;
+  std::exception_ptr failed;
+  try {
+    root = m.run();
+    check_shape(*root, where);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  release(m.take_values());
+  if (failed) {
+    release({std::move(root)});
+    std::rethrow_exception(failed);
+  }
+  return root;
+}
 
 // ---------------------------------------------------------------- archives
 
 namespace {
 // Every tensor of a value tree.
-// (A pickle can make a list that holds itself: refused past a depth no checkpoint reaches.)
-void tensors_of(const Value& v, std::vector<const TensorRef*>& out, const std::string& path, int depth = 0) {
-  if (depth > 64) throw IoError(path + ": its pickle nests values more than 64 deep (or holds a cycle)");
+// (Each value once: a pickle may hold one value in many places.)
+void tensors_of(const Value& v, std::vector<const TensorRef*>& out, std::unordered_set<const Value*>& seen) {
+  if (!seen.insert(&v).second) return;
   if (v.kind == Value::Kind::kTensor) out.push_back(&v.tensor);
-  for (const auto& x : v.items) tensors_of(*x, out, path, depth + 1);
-  for (const auto& [k, x] : v.entries) tensors_of(*x, out, path, depth + 1);
+  for (const auto& x : v.items) tensors_of(*x, out, seen);
+  for (const auto& [k, x] : v.entries) tensors_of(*x, out, seen);
 }
 }  // namespace
 
@@ -687,12 +790,14 @@ std::unique_ptr<Archive> Archive::open(const std::string& path) {
   std::sort(a->records_.begin(), a->records_.end());
   a->root_ = parse(pkl, path);
   std::vector<const TensorRef*> refs;
-  tensors_of(*a->root_, refs, path);
+  std::unordered_set<const Value*> seen;
+  tensors_of(*a->root_, refs, seen);
   const int64_t size = file_size(path);
   for (const TensorRef* t : refs) {
     const auto [offset, bytes] = a->record(t->record);
-    const int64_t need = t->storage_numel * static_cast<int64_t>(c10::elementSize(t->dtype));
-    if (bytes < need || offset + bytes > size)
+    const int64_t es = static_cast<int64_t>(c10::elementSize(t->dtype));
+    const int64_t need = t->storage_numel > bytes / es ? bytes + 1 : t->storage_numel * es;
+    if (bytes < need || offset < 0 || bytes > size || offset > size - bytes)
       throw IoError(path + ": record " + t->record + " holds " + std::to_string(bytes) + " bytes at offset " +
                     std::to_string(offset) + " of " + std::to_string(size) + "; its storage needs " +
                     std::to_string(need) + ": a truncated or damaged file");
@@ -740,18 +845,23 @@ at::Tensor Archive::read(const TensorRef& t) const {
   }
   at::Tensor storage = at::empty({t.storage_numel}, at::TensorOptions().dtype(t.dtype));
   if (t.storage_numel > 0) pread_all(storage.data_ptr(), t.storage_numel * es, offset);
-  return storage.as_strided(t.sizes, t.strides, t.offset).contiguous();
+  try {
+    return storage.as_strided(t.sizes, t.strides, t.offset).contiguous();
+  } catch (const c10::Error& e) {
+    throw IoError(path_ + ": " + t.record + ": a tensor its storage cannot hold: " +
+                  std::string(e.what_without_backtrace()).substr(0, 200));
+  }
 }
 
 void Archive::read_floats(const TensorRef& t, int64_t first, int64_t count, float* dst) const {
+  if (first < 0 || count < 0 || first + count > t.numel())
+    throw IoError(path_ + ": elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                  ") read from " + t.record + ", a tensor of " + std::to_string(t.numel()));
   if (!t.contiguous()) {
     at::Tensor all = read(t).reshape({-1}).narrow(0, first, count).to(at::kFloat);
     std::memcpy(dst, all.data_ptr<float>(), static_cast<size_t>(count) * sizeof(float));
     return;
   }
-  if (first < 0 || count < 0 || first + count > t.numel())
-    throw IoError(path_ + ": elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                  ") read from " + t.record + ", a tensor of " + std::to_string(t.numel()));
   const auto [offset, bytes] = record(t.record);
   (void)bytes;
   const int64_t es = static_cast<int64_t>(c10::elementSize(t.dtype));

@@ -137,6 +137,18 @@ TEST(Pickle, MalformedPicklesAreRefused) {
   EXPECT_NE(error_of([&] { pk::parse(std::string("\x80\x02" "a.", 4), "t.pt"); }).find("empty stack"),
             std::string::npos);
   EXPECT_NE(error_of([&] { pk::parse(std::string("\x80\x02i", 3), "t.pt"); }).find("opcode 0x69"), std::string::npos);
+  // A list that holds itself; values nested deeper than any checkpoint's.
+  EXPECT_NE(error_of([&] { pk::parse(std::string("\x80\x02]q\x00h\x00" "a.", 9), "t.pt"); }).find("inside itself"),
+            std::string::npos);
+  const std::string deep = std::string("\x80\x02") + std::string(200, '(') + std::string(200, 't') + ".";
+  EXPECT_NE(error_of([&] { pk::parse(deep, "t.pt"); }).find("nests values more than 100 deep"), std::string::npos);
+  // A list built of a memoized list many times over (2^40 paths): parsed and walked at once.
+  std::string wide = std::string("\x80\x02]q\x00", 5) + "0";  // [] memo 0, popped
+  for (int k = 1; k <= 40; ++k)                                  // [m[k-1], m[k-1]] memo k, popped
+    wide += "(h" + std::string(1, static_cast<char>(k - 1)) + "h" + std::string(1, static_cast<char>(k - 1)) + "lq" +
+            std::string(1, static_cast<char>(k)) + "0";
+  wide += "h" + std::string(1, static_cast<char>(40)) + ".";
+  EXPECT_NO_THROW(pk::parse(wide, "t.pt"));
   // A tensor reaching past its storage.
   auto root = Value::tensor_of(at::zeros({4}));
   std::vector<at::Tensor> tensors;
