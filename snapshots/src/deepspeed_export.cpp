@@ -229,7 +229,8 @@ ExportStats export_checkpoint(const std::string& zero_tag_dir, const std::string
       m->set("mp_world_size", Value::integer(1));
       m->set("ds_config", from_json(meta.value("config", nlohmann::json::object())));
       m->set("ds_version", Value::str(options.ds_version));
-      for (const auto& [k, v] : meta.value("client_state", nlohmann::json::object()).items())
+      const nlohmann::json client = meta.value("client_state", nlohmann::json::object());
+      for (const auto& [k, v] : client.items())
         if (m->find(k) == nullptr) m->set(k, from_json(v));
       return m;
     };
@@ -426,7 +427,8 @@ ExportStats import_checkpoint(const std::string& ds_tag_dir, const std::string& 
     Layout model_layout;
     nlohmann::json buffers = nlohmann::json::array();
     std::set<std::string> frozen_names;
-    for (const auto& [k, v] : meta.value("frozen_shapes", nlohmann::json::object()).items()) frozen_names.insert(k);
+    const nlohmann::json frozen_shapes = meta.value("frozen_shapes", nlohmann::json::object());
+    for (const auto& [k, v] : frozen_shapes.items()) frozen_names.insert(k);
     std::vector<at::Tensor> values;
     for (const auto& t : extras.tensors) {
       values.push_back(ds.reader->read_tensor("model.safetensors", t.name).contiguous());

@@ -51,7 +51,10 @@ int main(int argc, char** argv) {
     // The mean over the ranks, as DeepSpeed's probe prints it.
     losses.push_back(engine.all_reduce_mean(loss.detach().reshape({1})).item<double>());
   }
-  if (!save.empty()) engine.save_checkpoint(save);
+  // A client state, as a program saves its data position: DeepSpeed's load
+  // returns it (ds_train.py --expect-next-step).
+  if (!save.empty())
+    engine.save_checkpoint(save, "", "{\"next_step\": " + std::to_string(first + steps) + ", \"data\": {\"seen\": [1, 2]}}");
   if (rank == 0 && !losses_out.empty()) {
     std::ofstream f(losses_out);
     f << "{\"losses\": [";

@@ -83,6 +83,8 @@ def main():
     p.add_argument("--universal", action="store_true")
     p.add_argument("--extra", type=int, default=0)
     p.add_argument("--losses", default=None)
+    p.add_argument("--expect-next-step", type=int, default=None,
+                   help="the client state load_checkpoint returns must say this next_step")
     p.add_argument("--local_rank", type=int, default=-1)
     a = p.parse_args()
 
@@ -111,8 +113,13 @@ def main():
 
     first = a.first
     if a.load:
-        engine.load_checkpoint(a.load)
+        _, client = engine.load_checkpoint(a.load)
         first = engine.global_steps
+        if a.expect_next_step is not None:
+            got = (client or {}).get("next_step"), (client or {}).get("data")
+            if got != (a.expect_next_step, {"seen": [1, 2]}):
+                sys.exit(f"ds_train: the client state's next_step and data are {got}, "
+                         f"expected ({a.expect_next_step}, {{'seen': [1, 2]}})")
     losses = [train_step(s) for s in range(first, first + a.steps)]
     if a.save:
         engine.save_checkpoint(a.save)
