@@ -518,7 +518,16 @@ Engine::~Engine() {
   if (impl_ && impl_->checkpointer) checkpointing::unregister_current(impl_->checkpointer.get());
 }
 Engine::Engine(Engine&&) noexcept = default;
-Engine& Engine::operator=(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&& other) noexcept {
+  if (this != &other) {
+    // This engine's run ends as its destructor would end it (trace, run
+    // report, the thread's checkpointer); a defaulted assignment would free
+    // the state and leave the checkpointer registered.
+    Engine ended(std::move(*this));
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
 
 void Engine::backward(const torch::Tensor& loss) {
   auto& s = *impl_;

@@ -94,6 +94,28 @@ TEST(Engine, Stage0Fp32MatchesLibTorchAdamW) {
   EXPECT_LT(max_abs_diff(ours, ref), 5e-4);
 }
 
+// An engine assigned over another ends the other's run as its destructor
+// would: its checkpointer leaves the thread (a defaulted assignment left a
+// freed one registered, which zero::checkpointing::checkpoint then used).
+TEST(Engine, AssigningOverAnEngineEndsItsRun) {
+  {
+    auto model = make_model(7);
+    auto engine = zero::initialize(model.ptr(), config_json("", 8), quiet());
+    zero::checkpointing::Checkpointer* first = zero::checkpointing::current();
+    ASSERT_NE(first, nullptr);
+    auto other = make_model(8);
+    engine = zero::initialize(other.ptr(), config_json("", 8), quiet());
+    ASSERT_NE(zero::checkpointing::current(), nullptr);
+    EXPECT_NE(zero::checkpointing::current(), first) << "the first engine's checkpointer is still the thread's";
+    auto task = mingpt::make_addition_task(2);
+    auto order = mingpt::epoch_order(task->train_size(), 1, 0);
+    engine.backward(loss_of(other, task->train_batch(mingpt::micro_batch_indices(order, 0, 0, 0, 8, 1, 1))));
+    engine.step();
+    EXPECT_EQ(engine.global_steps(), 1);
+  }
+  EXPECT_EQ(zero::checkpointing::current(), nullptr) << "an engine's checkpointer outlived it";
+}
+
 // Adagrad's initial_accumulator_value starts its sum of squares (as
 // torch::optim::Adagrad); it was read and then ignored before.
 TEST(Engine, AdagradStartsFromItsInitialAccumulatorValue) {
