@@ -68,7 +68,8 @@ constexpr FeatureRule kFeatures[] = {
     {"dataloader_drop_last", When::kTrue, 0, Severity::kWarning, "zero has no data loader (DeepSpeed's option for its own)", nullptr},
     {"dump_state", When::kTrue, 0, Severity::kWarning, "dumping the engine state is not implemented by zero", nullptr},
     {"zero_optimization.zero_quantized_nontrainable_weights", When::kTrue, 0, Severity::kWarning,
-     "has no effect: zero does not partition frozen parameters (every rank holds them whole, and none is gathered)",
+     "has no effect: zero keeps frozen parameters in the compute dtype (at stage 3 partitioned and gathered as the "
+     "trainable ones are); DeepSpeed's int8 copy of them is not implemented",
      nullptr},
     {"zero_force_ds_cpu_optimizer", When::kPresent, 0, Severity::kWarning,
      "has no effect: zero always runs its own CPU optimizer with offload", nullptr},
