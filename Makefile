@@ -12,7 +12,7 @@ export CCACHE_MAXSIZE    ?= 5G
 DEMO_CONFIG ?= configs/mingpt_zero2.json
 DEMO_FLAGS  ?= --n_layer 2 --n_head 4 --n_embd 128 --batch_size 64 --max_epochs 12
 
-.PHONY: all setup configure build test demo install clean
+.PHONY: all setup configure build test demo install docs clean
 
 all: build
 
@@ -37,6 +37,11 @@ demo: configure
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# The API reference (Doxygen over */include/zero/; not part of `make test`):
+# $(BUILD_DIR)/docs/html/index.html. Any warning fails it.
+docs:
+	@bash scripts/docs.sh $(BUILD_DIR)/docs
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -50,9 +50,16 @@ class Comm;  // zero/core/comm.h (internal)
 
 namespace zero::checkpointing {
 
+/// A checkpointed function: the inputs in, the outputs out.
 using Function = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+/// A checkpointed function of one input and one output.
 using UnaryFunction = std::function<at::Tensor(const at::Tensor&)>;
 
+/// Runs functions as activation checkpoints (NOTE [activation checkpoint])
+/// per an `activation_checkpointing` config section. Each engine owns one
+/// (Engine::checkpointer). Not copyable. Not thread-safe: one training
+/// thread calls it, one call at a time; the recompute runs during that
+/// thread's backward (possibly on an autograd thread, while it waits).
 class Checkpointer {
  public:
   /// `ledger` (may be null) counts kept inputs. `partition_group` (may be
@@ -76,6 +83,7 @@ class Checkpointer {
   /// recompute in backward throws zero::CommunicationError when a partitioned
   /// input cannot be gathered.
   std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
+  /// The same for one input and one output: returns fn(x). Throws as above.
   at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
   /// A module holder (TORCH_MODULE) with forward(Tensor).
   template <typename M>
@@ -87,10 +95,12 @@ class Checkpointer {
   /// reuse and logs the profile when enabled.
   void end_micro_step();
 
+  /// The activation_checkpointing section it was made with.
   const config::ActivationCheckpointingConfig& config() const { return config_; }
   /// Whether inputs are really partitioned (a group of more than one rank).
   bool partitioning() const { return partition_group_ != nullptr; }
 
+  /// The checkpointer's state: an incomplete type outside checkpoint.cpp.
   struct Impl;
 
  private:
@@ -106,14 +116,17 @@ class Checkpointer {
 /// else plain (inputs kept as they are, recompute in backward). A module
 /// needs no pointer to its engine.
 std::vector<at::Tensor> checkpoint(const Function& fn, const std::vector<at::Tensor>& inputs);
+/// The same for one input and one output.
 at::Tensor checkpoint(const UnaryFunction& fn, const at::Tensor& x);
 /// This thread's engine's checkpointer (the last engine initialized on this
 /// thread that still lives), or null.
 Checkpointer* current();
-/// The engine registers its checkpointer for `thread` at initialize and
+/// The engine registers its checkpointer for the calling thread at initialize and
 /// takes it out when it goes (from any thread): current() on that thread is
-/// then the newest of those still registered.
+/// then the newest of those still registered. Not owned. Thread-safe.
 void register_current(Checkpointer* checkpointer);
+/// Takes `checkpointer` out of what register_current registered, on
+/// whichever thread it was registered for. Call it from any thread.
 void unregister_current(Checkpointer* checkpointer);
 
 /// Runs `fn` when the backward pass in progress on this thread ends: the

@@ -18,17 +18,29 @@
 
 namespace zero {
 
+/// This process's place in a distributed job, as the environment variables
+/// of torchrun (or zero launch), Slurm or Open MPI give it. A plain value:
+/// copy it freely; from_environment() makes one.
 struct DistEnv {
+  /// This process's rank in the job, 0-based: RANK, SLURM_PROCID or
+  /// OMPI_COMM_WORLD_RANK; below world_size.
   int rank = 0;
+  /// Processes in the job: WORLD_SIZE, SLURM_NTASKS or OMPI_COMM_WORLD_SIZE.
   int world_size = 1;
+  /// This process's rank on its node, 0-based: LOCAL_RANK (default: rank),
+  /// SLURM_LOCALID or OMPI_COMM_WORLD_LOCAL_RANK.
   int local_rank = 0;
+  /// Processes on this node: LOCAL_WORLD_SIZE (default: world_size),
+  /// SLURM_NTASKS_PER_NODE or OMPI_COMM_WORLD_LOCAL_SIZE.
   int local_world_size = 1;
   /// This rank's node, 0-based (above): collectives count the bytes they
   /// send within it and to other nodes (NOTE [bytes across nodes] in comm.cpp).
   int node = 0;
+  /// Host of the rendezvous store: MASTER_ADDR, else (Slurm) the first host
+  /// of SLURM_NODELIST or SLURM_JOB_NODELIST, else "127.0.0.1".
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  std::string launcher = "none";  // "torchrun", "slurm", "openmpi" or "none"
+  int master_port = 29500;  ///< TCP port of the rendezvous store: MASTER_PORT, default 29500.
+  std::string launcher = "none";  ///< the launcher whose variables were read: "torchrun", "slurm", "openmpi" or "none"
   /// torchrun's agent already serves the store (TORCHELASTIC_USE_AGENT_STORE):
   /// every rank, rank 0 included, joins it as a client.
   bool agent_store = false;
@@ -42,6 +54,7 @@ struct DistEnv {
   /// Reads the variables above. Throws zero::ConfigError naming the variable
   /// when one is malformed (RANK=abc, RANK >= WORLD_SIZE, ...).
   static DistEnv from_environment();
+  /// Whether the job has more than one process (world_size above 1).
   bool distributed() const { return world_size > 1; }
 };
 

@@ -13,12 +13,18 @@
 
 namespace zero {
 
+/// The failure domain of a zero::Error, one per subclass: config, usage, I/O,
+/// out of memory, communication, divergence, unsupported feature, internal bug.
 enum class ErrorKind { kConfig, kUsage, kIo, kOutOfMemory, kCommunication, kDiverged, kUnsupported, kInternal };
 
 /// Base of all zero exceptions. what() is the full, user-facing message.
 class Error : public std::runtime_error {
  public:
+  /// An error whose kind() is `kind` and whose what() is `message`. The
+  /// subclasses set the kind; an Error made directly with kOutOfMemory is
+  /// not counted by out_of_memory_count().
   Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  /// The failure domain, for callers that catch zero::Error broadly.
   ErrorKind kind() const noexcept { return kind_; }
 
  private:
@@ -32,7 +38,10 @@ class Error : public std::runtime_error {
 /// "N problems in SUBJECT:".
 class ConfigError : public Error {
  public:
+  /// Takes the problems found, one line each. what() is the one line when
+  /// there is one, else "N problems in SUBJECT:" and the lines indented.
   explicit ConfigError(std::vector<std::string> problems, const std::string& subject = "the DeepSpeed config");
+  /// Every problem found, one line each, in the order given.
   const std::vector<std::string>& problems() const noexcept { return problems_; }
 
  private:
@@ -44,6 +53,7 @@ class ConfigError : public Error {
 /// engine holds. The message says what to call instead.
 class UsageError : public Error {
  public:
+  /// An error of kind kUsage whose what() is `message`.
   explicit UsageError(const std::string& message) : Error(ErrorKind::kUsage, message) {}
 };
 
@@ -51,6 +61,7 @@ class UsageError : public Error {
 /// gradients still overflow. The message names the scale and the keys that help.
 class DivergedError : public Error {
  public:
+  /// An error of kind kDiverged whose what() is `message`.
   explicit DivergedError(const std::string& message) : Error(ErrorKind::kDiverged, message) {}
 };
 
@@ -58,6 +69,7 @@ class DivergedError : public Error {
 /// byte count and strerror(errno).
 class IoError : public Error {
  public:
+  /// An error of kind kIo whose what() is `message`.
   explicit IoError(const std::string& message) : Error(ErrorKind::kIo, message) {}
 };
 
@@ -67,12 +79,16 @@ class IoError : public Error {
 /// say a run ran out of memory even when the program caught the error.
 class OutOfMemoryError : public Error {
  public:
+  /// An error of kind kOutOfMemory whose what() is `message`; records it as
+  /// the process's last one (thread-safe).
   explicit OutOfMemoryError(const std::string& message);
 };
 
-/// The message of the last OutOfMemoryError this process made ("" if none),
-/// and how many it has made.
+/// The message of the last OutOfMemoryError this process made ("" if none).
+/// Thread-safe.
 std::string last_out_of_memory();
+/// How many OutOfMemoryError objects this process has made, caught or not.
+/// Thread-safe.
 int64_t out_of_memory_count();
 
 /// The tier an out-of-memory message is about: "device" (also CUDA's and
@@ -84,6 +100,7 @@ std::string out_of_memory_tier(const std::string& message);
 /// and the rank.
 class CommunicationError : public Error {
  public:
+  /// An error of kind kCommunication whose what() is `message`.
   explicit CommunicationError(const std::string& message)
       : Error(ErrorKind::kCommunication, message) {}
 };
@@ -92,6 +109,7 @@ class CommunicationError : public Error {
 /// would change training.
 class UnsupportedError : public Error {
  public:
+  /// An error of kind kUnsupported whose what() is `message`.
   explicit UnsupportedError(const std::string& message)
       : Error(ErrorKind::kUnsupported, message) {}
 };
@@ -100,6 +118,7 @@ class UnsupportedError : public Error {
 /// ZERO_CHECK with file and line.
 class InternalError : public Error {
  public:
+  /// An error of kind kInternal whose what() is `message`.
   explicit InternalError(const std::string& message) : Error(ErrorKind::kInternal, message) {}
 };
 
@@ -114,6 +133,8 @@ std::string error_text(const std::exception& e);
 std::string error_text(const std::string& what);
 
 namespace detail {
+/// ZERO_CHECK's failure path: throws InternalError naming `file`:`line`, the
+/// `condition` that failed and `message`, and asking for a bug report.
 [[noreturn]] void throw_internal(const char* file, int line, const char* condition,
                                  const std::string& message);
 }  // namespace detail

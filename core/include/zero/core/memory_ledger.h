@@ -15,27 +15,41 @@
 
 namespace zero {
 
+/// Where a buffer lives: device memory, page-locked (pinned) host memory,
+/// pageable host memory, or an NVMe swap file.
 enum class Tier { kDevice = 0, kPinnedHost, kHost, kNvme };
+/// What a buffer holds, as the ledger counts it.
 /// kFrozenParameters: parameters that do not train (requires_grad false: a
 /// LoRA base), whole or in stage 3's shards (NOTE [frozen groups]); they are
 /// not model states (no gradient, master or optimizer state).
 enum class Kind { kParameters = 0, kGradients, kOptimizerStates, kActivations, kCommBuffers, kFrozenParameters };
-inline constexpr int kNumTiers = 4;
-inline constexpr int kNumKinds = 6;
+inline constexpr int kNumTiers = 4;  ///< Number of Tier values.
+inline constexpr int kNumKinds = 6;  ///< Number of Kind values.
 
-const char* to_string(Tier tier);  // "device", "pinned_host", "host", "nvme"
-const char* to_string(Kind kind);  // "parameters", "gradients", ..., "frozen_parameters"
+const char* to_string(Tier tier);  ///< "device", "pinned_host", "host", "nvme"
+const char* to_string(Kind kind);  ///< "parameters", "gradients", ..., "frozen_parameters"
 
+/// The bytes counted in one place of the ledger (a tier and kind, a tier, or
+/// the host tiers together).
 struct LedgerCounter {
-  int64_t current_bytes = 0;
-  int64_t peak_bytes = 0;
+  int64_t current_bytes = 0;  ///< Bytes held now.
+  int64_t peak_bytes = 0;     ///< Most bytes held at once since the ledger was made or reset_peaks().
 };
 
+/// Counts the engine's buffers by tier and kind (current and peak bytes) and
+/// enforces the limits set with set_limit() and set_host_limit(). Not
+/// copyable. All methods are thread-safe.
 class MemoryLedger {
  public:
+  /// An empty ledger with no limits; page locking on (device 0) where CUDA
+  /// is present.
   MemoryLedger();
+  /// Buffers still allocated through it keep its counters alive and take
+  /// their bytes off them when freed.
   ~MemoryLedger();
+  /// Not copyable.
   MemoryLedger(const MemoryLedger&) = delete;
+  /// Not copyable.
   MemoryLedger& operator=(const MemoryLedger&) = delete;
 
   /// Caps a tier at `nbytes` (<= 0 removes the cap): an allocation that would
@@ -53,6 +67,7 @@ class MemoryLedger {
   /// ledger has it on (device 0) where CUDA is present.
   void set_page_locking(bool on, int cuda_device = 0);
 
+  /// One kind's bytes on one tier: current and peak.
   LedgerCounter get(Tier tier, Kind kind) const;
   /// Tier totals: current sum over kinds, and the peak of that sum.
   LedgerCounter get(Tier tier) const;
@@ -65,7 +80,8 @@ class MemoryLedger {
   /// Starts new peaks from the current values.
   void reset_peaks();
 
-  /// The end-of-run table: one row per tier and kind with current and peak,
+  /// The end-of-run table: one row per tier and kind with current and peak
+  /// (rows whose peak is 0 left out) and a total row per tier,
   /// plus the measured process peak of CPU tensor memory when the counting
   /// allocator is installed.
   std::string summary() const;

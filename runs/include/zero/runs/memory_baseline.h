@@ -19,9 +19,9 @@ using MemoryFigures = std::map<std::string, int64_t>;
 
 /// A baseline file: every rank's figures and how they were made.
 struct Baseline {
-  int64_t world_size = 1;
-  std::vector<MemoryFigures> ranks;  // by rank
-  std::vector<std::string> command;  // what ran (zero memcheck record), or empty
+  int64_t world_size = 1;  ///< Ranks of the run recorded; ranks holds as many.
+  std::vector<MemoryFigures> ranks;  ///< by rank
+  std::vector<std::string> command;  ///< what ran (zero memcheck record), or empty
 };
 /// Writes `path` atomically. Throws IoError.
 void write_baseline(const std::string& path, const Baseline& baseline);
@@ -30,18 +30,23 @@ Baseline read_baseline(const std::string& path);
 
 /// One figure of one rank, compared.
 struct MemoryRow {
-  int64_t rank = 0;
-  std::string figure;  // as in MemoryFigures
+  int64_t rank = 0;  ///< The rank whose figure this is.
+  std::string figure;  ///< as in MemoryFigures
+  /// @var baseline
+  /// The figure in the baseline, bytes (0 when the baseline lacks it).
+  /// @var now
+  /// The figure now, bytes (0 when this run lacks it).
   int64_t baseline = 0, now = 0;
-  bool grew = false;   // past the tolerance
-  double change() const;  // now / baseline - 1 (inf when the baseline is 0)
+  bool grew = false;   ///< past the tolerance
+  double change() const;  ///< now / baseline - 1 (inf when the baseline is 0 and now is not)
 };
 
 /// What a comparison found; true when nothing grew past the tolerance.
 struct MemoryComparison {
-  bool ok = true;
-  std::vector<MemoryRow> rows;  // every figure non-zero in either
-  std::string message;          // the table, or why nothing was compared
+  bool ok = true;  ///< Nothing grew, and the world sizes matched.
+  std::vector<MemoryRow> rows;  ///< every figure non-zero in either
+  std::string message;          ///< how many grew and the table, or why nothing was compared
+  /// Returns `ok`.
   explicit operator bool() const { return ok; }
   /// A table of every row: rank, figure, baseline, now, change, and GREW
   /// against those that grew.

@@ -57,9 +57,16 @@ struct InitState;
 /// itself). A parameter is in the first
 /// group that matches it, or in the default group (the config's values).
 struct ParamGroup {
+  /// The group's name, in logs, checkpoints and Engine::param_groups: not
+  /// empty, unique, and not "default" (initialize throws ConfigError otherwise).
   std::string name;
+  /// Whether a parameter (its name in the model, and the tensor) belongs to
+  /// this group; called on the training thread at initialize. Required
+  /// (initialize throws ConfigError without it).
   std::function<bool(const std::string& name, const torch::Tensor& param)> match;
+  /// The group's weight decay; unset: the config's. At least 0 (else ConfigError).
   std::optional<double> weight_decay;
+  /// The group's lr, scaled with the schedule as above; unset: the config's. At least 0 (else ConfigError).
   std::optional<double> lr;
   /// The group of the parameters whose names end with one of `suffixes`
   /// (".bias", "norm.weight") or equal one of `names`.
@@ -74,8 +81,13 @@ struct ParamGroup {
 /// not a valid regular expression.
 std::function<bool(const std::string& name)> trainable_matching(const std::vector<std::string>& patterns);
 /// The other way round: a name is frozen when one of `patterns` matches it.
+/// Throws ConfigError as trainable_matching.
 std::function<bool(const std::string& name)> frozen_matching(const std::vector<std::string>& patterns);
 
+/// What initialize (and zero::Init) takes besides the model and the config:
+/// the program's settings that are not DeepSpeed config keys. Read at
+/// initialize; the engine keeps a copy. Unset members take the defaults
+/// each one names.
 struct InitOptions {
   /// Values that "auto" entries of the config resolve to (as Hugging Face fills them).
   config::AutoValues auto_values;
@@ -111,8 +123,12 @@ struct InitOptions {
   /// (c10's OutOfMemoryError then); on the CPU every CPU tensor byte not on a
   /// host tier (NOTE [emulated device memory]). Host: pinned and pageable
   /// host tiers together. NVMe: the swap files.
+  /// The device budget, bytes (positive); unset: ZERO_DEVICE_MEMORY when
+  /// the environment sets it, else none.
   std::optional<int64_t> device_memory_limit_bytes;
+  /// The host budget, bytes (positive); unset: ZERO_HOST_MEMORY, else none.
   std::optional<int64_t> host_memory_limit_bytes;
+  /// The NVMe budget, bytes (positive); unset: ZERO_NVME_BYTES, else none.
   std::optional<int64_t> nvme_limit_bytes;
   /// ZeRO stage 3: modules to gather layer by layer besides the children of
   /// ModuleList and Sequential containers; their forward must run through
@@ -160,12 +176,15 @@ struct InitOptions {
 
 /// Stage 3's parameter gathering, since initialize (or the last reset).
 struct Stage3Stats {
-  int64_t layers = 0;
-  int64_t live_parameters = 0;       // elements gathered in layers now
-  int64_t peak_live_parameters = 0;  // and at most
-  int64_t gathers = 0;               // all-gathers issued
-  int64_t prefetched_gathers = 0;    // of those, issued ahead of use
-  double gather_wait_s = 0;          // time the training thread waited for them
+  int64_t layers = 0;                ///< Stage-3 layers (leaf modules included).
+  int64_t live_parameters = 0;       ///< elements gathered in layers now
+  int64_t peak_live_parameters = 0;  ///< and at most
+  int64_t gathers = 0;               ///< all-gathers issued
+  int64_t prefetched_gathers = 0;    ///< of those, issued ahead of use
+  double gather_wait_s = 0;          ///< time the training thread waited for them, seconds
+  /// Whether a recorded order of the layers (NOTE [stage-3 trace]) is
+  /// followed now, so gathers may be prefetched: false until the first
+  /// micro-step ends, and from an event off the trace to the end of its micro-step.
   bool trace_valid = false;
 };
 
@@ -173,19 +192,20 @@ struct Stage3Stats {
 /// stage 3's parameters (NOTE [parameter swapping]), this rank, since the
 /// engine was made.
 struct NvmeStats {
-  int64_t file_bytes = 0;     // the swap files
-  int64_t buffer_bytes = 0;   // the host buffers they are stepped through
-  int64_t bytes_read = 0;
-  int64_t bytes_written = 0;  // the initial write included
-  double read_wait_s = 0;     // the optimizer waited for reads...
-  double write_wait_s = 0;    // ...and for writes: the part not hidden
-  double step_s = 0;          // in the swapped optimizer passes, all told
-  // Stage 3's parameter shards (offload_param nvme): zero when not swapped.
+  int64_t file_bytes = 0;     ///< Optimizer states: bytes of the swap files.
+  int64_t buffer_bytes = 0;   ///< bytes of the host buffers they are stepped through
+  int64_t bytes_read = 0;     ///< bytes read from the swap files
+  int64_t bytes_written = 0;  ///< bytes written to them, the initial write included
+  double read_wait_s = 0;     ///< seconds the optimizer waited for reads...
+  double write_wait_s = 0;    ///< ...and for writes: the part not hidden
+  double step_s = 0;          ///< seconds in the swapped optimizer passes, all told
+  /// Stage 3's parameter shards (offload_param nvme): zero when not swapped.
+  /// Bytes of the parameter swap file.
   int64_t param_file_bytes = 0;
-  int64_t param_bytes_read = 0;     // the start-up's reads (for the fp32 master) included
-  int64_t param_bytes_cached = 0;   // reads saved: the shard was still in a swap buffer
-  int64_t param_bytes_written = 0;  // the initial write included
-  double param_read_wait_s = 0;     // gathers waited for shards coming from disk
+  int64_t param_bytes_read = 0;     ///< bytes read, the start-up's reads (for the fp32 master) included
+  int64_t param_bytes_cached = 0;   ///< reads saved, bytes: the shard was still in a swap buffer
+  int64_t param_bytes_written = 0;  ///< bytes written, the initial write included
+  double param_read_wait_s = 0;     ///< seconds gathers waited for shards coming from disk
 };
 
 /// How Engine::load_weights maps the names of a weights file onto the
@@ -193,8 +213,10 @@ struct NvmeStats {
 /// then add_prefix on, then `rename` (the name so far in, the model's name
 /// out; "" leaves the tensor out). Applied to every tensor of the file.
 struct LoadWeightsOptions {
-  std::string strip_prefix;
-  std::string add_prefix;
+  std::string strip_prefix;  ///< Taken off the front of a file's name that starts with it ("model."); "": none.
+  std::string add_prefix;    ///< Put on the front of every name after strip_prefix; "": none.
+  /// The name after the prefixes in, the model's name out ("" leaves the
+  /// tensor out); empty function: names unchanged.
   std::function<std::string(const std::string&)> rename;
   /// Parameters the file may lack (the model's names): they keep the values
   /// they have, master included (a LoRA model's adapters over a base model's
@@ -210,11 +232,11 @@ struct LoadWeightsOptions {
 /// config.json when not empty (the model's architecture: zero does not know
 /// it, models/ does).
 struct SaveHfOptions {
-  std::optional<torch::ScalarType> dtype;
-  int64_t max_shard_bytes = 5'000'000'000;
-  std::string strip_prefix;
-  std::string add_prefix;
-  std::string config_json;
+  std::optional<torch::ScalarType> dtype;   ///< The files' dtype; unset: the compute dtype.
+  int64_t max_shard_bytes = 5'000'000'000;  ///< The most bytes of one weights file (shard).
+  std::string strip_prefix;                 ///< Taken off the front of a model name that starts with it; "": none.
+  std::string add_prefix;                   ///< Put on the front of every name after strip_prefix; "": none.
+  std::string config_json;                  ///< Written as config.json when not empty (JSON text).
   /// Merges LoRA adapters (PEFT's merge_and_unload): each pair
   /// `X.lora_A.weight` (A [r, in]) and `X.lora_B.weight` (B [out, r]) is
   /// folded into `X.weight` as W + lora_scaling * B A (in fp32, then the
@@ -234,30 +256,52 @@ struct SaveCheckpointOptions {
 
 /// What one rank did in save_checkpoint or load_checkpoint.
 struct CheckpointStats {
-  std::string dir;
-  std::string tag;
-  int64_t bytes = 0;     // this rank wrote (save) or read (load)
-  double seconds = 0;    // this rank's time in the call
+  std::string dir;       ///< The checkpoint folder given (load_weights: the weights' path).
+  std::string tag;       ///< The tag saved (`global_step<N>` for "") or loaded; load_weights: "".
+  int64_t bytes = 0;     ///< bytes this rank wrote (save) or read (load)
+  double seconds = 0;    ///< this rank's time in the call, seconds
   /// load: the client state saved with it (a JSON object, as text).
   std::string client_state = "{}";
 };
 
 /// A parameter group as a fine-tuning loop sees it (Engine::param_groups).
 struct ParamGroupState {
-  std::string name;     // "default" (the config's values), then InitOptions::param_groups' names
-  double lr = 0;        // the lr of the next optimizer step
-  double weight_decay = 0;
-  int64_t numel = 0;    // elements of its parameters
+  std::string name;         ///< "default" (the config's values), then InitOptions::param_groups' names
+  double lr = 0;            ///< the lr of the next optimizer step
+  double weight_decay = 0;  ///< the weight decay of the next optimizer step
+  int64_t numel = 0;        ///< elements of its parameters
 };
 
 /// Bytes of model states this rank holds, from the memory ledger.
 struct ModelStateBytes {
-  int64_t parameters = 0;
-  int64_t gradients = 0;
-  int64_t optimizer_states = 0;
+  int64_t parameters = 0;        ///< Bytes of the trainable parameters in the compute dtype (not the frozen ones).
+  int64_t gradients = 0;         ///< Bytes of the gradient buffers.
+  int64_t optimizer_states = 0;  ///< Bytes of the optimizer states, the master included.
+  /// The sum of the three, bytes.
   int64_t total() const { return parameters + gradients + optimizer_states; }
 };
 
+/// The training engine (DeepSpeed's DeepSpeedEngine), made by
+/// zero::initialize. It owns the memory of the model's trainable parameters
+/// (flat buffers, or stage 3's shards), their gradients, the optimizer and
+/// its states, the lr schedule, the loss scaler, the memory ledger and the
+/// activation checkpointer, and holds a shared_ptr to the model. Move-only;
+/// a moved-from engine may only be destroyed or assigned to.
+///
+/// Threads: not thread-safe. One training thread drives it: the thread
+/// that made it calls every method, const ones too (they read state that
+/// other calls change, unguarded), one call at a time. The engine
+/// registers its checkpointer for that thread, so
+/// zero::checkpointing::checkpoint in the model's code uses it there only.
+/// While the training thread waits in a backward, autograd may run the
+/// engine's gradient hooks on its own threads. The destructor may run on
+/// another thread.
+///
+/// Errors: each method names what it throws, as zero::Error kinds
+/// (zero/core/error.h): ConfigError, UsageError, CommunicationError,
+/// IoError, OutOfMemoryError, DivergedError; InternalError for a bug in
+/// zero. A method called "a collective" must be called by every rank, in
+/// the same order.
 class Engine {
  public:
   /// Takes over `model`'s trainable parameters: moves them to the device and
@@ -271,8 +315,17 @@ class Engine {
   /// bad nvme_path), UsageError (a layer another engine holds),
   /// CommunicationError, OutOfMemoryError, IoError.
   Engine(std::shared_ptr<torch::nn::Module> model, config::Config config, InitOptions options = {});
+  /// Writes ZERO_TRACE's trace and ZERO_RUN_REPORT's report when set (a
+  /// failure there is logged, not thrown), takes the checkpointer out of
+  /// checkpointing::current() and frees the engine's memory. At stage 3 the
+  /// model's partitioned parameters stay empty afterwards.
   ~Engine();
+  /// Takes the other engine's state; that one may then only be destroyed
+  /// or assigned to.
   Engine(Engine&&) noexcept;
+  /// Ends this engine as its destructor would (trace, run report, the
+  /// thread's checkpointer, its memory), then takes the other's state; the
+  /// other may then only be destroyed or assigned to.
   Engine& operator=(Engine&&) noexcept;
 
   /// Backward of `loss` (a scalar), multiplied by the loss scale (fp16) and
@@ -282,12 +335,19 @@ class Engine {
   /// loss.backward(), out.backward(grad), one backward through several
   /// engines' models (NOTE [user backward]). Throws UsageError for a loss
   /// that is not a scalar, or after a plain backward in the same
-  /// accumulation window; CommunicationError.
+  /// accumulation window; CommunicationError. Also UsageError inside a
+  /// GatheredParameters scope, when a parameter's requires_grad changed
+  /// since initialize, and when the last backward the program started
+  /// ended in an error (that window's gradients are discarded); and what
+  /// the model's own backward throws.
   void backward(const torch::Tensor& loss);
   /// Ends a micro-step. At the accumulation boundary: unscale, overflow check,
   /// clip, optimizer step, lr schedule, loss-scale update. Throws
   /// DivergedError (fp16 at fp16.min_loss_scale still overflowing),
-  /// CommunicationError, IoError (NVMe offload).
+  /// CommunicationError, IoError (NVMe offload); UsageError as backward
+  /// (a GatheredParameters scope, a changed requires_grad, a failed
+  /// backward of the program's). With ZERO_STOP_AFTER_STEPS set it may end
+  /// the process at the stop (InitOptions::program_ends_at_stop).
   void step();
   /// The loss as Engine::backward would backpropagate it for the loss
   /// scale: multiplied by the fp16 loss scale (the loss itself otherwise),
@@ -323,16 +383,23 @@ class Engine {
   std::vector<ParamGroupState> param_groups() const;
   /// Optimizer steps taken (skipped fp16 steps included, as DeepSpeed counts).
   int64_t global_steps() const;
+  /// Micro-steps taken (calls of step()), restored by load_checkpoint.
   int64_t micro_steps() const;
+  /// Optimizer steps skipped because the gradients were not finite (fp16's
+  /// overflow, or bf16.check_grad_overflow), restored by load_checkpoint.
   int64_t skipped_steps() const;
   /// True when the next step() is an optimizer step.
   bool is_gradient_accumulation_boundary() const;
+  /// The fp16 loss scale the next backward multiplies by; 1 without fp16.
   double loss_scale() const;
   /// Global gradient norm of the last boundary step (unscaled, before clipping).
   double last_grad_norm() const;
 
+  /// The config the engine runs with; valid while the engine lives.
   const config::Config& config() const;
+  /// This process's rank in the job (InitOptions::dist).
   int rank() const;
+  /// Ranks in the job.
   int world_size() const;
   /// Seconds this rank waited for gradient reductions after backward (what
   /// overlap did not hide), since initialize.
@@ -345,8 +412,12 @@ class Engine {
   /// optimizer (NOTE [offload transfers]), since initialize; the NVMe waits
   /// are in nvme_stats().
   double transfer_wait_seconds() const;
+  /// The device the engine trains on (InitOptions::device, resolved).
   torch::Device device() const;
+  /// The dtype of the parameters the model computes with (fp16, bf16 or fp32, by the config).
   torch::ScalarType compute_dtype() const;
+  /// Elements of the model's trainable parameters at full size (a tied
+  /// parameter once, no padding, frozen ones left out), on every rank.
   int64_t num_parameters() const;
   /// L2 norm of all parameters (summed in double). At stage 3 every rank
   /// holds a shard: this is a collective, to call on every rank. Throws
@@ -360,6 +431,7 @@ class Engine {
   /// engine has no model-parallel group, so partition_activations has nothing
   /// to split across here (logged once).
   checkpointing::Checkpointer& checkpointer();
+  /// This rank's model-state bytes now, on every tier together.
   ModelStateBytes model_state_bytes() const;
   /// The same, only what lives on `tier`.
   ModelStateBytes model_state_bytes(Tier tier) const;
@@ -479,7 +551,9 @@ class Engine {
 
   /// The engine's state: an incomplete type outside zero's own code.
   struct Impl;
+  /// The engine's state, for zero's own code; owned by the engine.
   Impl& impl() { return *impl_; }
+  /// The same, read-only.
   const Impl& impl() const { return *impl_; }
 
  private:
@@ -516,6 +590,11 @@ class Engine {
 /// CommunicationError, IoError (shards on NVMe).
 class GatheredParameters {
  public:
+  /// Gathers `params` (at stage 3, the groups that hold them, each whole on
+  /// every rank until the scope ends) and, with `modifier_rank`, keeps a
+  /// copy of their values to tell the modifier's changes from. `engine` is
+  /// not owned and must outlive the scope. Call on the training thread, not
+  /// during backward. Throws UsageError, CommunicationError, IoError as above.
   GatheredParameters(Engine& engine, std::vector<torch::Tensor> params, std::optional<int> modifier_rank = std::nullopt);
   /// Ends the scope as done() does; an error there is logged, not thrown
   /// (call done() to have it thrown).
@@ -541,6 +620,8 @@ class GatheredParameters {
 /// problem of the config, IoError when the file cannot be read.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, const std::string& config,
                   InitOptions options = {});
+/// The same for a config already read: logs its warnings (rank 0) and
+/// builds the engine. Throws as Engine's constructor.
 Engine initialize(std::shared_ptr<torch::nn::Module> model, config::Config config,
                   InitOptions options = {});
 /// A model built under zero::Init (zero/runtime/init.h): its layers' shards

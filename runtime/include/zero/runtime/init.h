@@ -39,12 +39,20 @@
 
 namespace zero {
 
+/// Partitioned construction for ZeRO stage 3 (DeepSpeed's zero.Init; see
+/// the top of this file): each layer given to partition() keeps only this
+/// rank's shard, and zero::initialize(model, init) builds the engine on
+/// those shards. Not copyable. Not thread-safe: one thread builds the
+/// model through it, one call at a time. Throws as each method says
+/// (zero::Error kinds, zero/core/error.h).
 class Init {
  public:
   /// Reads the config (a path, or JSON text starting with '{'), which must ask
   /// for stage 3, and resolves the device as the engine will (InitOptions).
   /// Throws ConfigError (not stage 3, a bad config), IoError.
   explicit Init(const std::string& config, InitOptions options = {});
+  /// Frees the shards no engine took over; the partitioned modules'
+  /// parameters stay empty.
   ~Init();
   Init(const Init&) = delete;
   Init& operator=(const Init&) = delete;
@@ -71,7 +79,10 @@ class Init {
 
   /// Where the shards are counted; the engine goes on with this ledger.
   MemoryLedger& ledger();
+  /// The config read by the constructor; valid while the Init lives.
   const config::Config& config() const;
+  /// The options given to the constructor, the job (InitOptions::dist)
+  /// filled in; initialize(model, init) builds the engine with them.
   const InitOptions& options() const;
 
  private:
@@ -81,6 +92,7 @@ class Init {
   std::shared_ptr<InitState> state_;
 };
 
+/// initialize(model, init) for a model declared with TORCH_MODULE (a ModuleHolder).
 template <typename M>
 Engine initialize(torch::nn::ModuleHolder<M>& model, Init& init) {
   return initialize(model.ptr(), init);

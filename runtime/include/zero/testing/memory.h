@@ -39,8 +39,9 @@ std::vector<ParameterShape> parameter_shapes(Engine& engine);
 
 /// A check's outcome: true when it holds; `message` says what was compared.
 struct Check {
-  bool ok = true;
-  std::string message;
+  bool ok = true;       ///< Whether the check holds.
+  std::string message;  ///< What was compared, with the numbers (also when it holds).
+  /// True when the check holds (`ok`).
   explicit operator bool() const { return ok; }
 };
 
