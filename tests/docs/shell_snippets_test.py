@@ -14,7 +14,8 @@ import sys
 
 # The subcommands of each program, as their --help is asked.
 SUBCOMMANDS = {
-    "zero": {"config": ["check"], "checkpoint": ["consolidate", "export", "verify", "info"],
+    "zero": {"config": ["check"], "checkpoint": ["consolidate", "export", "verify", "info", "export-deepspeed",
+                            "import-deepspeed"],
              "memcheck": ["record", "check"], "trace": ["merge"],
              "bench": ["engine", "overlap", "stage3", "aio", "offload", "adam", "transfer", "checkpoint",
                        "checkpoint-io"],
