@@ -17,9 +17,11 @@ nobody can run fails here until the line is fixed or skipped with a reason.
 
 usage: run_snippets.py SOURCE_DIR BUILD_DIR [--keep] [--page NAME]
 """
+import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,11 +86,23 @@ def adapt(line):
 
 
 def run(cmd, cwd, log, env=None, timeout=600):
+    """Runs `cmd` in bash (pipefail) in a session of its own: past `timeout`
+    the whole session goes (a launcher's ranks with it), what it printed is
+    logged, and TimeoutExpired is raised."""
     start = time.time()
-    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout, env=env)
-    log.write(f"$ {cmd}\n{r.stdout}(exit {r.returncode}, {time.time() - start:.1f} s)\n\n")
-    return r
+    p = subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        log.write(f"$ {cmd}\n{out}(killed after {timeout} s)\n\n")
+        log.flush()
+        raise
+    log.write(f"$ {cmd}\n{out}(exit {p.returncode}, {time.time() - start:.1f} s)\n\n")
+    log.flush()
+    return subprocess.CompletedProcess(p.args, p.returncode, out)
 
 
 def fixtures(source, build, root, log):
@@ -130,6 +144,7 @@ def main():
     source, build = (pathlib.Path(a).resolve() for a in args[:2])
     work = pathlib.Path(tempfile.mkdtemp(prefix="zero-snippets-"))
     log_path = work / "snippets.log"
+    print(f"log: {log_path}", flush=True)
     problems, ran, skipped = [], 0, 0
     with open(log_path, "w") as log:
         common = work / "common"

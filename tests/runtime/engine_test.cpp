@@ -113,6 +113,8 @@ TEST(Engine, AssigningOverAnEngineEndsItsRun) {
     engine.step();
     EXPECT_EQ(engine.global_steps(), 1);
   }
+  // The check that catches a defaulted assignment: the replaced engine's
+  // freed checkpointer stayed registered under the new one's.
   EXPECT_EQ(zero::checkpointing::current(), nullptr) << "an engine's checkpointer outlived it";
 }
 
