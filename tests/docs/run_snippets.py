@@ -27,6 +27,10 @@ import sys
 import tempfile
 import time
 
+# The lines, as docs.shell_snippets reads them.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from shell_snippets_test import commands  # noqa: E402
+
 # (page, a piece of the line, why it is not run here).
 SKIP = [
     ("README.md", "make demo", "the demo trains for minutes; the suite tests what it runs"),
@@ -62,17 +66,6 @@ LLAMA_CONFIG = """{
 """
 GATHER = ', "stage3_gather_16bit_weights_on_model_save": true'
 
-
-
-def blocks(text):
-    """Each ```sh block's lines, continuations joined, comments dropped."""
-    for block in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M):
-        lines = []
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.split(r"\s#\s", line)[0].strip()
-            if line and not line.startswith("#"):
-                lines.append(re.sub(r"\s+", " ", line))
-        yield lines
 
 
 def adapt(line):
@@ -155,7 +148,7 @@ def main():
             name = str(page.relative_to(source))
             if only and only not in name:
                 continue
-            lines = [line for block in blocks(page.read_text()) for line in block]
+            lines = list(commands(page.read_text()))
             if not lines:
                 continue
             here = work / name.replace("/", "_")
@@ -184,7 +177,7 @@ def main():
         print(p)
     unused = [(p, piece) for p, piece, _ in SKIP
               if not only and not any(piece in line for line in
-                                      (l for b in blocks((source / p).read_text()) for l in b))]
+                                      commands((source / p).read_text()))]
     for p, piece in unused:
         problems.append(f"SKIP names a line that is no longer there: {p}: {piece}")
         print(problems[-1])
